@@ -5,14 +5,71 @@
 //! and replies borrow their keys from the caller's buffer. Encoding appends to
 //! a caller's `Vec<u8>`, so a connection can coalesce many lines into one
 //! buffer and one `send`.
+//!
+//! A server loop reads into a buffer and calls [`decode_request`] until it
+//! says [`Decoded::Incomplete`], advancing by `consumed` after every line; a
+//! client does the same with [`decode_reply`]:
+//!
+//! ```
+//! use ringlock_client::proto::{Decoded, Reply, Request, decode_request, encode_reply, LEASE_MS_MAX_DEFAULT};
+//!
+//! let mut input: &[u8] = b"A orders/42 30 0\nA orders/42 0 0\nP";
+//! let mut output = Vec::new();
+//! while let Decoded::Line { consumed, item } = decode_request(input, LEASE_MS_MAX_DEFAULT) {
+//!     match item {
+//!         Ok(Request::Acquire { key, .. }) => encode_reply(&Reply::Acquired { key, token: 1 }, &mut output),
+//!         Ok(_) => unreachable!(),
+//!         Err(error) => encode_reply(&error.to_reply(), &mut output),
+//!     }
+//!     input = &input[consumed..];
+//! }
+//! assert_eq!(output, b"A orders/42 1\nE A orders/42 bad-lease\n");
+//! assert_eq!(input, b"P", "an incomplete line waits for more bytes");
+//! ```
+//!
+//! # Layout
+//! - `mod.rs` (this file): the limits, [`Op`] and [`ErrorCode`], shared by
+//!   requests and replies.
+//! - `line.rs`: line framing: [`Decoded`], the bounded newline search and
+//!   the split of a line into fields.
+//! - `number.rs`: decimal `u64` and decimal seconds, parsed and written by
+//!   hand ([`parse_u64`], [`write_u64`], [`parse_seconds_ms`],
+//!   [`write_seconds`]).
+//! - `key.rs`: what a key and an address may hold ([`is_valid_key`],
+//!   [`is_valid_address`]).
+//! - `request.rs`: [`Request`], [`RequestError`], [`decode_request`],
+//!   [`encode_request`]: the rules a server checks every line against.
+//! - `reply.rs`: [`Reply`], [`Role`], [`ReplyError`], [`decode_reply`],
+//!   [`encode_reply`].
 
 use std::fmt;
+
+mod key;
+mod line;
+mod number;
+mod reply;
+mod request;
+
+pub use key::{is_valid_address, is_valid_key};
+pub use line::Decoded;
+pub use number::{parse_seconds_ms, parse_u64, write_seconds, write_u64};
+pub use reply::{Reply, ReplyError, Role, decode_reply, encode_reply};
+pub use request::{Request, RequestError, decode_request, encode_request};
 
 /// Longest key, in bytes.
 pub const KEY_LEN_MAX: usize = 250;
 
-/// Longest line, in bytes, not counting its `\n` or `\r\n`.
+/// Longest request line, in bytes, not counting its `\n` or `\r\n`. Replies
+/// have their own, larger limit, [`REPLY_LINE_LEN_MAX`].
 pub const LINE_LEN_MAX: usize = 1024;
+
+/// Longest reply line a client accepts, in bytes, not counting its `\n` or
+/// `\r\n`.
+///
+/// Replies other than `S` are short (a key, an address and a number), but the
+/// JSON of `S` grows with the counters a server reports, so replies get more
+/// room than requests. A server must keep its `S` line within this.
+pub const REPLY_LINE_LEN_MAX: usize = 65_536;
 
 /// Longest wait a request may ask for (86400 s), in milliseconds.
 pub const WAIT_MS_MAX: u64 = 86_400_000;
@@ -135,10 +192,7 @@ impl ErrorCode {
 
     /// The code named by a field; [`ErrorCode::Unknown`] for any other text.
     pub fn from_field(field: &[u8]) -> ErrorCode {
-        ErrorCode::ALL
-            .into_iter()
-            .find(|code| code.as_str().as_bytes() == field)
-            .unwrap_or(ErrorCode::Unknown)
+        ErrorCode::ALL.into_iter().find(|code| code.as_str().as_bytes() == field).unwrap_or(ErrorCode::Unknown)
     }
 }
 

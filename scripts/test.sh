@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace: unit, model and property tests, the
+# black-box tests against the real server, and the doc examples.
+# Usage: scripts/test.sh [extra nextest arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "test.sh: cargo-nextest is missing; installing it from crates.io" >&2
+    cargo install cargo-nextest --locked
+fi
+
+# One optimised build with debug assertions on serves every test; the
+# black-box tests start the server binary that cargo builds for them.
+cargo nextest run --workspace --all-targets --cargo-profile test-release "$@"
+cargo test --workspace --doc --profile test-release --quiet

@@ -1,0 +1,130 @@
+//! What a shard asks its caller to do: replies to send, deltas to replicate,
+//! token ranges to fetch.
+
+use ringlock_client::proto::{ErrorCode, Op, Reply};
+
+use crate::key::Key;
+
+/// The connection a request came from. The server chooses the numbers; the
+/// shard only copies them into replies and groups waiters by them, so that a
+/// closed connection's waiters can leave their queues at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientId(pub u64);
+
+/// A reply to one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShardReply {
+    /// The key is granted with this token.
+    Acquired {
+        /// The key.
+        key: Key,
+        /// The fencing token of the grant.
+        token: u64,
+    },
+    /// The wait ran out; nothing was granted.
+    TimedOut {
+        /// The key.
+        key: Key,
+    },
+    /// The grant was released.
+    Released {
+        /// The key.
+        key: Key,
+    },
+    /// The lease was extended.
+    Extended {
+        /// The key.
+        key: Key,
+        /// The token of the grant, unchanged.
+        token: u64,
+    },
+    /// The request failed and had no effect.
+    Error {
+        /// The request's operation.
+        op: Op,
+        /// The key.
+        key: Key,
+        /// Why.
+        code: ErrorCode,
+    },
+}
+
+impl ShardReply {
+    /// The reply as the wire protocol writes it.
+    pub fn to_wire(&self) -> Reply<'_> {
+        match self {
+            ShardReply::Acquired { key, token } => Reply::Acquired { key: key.as_bytes(), token: *token },
+            ShardReply::TimedOut { key } => Reply::TimedOut { key: key.as_bytes() },
+            ShardReply::Released { key } => Reply::Released { key: key.as_bytes() },
+            ShardReply::Extended { key, token } => Reply::Extended { key: key.as_bytes(), token: *token },
+            ShardReply::Error { op, key, code } => {
+                Reply::Error { op: Some(*op), key: Some(key.as_bytes()), code: *code }
+            }
+        }
+    }
+
+    /// The key the reply is about.
+    pub fn key(&self) -> &Key {
+        match self {
+            ShardReply::Acquired { key, .. }
+            | ShardReply::TimedOut { key }
+            | ShardReply::Released { key }
+            | ShardReply::Extended { key, .. }
+            | ShardReply::Error { key, .. } => key,
+        }
+    }
+}
+
+/// A change of the lock table, for the standbys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Delta {
+    /// The key was granted with `token` and a lease of `lease_ms` from now.
+    Grant {
+        /// The key.
+        key: Key,
+        /// Its new token.
+        token: u64,
+        /// The lease, counted from the grant.
+        lease_ms: u64,
+    },
+    /// The grant with `token` was released.
+    Release {
+        /// The key.
+        key: Key,
+        /// The released token.
+        token: u64,
+    },
+    /// The grant with `token` now ends `lease_ms` from now.
+    Extend {
+        /// The key.
+        key: Key,
+        /// The extended token.
+        token: u64,
+        /// The new lease, counted from now.
+        lease_ms: u64,
+    },
+    /// The grant with `token` ran out of lease and was taken back.
+    Expire {
+        /// The key.
+        key: Key,
+        /// The expired token.
+        token: u64,
+    },
+}
+
+/// One thing the shard's caller must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Send `reply` to `client`.
+    Reply {
+        /// Who asked.
+        client: ClientId,
+        /// What to answer.
+        reply: ShardReply,
+    },
+    /// Replicate a change to the standbys.
+    Delta(Delta),
+    /// The shard is running low on tokens: fetch a [`crate::TokenRange`] and
+    /// give it to [`crate::Shard::add_token_range`].
+    NeedTokens,
+}

@@ -1,0 +1,842 @@
+//! One lock shard: the lock table, its FIFO queues, leases, wait limits and
+//! fencing tokens, as a state machine with no I/O and no clock.
+//!
+//! Every input takes `now_ms`; every output is an [`Effect`] queued in the
+//! shard until the caller drains it with [`Shard::drain_effects`].
+//!
+//! # Storage
+//! Locks and waiters live in two slabs addressed by `u32` slot numbers; the
+//! table index is a `hashbrown::HashTable<u32>` of lock slots, so a held lock
+//! costs one slab entry, one timer and a few bytes of index, with no heap
+//! allocation of its own for keys up to [`crate::KEY_INLINE_LEN_MAX`] bytes.
+//! A key that is neither held nor waited on has no slot: its state is gone.
+//!
+//! # Reply order
+//! SPEC §3 asks that replies for one (op, key) on one connection keep request
+//! order. Grants are FIFO, so two queued `A k` from one connection are granted
+//! in order; but a later one may time out first, or a later `A k` may be
+//! refused while an earlier one is queued. Such an answer is *held*: its waiter
+//! node leaves the key's queue (it can no longer be granted) but stays in its
+//! **chain**, the list of one connection's requests on one key, and is sent
+//! when every request ahead of it in the chain has been answered.
+
+use ahash::RandomState;
+use hashbrown::{HashMap, HashTable};
+use ringlock_client::proto::{ErrorCode, Op};
+
+use crate::effect::{ClientId, Delta, Effect, ShardReply};
+use crate::key::Key;
+use crate::limits::{LEASE_MS_LIMIT, ShardConfig};
+use crate::timer_wheel::{TimerHandle, TimerWheel};
+use crate::token::{TokenRange, TokenRangeError, TokenSupply};
+
+/// "No slot" in the intrusive lists.
+const NONE: u32 = u32::MAX;
+
+/// Timer values: a lock slot for a lease, or a waiter slot with this bit set.
+const TIMER_WAIT_BIT: u32 = 1 << 31;
+
+/// One key that is held or waited on.
+#[derive(Debug)]
+struct Lock {
+    key: Key,
+    /// The token of the current grant, or of the last one while the key waits
+    /// for tokens; 0 before the first grant.
+    token: u64,
+    /// The lease timer; `Some` exactly while the key is held.
+    lease_timer: Option<TimerHandle>,
+    /// FIFO queue of live waiters.
+    queue_head: u32,
+    queue_tail: u32,
+    queue_len: u32,
+    /// Listed in `Shard::starved`.
+    starved: bool,
+}
+
+impl Lock {
+    fn is_held(&self) -> bool {
+        self.lease_timer.is_some()
+    }
+}
+
+/// What a waiter node stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WaiterState {
+    /// The slot is on the free list.
+    Free,
+    /// Queued for the key.
+    Live,
+    /// Queued, and its wait timer fired in the batch being processed.
+    LiveWaitExpired,
+    /// Answered `T`, sent once the requests ahead of it are answered.
+    HeldTimeout,
+    /// Answered with this error, sent once the requests ahead of it are answered.
+    HeldError(ErrorCode),
+}
+
+/// One acquire request that has not been answered yet.
+#[derive(Debug)]
+struct Waiter {
+    client: ClientId,
+    wait_timer: Option<TimerHandle>,
+    lock: u32,
+    lease_ms: u32,
+    queue_prev: u32,
+    queue_next: u32,
+    client_prev: u32,
+    client_next: u32,
+    /// Next node of the same (client, key) chain.
+    chain_next: u32,
+    state: WaiterState,
+}
+
+/// A doubly linked list's ends.
+#[derive(Clone, Copy, Debug)]
+struct Ends {
+    head: u32,
+    tail: u32,
+}
+
+/// Counters and gauges of one shard.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    /// Keys granted (at once, by hand-off, or after waiting for tokens).
+    pub grants: u64,
+    /// Grants released by their holder.
+    pub releases: u64,
+    /// Leases extended.
+    pub extends: u64,
+    /// Leases that ran out.
+    pub expiries: u64,
+    /// Waits that ran out (answered `T`).
+    pub timeouts: u64,
+    /// Grants that went straight to a waiter after a release or an expiry.
+    pub handoffs: u64,
+    /// Error replies, indexed like [`ErrorCode::ALL`].
+    pub errors: [u64; ErrorCode::ALL.len()],
+    /// Keys held now.
+    pub held_keys: u64,
+    /// Requests queued now.
+    pub waiters: u64,
+    /// Keys with any state now (held or waited on).
+    pub keys: u64,
+}
+
+impl ShardStats {
+    /// Adds another shard's counters and gauges to these.
+    pub fn add(&mut self, other: &ShardStats) {
+        self.grants += other.grants;
+        self.releases += other.releases;
+        self.extends += other.extends;
+        self.expiries += other.expiries;
+        self.timeouts += other.timeouts;
+        self.handoffs += other.handoffs;
+        for (sum, count) in self.errors.iter_mut().zip(other.errors) {
+            *sum += count;
+        }
+        self.held_keys += other.held_keys;
+        self.waiters += other.waiters;
+        self.keys += other.keys;
+    }
+
+    /// Errors answered with `code`.
+    pub fn errors_of(&self, code: ErrorCode) -> u64 {
+        error_index(code).map_or(0, |index| self.errors[index])
+    }
+}
+
+fn error_index(code: ErrorCode) -> Option<usize> {
+    ErrorCode::ALL.iter().position(|known| *known == code)
+}
+
+/// One lock shard. See the module documentation.
+pub struct Shard {
+    config: ShardConfig,
+    hasher: RandomState,
+    index: HashTable<u32>,
+    locks: Vec<Lock>,
+    locks_free: Vec<u32>,
+    waiters: Vec<Waiter>,
+    waiters_free: Vec<u32>,
+    /// Every node of a client, live or held, in request order.
+    clients: HashMap<ClientId, Ends, RandomState>,
+    /// Every node of a (client, lock), live or held, in request order.
+    chains: HashMap<(ClientId, u32), Ends, RandomState>,
+    timers: TimerWheel<u32>,
+    fired: Vec<u32>,
+    tokens: TokenSupply,
+    /// Locks with waiters but no holder because tokens ran out.
+    starved: Vec<u32>,
+    effects: Vec<Effect>,
+    stats: ShardStats,
+    now_ms: u64,
+}
+
+impl Shard {
+    /// An empty shard at time `now_ms`. It holds no token yet: its first
+    /// effect is [`Effect::NeedTokens`], and acquires wait until a range arrives.
+    pub fn new(config: ShardConfig, now_ms: u64) -> Shard {
+        if let Err(problem) = config.validate() {
+            panic!("invalid shard configuration: {problem}");
+        }
+        let seed = config.hash_seed;
+        let mut shard = Shard {
+            hasher: RandomState::with_seeds(seed, seed ^ 0x9e37_79b9_7f4a_7c15, 0x2545_f491_4f6c_dd1d, !seed),
+            index: HashTable::new(),
+            locks: Vec::new(),
+            locks_free: Vec::new(),
+            waiters: Vec::new(),
+            waiters_free: Vec::new(),
+            clients: HashMap::with_hasher(RandomState::with_seeds(seed, 1, 2, 3)),
+            chains: HashMap::with_hasher(RandomState::with_seeds(seed, 4, 5, 6)),
+            timers: TimerWheel::new(now_ms),
+            fired: Vec::new(),
+            tokens: TokenSupply::new(config.tokens_low_water.max(1)),
+            starved: Vec::new(),
+            effects: Vec::new(),
+            stats: ShardStats::default(),
+            now_ms,
+            config,
+        };
+        shard.request_tokens_if_low();
+        shard
+    }
+
+    /// The shard's settings.
+    pub fn config(&self) -> &ShardConfig {
+        &self.config
+    }
+
+    /// Counters and gauges.
+    pub fn stats(&self) -> &ShardStats {
+        &self.stats
+    }
+
+    /// The time of the latest input.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// Tokens the shard may still issue without a new range.
+    pub fn tokens_remaining(&self) -> u64 {
+        self.tokens.remaining()
+    }
+
+    /// Takes the effects produced so far, in the order they happened.
+    pub fn drain_effects(&mut self) -> std::vec::Drain<'_, Effect> {
+        self.effects.drain(..)
+    }
+
+    /// The earliest time at which [`Shard::advance`] may have work: the event
+    /// loop sleeps at most until then.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        self.timers.next_deadline_ms()
+    }
+
+    /// The token of the current grant of `key`, if it is held.
+    pub fn holder_token(&self, key: &[u8]) -> Option<u64> {
+        let lock = &self.locks[self.find(key)? as usize];
+        lock.is_held().then_some(lock.token)
+    }
+
+    /// Live waiters queued on `key`.
+    pub fn queue_len(&self, key: &[u8]) -> u32 {
+        self.find(key).map_or(0, |slot| self.locks[slot as usize].queue_len)
+    }
+
+    /// Bytes the shard's tables occupy (slabs, index, timers), for memory
+    /// measurements; keys longer than the inline size add their own boxes.
+    pub fn table_bytes(&self) -> usize {
+        self.locks.capacity() * size_of::<Lock>()
+            + self.locks_free.capacity() * 4
+            + self.waiters.capacity() * size_of::<Waiter>()
+            + self.waiters_free.capacity() * 4
+            + self.index.allocation_size()
+            + self.clients.allocation_size()
+            + self.chains.allocation_size()
+    }
+
+    // ----- inputs -----
+
+    /// `A key lease wait`: grant `key` at once if it is free, else queue the
+    /// request. `wait_ms` 0 waits without limit. The key must be valid
+    /// (the codec checks keys before a request reaches a shard).
+    pub fn acquire(&mut self, now_ms: u64, client: ClientId, key: &[u8], lease_ms: u64, wait_ms: u64) {
+        self.set_now(now_ms);
+        debug_assert!(ringlock_client::proto::is_valid_key(key));
+        if lease_ms == 0 || lease_ms > self.config.lease_ms_max {
+            return self.acquire_error(client, key, ErrorCode::BadLease);
+        }
+        if wait_ms > self.config.wait_ms_max() {
+            return self.acquire_error(client, key, ErrorCode::BadWait);
+        }
+        let hash = self.hash(key);
+        if let Some(slot) = self.find_hashed(hash, key) {
+            let lock = &self.locks[slot as usize];
+            if lock.queue_len >= self.config.waiters_per_key_max
+                || self.stats.waiters >= u64::from(self.config.waiters_max)
+            {
+                return self.acquire_error(client, key, ErrorCode::TooManyWaiters);
+            }
+            self.enqueue(client, slot, lease_ms, wait_ms);
+            return;
+        }
+        if self.stats.keys >= u64::from(self.config.keys_max) {
+            return self.reply_error(client, Op::Acquire, key, ErrorCode::TooManyKeys);
+        }
+        let slot = self.insert_lock(hash, key);
+        match self.tokens.next_token() {
+            Some(token) => {
+                self.grant(slot, token, lease_ms);
+                self.reply(client, ShardReply::Acquired { key: Key::new(key), token });
+                self.request_tokens_if_low();
+            }
+            None => {
+                if self.stats.waiters >= u64::from(self.config.waiters_max) {
+                    self.remove_lock(slot);
+                    return self.reply_error(client, Op::Acquire, key, ErrorCode::TooManyWaiters);
+                }
+                self.enqueue(client, slot, lease_ms, wait_ms);
+                self.mark_starved(slot);
+            }
+        }
+    }
+
+    /// `R key token`: release the grant if `token` holds `key` now, and hand
+    /// the key to the first waiter.
+    pub fn release(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64) {
+        self.set_now(now_ms);
+        let Some(slot) = self.find_holder(key, token) else {
+            return self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
+        };
+        let lock = &mut self.locks[slot as usize];
+        let timer = lock.lease_timer.take().expect("a holder has a lease timer");
+        self.timers.cancel(timer);
+        self.stats.releases += 1;
+        self.stats.held_keys -= 1;
+        self.delta(|| Delta::Release { key: Key::new(key), token });
+        self.reply(client, ShardReply::Released { key: Key::new(key) });
+        self.hand_on(slot, true);
+    }
+
+    /// `X key token lease`: if `token` holds `key` now, its lease ends
+    /// `lease_ms` from now, sooner or later than before.
+    pub fn extend(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64, lease_ms: u64) {
+        self.set_now(now_ms);
+        if lease_ms == 0 || lease_ms > self.config.lease_ms_max {
+            return self.reply_error(client, Op::Extend, key, ErrorCode::BadLease);
+        }
+        let Some(slot) = self.find_holder(key, token) else {
+            return self.reply_error(client, Op::Extend, key, ErrorCode::NotHolder);
+        };
+        let timer = self.locks[slot as usize].lease_timer.take().expect("a holder has a lease timer");
+        self.timers.cancel(timer);
+        let timer = self.timers.insert(self.now_ms + lease_ms, slot);
+        self.locks[slot as usize].lease_timer = Some(timer);
+        self.stats.extends += 1;
+        self.delta(|| Delta::Extend { key: Key::new(key), token, lease_ms });
+        self.reply(client, ShardReply::Extended { key: Key::new(key), token });
+    }
+
+    /// A request on a valid `key` that the codec refused (bad lease, bad
+    /// token...). It comes through the shard so that its `E` reply keeps its
+    /// place among the replies for the same (op, key).
+    pub fn reject(&mut self, now_ms: u64, client: ClientId, op: Op, key: &[u8], code: ErrorCode) {
+        self.set_now(now_ms);
+        match op {
+            Op::Acquire => self.acquire_error(client, key, code),
+            _ => self.reply_error(client, op, key, code),
+        }
+    }
+
+    /// The client's connection closed: its queued requests leave their queues
+    /// now, unanswered. Keys it holds stay held until released or expired.
+    pub fn client_gone(&mut self, now_ms: u64, client: ClientId) {
+        self.set_now(now_ms);
+        let Some(ends) = self.clients.remove(&client) else {
+            return;
+        };
+        let mut node = ends.head;
+        while node != NONE {
+            let waiter = &self.waiters[node as usize];
+            let (next, slot, state) = (waiter.client_next, waiter.lock, waiter.state);
+            self.chains.remove(&(client, slot));
+            if matches!(state, WaiterState::Live | WaiterState::LiveWaitExpired) {
+                if let Some(timer) = self.waiters[node as usize].wait_timer.take() {
+                    self.timers.cancel(timer);
+                }
+                self.unlink_queue(node);
+                self.remove_lock_if_unused(slot);
+            }
+            self.free_waiter(node);
+            node = next;
+        }
+    }
+
+    /// Answers every queued acquire `E A <key> <code>` (the server is stopping
+    /// and has nobody to hand over to), with the answers held behind them
+    /// still in request order. Held keys stay held.
+    pub fn fail_waiters(&mut self, now_ms: u64, code: ErrorCode) {
+        self.set_now(now_ms);
+        let clients: Vec<(ClientId, Ends)> = self.clients.drain().collect();
+        let mut touched = Vec::new();
+        for (client, ends) in clients {
+            let mut node = ends.head;
+            while node != NONE {
+                let waiter = &mut self.waiters[node as usize];
+                let (next, slot, state) = (waiter.client_next, waiter.lock, waiter.state);
+                let key = self.locks[slot as usize].key.clone();
+                let reply = match state {
+                    WaiterState::Live | WaiterState::LiveWaitExpired => {
+                        if let Some(timer) = waiter.wait_timer.take() {
+                            self.timers.cancel(timer);
+                        }
+                        self.unlink_queue(node);
+                        touched.push(slot);
+                        self.count_error(code);
+                        ShardReply::Error { op: Op::Acquire, key, code }
+                    }
+                    WaiterState::HeldTimeout => ShardReply::TimedOut { key },
+                    WaiterState::HeldError(held) => ShardReply::Error { op: Op::Acquire, key, code: held },
+                    WaiterState::Free => unreachable!("a client list holds no free node"),
+                };
+                self.reply(client, reply);
+                self.free_waiter(node);
+                node = next;
+            }
+        }
+        self.chains.clear();
+        for slot in touched {
+            // A slot freed here is not reused before the loop ends (no lock is
+            // created), so checking one twice is harmless.
+            let lock = &self.locks[slot as usize];
+            if !lock.is_held() && lock.queue_len == 0 && lock.queue_head == NONE && !lock.key.as_bytes().is_empty() {
+                self.remove_lock(slot);
+            }
+        }
+    }
+
+    /// Moves time to `now_ms`: leases and waits that ran out by then end, in
+    /// deadline order, and expired keys go to their next waiter.
+    pub fn advance(&mut self, now_ms: u64) {
+        self.set_now(now_ms);
+        let mut fired = std::mem::take(&mut self.fired);
+        self.timers.advance(self.now_ms, &mut fired);
+        // Mark first, then act: an expiry may grant a waiter whose own wait
+        // timer fired in this same batch, and that timer must not be cancelled
+        // again nor answered after the grant.
+        // A fired lease timer is only touched by its own expiry below, so
+        // lease timers need no mark: their keys count as held until then.
+        for &value in &fired {
+            if value & TIMER_WAIT_BIT != 0 {
+                let waiter = &mut self.waiters[(value & !TIMER_WAIT_BIT) as usize];
+                assert_eq!(waiter.state, WaiterState::Live, "a fired wait timer belongs to a live waiter");
+                waiter.wait_timer = None;
+                waiter.state = WaiterState::LiveWaitExpired;
+            }
+        }
+        for &value in &fired {
+            if value & TIMER_WAIT_BIT != 0 {
+                let node = value & !TIMER_WAIT_BIT;
+                if self.waiters[node as usize].state == WaiterState::LiveWaitExpired {
+                    self.wait_ran_out(node);
+                }
+            } else {
+                self.lease_ran_out(value);
+            }
+        }
+        fired.clear();
+        self.fired = fired;
+    }
+
+    /// Gives the shard a range of tokens; keys that waited for tokens are
+    /// granted now.
+    pub fn add_token_range(&mut self, now_ms: u64, range: TokenRange) -> Result<(), TokenRangeError> {
+        self.set_now(now_ms);
+        self.tokens.add(range)?;
+        // Keys are granted in the order they ran short; those still short
+        // when this range runs out go back on the list.
+        let starved = std::mem::take(&mut self.starved);
+        for &slot in &starved {
+            let lock = &mut self.locks[slot as usize];
+            lock.starved = false;
+            debug_assert!(!lock.is_held() && lock.queue_len > 0);
+            self.hand_on(slot, false);
+        }
+        self.request_tokens_if_low();
+        Ok(())
+    }
+
+    /// The range asked for by [`Effect::NeedTokens`] will not come (the
+    /// replication core lost it); the next shortage asks again.
+    pub fn token_request_lost(&mut self) {
+        self.tokens.request_lost();
+        self.request_tokens_if_low();
+    }
+
+    // ----- grants and hand-offs -----
+
+    /// Marks `slot` held by `token` for `lease_ms` and replicates the grant.
+    fn grant(&mut self, slot: u32, token: u64, lease_ms: u64) {
+        let lock = &mut self.locks[slot as usize];
+        assert!(token > lock.token, "a key's tokens strictly increase");
+        debug_assert!(lock.lease_timer.is_none());
+        lock.token = token;
+        lock.lease_timer = Some(self.timers.insert(self.now_ms + lease_ms, slot));
+        self.stats.grants += 1;
+        self.stats.held_keys += 1;
+        if self.config.deltas {
+            let key = self.locks[slot as usize].key.clone();
+            self.effects.push(Effect::Delta(Delta::Grant { key, token, lease_ms }));
+        }
+    }
+
+    /// The key at `slot` is no longer held: give it to its first waiter, or
+    /// drop it if nobody waits. Without tokens, it waits for a range.
+    fn hand_on(&mut self, slot: u32, counts_as_handoff: bool) {
+        let node = self.locks[slot as usize].queue_head;
+        if node == NONE {
+            self.remove_lock(slot);
+            return;
+        }
+        let Some(token) = self.tokens.next_token() else {
+            self.mark_starved(slot);
+            return;
+        };
+        let waiter = &mut self.waiters[node as usize];
+        let (client, lease_ms) = (waiter.client, u64::from(waiter.lease_ms));
+        if let Some(timer) = waiter.wait_timer.take() {
+            self.timers.cancel(timer);
+        }
+        self.unlink_queue(node);
+        self.grant(slot, token, lease_ms);
+        if counts_as_handoff {
+            self.stats.handoffs += 1;
+        }
+        let key = self.locks[slot as usize].key.clone();
+        self.answer_chain_head(client, slot, node, ShardReply::Acquired { key, token });
+        self.request_tokens_if_low();
+    }
+
+    fn lease_ran_out(&mut self, slot: u32) {
+        let lock = &mut self.locks[slot as usize];
+        assert!(lock.lease_timer.take().is_some(), "a fired lease timer belongs to a held key");
+        let token = lock.token;
+        self.stats.expiries += 1;
+        self.stats.held_keys -= 1;
+        if self.config.deltas {
+            let key = lock.key.clone();
+            self.effects.push(Effect::Delta(Delta::Expire { key, token }));
+        }
+        self.hand_on(slot, true);
+    }
+
+    fn wait_ran_out(&mut self, node: u32) {
+        let waiter = &self.waiters[node as usize];
+        let (client, slot) = (waiter.client, waiter.lock);
+        self.stats.timeouts += 1;
+        self.unlink_queue(node);
+        let chain = self.chains[&(client, slot)];
+        if chain.head == node {
+            let key = self.locks[slot as usize].key.clone();
+            self.answer_chain_head(client, slot, node, ShardReply::TimedOut { key });
+        } else {
+            self.waiters[node as usize].state = WaiterState::HeldTimeout;
+        }
+        self.remove_lock_if_unused(slot);
+    }
+
+    // ----- replies -----
+
+    /// Answers `node`, the head of its (client, key) chain, which has left the
+    /// key's queue; then sends the held answers behind it, up to the next
+    /// request still queued.
+    fn answer_chain_head(&mut self, client: ClientId, slot: u32, node: u32, reply: ShardReply) {
+        self.reply(client, reply);
+        let chain = self.chains.get_mut(&(client, slot)).expect("a queued request has a chain");
+        assert_eq!(chain.head, node, "only the first request of a chain is answered");
+        let mut next = self.waiters[node as usize].chain_next;
+        self.unlink_client(node);
+        self.free_waiter(node);
+        loop {
+            if next == NONE {
+                self.chains.remove(&(client, slot));
+                return;
+            }
+            let state = self.waiters[next as usize].state;
+            let reply = match state {
+                WaiterState::HeldTimeout => ShardReply::TimedOut { key: self.locks[slot as usize].key.clone() },
+                WaiterState::HeldError(code) => {
+                    ShardReply::Error { op: Op::Acquire, key: self.locks[slot as usize].key.clone(), code }
+                }
+                WaiterState::Live | WaiterState::LiveWaitExpired => {
+                    self.chains.get_mut(&(client, slot)).expect("chain").head = next;
+                    return;
+                }
+                WaiterState::Free => unreachable!("a chain holds no free node"),
+            };
+            self.reply(client, reply);
+            let after = self.waiters[next as usize].chain_next;
+            self.unlink_client(next);
+            self.free_waiter(next);
+            next = after;
+        }
+    }
+
+    /// An `E A key code` reply, held behind the client's queued `A key` if any.
+    fn acquire_error(&mut self, client: ClientId, key: &[u8], code: ErrorCode) {
+        let slot = self.find(key);
+        if let Some(slot) = slot
+            && self.chains.contains_key(&(client, slot))
+        {
+            self.count_error(code);
+            let node = self.alloc_waiter(client, slot, 0, WaiterState::HeldError(code));
+            self.link_client_and_chain(client, slot, node);
+            return;
+        }
+        self.reply_error(client, Op::Acquire, key, code);
+    }
+
+    fn reply_error(&mut self, client: ClientId, op: Op, key: &[u8], code: ErrorCode) {
+        self.count_error(code);
+        self.reply(client, ShardReply::Error { op, key: Key::new(key), code });
+    }
+
+    fn count_error(&mut self, code: ErrorCode) {
+        if let Some(index) = error_index(code) {
+            self.stats.errors[index] += 1;
+        }
+    }
+
+    #[inline]
+    fn reply(&mut self, client: ClientId, reply: ShardReply) {
+        self.effects.push(Effect::Reply { client, reply });
+    }
+
+    #[inline]
+    fn delta(&mut self, make: impl FnOnce() -> Delta) {
+        if self.config.deltas {
+            self.effects.push(Effect::Delta(make()));
+        }
+    }
+
+    fn request_tokens_if_low(&mut self) {
+        if self.tokens.should_request() {
+            self.effects.push(Effect::NeedTokens);
+        }
+    }
+
+    // ----- the table -----
+
+    fn set_now(&mut self, now_ms: u64) {
+        // Time never goes back inside a shard, whatever the caller's clock does.
+        self.now_ms = self.now_ms.max(now_ms);
+    }
+
+    #[inline]
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    #[inline]
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        self.find_hashed(self.hash(key), key)
+    }
+
+    #[inline]
+    fn find_hashed(&self, hash: u64, key: &[u8]) -> Option<u32> {
+        let locks = &self.locks;
+        self.index.find(hash, |&slot| locks[slot as usize].key.as_bytes() == key).copied()
+    }
+
+    fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
+        let slot = self.find(key)?;
+        let lock = &self.locks[slot as usize];
+        (lock.is_held() && lock.token == token).then_some(slot)
+    }
+
+    fn insert_lock(&mut self, hash: u64, key: &[u8]) -> u32 {
+        let lock = Lock {
+            key: Key::new(key),
+            token: 0,
+            lease_timer: None,
+            queue_head: NONE,
+            queue_tail: NONE,
+            queue_len: 0,
+            starved: false,
+        };
+        let slot = match self.locks_free.pop() {
+            Some(slot) => {
+                self.locks[slot as usize] = lock;
+                slot
+            }
+            None => {
+                self.locks.push(lock);
+                (self.locks.len() - 1) as u32
+            }
+        };
+        let (locks, hasher) = (&self.locks, &self.hasher);
+        self.index.insert_unique(hash, slot, |&other| hasher.hash_one(locks[other as usize].key.as_bytes()));
+        self.stats.keys += 1;
+        slot
+    }
+
+    fn remove_lock_if_unused(&mut self, slot: u32) {
+        let lock = &self.locks[slot as usize];
+        if !lock.is_held() && lock.queue_len == 0 {
+            self.remove_lock(slot);
+        }
+    }
+
+    /// Lists a key that has waiters but no token to grant them.
+    fn mark_starved(&mut self, slot: u32) {
+        let lock = &mut self.locks[slot as usize];
+        if !lock.starved {
+            lock.starved = true;
+            self.starved.push(slot);
+        }
+    }
+
+    fn remove_lock(&mut self, slot: u32) {
+        let lock = &mut self.locks[slot as usize];
+        debug_assert!(!lock.is_held() && lock.queue_len == 0);
+        if lock.starved {
+            // Only while tokens are missing, so the list is short and this rare.
+            lock.starved = false;
+            self.starved.retain(|&other| other != slot);
+        }
+        let lock = &mut self.locks[slot as usize];
+        let hash = self.hasher.hash_one(lock.key.as_bytes());
+        // Dropping the key frees a boxed one now, not when the slot is reused.
+        lock.key = Key::new(b"");
+        lock.token = 0;
+        match self.index.find_entry(hash, |&other| other == slot) {
+            Ok(entry) => {
+                entry.remove();
+            }
+            Err(_) => unreachable!("a lock in the slab is in the index"),
+        }
+        self.locks_free.push(slot);
+        self.stats.keys -= 1;
+    }
+
+    // ----- waiters -----
+
+    fn enqueue(&mut self, client: ClientId, slot: u32, lease_ms: u64, wait_ms: u64) {
+        debug_assert!(lease_ms <= LEASE_MS_LIMIT);
+        let node = self.alloc_waiter(client, slot, lease_ms as u32, WaiterState::Live);
+        if wait_ms > 0 {
+            let timer = self.timers.insert(self.now_ms + wait_ms, node | TIMER_WAIT_BIT);
+            self.waiters[node as usize].wait_timer = Some(timer);
+        }
+        let lock = &mut self.locks[slot as usize];
+        let tail = lock.queue_tail;
+        lock.queue_tail = node;
+        if tail == NONE {
+            lock.queue_head = node;
+        }
+        lock.queue_len += 1;
+        if tail != NONE {
+            self.waiters[tail as usize].queue_next = node;
+        }
+        self.waiters[node as usize].queue_prev = tail;
+        self.stats.waiters += 1;
+        self.link_client_and_chain(client, slot, node);
+    }
+
+    fn alloc_waiter(&mut self, client: ClientId, slot: u32, lease_ms: u32, state: WaiterState) -> u32 {
+        let waiter = Waiter {
+            client,
+            wait_timer: None,
+            lock: slot,
+            lease_ms,
+            queue_prev: NONE,
+            queue_next: NONE,
+            client_prev: NONE,
+            client_next: NONE,
+            chain_next: NONE,
+            state,
+        };
+        match self.waiters_free.pop() {
+            Some(node) => {
+                self.waiters[node as usize] = waiter;
+                node
+            }
+            None => {
+                self.waiters.push(waiter);
+                (self.waiters.len() - 1) as u32
+            }
+        }
+    }
+
+    fn free_waiter(&mut self, node: u32) {
+        self.waiters[node as usize].state = WaiterState::Free;
+        self.waiters_free.push(node);
+    }
+
+    fn link_client_and_chain(&mut self, client: ClientId, slot: u32, node: u32) {
+        let ends = self.clients.entry(client).or_insert(Ends { head: NONE, tail: NONE });
+        let tail = ends.tail;
+        ends.tail = node;
+        if tail == NONE {
+            ends.head = node;
+        } else {
+            self.waiters[tail as usize].client_next = node;
+        }
+        self.waiters[node as usize].client_prev = tail;
+
+        let chain = self.chains.entry((client, slot)).or_insert(Ends { head: node, tail: NONE });
+        let tail = chain.tail;
+        chain.tail = node;
+        if tail != NONE {
+            self.waiters[tail as usize].chain_next = node;
+        }
+    }
+
+    /// Takes a live waiter out of its key's queue.
+    fn unlink_queue(&mut self, node: u32) {
+        let waiter = &self.waiters[node as usize];
+        let (prev, next, slot) = (waiter.queue_prev, waiter.queue_next, waiter.lock);
+        let lock = &mut self.locks[slot as usize];
+        if prev == NONE {
+            lock.queue_head = next;
+        } else {
+            self.waiters[prev as usize].queue_next = next;
+        }
+        if next == NONE {
+            lock.queue_tail = prev;
+        } else {
+            self.waiters[next as usize].queue_prev = prev;
+        }
+        lock.queue_len -= 1;
+        self.stats.waiters -= 1;
+    }
+
+    fn unlink_client(&mut self, node: u32) {
+        let waiter = &self.waiters[node as usize];
+        let (prev, next, client) = (waiter.client_prev, waiter.client_next, waiter.client);
+        if prev != NONE {
+            self.waiters[prev as usize].client_next = next;
+        }
+        if next != NONE {
+            self.waiters[next as usize].client_prev = prev;
+        }
+        if prev == NONE && next == NONE {
+            self.clients.remove(&client);
+            return;
+        }
+        let ends = self.clients.get_mut(&client).expect("a queued client is listed");
+        if prev == NONE {
+            ends.head = next;
+        }
+        if next == NONE {
+            ends.tail = prev;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod model_tests;

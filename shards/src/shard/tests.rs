@@ -1,0 +1,414 @@
+//! The rules of SPEC §1, one test each, on a shard driven by hand.
+
+use super::*;
+use crate::token::token;
+
+const C1: ClientId = ClientId(1);
+const C2: ClientId = ClientId(2);
+const C3: ClientId = ClientId(3);
+
+fn config() -> ShardConfig {
+    ShardConfig { hash_seed: 7, ..ShardConfig::default() }
+}
+
+/// A shard with one big token range of epoch 1.
+fn shard_with(config: ShardConfig) -> Shard {
+    let mut shard = Shard::new(config, 0);
+    assert_eq!(shard.drain_effects().collect::<Vec<_>>(), vec![Effect::NeedTokens]);
+    shard.add_token_range(0, TokenRange { epoch: 1, first: 1, end: 1 << 30 }).unwrap();
+    shard
+}
+
+fn shard() -> Shard {
+    shard_with(config())
+}
+
+/// The replies produced since the last call, as (client, reply).
+fn replies(shard: &mut Shard) -> Vec<(ClientId, ShardReply)> {
+    shard
+        .drain_effects()
+        .filter_map(|effect| match effect {
+            Effect::Reply { client, reply } => Some((client, reply)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn acquired(shard: &mut Shard, client: ClientId, key: &[u8]) -> u64 {
+    match replies(shard).as_slice() {
+        [(to, ShardReply::Acquired { key: got, token })] if *to == client && got.as_bytes() == key => *token,
+        other => panic!("expected one grant of {key:?} to {client:?}, got {other:?}"),
+    }
+}
+
+fn error(op: Op, key: &[u8], code: ErrorCode) -> ShardReply {
+    ShardReply::Error { op, key: Key::new(key), code }
+}
+
+#[test]
+fn a_free_key_is_granted_at_once_and_dropped_on_release() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 1000, 0);
+    let token = acquired(&mut shard, C1, b"k");
+    assert_eq!(shard.holder_token(b"k"), Some(token));
+    assert_eq!(shard.stats().keys, 1);
+    shard.release(5, C1, b"k", token);
+    assert_eq!(replies(&mut shard), vec![(C1, ShardReply::Released { key: Key::new(b"k") })]);
+    assert_eq!(shard.holder_token(b"k"), None);
+    assert_eq!(shard.stats().keys, 0, "a free key keeps no state");
+    assert_eq!(shard.stats().held_keys, 0);
+    assert!(shard.timers.is_empty(), "no timer is left behind");
+}
+
+#[test]
+fn release_hands_the_key_to_waiters_in_fifo_order_with_greater_tokens() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 1000, 0);
+    let first = acquired(&mut shard, C1, b"k");
+    shard.acquire(1, C2, b"k", 1000, 0);
+    shard.acquire(2, C3, b"k", 1000, 0);
+    assert!(replies(&mut shard).is_empty(), "a held key queues its waiters");
+    assert_eq!(shard.queue_len(b"k"), 2);
+
+    shard.release(3, C1, b"k", first);
+    let got = replies(&mut shard);
+    assert_eq!(got[0], (C1, ShardReply::Released { key: Key::new(b"k") }));
+    let ShardReply::Acquired { token: second, .. } = got[1].1 else { panic!("{got:?}") };
+    assert_eq!(got[1].0, C2, "the first waiter gets the key");
+    assert!(second > first);
+
+    shard.release(4, C2, b"k", second);
+    let got = replies(&mut shard);
+    let ShardReply::Acquired { token: third, .. } = got[1].1 else { panic!("{got:?}") };
+    assert_eq!(got[1].0, C3);
+    assert!(third > second);
+    assert_eq!(shard.stats().handoffs, 2);
+}
+
+#[test]
+fn an_expired_lease_hands_the_key_on() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 100, 0);
+    let first = acquired(&mut shard, C1, b"k");
+    shard.acquire(10, C2, b"k", 100, 0);
+    shard.advance(99);
+    assert!(replies(&mut shard).is_empty(), "the lease has not run out at 99 ms");
+    shard.advance(100);
+    let second = acquired(&mut shard, C2, b"k");
+    assert!(second > first);
+    assert_eq!(shard.stats().expiries, 1);
+    shard.release(101, C1, b"k", first);
+    assert_eq!(replies(&mut shard), vec![(C1, error(Op::Release, b"k", ErrorCode::NotHolder))]);
+    // The new holder's lease counts from its grant.
+    shard.advance(199);
+    assert_eq!(shard.holder_token(b"k"), Some(second));
+    shard.advance(200);
+    assert_eq!(shard.holder_token(b"k"), None);
+    assert_eq!(shard.stats().keys, 0);
+}
+
+#[test]
+fn a_wait_that_runs_out_answers_t_and_never_grants() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 10_000, 0);
+    let first = acquired(&mut shard, C1, b"k");
+    shard.acquire(0, C2, b"k", 10_000, 500);
+    shard.advance(499);
+    assert!(replies(&mut shard).is_empty());
+    shard.advance(500);
+    assert_eq!(replies(&mut shard), vec![(C2, ShardReply::TimedOut { key: Key::new(b"k") })]);
+    assert_eq!(shard.queue_len(b"k"), 0);
+    shard.release(600, C1, b"k", first);
+    assert_eq!(
+        replies(&mut shard),
+        vec![(C1, ShardReply::Released { key: Key::new(b"k") })],
+        "the timed-out waiter is not granted"
+    );
+    assert_eq!(shard.stats().keys, 0);
+    assert_eq!(shard.stats().timeouts, 1);
+}
+
+#[test]
+fn a_grant_and_a_timeout_in_the_same_batch_answer_once() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 100, 0);
+    acquired(&mut shard, C1, b"k");
+    // The lease ends at 100, the wait at 150: one advance past both grants,
+    // because the key was free for the waiter before its wait ran out.
+    shard.acquire(0, C2, b"k", 1000, 150);
+    shard.advance(1000);
+    acquired(&mut shard, C2, b"k");
+    // Now the other way round: the wait ends before the lease.
+    shard.acquire(1000, C3, b"k", 1000, 50);
+    shard.advance(5000);
+    let got = replies(&mut shard);
+    assert_eq!(got, vec![(C3, ShardReply::TimedOut { key: Key::new(b"k") })]);
+    assert_eq!(shard.stats().keys, 0);
+}
+
+#[test]
+fn wait_zero_waits_without_limit() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 86_400_000, 0);
+    let first = acquired(&mut shard, C1, b"k");
+    shard.acquire(0, C2, b"k", 1000, 0);
+    shard.advance(86_399_999);
+    assert!(replies(&mut shard).is_empty());
+    assert_eq!(shard.queue_len(b"k"), 1);
+    shard.release(86_399_999, C1, b"k", first);
+    assert_eq!(replies(&mut shard).len(), 2);
+}
+
+#[test]
+fn extend_moves_the_lease_either_way_and_checks_the_token() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 100, 0);
+    let token = acquired(&mut shard, C1, b"k");
+    shard.extend(50, C1, b"k", token, 1000);
+    assert_eq!(replies(&mut shard), vec![(C1, ShardReply::Extended { key: Key::new(b"k"), token })]);
+    shard.advance(1049);
+    assert_eq!(shard.holder_token(b"k"), Some(token), "extended past its first lease");
+    shard.extend(1049, C2, b"k", token, 1);
+    replies(&mut shard);
+    shard.advance(1050);
+    assert_eq!(shard.holder_token(b"k"), None, "a shorter extension ends it sooner");
+    shard.extend(1051, C1, b"k", token, 1000);
+    assert_eq!(replies(&mut shard), vec![(C1, error(Op::Extend, b"k", ErrorCode::NotHolder))]);
+    assert_eq!(shard.stats().extends, 2);
+}
+
+#[test]
+fn a_stale_or_unknown_token_is_not_holder() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 1000, 0);
+    let token = acquired(&mut shard, C1, b"k");
+    shard.release(0, C1, b"k", token + 1);
+    shard.release(0, C1, b"other", token);
+    shard.extend(0, C1, b"k", token - 1, 10);
+    assert_eq!(
+        replies(&mut shard),
+        vec![
+            (C1, error(Op::Release, b"k", ErrorCode::NotHolder)),
+            (C1, error(Op::Release, b"other", ErrorCode::NotHolder)),
+            (C1, error(Op::Extend, b"k", ErrorCode::NotHolder)),
+        ]
+    );
+    assert_eq!(shard.holder_token(b"k"), Some(token), "a refused release changes nothing");
+    shard.release(0, C2, b"k", token);
+    assert_eq!(
+        replies(&mut shard),
+        vec![(C2, ShardReply::Released { key: Key::new(b"k") })],
+        "any connection may release with the right token"
+    );
+}
+
+#[test]
+fn a_closed_connection_leaves_its_queues_but_keeps_its_locks() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"held", 1000, 0);
+    let held = acquired(&mut shard, C1, b"held");
+    shard.acquire(0, C2, b"held", 1000, 0);
+    shard.acquire(0, C3, b"held", 1000, 0);
+    shard.acquire(0, C2, b"held", 1000, 0);
+    shard.acquire(0, C2, b"held", 1000, 10);
+    shard.client_gone(1, C2);
+    shard.client_gone(1, C2);
+    assert_eq!(shard.queue_len(b"held"), 1);
+    shard.client_gone(1, C1);
+    assert_eq!(shard.holder_token(b"held"), Some(held), "a holder's connection closing does not release");
+    shard.advance(20);
+    assert!(replies(&mut shard).is_empty(), "nothing is answered to a closed connection");
+    shard.release(30, C3, b"held", held);
+    let got = replies(&mut shard);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1].0, C3, "the waiter left is next");
+    assert!(shard.waiters.iter().filter(|w| w.state != WaiterState::Free).count() == 0);
+    assert!(shard.clients.is_empty() && shard.chains.is_empty());
+}
+
+#[test]
+fn locks_are_not_reentrant() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 1000, 0);
+    let token = acquired(&mut shard, C1, b"k");
+    shard.acquire(0, C1, b"k", 1000, 0);
+    assert!(replies(&mut shard).is_empty(), "a second acquire by the holder queues");
+    shard.release(0, C1, b"k", token);
+    assert_eq!(replies(&mut shard).len(), 2);
+}
+
+#[test]
+fn limits_answer_their_errors_and_change_nothing() {
+    let mut shard =
+        shard_with(ShardConfig { keys_max: 2, waiters_per_key_max: 1, waiters_max: 2, lease_ms_max: 5000, ..config() });
+    shard.acquire(0, C1, b"a", 1000, 0);
+    shard.acquire(0, C1, b"b", 1000, 0);
+    shard.acquire(0, C1, b"c", 1000, 0);
+    let got = replies(&mut shard);
+    assert_eq!(got[2], (C1, error(Op::Acquire, b"c", ErrorCode::TooManyKeys)));
+    shard.acquire(0, C2, b"a", 1000, 0);
+    shard.acquire(0, C3, b"a", 1000, 0);
+    assert_eq!(replies(&mut shard), vec![(C3, error(Op::Acquire, b"a", ErrorCode::TooManyWaiters))]);
+    shard.acquire(0, C2, b"b", 1000, 0);
+    shard.acquire(0, C3, b"b", 1000, 0);
+    assert_eq!(replies(&mut shard), vec![(C3, error(Op::Acquire, b"b", ErrorCode::TooManyWaiters))]);
+    shard.acquire(0, C2, b"d", 5001, 0);
+    shard.acquire(0, C2, b"d", 0, 0);
+    shard.acquire(0, C2, b"d", 10, 86_400_001);
+    shard.extend(0, C2, b"a", 1, 5001);
+    assert_eq!(
+        replies(&mut shard),
+        vec![
+            (C2, error(Op::Acquire, b"d", ErrorCode::BadLease)),
+            (C2, error(Op::Acquire, b"d", ErrorCode::BadLease)),
+            (C2, error(Op::Acquire, b"d", ErrorCode::BadWait)),
+            (C2, error(Op::Extend, b"a", ErrorCode::BadLease)),
+        ]
+    );
+    assert_eq!(shard.stats().errors_of(ErrorCode::BadLease), 3);
+    assert_eq!(shard.stats().errors_of(ErrorCode::TooManyWaiters), 2);
+    assert_eq!(shard.stats().keys, 2);
+    assert_eq!(shard.stats().waiters, 2);
+}
+
+#[test]
+fn a_later_answer_on_the_same_key_waits_behind_an_earlier_queued_acquire() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 1000, 0);
+    let token = acquired(&mut shard, C1, b"k");
+    shard.acquire(0, C2, b"k", 1000, 0); // waits without limit
+    shard.acquire(0, C2, b"k", 1000, 10); // times out first
+    shard.reject(0, C2, Op::Acquire, b"k", ErrorCode::BadLease);
+    shard.acquire(0, C2, b"other", 1000, 0); // another key is not held back
+    shard.acquire(0, C3, b"k", 1000, 0); // another client is not held back
+    let got = replies(&mut shard);
+    assert_eq!(got.len(), 1);
+    assert!(matches!(&got[0], (c, ShardReply::Acquired { key, .. }) if *c == C2 && key.as_bytes() == b"other"));
+    shard.advance(50);
+    assert!(replies(&mut shard).is_empty(), "the T waits behind the first A k of C2");
+    assert_eq!(shard.queue_len(b"k"), 2, "the timed-out request left the queue");
+
+    shard.release(60, C1, b"k", token);
+    let got = replies(&mut shard);
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert_eq!(got[0].1, ShardReply::Released { key: Key::new(b"k") });
+    assert!(matches!(got[1], (c, ShardReply::Acquired { .. }) if c == C2));
+    assert_eq!(got[2], (C2, ShardReply::TimedOut { key: Key::new(b"k") }));
+    assert_eq!(got[3], (C2, error(Op::Acquire, b"k", ErrorCode::BadLease)));
+    assert_eq!(shard.queue_len(b"k"), 1, "C3 still waits");
+}
+
+#[test]
+fn without_tokens_acquires_wait_for_a_range() {
+    let mut shard = Shard::new(config(), 0);
+    assert_eq!(shard.drain_effects().collect::<Vec<_>>(), vec![Effect::NeedTokens]);
+    shard.acquire(0, C1, b"k", 1000, 0);
+    shard.acquire(0, C2, b"j", 1000, 50);
+    assert!(replies(&mut shard).is_empty(), "no token, no grant");
+    shard.advance(50);
+    assert_eq!(replies(&mut shard), vec![(C2, ShardReply::TimedOut { key: Key::new(b"j") })]);
+    shard.add_token_range(60, TokenRange { epoch: 3, first: 0, end: 2 }).unwrap();
+    let got: Vec<Effect> = shard.drain_effects().collect();
+    assert_eq!(
+        got,
+        vec![
+            Effect::Reply { client: C1, reply: ShardReply::Acquired { key: Key::new(b"k"), token: token(3, 0) } },
+            Effect::NeedTokens,
+        ]
+    );
+    shard.acquire(60, C1, b"a", 1000, 0);
+    shard.acquire(60, C1, b"b", 1000, 0);
+    let got = replies(&mut shard);
+    assert_eq!(got.len(), 1, "the second acquire waits for the next range");
+    shard.add_token_range(61, TokenRange { epoch: 4, first: 0, end: 100 }).unwrap();
+    let got = replies(&mut shard);
+    assert_eq!(got, vec![(C1, ShardReply::Acquired { key: Key::new(b"b"), token: token(4, 0) })]);
+}
+
+#[test]
+fn a_new_epoch_keeps_per_key_tokens_increasing() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 1000, 0);
+    let first = acquired(&mut shard, C1, b"k");
+    shard.acquire(0, C2, b"k", 1000, 0);
+    shard.add_token_range(0, TokenRange { epoch: 2, first: 0, end: 10 }).unwrap();
+    shard.release(0, C1, b"k", first);
+    let got = replies(&mut shard);
+    let ShardReply::Acquired { token: second, .. } = got[1].1 else { panic!("{got:?}") };
+    assert_eq!(second, token(2, 0));
+    assert!(second > first);
+}
+
+#[test]
+fn deltas_follow_every_change_when_enabled() {
+    let mut shard = shard_with(ShardConfig { deltas: true, ..config() });
+    shard.acquire(0, C1, b"k", 100, 0);
+    shard.acquire(0, C2, b"k", 100, 0);
+    let effects: Vec<Effect> = shard.drain_effects().collect();
+    let Effect::Delta(Delta::Grant { token: t1, lease_ms: 100, .. }) = effects[0] else { panic!("{effects:?}") };
+    shard.extend(10, C1, b"k", t1, 500);
+    shard.release(20, C1, b"k", t1);
+    shard.advance(120);
+    let deltas: Vec<Delta> = shard
+        .drain_effects()
+        .filter_map(|effect| match effect {
+            Effect::Delta(delta) => Some(delta),
+            _ => None,
+        })
+        .collect();
+    let k = Key::new(b"k");
+    assert_eq!(deltas[0], Delta::Extend { key: k.clone(), token: t1, lease_ms: 500 });
+    assert_eq!(deltas[1], Delta::Release { key: k.clone(), token: t1 });
+    let Delta::Grant { token: t2, .. } = deltas[2] else { panic!("{deltas:?}") };
+    assert_eq!(deltas[3], Delta::Expire { key: k, token: t2 });
+}
+
+#[test]
+fn long_keys_work_like_short_ones() {
+    let mut shard = shard();
+    let key = [b'x'; 250];
+    shard.acquire(0, C1, &key, 1000, 0);
+    let token = acquired(&mut shard, C1, &key);
+    shard.release(0, C1, &key, token);
+    assert_eq!(replies(&mut shard).len(), 1);
+    assert_eq!(shard.stats().keys, 0);
+}
+
+#[test]
+fn failing_waiters_answers_each_once_in_order_and_keeps_holders() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 1000, 0);
+    let token = acquired(&mut shard, C1, b"k");
+    shard.acquire(0, C2, b"k", 1000, 0);
+    shard.acquire(0, C2, b"k", 1000, 5);
+    shard.acquire(0, C3, b"k", 1000, 0);
+    shard.advance(10);
+    assert!(replies(&mut shard).is_empty());
+    shard.fail_waiters(10, ErrorCode::ShuttingDown);
+    let mut got = replies(&mut shard);
+    got.sort_by_key(|(client, _)| *client);
+    assert_eq!(
+        got,
+        vec![
+            (C2, error(Op::Acquire, b"k", ErrorCode::ShuttingDown)),
+            (C2, ShardReply::TimedOut { key: Key::new(b"k") }),
+            (C3, error(Op::Acquire, b"k", ErrorCode::ShuttingDown)),
+        ]
+    );
+    assert_eq!(shard.queue_len(b"k"), 0);
+    assert_eq!(shard.holder_token(b"k"), Some(token));
+    assert_eq!(shard.stats().waiters, 0);
+    shard.release(11, C1, b"k", token);
+    assert_eq!(replies(&mut shard).len(), 1);
+    assert_eq!(shard.stats().keys, 0);
+    assert!(shard.timers.is_empty());
+}
+
+#[test]
+fn failing_waiters_drops_keys_that_only_waited_for_tokens() {
+    let mut shard = Shard::new(config(), 0);
+    shard.acquire(0, C1, b"k", 1000, 0);
+    shard.fail_waiters(0, ErrorCode::ShuttingDown);
+    assert_eq!(replies(&mut shard), vec![(C1, error(Op::Acquire, b"k", ErrorCode::ShuttingDown))]);
+    assert_eq!(shard.stats().keys, 0);
+}
