@@ -1,0 +1,195 @@
+//! Command-line flags, each also readable from an environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use ringlock_client::proto::{LEASE_MS_MAX_DEFAULT, parse_seconds_ms};
+
+/// ringlock: a lock server with FIFO hand-off, leases and fencing tokens.
+///
+/// Keys are hash-sharded onto pinned cores; each shard core runs its own
+/// io_uring event loop. Clients speak the line protocol described in the
+/// README (`A key lease wait`, `R key token`, `X key token lease`, `P`, `S`).
+#[derive(Parser, Debug, Clone)]
+#[command(name = "ringlock", version, about, long_about)]
+pub struct Config {
+    /// Address to accept clients on. Every shard core listens on it with
+    /// SO_REUSEPORT, so the kernel spreads connections over the cores.
+    #[arg(long, env = "RINGLOCK_LISTEN", default_value = "127.0.0.1:7700")]
+    pub listen: SocketAddr,
+
+    /// Number of shard cores (event loops). Default: one per online CPU.
+    /// On a host that also runs the clients, leave them a core (see tuning/).
+    #[arg(long, env = "RINGLOCK_SHARDS", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub shards: Option<u16>,
+
+    /// CPUs to pin the shard cores to, in order, as a list such as `1,3` or
+    /// `2-5`. Default: CPUs 0, 1, 2... in order. Must list at least --shards CPUs.
+    #[arg(long, env = "RINGLOCK_CPUS", value_parser = parse_cpu_list)]
+    pub cpus: Option<CpuList>,
+
+    /// Do not pin threads to CPUs (for hosts where pinning is not allowed or
+    /// where another scheduler decides).
+    #[arg(long, env = "RINGLOCK_NO_PIN")]
+    pub no_pin: bool,
+
+    /// CPU for the replication core, which hands out token ranges and (in a
+    /// cluster) streams deltas to standbys. Default: not pinned.
+    #[arg(long, env = "RINGLOCK_REPLICATION_CPU")]
+    pub replication_cpu: Option<usize>,
+
+    /// Directory for the durable state (the epoch file). Created if missing;
+    /// the server refuses to start if it is not writable.
+    #[arg(long, env = "RINGLOCK_DATA_DIR", default_value = "ringlock-data")]
+    pub data_dir: PathBuf,
+
+    /// Most client connections at once; beyond it a new connection is
+    /// answered `E - - too-many-connections` and closed.
+    #[arg(long, env = "RINGLOCK_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: u32,
+
+    /// Most keys held or waited on at once, over all shards (each shard takes
+    /// an equal part); beyond it, acquires of a new key get `too-many-keys`.
+    #[arg(long, env = "RINGLOCK_MAX_KEYS", default_value_t = 16_777_216)]
+    pub max_keys: u64,
+
+    /// Most requests queued on one key; beyond it, `too-many-waiters`.
+    #[arg(long, env = "RINGLOCK_MAX_WAITERS_PER_KEY", default_value_t = 65_536)]
+    pub max_waiters_per_key: u32,
+
+    /// Most requests queued over all keys of one shard; beyond it,
+    /// `too-many-waiters`.
+    #[arg(long, env = "RINGLOCK_MAX_WAITERS", default_value_t = 4_194_304)]
+    pub max_waiters: u32,
+
+    /// Longest lease an acquire or extend may ask for, in decimal seconds;
+    /// longer ones get `bad-lease`.
+    #[arg(long, env = "RINGLOCK_MAX_LEASE", default_value = "86400", value_parser = parse_lease_max)]
+    pub max_lease: LeaseMax,
+
+    /// Log filter: error, warn, info, debug or trace (or a tracing directive
+    /// such as `ringlock=debug`).
+    #[arg(long, env = "RINGLOCK_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+/// The longest lease, in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseMax(pub u64);
+
+/// A list of CPU numbers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
+fn parse_lease_max(text: &str) -> Result<LeaseMax, String> {
+    match parse_seconds_ms(text.as_bytes()) {
+        Some(ms) if ms > 0 && ms <= u64::from(u32::MAX) => Ok(LeaseMax(ms)),
+        _ => Err(format!(
+            "expected decimal seconds above 0 and at most {} (for example 30 or 0.5), not {text:?}",
+            u32::MAX / 1000
+        )),
+    }
+}
+
+/// Parses `1,3,5-7` into `[1, 3, 5, 6, 7]`.
+pub fn parse_cpu_list(text: &str) -> Result<CpuList, String> {
+    let mut cpus = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let bad = || format!("expected CPU numbers such as `1,3` or `2-5`, not {part:?}");
+        match part.split_once('-') {
+            Some((first, last)) => {
+                let first: usize = first.trim().parse().map_err(|_| bad())?;
+                let last: usize = last.trim().parse().map_err(|_| bad())?;
+                if first > last || last - first > 4096 {
+                    return Err(bad());
+                }
+                cpus.extend(first..=last);
+            }
+            None => cpus.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    let mut seen = cpus.clone();
+    seen.sort_unstable();
+    seen.dedup();
+    if seen.len() != cpus.len() {
+        return Err(format!("CPU list {text:?} names a CPU twice"));
+    }
+    Ok(CpuList(cpus))
+}
+
+impl Default for LeaseMax {
+    fn default() -> Self {
+        LeaseMax(LEASE_MS_MAX_DEFAULT)
+    }
+}
+
+impl Config {
+    /// The number of shard cores to run.
+    pub fn shard_count(&self) -> usize {
+        match self.shards {
+            Some(shards) => usize::from(shards),
+            None => std::thread::available_parallelism().map_or(1, usize::from),
+        }
+    }
+
+    /// Keys each shard may hold.
+    pub fn keys_per_shard(&self) -> u32 {
+        let shards = self.shard_count() as u64;
+        let per_shard = self.max_keys.div_ceil(shards).max(1);
+        per_shard.min(u64::from(ringlock_shards::limits::SLOTS_MAX)) as u32
+    }
+
+    /// The CPU each shard core is pinned to, or `None` when not pinning.
+    pub fn shard_cpus(&self) -> Result<Option<Vec<usize>>, String> {
+        if self.no_pin {
+            return Ok(None);
+        }
+        let shards = self.shard_count();
+        let cpus = match &self.cpus {
+            Some(list) => list.0.clone(),
+            None => (0..shards).collect(),
+        };
+        if cpus.len() < shards {
+            return Err(format!(
+                "--cpus lists {} CPUs but --shards is {shards}; list one CPU per shard or pass --no-pin",
+                cpus.len()
+            ));
+        }
+        Ok(Some(cpus[..shards].to_vec()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("1").unwrap().0, vec![1]);
+        assert_eq!(parse_cpu_list("1,3,5-7").unwrap().0, vec![1, 3, 5, 6, 7]);
+        assert!(parse_cpu_list("3-1").is_err());
+        assert!(parse_cpu_list("1,1").is_err());
+        assert!(parse_cpu_list("x").is_err());
+        assert!(parse_cpu_list("").is_err());
+    }
+
+    #[test]
+    fn lease_max_is_decimal_seconds() {
+        assert_eq!(parse_lease_max("86400"), Ok(LeaseMax(86_400_000)));
+        assert_eq!(parse_lease_max("0.5"), Ok(LeaseMax(500)));
+        assert!(parse_lease_max("0").is_err());
+        assert!(parse_lease_max("-1").is_err());
+    }
+
+    #[test]
+    fn flags_parse_with_defaults() {
+        let config = Config::try_parse_from(["ringlock", "--shards", "2", "--cpus", "0-1"]).unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:7700");
+        assert_eq!(config.shard_cpus().unwrap(), Some(vec![0, 1]));
+        assert_eq!(config.keys_per_shard(), 8_388_608);
+        let config = Config::try_parse_from(["ringlock", "--shards", "3", "--cpus", "0-1"]).unwrap();
+        assert!(config.shard_cpus().is_err());
+        assert!(Config::try_parse_from(["ringlock", "--shards", "0"]).is_err());
+    }
+}

@@ -1,0 +1,306 @@
+//! Start-up and shutdown: the epoch, the listeners, one pinned thread per
+//! shard core, and the signals that stop them.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use ringlock_shards::{Shard, ShardConfig};
+
+use crate::config::Config;
+use crate::epoch::EpochStore;
+use crate::event_loop::{EventLoop, Shared, build_ring, ring_mode_name};
+use crate::router;
+use crate::stats::CoreStats;
+use crate::tokens::{TOKEN_RANGE_LEN, TokenAuthority};
+
+/// Runs the server until SIGINT or SIGTERM; errors are for the operator.
+pub fn run(config: Config) -> Result<(), String> {
+    let shards = config.shard_count();
+    let cpus = config.shard_cpus()?;
+    let shard_config = ShardConfig {
+        keys_max: config.keys_per_shard(),
+        waiters_per_key_max: config.max_waiters_per_key,
+        waiters_max: config.max_waiters,
+        lease_ms_max: config.max_lease.0,
+        deltas: false,
+        ..ShardConfig::default()
+    };
+    shard_config.validate()?;
+    raise_descriptor_limit();
+    ignore_sigpipe();
+
+    let store = EpochStore::open(&config.data_dir)?;
+    let authority = Arc::new(TokenAuthority::start(store, 0, TOKEN_RANGE_LEN)?);
+
+    let (listeners, local) = bind_listeners(config.listen, shards)?;
+    let mut mailboxes = Vec::with_capacity(shards);
+    let mut inboxes = Vec::with_capacity(shards);
+    for _ in 0..shards {
+        let (mailbox, inbox) = router::inbox().map_err(|error| format!("cannot create an eventfd: {error}"))?;
+        mailboxes.push(mailbox);
+        inboxes.push(inbox);
+    }
+    let shared = Arc::new(Shared {
+        mailboxes,
+        authority: authority.clone(),
+        advertised: local.to_string(),
+        lease_ms_max: config.max_lease.0,
+        max_connections: config.max_connections,
+        connections: AtomicU32::new(0),
+        stop: AtomicBool::new(false),
+        drained: AtomicUsize::new(0),
+        stats: (0..shards).map(|_| Mutex::new(CoreStats::default())).collect(),
+        started: Instant::now(),
+    });
+
+    // The loops must not take the stop signals: block them before the
+    // threads start (they inherit the mask) and wait for them here.
+    let signals = stop_signals();
+    // SAFETY: changing this thread's signal mask with a valid set.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
+
+    let mut threads: Vec<JoinHandle<Result<(), String>>> = Vec::with_capacity(shards);
+    let (ready_sender, ready) = std::sync::mpsc::channel::<Result<bool, String>>();
+    for (core, (listener, inbox)) in listeners.into_iter().zip(inboxes).enumerate() {
+        let shared = shared.clone();
+        let cpu = cpus.as_ref().map(|cpus| cpus[core]);
+        let shard_config = ShardConfig { hash_seed: random_seed() ^ core as u64, ..shard_config.clone() };
+        let ready_sender = ready_sender.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("ringlock-shard-{core}"))
+            .spawn(move || {
+                if let Some(cpu) = cpu
+                    && !core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
+                {
+                    let error = format!("cannot pin shard {core} to CPU {cpu}; check --cpus or pass --no-pin");
+                    let _ = ready_sender.send(Err(error.clone()));
+                    return Err(error);
+                }
+                let started = build_ring().and_then(|(ring, defer)| {
+                    let shard = Shard::new(shard_config, shared.started.elapsed().as_millis() as u64);
+                    EventLoop::new(ring, core, shared.clone(), shard, listener, inbox).map(|event_loop| (event_loop, defer))
+                });
+                let event_loop = match started {
+                    Ok((event_loop, defer)) => {
+                        let _ = ready_sender.send(Ok(defer));
+                        event_loop
+                    }
+                    Err(error) => {
+                        let error = format!("cannot set up io_uring on shard {core}: {error} (ringlock needs Linux 6.1 or later with io_uring enabled)");
+                        let _ = ready_sender.send(Err(error.clone()));
+                        return Err(error);
+                    }
+                };
+                event_loop.run().map_err(|error| format!("shard {core} stopped: {error}"))
+            })
+            .map_err(|error| format!("cannot start a thread: {error}"))?;
+        threads.push(thread);
+    }
+    drop(ready_sender);
+    let mut defer_taskrun = true;
+    for _ in 0..shards {
+        match ready.recv() {
+            Ok(Ok(defer)) => defer_taskrun &= defer,
+            Ok(Err(error)) => {
+                stop(&shared);
+                return Err(error);
+            }
+            Err(_) => break,
+        }
+    }
+    tracing::info!(
+        listen = %local,
+        shards,
+        pinned = ?cpus,
+        epoch = authority.epoch(),
+        data_dir = %config.data_dir.display(),
+        "ringlock listening on {local}; io_uring mode: {}",
+        ring_mode_name(defer_taskrun)
+    );
+    if let Some(cpu) = config.replication_cpu {
+        tracing::info!(cpu, "single node: no replication core runs, --replication-cpu applies in a cluster");
+    }
+
+    let outcome = wait_for_stop(&signals, &threads);
+    stop(&shared);
+    let mut result = outcome;
+    for thread in threads {
+        match thread.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => result = Err(error),
+            Err(_) => result = Err("a shard thread panicked".to_string()),
+        }
+    }
+    if result.is_ok() {
+        tracing::info!("stopped");
+    }
+    result
+}
+
+/// Waits for SIGINT or SIGTERM, or for a shard thread that ended on its own.
+fn wait_for_stop(signals: &libc::sigset_t, threads: &[JoinHandle<Result<(), String>>]) -> Result<(), String> {
+    let timeout = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+    loop {
+        // SAFETY: waiting for signals this thread has blocked.
+        let signal = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &timeout) };
+        if signal == libc::SIGINT || signal == libc::SIGTERM {
+            tracing::info!(signal, "stopping: answering queued acquires and closing connections");
+            return Ok(());
+        }
+        if threads.iter().any(JoinHandle::is_finished) {
+            return Err("a shard core stopped unexpectedly".to_string());
+        }
+    }
+}
+
+fn stop(shared: &Shared) {
+    shared.stop.store(true, Ordering::SeqCst);
+    for mailbox in &shared.mailboxes {
+        mailbox.wake();
+    }
+}
+
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: building a signal set in a zeroed value.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+fn ignore_sigpipe() {
+    // SAFETY: ignoring SIGPIPE; sends report EPIPE instead.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
+/// Lets the process open as many descriptors as its hard limit allows.
+fn raise_descriptor_limit() {
+    // SAFETY: reading and setting this process's own limit.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// A seed for the lock tables' hash, so clients cannot aim keys at one chain.
+fn random_seed() -> u64 {
+    let mut seed = [0u8; 8];
+    // SAFETY: getrandom fills the buffer we pass.
+    let filled = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), 8, 0) };
+    if filled == 8 {
+        u64::from_ne_bytes(seed)
+    } else {
+        Instant::now().elapsed().as_nanos() as u64 ^ u64::from(std::process::id())
+    }
+}
+
+/// One listening socket per shard core, all on the same address with
+/// SO_REUSEPORT. Port 0 picks a free port (the first socket's), which the log
+/// line and `P` then name.
+fn bind_listeners(address: SocketAddr, count: usize) -> Result<(Vec<RawFd>, SocketAddr), String> {
+    let mut listeners = Vec::with_capacity(count);
+    let mut local = address;
+    for _ in 0..count {
+        let fd = listen_on(local).map_err(|error| {
+            let hint = if error.kind() == io::ErrorKind::AddrInUse {
+                "address in use; pick another --listen"
+            } else {
+                "check --listen"
+            };
+            format!("cannot listen on {local}: {error}; {hint}")
+        })?;
+        if local.port() == 0 {
+            local = local_address(fd).map_err(|error| format!("cannot read the listening address: {error}"))?;
+        }
+        listeners.push(fd);
+    }
+    Ok((listeners, local))
+}
+
+fn listen_on(address: SocketAddr) -> io::Result<RawFd> {
+    let family = if address.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: plain socket calls on a descriptor we create; errors checked.
+    unsafe {
+        let fd = libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let one: libc::c_int = 1;
+        for option in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                (&one as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+        let (storage, len) = socket_address(address);
+        if libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) != 0 || libc::listen(fd, 4096) != 0 {
+            let error = io::Error::last_os_error();
+            libc::close(fd);
+            return Err(error);
+        }
+        Ok(fd)
+    }
+}
+
+fn socket_address(address: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: a zeroed sockaddr_storage is valid, and each arm writes the
+    // sockaddr type that fits in it.
+    unsafe {
+        let mut storage: libc::sockaddr_storage = std::mem::zeroed();
+        match address {
+            SocketAddr::V4(v4) => {
+                let out = &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                out.sin_family = libc::AF_INET as libc::sa_family_t;
+                out.sin_port = v4.port().to_be();
+                out.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) };
+                (storage, size_of::<libc::sockaddr_in>() as libc::socklen_t)
+            }
+            SocketAddr::V6(v6) => {
+                let out = &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                out.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                out.sin6_port = v6.port().to_be();
+                out.sin6_addr = libc::in6_addr { s6_addr: v6.ip().octets() };
+                out.sin6_flowinfo = v6.flowinfo();
+                out.sin6_scope_id = v6.scope_id();
+                (storage, size_of::<libc::sockaddr_in6>() as libc::socklen_t)
+            }
+        }
+    }
+}
+
+fn local_address(fd: RawFd) -> io::Result<SocketAddr> {
+    // SAFETY: getsockname writes at most `len` bytes into the storage.
+    unsafe {
+        let mut storage: libc::sockaddr_storage = std::mem::zeroed();
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        if libc::getsockname(fd, (&mut storage as *mut libc::sockaddr_storage).cast(), &mut len) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        match i32::from(storage.ss_family) {
+            libc::AF_INET => {
+                let v4 = &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                let ip = std::net::Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
+                Ok(SocketAddr::from((ip, u16::from_be(v4.sin_port))))
+            }
+            _ => {
+                let v6 = &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                let ip = std::net::Ipv6Addr::from(v6.sin6_addr.s6_addr);
+                Ok(SocketAddr::from((ip, u16::from_be(v6.sin6_port))))
+            }
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! The `S` reply: one line of JSON with per-shard and total counters.
+
+use std::fmt::Write;
+
+use ringlock_client::proto::{ErrorCode, Role};
+use ringlock_shards::ShardStats;
+
+use crate::event_loop::{Shared, total_stats};
+
+/// What one core publishes for `S`, once per loop turn.
+#[derive(Clone, Debug, Default)]
+pub struct CoreStats {
+    pub shard: ShardStats,
+    pub connections: u64,
+}
+
+/// `{"role":...,"epoch":...,"uptime_ms":...,"total":{...},"shards":[{...},...]}`.
+pub fn json(shared: &Shared, role: Role) -> String {
+    let (cores, total) = total_stats(shared);
+    let connections: u64 = cores.iter().map(|core| core.connections).sum();
+    let mut out = String::with_capacity(512 + 400 * cores.len());
+    let _ = write!(
+        out,
+        "{{\"role\":\"{}\",\"epoch\":{},\"uptime_ms\":{},\"total\":",
+        role.as_str(),
+        shared.authority.epoch(),
+        shared.started.elapsed().as_millis()
+    );
+    counters(&mut out, &total, connections);
+    out.push_str(",\"shards\":[");
+    for (index, core) in cores.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        counters(&mut out, &core.shard, core.connections);
+    }
+    out.push_str("]}");
+    out
+}
+
+fn counters(out: &mut String, stats: &ShardStats, connections: u64) {
+    let _ = write!(
+        out,
+        "{{\"grants\":{},\"releases\":{},\"extends\":{},\"expiries\":{},\"timeouts\":{},\"handoffs\":{},\
+         \"held_keys\":{},\"waiters\":{},\"keys\":{},\"connections\":{},\"errors\":{{",
+        stats.grants,
+        stats.releases,
+        stats.extends,
+        stats.expiries,
+        stats.timeouts,
+        stats.handoffs,
+        stats.held_keys,
+        stats.waiters,
+        stats.keys,
+        connections
+    );
+    for (index, code) in ErrorCode::ALL.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "\"{}\":{}", code.as_str(), stats.errors[index]);
+    }
+    out.push_str("}}");
+}

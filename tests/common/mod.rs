@@ -1,0 +1,272 @@
+//! Test support: start the real `ringlock` binary on a free loopback port and
+//! talk raw protocol lines to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a test waits for anything before it fails.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+/// A data directory removed when dropped.
+pub struct DataDir(pub PathBuf);
+
+impl DataDir {
+    pub fn new() -> DataDir {
+        let n = NEXT_DIR.fetch_add(1, Ordering::SeqCst);
+        let path = std::env::temp_dir().join(format!("ringlock-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        DataDir(path)
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running server process, killed when dropped.
+pub struct Server {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub log: Arc<Mutex<String>>,
+    data_dir: Arc<DataDir>,
+}
+
+impl Server {
+    /// Starts a server with its own data directory and `args`.
+    pub fn start(args: &[&str]) -> Server {
+        Server::start_in(Arc::new(DataDir::new()), args)
+    }
+
+    /// Starts a server on `data_dir` (shared to restart on the same epoch file).
+    pub fn start_in(data_dir: Arc<DataDir>, args: &[&str]) -> Server {
+        Server::try_start_in(data_dir, args).unwrap_or_else(|log| panic!("the server did not start:\n{log}"))
+    }
+
+    /// Starts a server, or gives back what it printed if it did not start.
+    pub fn try_start_in(data_dir: Arc<DataDir>, args: &[&str]) -> Result<Server, String> {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+        if !args.contains(&"--listen") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
+        if !args.contains(&"--shards") {
+            command.args(["--shards", "1"]);
+        }
+        if !args.iter().any(|arg| *arg == "--cpus" || *arg == "--no-pin") {
+            command.arg("--no-pin");
+        }
+        command.arg("--data-dir").arg(&data_dir.0).args(args);
+        command.env_remove("RUST_LOG").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = command.spawn().expect("start the ringlock binary");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (address_sender, address) = std::sync::mpsc::channel();
+        let log_writer = log.clone();
+        std::thread::spawn(move || {
+            let mut address_sender = Some(address_sender);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("listening on ").nth(1)
+                    && let Some(sender) = address_sender.take()
+                {
+                    let address = rest.split(|c: char| c == ';' || c.is_whitespace()).next().unwrap_or("");
+                    let _ = sender.send(address.to_string());
+                }
+                let mut log = log_writer.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        match address.recv_timeout(PATIENCE) {
+            Ok(address) => {
+                let addr = address.parse().expect("a socket address in the start-up line");
+                Ok(Server { child: Some(child), addr, log, data_dir })
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(100));
+                Err(log.lock().unwrap().clone())
+            }
+        }
+    }
+
+    pub fn data_dir(&self) -> Arc<DataDir> {
+        self.data_dir.clone()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    pub fn connect(&self) -> Conn {
+        Conn::connect(self.addr)
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args([&format!("-{signal}"), &self.pid().to_string()]).status().unwrap();
+        assert!(status.success());
+    }
+
+    /// kill -9, and waits for the process to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends SIGTERM (or SIGINT) and waits for the exit status.
+    pub fn stop(&mut self, signal: &str) -> ExitStatus {
+        self.signal(signal);
+        let mut child = self.child.take().expect("running");
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the server did not stop within {PATIENCE:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Resident memory of the process, in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let line = status.lines().find(|line| line.starts_with("VmRSS:")).unwrap();
+        let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kib * 1024
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A raw protocol connection.
+pub struct Conn {
+    pub stream: TcpStream,
+    buffer: Vec<u8>,
+}
+
+impl Conn {
+    pub fn connect(addr: SocketAddr) -> Conn {
+        let stream = TcpStream::connect(addr).expect("connect to the server");
+        stream.set_nodelay(true).unwrap();
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        Conn { stream, buffer: Vec::new() }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("send to the server");
+    }
+
+    /// Sends one request line (a newline is added).
+    pub fn request(&mut self, line: &str) {
+        self.send(format!("{line}\n").as_bytes());
+    }
+
+    /// The next reply line, without its newline; panics after [`PATIENCE`].
+    pub fn line(&mut self) -> String {
+        self.try_line(PATIENCE).expect("a reply line from the server")
+    }
+
+    /// The next line, or `None` if none arrives within `wait` or the server closed.
+    pub fn try_line(&mut self, wait: Duration) -> Option<String> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=end).collect();
+                return Some(String::from_utf8_lossy(&line[..line.len() - 1]).into_owned());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            self.stream.set_read_timeout(Some(left.max(Duration::from_millis(1)))).unwrap();
+            let mut chunk = [0u8; 65536];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Sends `line` and returns the next reply.
+    pub fn call(&mut self, line: &str) -> String {
+        self.request(line);
+        self.line()
+    }
+
+    /// Acquires `key` and returns the token, panicking on any other reply.
+    pub fn acquire(&mut self, key: &str, lease: &str, wait: &str) -> u64 {
+        let reply = self.call(&format!("A {key} {lease} {wait}"));
+        token_of(&reply, key)
+    }
+
+    /// True once the server has closed the connection (reads give end of file).
+    pub fn closed_by_server(&mut self) -> bool {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if self.try_line(Duration::from_millis(200)).is_none() {
+                let mut byte = [0u8; 1];
+                self.stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                match self.stream.read(&mut byte) {
+                    Ok(0) => return true,
+                    Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                    Ok(_) => self.buffer.push(byte[0]),
+                    Err(_) => {}
+                }
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+        }
+    }
+}
+
+/// The token of an `A <key> <token>` reply.
+pub fn token_of(reply: &str, key: &str) -> u64 {
+    let fields: Vec<&str> = reply.split(' ').collect();
+    assert!(fields.len() == 3 && fields[0] == "A" && fields[1] == key, "expected a grant of {key}, got {reply:?}");
+    fields[2].parse().expect("a decimal token")
+}
+
+/// Polls `done` until it holds; fails the test after [`PATIENCE`].
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A field of the `S` reply's total counters.
+pub fn stat(conn: &mut Conn, name: &str) -> u64 {
+    let reply = conn.call("S");
+    let json = reply.strip_prefix("S ").expect("an S reply");
+    let total = &json[json.find("\"total\":").expect("total")..];
+    let needle = format!("\"{name}\":");
+    let at = total.find(&needle).unwrap_or_else(|| panic!("no {name} in {json}")) + needle.len();
+    total[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}

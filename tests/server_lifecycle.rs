@@ -1,0 +1,147 @@
+//! Start-up, restarts and stopping: epochs, tokens, signals, flags.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{DataDir, Server, stat, token_of, wait_until};
+
+#[test]
+fn tokens_keep_increasing_across_a_restart_and_a_kill_9() {
+    let data_dir = Arc::new(DataDir::new());
+    let mut server = Server::start_in(data_dir.clone(), &[]);
+    let mut conn = server.connect();
+    let first = conn.acquire("k", "30", "0");
+    let epoch_before: u64 = conn.call("P").split(' ').nth(2).unwrap().parse().unwrap();
+    drop(conn);
+    assert!(server.stop("TERM").success());
+
+    let mut server = Server::start_in(data_dir.clone(), &[]);
+    let mut conn = server.connect();
+    let epoch_after: u64 = conn.call("P").split(' ').nth(2).unwrap().parse().unwrap();
+    assert!(epoch_after > epoch_before, "a restart starts a new epoch");
+    assert_eq!(stat(&mut conn, "held_keys"), 0, "a single node starts with no locks held");
+    let second = conn.acquire("k", "30", "0");
+    assert!(second > first, "{second} after {first}");
+    // Many grants, then kill -9 with no chance to write anything more.
+    let mut last = second;
+    for index in 0..1000 {
+        last = last.max(conn.acquire(&format!("other-{index}"), "30", "0"));
+    }
+    drop(conn);
+    server.kill9();
+
+    let server = Server::start_in(data_dir, &[]);
+    let mut conn = server.connect();
+    let third = conn.acquire("k", "30", "0");
+    assert!(third > last, "{third} after {last}: tokens of a killed node are never reissued");
+}
+
+#[test]
+fn sigterm_answers_queued_acquires_shutting_down_and_exits_0() {
+    let mut server = Server::start(&["--shards", "2"]);
+    let mut holder = server.connect();
+    let token = holder.acquire("k", "30", "0");
+    let mut waiters: Vec<_> = (0..4).map(|_| server.connect()).collect();
+    for waiter in &mut waiters {
+        waiter.request("A k 30 0");
+    }
+    wait_until("the waiters to queue", || stat(&mut holder, "waiters") == 4);
+    let _ = token;
+    let status = server.stop("TERM");
+    assert!(status.success(), "exit status {status:?}");
+    for waiter in &mut waiters {
+        assert_eq!(waiter.line(), "E A k shutting-down");
+    }
+}
+
+#[test]
+fn sigint_stops_an_idle_server_with_status_0() {
+    let mut server = Server::start(&[]);
+    let mut conn = server.connect();
+    conn.call("P");
+    assert!(server.stop("INT").success());
+    assert!(conn.closed_by_server());
+}
+
+#[test]
+fn an_unusable_data_dir_or_address_is_a_clear_error() {
+    let blocker = tempfile_path("not-a-dir");
+    std::fs::write(&blocker, "a file").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .args(["--listen", "127.0.0.1:0", "--no-pin", "--data-dir"])
+        .arg(blocker.join("data"))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--data-dir"), "{stderr}");
+    std::fs::remove_file(&blocker).unwrap();
+
+    let server = Server::start(&[]);
+    let taken = server.addr.to_string();
+    let other = Server::try_start_in(Arc::new(DataDir::new()), &["--listen", &taken]);
+    // SO_REUSEPORT lets a second ringlock share the port only as the same user
+    // would; a data directory in use is refused either way.
+    if let Err(log) = other {
+        assert!(log.contains("--listen") || log.contains("address"), "{log}");
+    }
+    let same_dir = Server::try_start_in(server.data_dir(), &[]);
+    let log = same_dir.err().expect("a second server on the same data directory is refused");
+    assert!(log.contains("in use"), "{log}");
+}
+
+#[test]
+fn help_explains_every_flag() {
+    let output = Command::new(env!("CARGO_BIN_EXE_ringlock")).arg("--help").output().unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for flag in [
+        "--listen",
+        "--shards",
+        "--cpus",
+        "--no-pin",
+        "--replication-cpu",
+        "--data-dir",
+        "--max-connections",
+        "--max-keys",
+        "--max-waiters-per-key",
+        "--max-lease",
+        "--log-level",
+        "RINGLOCK_LISTEN",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
+    }
+}
+
+#[test]
+fn flags_can_come_from_the_environment() {
+    let data_dir = Arc::new(DataDir::new());
+    let output = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .env("RINGLOCK_SHARDS", "0")
+        .arg("--data-dir")
+        .arg(&data_dir.0)
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "RINGLOCK_SHARDS=0 is refused like --shards 0");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("shards"));
+}
+
+#[test]
+fn a_lease_counts_from_the_grant_after_a_hand_off() {
+    let server = Server::start(&[]);
+    let mut holder = server.connect();
+    let mut waiter = server.connect();
+    let token = holder.acquire("k", "30", "0");
+    waiter.request("A k 0.3 0");
+    std::thread::sleep(Duration::from_millis(50));
+    holder.call(&format!("R k {token}"));
+    let next = token_of(&waiter.line(), "k");
+    assert_eq!(holder.call(&format!("X k {next} 30")), format!("X k {next}"), "still held right after the grant");
+}
+
+fn tempfile_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("ringlock-test-{}-{name}", std::process::id()))
+}
