@@ -21,7 +21,7 @@ pub struct Config {
 
     /// Number of shard cores (event loops). Default: one per online CPU.
     /// On a host that also runs the clients, leave them a core (see tuning/).
-    #[arg(long, env = "RINGLOCK_SHARDS", value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, env = "RINGLOCK_SHARDS", value_parser = clap::value_parser!(u16).range(1..=128))]
     pub shards: Option<u16>,
 
     /// CPUs to pin the shard cores to, in order, as a list such as `1,3` or

@@ -137,6 +137,8 @@ struct Io {
     /// Batches a full inbox refused, sent again next turn.
     refused: Vec<Vec<Message>>,
     need_tokens: bool,
+    /// Connections open on this core (not closing).
+    open: u64,
     now_ms: u64,
     accept_armed: bool,
     accept_retry_at_ms: Option<u64>,
@@ -185,6 +187,7 @@ impl EventLoop {
                 outgoing: (0..cores).map(|_| Vec::new()).collect(),
                 refused: (0..cores).map(|_| Vec::new()).collect(),
                 need_tokens: false,
+                open: 0,
                 now_ms: 0,
                 accept_armed: false,
                 accept_retry_at_ms: None,
@@ -444,10 +447,9 @@ impl EventLoop {
         for (sum, count) in stats.errors.iter_mut().zip(self.io.errors) {
             *sum += count;
         }
-        let open = self.io.connections.iter().filter(|c| !c.closing && c.fd >= 0).count() as u64;
         if let Ok(mut published) = self.io.shared.stats[self.io.core].lock() {
             published.shard = stats;
-            published.connections = open;
+            published.connections = self.io.open;
         }
     }
 }
@@ -577,6 +579,7 @@ impl Io {
                 (self.connections.len() - 1) as u32
             }
         };
+        self.open += 1;
         self.arm_recv(slot);
     }
 
@@ -853,6 +856,7 @@ impl Io {
         }
         connection.closing = true;
         connection.reading = false;
+        self.open -= 1;
         // Shutting the socket down ends the multishot receive, so the
         // descriptor can be closed once its completions are in.
         // SAFETY: a socket this connection owns.

@@ -412,3 +412,23 @@ fn failing_waiters_drops_keys_that_only_waited_for_tokens() {
     assert_eq!(replies(&mut shard), vec![(C1, error(Op::Acquire, b"k", ErrorCode::ShuttingDown))]);
     assert_eq!(shard.stats().keys, 0);
 }
+
+#[test]
+fn table_entries_stay_small() {
+    // The memory figures in the crate documentation rest on these sizes.
+    assert!(size_of::<Lock>() <= 56, "Lock is {} bytes", size_of::<Lock>());
+    assert!(size_of::<Waiter>() <= 48, "Waiter is {} bytes", size_of::<Waiter>());
+}
+
+#[test]
+fn a_freed_key_is_reused_without_growing_the_table() {
+    let mut shard = shard();
+    for round in 0..1000u64 {
+        shard.acquire(round, C1, format!("key-{round}").as_bytes(), 1000, 0);
+        let token = acquired(&mut shard, C1, format!("key-{round}").as_bytes());
+        shard.release(round, C1, format!("key-{round}").as_bytes(), token);
+        replies(&mut shard);
+    }
+    assert_eq!(shard.locks.len(), 1, "one slot served every key in turn");
+    assert_eq!(shard.stats().keys, 0);
+}
