@@ -12,5 +12,5 @@ fi
 
 # One optimised build with debug assertions on serves every test; the
 # black-box tests start the server binary that cargo builds for them.
-cargo nextest run --workspace --all-targets --cargo-profile test-release "$@"
+cargo nextest run --workspace --lib --bins --tests --cargo-profile test-release "$@"
 cargo test --workspace --doc --profile test-release --quiet
