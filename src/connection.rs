@@ -1,5 +1,11 @@
 //! One client connection as its event loop sees it: bytes not parsed yet,
 //! replies not sent yet, and the I/O it has in flight.
+//!
+//! A connection ends in one of two ways. When the client stops sending (end
+//! of input, or a `line-too-long`), the loop stops reading, tells every shard
+//! (its queued acquires leave their queues), and closes once every shard has
+//! acknowledged and every reply is sent. When the socket fails, the loop
+//! drops what it had for it and closes at once.
 
 use std::os::fd::RawFd;
 
@@ -7,14 +13,6 @@ use std::os::fd::RawFd;
 /// requests: a client that stops reading cannot make the server buffer
 /// without bound.
 pub const OUTPUT_BYTES_MAX: usize = 1 << 20;
-
-/// Unparsed bytes kept for a connection whose reading is paused; beyond it
-/// the loop stops receiving from that socket until the replies drain.
-pub const INPUT_BYTES_MAX: usize = 64 << 10;
-
-/// Requests of one connection the shards have not answered yet; beyond it the
-/// loop stops reading that connection (queued acquires count until granted).
-pub const REQUESTS_IN_FLIGHT_MAX: u32 = 65_536;
 
 /// Buffers larger than this are given back to the allocator once empty, so
 /// an idle connection costs little memory after a burst.
@@ -36,12 +34,16 @@ pub struct Connection {
     pub sent: usize,
     pub send_in_flight: bool,
     pub recv_armed: bool,
-    /// Requests parsed but not answered.
+    /// Requests parsed and not answered (queued acquires included).
     pub in_flight: u32,
-    /// Whether requests are still read (false after `line-too-long` or end of input).
+    /// Whether requests are still read.
     pub reading: bool,
-    /// The shards were told the connection is gone.
+    /// The client sent end of input; what it sent before is still answered.
+    pub eof: bool,
+    /// The shards were told that the connection reads no more.
     pub gone: bool,
+    /// Shards that have not acknowledged that yet.
+    pub gone_acks: u32,
     /// `shutdown` was called; the slot is freed once no I/O is in flight.
     pub closing: bool,
     /// Listed in the loop's set of connections with output to send.
@@ -61,20 +63,17 @@ impl Connection {
             recv_armed: false,
             in_flight: 0,
             reading: true,
+            eof: false,
             gone: false,
+            gone_acks: 0,
             closing: false,
             dirty: false,
         }
     }
 
-    /// Whether the loop should stop parsing requests for now.
+    /// Whether the loop should stop parsing (and receiving) for now.
     pub fn is_paused(&self) -> bool {
-        self.output.len() + self.sending.len() >= OUTPUT_BYTES_MAX || self.in_flight >= REQUESTS_IN_FLIGHT_MAX
-    }
-
-    /// Whether the loop should stop receiving bytes for now.
-    pub fn input_full(&self) -> bool {
-        self.input.len() >= INPUT_BYTES_MAX
+        self.output.len() + self.sending.len() >= OUTPUT_BYTES_MAX
     }
 
     /// Takes the output for a `send`, if there is any and none is in flight.
@@ -115,5 +114,11 @@ impl Connection {
     /// True once every reply produced has been sent.
     pub fn flushed(&self) -> bool {
         self.output.is_empty() && !self.send_in_flight
+    }
+
+    /// True once nothing more can be owed to the client: it reads no more,
+    /// every shard acknowledged, every reply arrived and went out.
+    pub fn finished(&self) -> bool {
+        !self.reading && self.gone && self.gone_acks == 0 && self.in_flight == 0 && self.flushed()
     }
 }

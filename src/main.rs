@@ -3,7 +3,9 @@
 //! # Layout
 //! - `config`: command-line flags and their environment variables.
 //! - `server`: start-up (epoch, listeners, pinned threads) and shutdown.
-//! - `event_loop`: one shard core's io_uring loop.
+//! - `event_loop`: one shard core's io_uring loop: its turn, waiting, stopping.
+//! - `sockets`: accepting, receiving, sending, pausing and closing on the ring.
+//! - `dispatch`: parsing requests, routing them to their shard, delivering replies.
 //! - `connection`: one client connection's buffers and I/O state.
 //! - `buf_ring`: the provided receive buffers of a ring.
 //! - `router`: messages between cores, with eventfd wake-ups.
@@ -14,10 +16,12 @@
 mod buf_ring;
 mod config;
 mod connection;
+mod dispatch;
 mod epoch;
 mod event_loop;
 mod router;
 mod server;
+mod sockets;
 mod stats;
 mod tokens;
 

@@ -36,8 +36,12 @@ pub enum Message {
     Request { client: ClientId, request: RoutedRequest },
     /// A reply for `client`, a connection of the receiving core.
     Reply { client: ClientId, reply: ShardReply },
-    /// The connection closed: its queued requests leave their queues.
+    /// The connection reads no more: its queued requests leave their queues.
     ClientGone(ClientId),
+    /// Answer to [`Message::ClientGone`]: the shard dropped `removed` of the
+    /// client's requests unanswered. It follows every reply the shard sent the
+    /// client before, so once every shard has acknowledged, nothing more comes.
+    GoneAck { client: ClientId, removed: u32 },
 }
 
 /// The sending side of one core's inbox.
@@ -75,7 +79,10 @@ impl Mailbox {
                 self.wake();
                 Ok(())
             }
-            Err(TrySendError::Full(batch)) | Err(TrySendError::Disconnected(batch)) => Err(batch),
+            Err(TrySendError::Full(batch)) => Err(batch),
+            // The target core has exited (the server is stopping, or it
+            // failed): its connections are closed, so nobody awaits the batch.
+            Err(TrySendError::Disconnected(_)) => Ok(()),
         }
     }
 

@@ -53,6 +53,7 @@ pub fn run(config: Config) -> Result<(), String> {
         max_connections: config.max_connections,
         connections: AtomicU32::new(0),
         stop: AtomicBool::new(false),
+        stopped_reading: AtomicUsize::new(0),
         drained: AtomicUsize::new(0),
         stats: (0..shards).map(|_| Mutex::new(CoreStats::default())).collect(),
         started: Instant::now(),

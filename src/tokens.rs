@@ -7,6 +7,7 @@
 //! to a new epoch, persisted before its first range is handed out (SPEC §2.6).
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ringlock_shards::TokenRange;
 use ringlock_shards::token::SEQUENCE_MAX;
@@ -20,6 +21,8 @@ pub const TOKEN_RANGE_LEN: u64 = 1 << 16;
 pub struct TokenAuthority {
     node: u64,
     state: Mutex<AuthorityState>,
+    /// The current epoch, readable without the lock (every `P` reads it).
+    current: AtomicU64,
     range_len: u64,
 }
 
@@ -37,12 +40,17 @@ impl TokenAuthority {
         let previous = store.highest();
         let epoch = store.advance(node, 0)?;
         tracing::debug!(previous, epoch, "started a new epoch");
-        Ok(TokenAuthority { node, state: Mutex::new(AuthorityState { store, epoch, next_sequence: 0 }), range_len })
+        Ok(TokenAuthority {
+            node,
+            state: Mutex::new(AuthorityState { store, epoch, next_sequence: 0 }),
+            current: AtomicU64::new(epoch),
+            range_len,
+        })
     }
 
     /// The epoch tokens are issued in now.
     pub fn epoch(&self) -> u64 {
-        self.state.lock().expect("token authority lock").epoch
+        self.current.load(Ordering::Relaxed)
     }
 
     /// The next range; moves to a new epoch when this one is used up.
@@ -51,6 +59,7 @@ impl TokenAuthority {
         if state.next_sequence + self.range_len > SEQUENCE_MAX + 1 {
             let seen = state.epoch;
             state.epoch = state.store.advance(self.node, seen)?;
+            self.current.store(state.epoch, Ordering::Relaxed);
             state.next_sequence = 0;
             tracing::info!(epoch = state.epoch, "sequence space used up; moved to a new epoch");
         }

@@ -207,3 +207,21 @@ fn ten_thousand_connections_opened_and_dropped_leave_nothing_behind() {
     wait_until("their waiters to leave", || stat(&mut conn, "waiters") == 0);
     assert!(conn.call("P").starts_with("P active"));
 }
+
+#[test]
+fn queued_acquires_do_not_block_the_same_connections_later_requests() {
+    let server = Server::start(&[]);
+    let mut other = server.connect();
+    other.acquire("busy", "60", "0");
+    let mut conn = server.connect();
+    let mine = conn.acquire("mine", "60", "0");
+    let mut batch = "A busy 60 0\n".repeat(70_000);
+    batch.push_str(&format!("R mine {mine}\n"));
+    let mut writer = conn.stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || writer.write_all(batch.as_bytes()).unwrap());
+    // 65536 acquires queue; the refusals of the rest wait behind them (same
+    // key, same connection), and the release is answered meanwhile.
+    assert_eq!(conn.line(), "R mine");
+    sender.join().unwrap();
+    assert_eq!(stat(&mut other, "waiters"), 65_536);
+}

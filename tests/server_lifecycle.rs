@@ -145,3 +145,44 @@ fn a_lease_counts_from_the_grant_after_a_hand_off() {
 fn tempfile_path(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("ringlock-test-{}-{name}", std::process::id()))
 }
+
+#[test]
+fn a_stop_finishes_while_clients_close_and_others_do_not_read() {
+    let mut server = Server::start(&["--shards", "2"]);
+    // Slow readers on every core: many stats requests, never read.
+    let mut slow: Vec<std::net::TcpStream> = Vec::new();
+    for _ in 0..4 {
+        let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
+        std::io::Write::write_all(&mut stream, &b"S\n".repeat(3000)).unwrap();
+        slow.push(stream);
+    }
+    let idle: Vec<_> = (0..8).map(|_| server.connect()).collect();
+    let mut conn = server.connect();
+    conn.acquire("k", "30", "0");
+    server.signal("TERM");
+    // Connections closing during the stop must not keep any core waiting.
+    drop(idle);
+    let status = server.stop_after_signal();
+    assert!(status.success(), "exit status {status:?}");
+    drop(slow);
+}
+
+#[test]
+fn requests_sent_before_end_of_input_are_all_answered() {
+    let server = Server::start(&["--shards", "2"]);
+    let mut conn = server.connect();
+    let mut batch = String::new();
+    for index in 0..50 {
+        batch.push_str(&format!("A half-{index} 30 0\n"));
+    }
+    conn.send(batch.as_bytes());
+    conn.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut replies = Vec::new();
+    while let Some(line) = conn.try_line(common::PATIENCE) {
+        replies.push(line);
+    }
+    assert_eq!(replies.len(), 50, "every request before the half-close is answered: {replies:?}");
+    for (index, reply) in replies.iter().enumerate() {
+        assert!(reply.starts_with("A half-"), "reply {index}: {reply}");
+    }
+}

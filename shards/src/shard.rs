@@ -351,13 +351,16 @@ impl Shard {
 
     /// The client's connection closed: its queued requests leave their queues
     /// now, unanswered. Keys it holds stay held until released or expired.
-    pub fn client_gone(&mut self, now_ms: u64, client: ClientId) {
+    /// Returns how many of its requests were dropped unanswered.
+    pub fn client_gone(&mut self, now_ms: u64, client: ClientId) -> u32 {
         self.set_now(now_ms);
         let Some(ends) = self.clients.remove(&client) else {
-            return;
+            return 0;
         };
+        let mut removed = 0;
         let mut node = ends.head;
         while node != NONE {
+            removed += 1;
             let waiter = &self.waiters[node as usize];
             let (next, slot, state) = (waiter.client_next, waiter.lock, waiter.state);
             self.chains.remove(&(client, slot));
@@ -371,6 +374,7 @@ impl Shard {
             self.free_waiter(node);
             node = next;
         }
+        removed
     }
 
     /// Answers every queued acquire `E A <key> <code>` (the server is stopping

@@ -129,6 +129,11 @@ impl Server {
     /// Sends SIGTERM (or SIGINT) and waits for the exit status.
     pub fn stop(&mut self, signal: &str) -> ExitStatus {
         self.signal(signal);
+        self.stop_after_signal()
+    }
+
+    /// Waits for the exit status of a process already signalled.
+    pub fn stop_after_signal(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
         let deadline = Instant::now() + PATIENCE;
         loop {

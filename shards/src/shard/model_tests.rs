@@ -381,7 +381,16 @@ fn run(steps: Vec<Step>) {
                 model.remove_if_free(key);
             }
             Step::Gone { client } => {
-                shard.client_gone(now, ClientId(client));
+                let removed = shard.client_gone(now, ClientId(client));
+                let waiting: usize = model
+                    .keys
+                    .values()
+                    .map(|k| {
+                        k.queue.iter().filter(|q| q.client == client).count()
+                            + k.held.iter().filter(|h| h.0 == client).count()
+                    })
+                    .sum();
+                assert_eq!(removed as usize, waiting, "step {index}: requests dropped for a closed client");
                 pending.forget_client(client);
                 for entry in model.keys.values_mut() {
                     cancelled.extend(entry.queue.iter().filter(|q| q.client == client).map(|q| q.id));

@@ -211,10 +211,10 @@ fn a_closed_connection_leaves_its_queues_but_keeps_its_locks() {
     shard.acquire(0, C3, b"held", 1000, 0);
     shard.acquire(0, C2, b"held", 1000, 0);
     shard.acquire(0, C2, b"held", 1000, 10);
-    shard.client_gone(1, C2);
-    shard.client_gone(1, C2);
+    assert_eq!(shard.client_gone(1, C2), 3, "three requests of C2 were dropped");
+    assert_eq!(shard.client_gone(1, C2), 0);
     assert_eq!(shard.queue_len(b"held"), 1);
-    shard.client_gone(1, C1);
+    assert_eq!(shard.client_gone(1, C1), 0, "a holder has no request waiting");
     assert_eq!(shard.holder_token(b"held"), Some(held), "a holder's connection closing does not release");
     shard.advance(20);
     assert!(replies(&mut shard).is_empty(), "nothing is answered to a closed connection");

@@ -1,0 +1,278 @@
+//! Requests and replies on a shard core: parsing lines, routing each request
+//! to the core that owns its key, and delivering replies to connections.
+
+use ringlock_client::proto::{
+    Decoded, ErrorCode, LINE_LEN_MAX, Op, Reply, Request, Role, decode_request, encode_reply,
+};
+use ringlock_shards::{ClientId, Effect, Key, Shard, ShardReply, shard_of};
+
+use crate::event_loop::{EventLoop, Io, TOKEN_RETRY_MS, client_id, split_client_id};
+use crate::router::{Message, RoutedRequest};
+use crate::stats;
+
+/// Runs a routed request on the shard that owns its key.
+fn apply(shard: &mut Shard, now_ms: u64, client: ClientId, request: &RoutedRequest) {
+    match request {
+        RoutedRequest::Acquire { key, lease_ms, wait_ms } => {
+            shard.acquire(now_ms, client, key.as_bytes(), *lease_ms, *wait_ms)
+        }
+        RoutedRequest::Release { key, token } => shard.release(now_ms, client, key.as_bytes(), *token),
+        RoutedRequest::Extend { key, token, lease_ms } => {
+            shard.extend(now_ms, client, key.as_bytes(), *token, *lease_ms)
+        }
+        RoutedRequest::Reject { op, key, code } => shard.reject(now_ms, client, *op, key.as_bytes(), *code),
+    }
+}
+
+impl EventLoop {
+    pub(crate) fn handle_inbox(&mut self) {
+        while let Ok(batch) = self.inbox.receiver.try_recv() {
+            for message in batch {
+                match message {
+                    Message::Request { client, request } => apply(&mut self.shard, self.io.now_ms, client, &request),
+                    Message::Reply { client, reply } => self.io.deliver(client, reply),
+                    Message::ClientGone(client) => {
+                        let removed = self.shard.client_gone(self.io.now_ms, client);
+                        let (core, ..) = split_client_id(client);
+                        self.io.outgoing[core].push(Message::GoneAck { client, removed });
+                    }
+                    Message::GoneAck { client, removed } => self.io.gone_acknowledged(client, removed),
+                }
+                self.handle_effects();
+            }
+        }
+        self.resume_paused();
+    }
+
+    /// Routes the shard's effects: replies to connections here or to their
+    /// core, token requests to the authority.
+    pub(crate) fn handle_effects(&mut self) {
+        loop {
+            for effect in self.shard.drain_effects() {
+                match effect {
+                    Effect::Reply { client, reply } => self.io.deliver(client, reply),
+                    // Single node: nobody to replicate to (the shard is set not
+                    // to produce deltas).
+                    Effect::Delta(_) => {}
+                    Effect::NeedTokens => self.io.need_tokens = true,
+                }
+            }
+            if !std::mem::take(&mut self.io.need_tokens) {
+                return;
+            }
+            match self.io.shared.authority.take_range() {
+                Ok(range) => {
+                    if let Err(error) = self.shard.add_token_range(self.io.now_ms, range) {
+                        tracing::error!(core = self.io.core, ?error, "token range refused");
+                        self.io.token_retry_at_ms = Some(self.io.now_ms + TOKEN_RETRY_MS);
+                    }
+                }
+                Err(error) => {
+                    // Without a persisted epoch no token may be issued: acquires
+                    // wait, the operator is told why, and the core asks again.
+                    tracing::error!(core = self.io.core, "cannot get tokens: {error}");
+                    self.io.token_retry_at_ms = Some(self.io.now_ms + TOKEN_RETRY_MS);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Io {
+    /// Handles every whole request line at the front of `data`, until the
+    /// connection pauses or stops reading; returns the bytes used.
+    pub(crate) fn parse(&mut self, shard: &mut Shard, slot: u32, data: &[u8]) -> usize {
+        let mut offset = 0;
+        loop {
+            let connection = &self.connections[slot as usize];
+            if !connection.reading || connection.is_paused() {
+                return offset;
+            }
+            match decode_request(&data[offset..], self.shared.lease_ms_max) {
+                Decoded::Incomplete => return offset,
+                Decoded::LineTooLong => {
+                    self.count_error(ErrorCode::LineTooLong);
+                    self.write(slot, &Reply::Error { op: None, key: None, code: ErrorCode::LineTooLong });
+                    self.stop_reading(shard, slot);
+                    return data.len();
+                }
+                Decoded::Line { consumed, item } => {
+                    offset += consumed;
+                    match item {
+                        Ok(request) => self.request(shard, slot, request),
+                        Err(error) => match (error.op, error.key) {
+                            // A keyed error goes through the key's shard, so
+                            // that it keeps its place among that key's replies.
+                            (Some(op @ (Op::Acquire | Op::Release | Op::Extend)), Some(key)) => {
+                                let routed = RoutedRequest::Reject { op, key: Key::new(key), code: error.code };
+                                self.route(shard, slot, key, routed);
+                            }
+                            _ => {
+                                self.count_error(error.code);
+                                self.write(slot, &error.to_reply());
+                            }
+                        },
+                    }
+                }
+            }
+        }
+    }
+
+    /// Received bytes: parse whole lines, keep the rest.
+    pub(crate) fn input(&mut self, shard: &mut Shard, slot: u32, data: &[u8]) {
+        let connection = &mut self.connections[slot as usize];
+        if !connection.reading {
+            return;
+        }
+        if connection.input.is_empty() {
+            let consumed = self.parse(shard, slot, data);
+            let connection = &mut self.connections[slot as usize];
+            if connection.reading {
+                connection.input.extend_from_slice(&data[consumed..]);
+            }
+        } else if connection.is_paused() {
+            connection.input.extend_from_slice(data);
+        } else {
+            // A partial line is waiting: complete it with the bytes up to the
+            // first newline, then parse the rest in place.
+            let bound = data.len().min(LINE_LEN_MAX + 2);
+            let take = data[..bound].iter().position(|&byte| byte == b'\n').map_or(bound, |at| at + 1);
+            connection.input.extend_from_slice(&data[..take]);
+            let pending = std::mem::take(&mut connection.input);
+            let consumed = self.parse(shard, slot, &pending);
+            let mut rest = pending;
+            rest.drain(..consumed);
+            let connection = &self.connections[slot as usize];
+            if rest.is_empty() && connection.reading && !connection.is_paused() {
+                let consumed = self.parse(shard, slot, &data[take..]);
+                rest.extend_from_slice(&data[take + consumed..]);
+            } else {
+                rest.extend_from_slice(&data[take..]);
+            }
+            let connection = &mut self.connections[slot as usize];
+            if connection.reading {
+                connection.input = rest;
+            }
+        }
+        self.pause_if_full(slot);
+    }
+
+    fn request(&mut self, shard: &mut Shard, slot: u32, request: Request<'_>) {
+        let (key, routed) = match request {
+            Request::Ping => {
+                let epoch = self.shared.authority.epoch();
+                let reply = Reply::Pong { role: Role::Active, epoch, active: Some(self.advertised.as_bytes()) };
+                encode_reply(&reply, &mut self.connections[slot as usize].output);
+                self.mark_dirty(slot);
+                return;
+            }
+            Request::Stats => {
+                let json = stats::json(&self.shared, Role::Active);
+                self.write(slot, &Reply::Stats { json: json.as_bytes() });
+                return;
+            }
+            Request::Acquire { key, lease_ms, wait_ms } => {
+                (key, RoutedRequest::Acquire { key: Key::new(key), lease_ms, wait_ms })
+            }
+            Request::Release { key, token } => (key, RoutedRequest::Release { key: Key::new(key), token }),
+            Request::Extend { key, token, lease_ms } => {
+                (key, RoutedRequest::Extend { key: Key::new(key), token, lease_ms })
+            }
+        };
+        self.route(shard, slot, key, routed);
+    }
+
+    /// Runs a request here if this core owns its key, or queues it for the
+    /// core that does.
+    fn route(&mut self, shard: &mut Shard, slot: u32, key: &[u8], request: RoutedRequest) {
+        let connection = &mut self.connections[slot as usize];
+        connection.in_flight += 1;
+        let client = client_id(self.core, slot, connection.generation);
+        let target = shard_of(key, self.cores);
+        if target != self.core {
+            self.outgoing[target].push(Message::Request { client, request });
+            return;
+        }
+        apply(shard, self.now_ms, client, &request);
+        for effect in shard.drain_effects() {
+            match effect {
+                Effect::Reply { client, reply } => self.deliver(client, reply),
+                Effect::Delta(_) => {}
+                Effect::NeedTokens => self.need_tokens = true,
+            }
+        }
+    }
+
+    /// A reply for `client`: written to its connection if it lives here and
+    /// its socket still works, else queued for its core.
+    pub(crate) fn deliver(&mut self, client: ClientId, reply: ShardReply) {
+        let (core, slot, generation) = split_client_id(client);
+        if core != self.core {
+            self.outgoing[core].push(Message::Reply { client, reply });
+            return;
+        }
+        let Some(connection) = self.connection(slot, generation) else { return };
+        debug_assert!(connection.in_flight > 0, "a reply answers a request in flight");
+        connection.in_flight = connection.in_flight.saturating_sub(1);
+        if connection.closing {
+            return;
+        }
+        encode_reply(&reply.to_wire(), &mut connection.output);
+        self.mark_dirty(slot);
+    }
+
+    /// Writes a reply produced on this core without a shard.
+    pub(crate) fn write(&mut self, slot: u32, reply: &Reply<'_>) {
+        encode_reply(reply, &mut self.connections[slot as usize].output);
+        self.mark_dirty(slot);
+    }
+
+    pub(crate) fn mark_dirty(&mut self, slot: u32) {
+        let connection = &mut self.connections[slot as usize];
+        if !connection.dirty {
+            connection.dirty = true;
+            self.dirty.push(slot);
+        }
+    }
+
+    /// End of input: once the lines already received are handled, read no more.
+    pub(crate) fn finish_input(&mut self, shard: &mut Shard, slot: u32) {
+        let connection = &self.connections[slot as usize];
+        // A paused connection still has whole lines to handle; the resume
+        // after its replies drain comes back here.
+        if connection.reading && !connection.is_paused() {
+            self.stop_reading(shard, slot);
+        }
+    }
+
+    /// The connection reads no more requests: every shard drops its queued
+    /// acquires and acknowledges, and the connection closes once the replies
+    /// still owed are out.
+    pub(crate) fn stop_reading(&mut self, shard: &mut Shard, slot: u32) {
+        let connection = &mut self.connections[slot as usize];
+        connection.reading = false;
+        connection.input = Vec::new();
+        if connection.gone {
+            return;
+        }
+        connection.gone = true;
+        let client = client_id(self.core, slot, connection.generation);
+        connection.gone_acks = (self.cores - 1) as u32;
+        let removed = shard.client_gone(self.now_ms, client);
+        let connection = &mut self.connections[slot as usize];
+        connection.in_flight = connection.in_flight.saturating_sub(removed);
+        for target in (0..self.cores).filter(|&target| target != self.core) {
+            self.outgoing[target].push(Message::ClientGone(client));
+        }
+    }
+
+    /// A shard dropped `removed` requests of a connection that reads no more.
+    pub(crate) fn gone_acknowledged(&mut self, client: ClientId, removed: u32) {
+        let (_, slot, generation) = split_client_id(client);
+        let Some(connection) = self.connection(slot, generation) else { return };
+        connection.in_flight = connection.in_flight.saturating_sub(removed);
+        connection.gone_acks = connection.gone_acks.saturating_sub(1);
+        self.maybe_finish(slot);
+    }
+}

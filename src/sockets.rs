@@ -1,0 +1,303 @@
+//! The socket side of a shard core: accepting, arming receives and sends on
+//! the ring, pausing a connection that does not read, and closing.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+
+use io_uring::types::Fd;
+use io_uring::{cqueue, opcode, squeue};
+use ringlock_client::proto::{ErrorCode, Reply, encode_reply};
+use ringlock_shards::Shard;
+
+use crate::connection::Connection;
+use crate::event_loop::{Io, Kind, RECV_BUFFER_GROUP, user_data};
+
+/// Connections per core (slot numbers have 24 bits in a client id).
+const CONNECTIONS_PER_CORE_MAX: usize = 1 << 24;
+/// Pause before accepting again after the process ran out of descriptors.
+const ACCEPT_RETRY_MS: u64 = 100;
+
+pub(crate) fn send_entry(fd: RawFd, pointer: *const u8, len: u32, slot: u32, generation: u32) -> squeue::Entry {
+    opcode::Send::new(Fd(fd), pointer, len).flags(libc::MSG_NOSIGNAL).build().user_data(user_data(
+        Kind::Send,
+        slot,
+        generation,
+    ))
+}
+
+impl Io {
+    pub(crate) fn push(&mut self, entry: squeue::Entry) {
+        loop {
+            // SAFETY: every buffer an entry points to (send buffers, the wake
+            // buffer) stays alive and unmoved until its completion arrives.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+            // The submission queue is full: hand it to the kernel to make room.
+            if let Err(error) = self.ring.submit() {
+                tracing::warn!(core = self.core, "io_uring submit failed: {error}");
+            }
+        }
+    }
+
+    pub(crate) fn connection(&mut self, slot: u32, generation: u32) -> Option<&mut Connection> {
+        self.connections.get_mut(slot as usize).filter(|c| c.generation == generation && c.fd >= 0)
+    }
+
+    pub(crate) fn arm_accept(&mut self) {
+        if self.accept_armed || self.stopping {
+            return;
+        }
+        let entry = opcode::AcceptMulti::new(Fd(self.listener)).flags(libc::SOCK_CLOEXEC).build().user_data(user_data(
+            Kind::Accept,
+            0,
+            0,
+        ));
+        self.push(entry);
+        self.accept_armed = true;
+    }
+
+    pub(crate) fn retry_accept(&mut self) {
+        if let Some(at) = self.accept_retry_at_ms
+            && self.now_ms >= at
+        {
+            self.accept_retry_at_ms = None;
+            self.arm_accept();
+        }
+    }
+
+    pub(crate) fn arm_wake(&mut self) {
+        if self.wake_armed {
+            return;
+        }
+        let entry = opcode::Read::new(Fd(self.eventfd), (&mut *self.wake_buffer as *mut u64).cast(), 8)
+            .build()
+            .user_data(user_data(Kind::Wake, 0, 0));
+        self.push(entry);
+        self.wake_armed = true;
+    }
+
+    pub(crate) fn accepted(&mut self, result: i32, flags: u32) {
+        if !cqueue::more(flags) {
+            self.accept_armed = false;
+        }
+        if result < 0 {
+            if !self.stopping && !self.accept_armed {
+                if matches!(-result, libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) {
+                    tracing::warn!(core = self.core, "cannot accept: {}", io::Error::from_raw_os_error(-result));
+                    self.accept_retry_at_ms = Some(self.now_ms + ACCEPT_RETRY_MS);
+                } else {
+                    self.arm_accept();
+                }
+            }
+            return;
+        }
+        let fd = result;
+        if !self.accept_armed && !self.stopping {
+            self.arm_accept();
+        }
+        let admitted = self.shared.connections.fetch_add(1, Ordering::SeqCst) < self.shared.max_connections;
+        let full = self.free_slots.is_empty() && self.connections.len() >= CONNECTIONS_PER_CORE_MAX;
+        if !admitted || full || self.stopping {
+            self.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            let code = if self.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
+            self.count_error(code);
+            refuse(fd, code);
+            return;
+        }
+        let one: libc::c_int = 1;
+        // SAFETY: setting an option on a socket we own; failure is harmless.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&one as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                let generation = self.connections[slot as usize].generation;
+                self.connections[slot as usize] = Connection::new(fd, generation);
+                slot
+            }
+            None => {
+                self.connections.push(Connection::new(fd, 0));
+                (self.connections.len() - 1) as u32
+            }
+        };
+        self.open += 1;
+        self.arm_recv(slot);
+    }
+
+    fn arm_recv(&mut self, slot: u32) {
+        let connection = &mut self.connections[slot as usize];
+        connection.recv_armed = true;
+        let entry = opcode::RecvMulti::new(Fd(connection.fd), RECV_BUFFER_GROUP).build().user_data(user_data(
+            Kind::Recv,
+            slot,
+            connection.generation,
+        ));
+        self.push(entry);
+    }
+
+    /// Re-arms a connection's receive if it ended (out of buffers, or paused)
+    /// and the connection may read again.
+    pub(crate) fn maybe_rearm_recv(&mut self, slot: u32) {
+        let connection = &self.connections[slot as usize];
+        if connection.recv_armed || connection.closing || connection.fd < 0 || connection.eof {
+            return;
+        }
+        if !connection.reading || connection.is_paused() {
+            return;
+        }
+        self.arm_recv(slot);
+    }
+
+    /// A paused connection stops receiving, so its requests wait in the
+    /// kernel's socket buffer (and the client's) rather than in ours.
+    pub(crate) fn pause_if_full(&mut self, slot: u32) {
+        let connection = &self.connections[slot as usize];
+        if connection.is_paused() && connection.recv_armed {
+            let entry = opcode::AsyncCancel::new(user_data(Kind::Recv, slot, connection.generation))
+                .build()
+                .user_data(user_data(Kind::Ignored, slot, 0));
+            self.push(entry);
+        }
+    }
+
+    /// Starts the sends of this turn and hands other cores their batches.
+    pub(crate) fn flush(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for &slot in &dirty {
+            let connection = &mut self.connections[slot as usize];
+            connection.dirty = false;
+            let generation = connection.generation;
+            let fd = connection.fd;
+            if let Some((pointer, len)) = connection.start_send() {
+                self.push(send_entry(fd, pointer, len, slot, generation));
+            }
+            self.pause_if_full(slot);
+            self.maybe_finish(slot);
+        }
+        dirty.clear();
+        self.dirty = dirty;
+        for target in 0..self.cores {
+            if target == self.core {
+                continue;
+            }
+            let mut batch = std::mem::take(&mut self.refused[target]);
+            if batch.is_empty() {
+                batch = std::mem::take(&mut self.outgoing[target]);
+            } else {
+                batch.append(&mut self.outgoing[target]);
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            if let Err(batch) = self.shared.mailboxes[target].send(batch) {
+                self.refused[target] = batch;
+            }
+        }
+    }
+
+    /// The socket failed: nothing more can be sent, so close it now.
+    pub(crate) fn kill(&mut self, shard: &mut Shard, slot: u32) {
+        self.stop_reading(shard, slot);
+        self.connections[slot as usize].output.clear();
+        self.begin_close(slot);
+    }
+
+    /// Closes a connection that owes nothing more, and frees its slot once no
+    /// I/O of it is in flight.
+    pub(crate) fn maybe_finish(&mut self, slot: u32) {
+        let connection = &self.connections[slot as usize];
+        if connection.fd < 0 {
+            return;
+        }
+        // While stopping, connections stay open until the core exits, so the
+        // `shutting-down` answers still on their way reach them.
+        if !connection.closing && !self.stopping && connection.finished() {
+            self.begin_close(slot);
+        }
+        let connection = &mut self.connections[slot as usize];
+        if connection.closing && !connection.recv_armed && !connection.send_in_flight {
+            // SAFETY: closing a descriptor this connection owns, with no I/O on it.
+            unsafe { libc::close(connection.fd) };
+            connection.fd = -1;
+            connection.generation = connection.generation.wrapping_add(1);
+            connection.input = Vec::new();
+            connection.output = Vec::new();
+            connection.sending = Vec::new();
+            self.free_slots.push(slot);
+            self.shared.connections.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn begin_close(&mut self, slot: u32) {
+        let connection = &mut self.connections[slot as usize];
+        if connection.closing || connection.fd < 0 {
+            return;
+        }
+        connection.closing = true;
+        connection.reading = false;
+        self.open -= 1;
+        // Shutting the socket down ends the multishot receive, so the
+        // descriptor can be closed once its completions are in.
+        // SAFETY: a socket this connection owns.
+        unsafe { libc::shutdown(connection.fd, libc::SHUT_RDWR) };
+    }
+
+    /// The server is stopping: accept no more connections and read no more
+    /// requests; what is queued is answered `shutting-down`.
+    pub(crate) fn begin_stop(&mut self) {
+        self.stopping = true;
+        // SAFETY: shutting down our listening socket ends its multishot accept.
+        unsafe { libc::shutdown(self.listener, libc::SHUT_RDWR) };
+        for connection in &mut self.connections {
+            connection.reading = false;
+            connection.input = Vec::new();
+        }
+    }
+
+    /// Closes every connection at exit, after its last replies: a FIN after
+    /// the data, and unread input drained first so the kernel does not answer
+    /// with a reset that could discard those replies.
+    pub(crate) fn close_all(&mut self) {
+        let mut scratch = [0u8; 4096];
+        for connection in &mut self.connections {
+            if connection.fd < 0 {
+                continue;
+            }
+            // SAFETY: descriptors this loop owns; the ring is dropped next.
+            unsafe {
+                libc::shutdown(connection.fd, libc::SHUT_WR);
+                for _ in 0..64 {
+                    let read =
+                        libc::recv(connection.fd, scratch.as_mut_ptr().cast(), scratch.len(), libc::MSG_DONTWAIT);
+                    if read <= 0 {
+                        break;
+                    }
+                }
+                libc::close(connection.fd);
+            }
+            connection.fd = -1;
+        }
+        // SAFETY: our listening socket.
+        unsafe { libc::close(self.listener) };
+    }
+}
+
+/// Answers a connection the server cannot take, and closes it.
+fn refuse(fd: RawFd, code: ErrorCode) {
+    let mut line = Vec::with_capacity(48);
+    encode_reply(&Reply::Error { op: None, key: None, code }, &mut line);
+    // SAFETY: a fresh socket we own; a short non-blocking send either fits in
+    // its empty buffer or is dropped, and the socket is closed right after.
+    unsafe {
+        libc::send(fd, line.as_ptr().cast(), line.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        libc::close(fd);
+    }
+}
