@@ -1,0 +1,27 @@
+//! The ringlock server, as a library the binary and the load generator share.
+//!
+//! # Layout
+//! - `config`: command-line flags and their environment variables.
+//! - `server`: start-up (epoch, listeners, pinned threads) and shutdown.
+//! - `event_loop`: one shard core's io_uring loop: its turn, waiting, stopping.
+//! - `sockets`: accepting, receiving, sending, pausing and closing on the ring.
+//! - `dispatch`: parsing requests, routing them to their shard, delivering replies.
+//! - `connection`: one client connection's buffers and I/O state.
+//! - `buf_ring`: the provided receive buffers of a ring.
+//! - `router`: messages between cores, with eventfd wake-ups.
+//! - `epoch`: the durable epoch file.
+//! - `tokens`: token ranges for the shards under the current epoch.
+//! - `stats`: the `S` reply.
+
+pub mod buf_ring;
+pub mod config;
+mod connection;
+mod dispatch;
+pub mod epoch;
+mod event_loop;
+mod router;
+pub mod server;
+mod sockets;
+mod stats;
+mod tokens;
+
