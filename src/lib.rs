@@ -1,6 +1,8 @@
 //! The ringlock server, as a library the binary and the load generator share.
 //!
 //! # Layout
+//! - `cluster`: the cluster logic as a pure state machine, with its simulator
+//!   (not yet driven by a replication core).
 //! - `config`: command-line flags and their environment variables.
 //! - `server`: start-up (epoch, listeners, pinned threads) and shutdown.
 //! - `event_loop`: one shard core's io_uring loop: its turn, waiting, stopping.
@@ -14,6 +16,7 @@
 //! - `stats`: the `S` reply.
 
 pub mod buf_ring;
+mod cluster;
 pub mod config;
 mod connection;
 mod dispatch;
@@ -24,4 +27,3 @@ pub mod server;
 mod sockets;
 mod stats;
 mod tokens;
-

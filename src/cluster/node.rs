@@ -1,0 +1,913 @@
+//! The cluster state machine of one member (SPEC §5): roles, heartbeats,
+//! priority election, hand-off, catch-up before preemption, demotion and
+//! epoch ballots.
+//!
+//! Every input carries `now_ms` from the caller's monotonic clock; every
+//! output is an [`Effect`] queued for [`Node::poll_effect`]. The caller should
+//! call [`Node::tick`] at [`Node::next_deadline_ms`] at the latest, and drain
+//! the effects after every input.
+//!
+//! The roles, as the node moves between them:
+//! - **standby**, following an active or none (start-up, failover);
+//! - **promoting**: it won an election, or a hand-off was offered to it and it
+//!   has applied the offered state; it waits for its new epoch to be persisted;
+//! - **active**, possibly handing off (holding clients until the successor
+//!   answers) or moving to a higher epoch (after learning of an epoch above
+//!   its own, a rival active's for instance; clients are held meanwhile);
+//! - **exiting**, after a stop, until the highest epoch it knows is persisted;
+//!   then **exited**. It ignores every input but epochs from then on.
+
+use std::collections::VecDeque;
+
+use crate::epoch::next_epoch;
+
+use super::config::ClusterConfig;
+use super::effect::{Effect, ExitReason};
+use super::election::{self, Candidate};
+use super::message::{Heartbeat, Message, PeerRole, TableVersion};
+use super::peer::PeerView;
+
+/// Effects one input may queue: a few heartbeat rounds to at most 15 peers
+/// and a handful of others. The caller drains them after every input.
+const EFFECTS_QUEUED_MAX: usize = 128;
+
+/// What `P` and `S` show of the node's role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// Serves locks (also while it hands off or moves to a new epoch).
+    pub active: bool,
+    /// Active: its epoch. Standby: the epoch of the active it follows, or 0.
+    pub epoch: u64,
+    /// The active clients should use: this node, the one it follows, or none.
+    pub active_node: Option<usize>,
+}
+
+/// A hand-off offered to this node by the active `from`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct IncomingHandOff {
+    from: usize,
+    table: TableVersion,
+    /// Past this, the node refuses rather than promote after the old active
+    /// has given up (which would leave two actives).
+    deadline_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OutgoingState {
+    /// Waiting for the runtime to stop the shards ([`Node::clients_held`]).
+    Holding,
+    /// The offer of `version` is out; repeated at `resend_ms` in case it was lost.
+    Offered { version: u64, resend_ms: u64 },
+}
+
+/// A hand-off of the active role to `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct OutgoingHandOff {
+    to: usize,
+    deadline_ms: u64,
+    state: OutgoingState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ActiveState {
+    /// The epoch of every token issued now.
+    epoch: u64,
+    /// The epoch it became active in: the name of its delta stream.
+    stream: u64,
+    /// Deltas of the stream so far, as the runtime last reported.
+    version: u64,
+    /// A higher epoch being persisted, to move to once it is.
+    bump: Option<u64>,
+    /// The epoch moved up during a hand-off: a failed hand-off resumes with
+    /// an `Activate` of it.
+    activate_on_resume: bool,
+    handoff: Option<OutgoingHandOff>,
+    /// No preemptive hand-off before this (one just failed).
+    handoff_retry_ms: u64,
+    /// The old active and offer this node took over from, to answer its
+    /// repeated offers again.
+    promoted_by: Option<(usize, TableVersion)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Standby {
+        following: Option<usize>,
+        incoming: Option<IncomingHandOff>,
+    },
+    /// Waiting for `epoch` to be persisted, then active (`handoff`: taking over from an active).
+    Promoting {
+        epoch: u64,
+        handoff: Option<IncomingHandOff>,
+    },
+    Active(ActiveState),
+    /// Stopped; waits for the highest epoch it knows to be persisted, then exits.
+    Exiting(ExitReason),
+    Exited,
+}
+
+/// One cluster member's view of the cluster and its role in it.
+#[derive(Debug)]
+pub struct Node {
+    config: ClusterConfig,
+    incarnation: u64,
+    heartbeat_sequence: u64,
+    now_ms: u64,
+    started_ms: u64,
+    /// Start-up: no promotion until one failover period has passed or every
+    /// peer has been heard from.
+    deciding: bool,
+    stopping: bool,
+    role: Role,
+    /// The highest epoch the runtime has confirmed persisted.
+    epoch_persisted: u64,
+    /// The highest epoch asked to be persisted.
+    epoch_requested: u64,
+    /// The highest epoch learned from peers and replicated tokens.
+    epoch_seen: u64,
+    peers: Vec<PeerView>,
+    /// The complete table this node holds as a standby (`None`: empty).
+    table: Option<TableVersion>,
+    /// The peer whose delta stream is being applied without a gap.
+    stream_from: Option<usize>,
+    snapshot_requested_ms: Option<u64>,
+    next_heartbeat_ms: u64,
+    effects: VecDeque<Effect>,
+}
+
+impl Node {
+    /// A node starting at `now_ms` as a standby that knows no active, with the
+    /// highest epoch of its data directory. `incarnation` must grow across
+    /// restarts of this node (wall-clock microseconds at start will do).
+    pub fn new(config: ClusterConfig, epoch_persisted: u64, incarnation: u64, now_ms: u64) -> Node {
+        if let Err(error) = config.validate() {
+            panic!("cluster settings are checked at start-up: {error}");
+        }
+        let mut node = Node {
+            config,
+            incarnation,
+            heartbeat_sequence: 0,
+            now_ms,
+            started_ms: now_ms,
+            deciding: true,
+            stopping: false,
+            role: Role::Standby { following: None, incoming: None },
+            epoch_persisted,
+            epoch_requested: epoch_persisted,
+            epoch_seen: 0,
+            peers: vec![PeerView::default(); config.nodes],
+            table: None,
+            stream_from: None,
+            snapshot_requested_ms: None,
+            next_heartbeat_ms: now_ms,
+            effects: VecDeque::with_capacity(EFFECTS_QUEUED_MAX),
+        };
+        node.evaluate();
+        node
+    }
+
+    /// The next queued effect, in the order they were decided.
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    /// When the node next needs a [`tick`](Node::tick) at the latest.
+    pub fn next_deadline_ms(&self) -> u64 {
+        if self.is_gone() {
+            return u64::MAX;
+        }
+        let failover_ms = self.config.failover_ms;
+        let mut deadline_ms = self.next_heartbeat_ms;
+        if self.deciding {
+            deadline_ms = deadline_ms.min(self.started_ms + failover_ms);
+        }
+        for peer in &self.peers {
+            if peer.is_live(self.now_ms, failover_ms)
+                && let Some(heard_ms) = peer.heard_ms
+            {
+                deadline_ms = deadline_ms.min(heard_ms + failover_ms);
+            }
+        }
+        match &self.role {
+            Role::Standby { incoming: Some(handoff), .. } => deadline_ms = deadline_ms.min(handoff.deadline_ms),
+            Role::Active(ActiveState { handoff: Some(handoff), .. }) => {
+                deadline_ms = deadline_ms.min(handoff.deadline_ms);
+                if let OutgoingState::Offered { resend_ms, .. } = handoff.state {
+                    deadline_ms = deadline_ms.min(resend_ms);
+                }
+            }
+            _ => {}
+        }
+        deadline_ms.max(self.now_ms)
+    }
+
+    /// What `P` and `S` should show.
+    pub fn status(&self) -> Status {
+        match &self.role {
+            Role::Active(active) => Status { active: true, epoch: active.epoch, active_node: Some(self.config.me) },
+            _ => match self.following() {
+                Some(active) => Status { active: false, epoch: self.peer_epoch(active), active_node: Some(active) },
+                None => Status { active: false, epoch: 0, active_node: None },
+            },
+        }
+    }
+
+    /// Time passed; heartbeats, timeouts and elections happen here.
+    pub fn tick(&mut self, now_ms: u64) {
+        self.advance(now_ms);
+        self.evaluate();
+    }
+
+    /// A message from peer `from` (an index the transport checked at its handshake).
+    pub fn receive(&mut self, now_ms: u64, from: usize, message: Message) {
+        if from >= self.config.nodes || from == self.config.me {
+            return;
+        }
+        self.advance(now_ms);
+        self.learn_epoch(message.epoch_max());
+        if self.is_gone() {
+            return;
+        }
+        match message {
+            Message::Heartbeat(heartbeat) => {
+                self.peers[from].accept(now_ms, heartbeat);
+            }
+            Message::SnapshotRequest => {
+                if matches!(self.role, Role::Active(_)) {
+                    self.push(Effect::SendSnapshot { to: from });
+                }
+            }
+            Message::HandOff { table, .. } => self.receive_handoff(from, table),
+            Message::HandOffDone { table, epoch } => {
+                if self.offered_to(from, table) {
+                    // The answer says as much as a heartbeat of the new active would.
+                    let peer = &mut self.peers[from];
+                    if let Some(last) = &mut peer.last {
+                        last.role = PeerRole::Active;
+                        last.epoch = epoch;
+                        last.following = None;
+                        last.caught_up = true;
+                        last.table = Some(TableVersion { stream: epoch, version: 0 });
+                        last.handing_off_to = None;
+                        peer.heard_ms = Some(now_ms);
+                    }
+                    self.become_standby(from, ExitReason::HandedOff);
+                }
+            }
+            Message::HandOffRefused { table } => {
+                if self.offered_to(from, table) {
+                    self.fail_handoff();
+                }
+            }
+        }
+        self.evaluate();
+    }
+
+    /// Ctrl+C or SIGTERM: hand the active role over if this node has it, then exit.
+    pub fn stop_requested(&mut self, now_ms: u64) {
+        self.advance(now_ms);
+        if self.stopping || self.is_gone() {
+            return;
+        }
+        self.stopping = true;
+        match self.role {
+            Role::Standby { .. } | Role::Promoting { .. } => self.exit(ExitReason::Standby),
+            // A hand-off already under way decides how the node exits.
+            Role::Active(ActiveState { handoff: Some(_), .. }) => {}
+            Role::Active(_) => match self.successor() {
+                Some(successor) => self.start_handoff(successor),
+                None => self.exit(ExitReason::NoSuccessor),
+            },
+            Role::Exiting(_) | Role::Exited => {}
+        }
+        self.evaluate();
+    }
+
+    /// The runtime persisted (with fsync) every epoch up to `epoch`.
+    pub fn epoch_persisted(&mut self, now_ms: u64, epoch: u64) {
+        self.advance(now_ms);
+        self.epoch_persisted = self.epoch_persisted.max(epoch);
+        match self.role {
+            Role::Exiting(reason) if self.epoch_persisted >= self.epoch_requested => {
+                self.role = Role::Exited;
+                self.push(Effect::Exit { reason });
+            }
+            Role::Promoting { epoch: target, handoff } if epoch >= target => {
+                if self.epoch_seen > target {
+                    // A higher epoch became known while this one was written:
+                    // the new active epoch must be above it too.
+                    self.start_promotion(handoff);
+                } else {
+                    self.activate(target, handoff);
+                }
+            }
+            Role::Active(ActiveState { bump: Some(target), stream, handoff, .. }) if epoch >= target => {
+                if self.epoch_seen > target {
+                    self.start_bump();
+                } else if let Role::Active(active) = &mut self.role {
+                    active.epoch = target;
+                    active.bump = None;
+                    if handoff.is_some() {
+                        // Activate would end the hold; it waits for the hand-off to fail.
+                        active.activate_on_resume = true;
+                    } else {
+                        self.push(Effect::Activate { epoch: target, stream });
+                    }
+                    self.send_heartbeats();
+                }
+            }
+            _ => {}
+        }
+        self.evaluate();
+    }
+
+    /// The active's shards are running out of sequences in this epoch (SPEC
+    /// §2.6): move to a new epoch (an `Activate` follows once it is persisted).
+    pub fn epoch_exhausted(&mut self, now_ms: u64) {
+        self.advance(now_ms);
+        if let Role::Active(ActiveState { bump: None, .. }) = self.role {
+            self.start_bump();
+        }
+        self.evaluate();
+    }
+
+    /// The active's table is at `version` of its stream (reported after each
+    /// batch of deltas; heartbeats carry it).
+    pub fn table_changed(&mut self, now_ms: u64, version: u64) {
+        self.advance(now_ms);
+        if let Role::Active(active) = &mut self.role {
+            active.version = active.version.max(version);
+        }
+        self.evaluate();
+    }
+
+    /// After [`Effect::Hold`]: every shard has stopped and the stream holds
+    /// all their deltas, up to `version`.
+    pub fn clients_held(&mut self, now_ms: u64, version: u64) {
+        self.advance(now_ms);
+        let epoch_seen = self.epoch_known();
+        if let Role::Active(active) = &mut self.role
+            && let Some(handoff) = &mut active.handoff
+            && handoff.state == OutgoingState::Holding
+        {
+            assert!(version >= active.version, "the table version never goes back");
+            active.version = version;
+            handoff.state = OutgoingState::Offered { version, resend_ms: now_ms + self.config.heartbeat_ms };
+            let to = handoff.to;
+            let table = TableVersion { stream: active.stream, version };
+            self.push(Effect::Send { to, message: Message::HandOff { table, epoch_seen } });
+        }
+        self.evaluate();
+    }
+
+    /// A full snapshot from `from` is applied: the table is complete, at
+    /// `table`, and the deltas that follow come from `from`. `token_epoch_max`
+    /// is the highest epoch of any token in it.
+    pub fn snapshot_applied(&mut self, now_ms: u64, from: usize, table: TableVersion, token_epoch_max: u64) {
+        self.advance(now_ms);
+        self.learn_epoch(token_epoch_max);
+        if matches!(self.role, Role::Standby { .. } | Role::Promoting { handoff: None, .. }) && from < self.peers.len()
+        {
+            self.table = Some(table);
+            self.stream_from = Some(from);
+            self.snapshot_requested_ms = None;
+        }
+        self.evaluate();
+    }
+
+    /// Deltas from `from` are applied in order, without a gap, up to `table`;
+    /// `token_epoch_max` is the highest epoch of any token applied.
+    pub fn replica_applied(&mut self, now_ms: u64, from: usize, table: TableVersion, token_epoch_max: u64) {
+        self.advance(now_ms);
+        self.learn_epoch(token_epoch_max);
+        if self.stream_from == Some(from)
+            && let Some(held) = &mut self.table
+            && held.stream == table.stream
+        {
+            held.version = held.version.max(table.version);
+        }
+        self.evaluate();
+    }
+
+    /// The stream from `from` broke (a gap, a closed connection). The table
+    /// stays complete as of its last version, and a new snapshot is asked for.
+    pub fn replica_broken(&mut self, now_ms: u64, from: usize) {
+        self.advance(now_ms);
+        if self.stream_from == Some(from) {
+            self.stream_from = None;
+            self.snapshot_requested_ms = None;
+        }
+        self.evaluate();
+    }
+
+    fn advance(&mut self, now_ms: u64) {
+        assert!(now_ms >= self.now_ms, "the clock went back from {} to {now_ms}", self.now_ms);
+        if now_ms - self.now_ms > self.config.stall_ms() {
+            // This node was not running (SIGSTOP, a starved host): the silence
+            // of its peers says nothing about them. Peers that were live keep
+            // two heartbeat periods, enough to read what they sent meanwhile,
+            // before anyone is declared dead.
+            let failover_ms = self.config.failover_ms;
+            let heard_ms = (now_ms + 2 * self.config.heartbeat_ms).saturating_sub(failover_ms);
+            for peer in &mut self.peers {
+                if peer.is_live(self.now_ms, failover_ms) {
+                    peer.heard_ms = peer.heard_ms.max(Some(heard_ms));
+                }
+            }
+        }
+        self.now_ms = now_ms;
+    }
+
+    /// Applies every rule to the current view; called after every input.
+    fn evaluate(&mut self) {
+        if self.is_gone() {
+            return;
+        }
+        if self.deciding && (self.now_ms >= self.started_ms + self.config.failover_ms || self.heard_from_every_peer()) {
+            self.deciding = false;
+        }
+        match self.role {
+            Role::Standby { .. } => self.evaluate_standby(),
+            Role::Promoting { .. } => self.evaluate_promoting(),
+            Role::Active(_) => {
+                self.evaluate_active();
+                // A node that just stepped down asks its new active for a snapshot now.
+                if matches!(self.role, Role::Standby { .. }) {
+                    self.evaluate_standby();
+                }
+            }
+            Role::Exiting(_) | Role::Exited => return,
+        }
+        if self.is_gone() {
+            return;
+        }
+        // The epoch a node persists is the highest it has issued or seen, so
+        // that a node restarting alone still goes above every epoch it knew.
+        if self.epoch_seen > self.epoch_requested {
+            self.request_persist(self.epoch_seen);
+        }
+        if self.now_ms >= self.next_heartbeat_ms {
+            self.send_heartbeats();
+        }
+    }
+
+    fn evaluate_standby(&mut self) {
+        let active = self.live_active();
+        if self.following() != active {
+            self.follow(active);
+        }
+        if let Some(active) = active {
+            self.keep_synced(active);
+            self.check_incoming_handoff();
+            return;
+        }
+        if self.deciding || self.stopping || self.live_peer_follows_another() {
+            return;
+        }
+        if self.election_winner() == Some(self.config.me) {
+            self.start_promotion(None);
+        }
+    }
+
+    fn evaluate_promoting(&mut self) {
+        let Role::Promoting { handoff, .. } = self.role else { unreachable!() };
+        if handoff.is_some() {
+            // Taking over from an active that is holding its clients for us.
+            return;
+        }
+        // An election promotion is dropped as soon as it is no longer right,
+        // in particular when a peer with the state appears.
+        if self.live_active().is_some()
+            || self.live_peer_follows_another()
+            || self.election_winner() != Some(self.config.me)
+        {
+            self.role = Role::Standby { following: None, incoming: None };
+            self.evaluate_standby();
+        }
+    }
+
+    fn evaluate_active(&mut self) {
+        let me = self.config.me;
+        let failover_ms = self.config.failover_ms;
+        let Role::Active(active) = self.role else { unreachable!() };
+        // A successor active in a higher epoch has taken over, even if its answer was lost.
+        if let Some(handoff) = active.handoff
+            && let Some(heartbeat) = self.peers[handoff.to].live(self.now_ms, failover_ms)
+            && heartbeat.role == PeerRole::Active
+            && heartbeat.epoch > active.epoch
+        {
+            self.become_standby(handoff.to, ExitReason::HandedOff);
+            return;
+        }
+        // Two actives: the lower-priority one steps down and re-syncs; the
+        // other moves to an epoch above the rival's (below). The old active
+        // this node took over from is no rival, even if its last heartbeat
+        // predates its hold (lost or reordered).
+        let predecessor = active.promoted_by.map(|(from, _)| from);
+        let is_rival = |index: usize, heartbeat: &Heartbeat| {
+            heartbeat.role == PeerRole::Active
+                && heartbeat.handing_off_to != Some(me)
+                && !(Some(index) == predecessor && heartbeat.epoch < active.epoch)
+        };
+        let higher_rival = self.live_peers().find(|(index, heartbeat)| *index < me && is_rival(*index, heartbeat));
+        if let Some((higher, _)) = higher_rival {
+            self.become_standby(higher, ExitReason::Standby);
+            return;
+        }
+        // Any epoch above its own (a rival's, or one a peer has seen) means
+        // tokens above this node's may exist: it holds its clients and moves
+        // above it before it grants again.
+        if self.epoch_seen > active.epoch.max(active.bump.unwrap_or(0))
+            && next_epoch(self.epoch_known(), me as u64).is_ok()
+        {
+            if active.handoff.is_none() && active.bump.is_none() {
+                self.push(Effect::Hold);
+            }
+            self.start_bump();
+        }
+        let Role::Active(active) = self.role else { unreachable!() };
+        if let Some(handoff) = active.handoff {
+            if self.now_ms >= handoff.deadline_ms {
+                self.fail_handoff();
+                return;
+            }
+            if let OutgoingState::Offered { version, resend_ms } = handoff.state
+                && self.now_ms >= resend_ms
+            {
+                let table = TableVersion { stream: active.stream, version };
+                let epoch_seen = self.epoch_known();
+                self.push(Effect::Send { to: handoff.to, message: Message::HandOff { table, epoch_seen } });
+                if let Role::Active(ActiveState { handoff: Some(handoff), .. }) = &mut self.role {
+                    handoff.state =
+                        OutgoingState::Offered { version, resend_ms: self.now_ms + self.config.heartbeat_ms };
+                }
+            }
+            return;
+        }
+        // A higher-priority node that came back takes over by a hand-off, once
+        // it follows this node and holds a snapshot of its stream.
+        let top = self.live_peers().next();
+        if !self.stopping
+            && active.bump.is_none()
+            && self.now_ms >= active.handoff_retry_ms
+            && let Some((top, heartbeat)) = top
+            && top < me
+            && heartbeat.role == PeerRole::Standby
+            && heartbeat.following == Some(me)
+            && heartbeat.table.is_some_and(|table| table.stream == active.stream)
+        {
+            self.start_handoff(top);
+        }
+    }
+
+    /// Asks the active for a snapshot until this node holds its stream.
+    fn keep_synced(&mut self, active: usize) {
+        let stream = self.peers[active].last.and_then(|heartbeat| heartbeat.table).map(|table| table.stream);
+        let synced = self.stream_from == Some(active) && self.table.is_some_and(|table| Some(table.stream) == stream);
+        if synced {
+            self.snapshot_requested_ms = None;
+            return;
+        }
+        let retry_ms = self.config.snapshot_retry_ms();
+        if self.snapshot_requested_ms.is_none_or(|requested_ms| self.now_ms >= requested_ms + retry_ms) {
+            self.snapshot_requested_ms = Some(self.now_ms);
+            self.push(Effect::Send { to: active, message: Message::SnapshotRequest });
+        }
+    }
+
+    fn check_incoming_handoff(&mut self) {
+        let Role::Standby { following, incoming: Some(handoff) } = self.role else { return };
+        if following != Some(handoff.from) || self.stopping || self.now_ms >= handoff.deadline_ms {
+            self.refuse(handoff);
+            self.role = Role::Standby { following, incoming: None };
+            if following == Some(handoff.from) && self.now_ms >= handoff.deadline_ms {
+                // The offered state never arrived although the active held
+                // still: its stream to this node is stuck. A fresh snapshot
+                // lets the next offer succeed.
+                self.stream_from = None;
+                self.snapshot_requested_ms = None;
+            }
+            return;
+        }
+        let applied = self.stream_from == Some(handoff.from)
+            && self
+                .table
+                .is_some_and(|table| table.stream == handoff.table.stream && table.version >= handoff.table.version);
+        if applied {
+            self.start_promotion(Some(handoff));
+        }
+    }
+
+    fn receive_handoff(&mut self, from: usize, table: TableVersion) {
+        let deadline_ms = self.now_ms + self.config.handoff_timeout_ms() / 2;
+        match &mut self.role {
+            Role::Standby { incoming, .. } if !self.stopping => {
+                if incoming.is_some_and(|handoff| handoff.from == from && handoff.table == table) {
+                    return;
+                }
+                let replaced = incoming.replace(IncomingHandOff { from, table, deadline_ms });
+                if let Some(replaced) = replaced {
+                    self.refuse(replaced);
+                }
+            }
+            Role::Promoting { handoff: Some(handoff), .. } if handoff.from == from && handoff.table == table => {}
+            Role::Active(active) if active.promoted_by == Some((from, table)) => {
+                let epoch = active.epoch;
+                self.push(Effect::Send { to: from, message: Message::HandOffDone { table, epoch } });
+            }
+            _ => self.push(Effect::Send { to: from, message: Message::HandOffRefused { table } }),
+        }
+    }
+
+    fn refuse(&mut self, handoff: IncomingHandOff) {
+        self.push(Effect::Send { to: handoff.from, message: Message::HandOffRefused { table: handoff.table } });
+    }
+
+    /// True if this node is active and has offered `table` to `to`.
+    fn offered_to(&self, to: usize, table: TableVersion) -> bool {
+        match self.role {
+            Role::Active(ActiveState {
+                stream,
+                handoff: Some(OutgoingHandOff { to: target, state: OutgoingState::Offered { version, .. }, .. }),
+                ..
+            }) => target == to && table == TableVersion { stream, version },
+            _ => false,
+        }
+    }
+
+    /// Chooses a new epoch above every epoch known and has it persisted.
+    fn start_promotion(&mut self, handoff: Option<IncomingHandOff>) {
+        match next_epoch(self.epoch_known(), self.config.me as u64) {
+            Ok(epoch) => {
+                self.request_persist(epoch);
+                self.role = Role::Promoting { epoch, handoff };
+            }
+            Err(_) => {
+                // The epoch space is used up (2^24 epochs): this node can
+                // never issue a fresh token again, so it stays a standby.
+                if let Some(handoff) = handoff {
+                    self.refuse(handoff);
+                }
+                self.role = Role::Standby { following: self.following(), incoming: None };
+            }
+        }
+    }
+
+    fn activate(&mut self, epoch: u64, handoff: Option<IncomingHandOff>) {
+        self.role = Role::Active(ActiveState {
+            epoch,
+            stream: epoch,
+            version: 0,
+            bump: None,
+            activate_on_resume: false,
+            handoff: None,
+            handoff_retry_ms: 0,
+            promoted_by: handoff.map(|handoff| (handoff.from, handoff.table)),
+        });
+        self.stream_from = None;
+        self.snapshot_requested_ms = None;
+        self.push(Effect::Activate { epoch, stream: epoch });
+        if let Some(handoff) = handoff {
+            let message = Message::HandOffDone { table: handoff.table, epoch };
+            self.push(Effect::Send { to: handoff.from, message });
+        }
+        self.send_heartbeats();
+    }
+
+    /// Moves the active to an epoch above every epoch known (unless the
+    /// epoch space is used up: it then keeps its epoch).
+    fn start_bump(&mut self) {
+        let Ok(target) = next_epoch(self.epoch_known(), self.config.me as u64) else { return };
+        self.request_persist(target);
+        if let Role::Active(active) = &mut self.role {
+            active.bump = Some(target);
+        }
+    }
+
+    fn start_handoff(&mut self, to: usize) {
+        let deadline_ms = self.now_ms + self.config.handoff_timeout_ms();
+        if let Role::Active(active) = &mut self.role {
+            active.handoff = Some(OutgoingHandOff { to, deadline_ms, state: OutgoingState::Holding });
+            self.push(Effect::Hold);
+            self.send_heartbeats();
+        }
+    }
+
+    fn fail_handoff(&mut self) {
+        if self.stopping {
+            self.exit(ExitReason::HandOffFailed);
+            return;
+        }
+        let retry_ms = self.now_ms + self.config.handoff_timeout_ms();
+        if let Role::Active(active) = &mut self.role {
+            active.handoff = None;
+            active.handoff_retry_ms = retry_ms;
+            let (epoch, stream) = (active.epoch, active.stream);
+            if active.bump.is_some() {
+                // Still moving to a higher epoch: its Activate ends the hold.
+            } else if std::mem::take(&mut active.activate_on_resume) {
+                self.push(Effect::Activate { epoch, stream });
+            } else {
+                self.push(Effect::Resume);
+            }
+            self.send_heartbeats();
+        }
+    }
+
+    /// The active steps down to follow `active` (after a hand-off to it, or
+    /// because it is a higher-priority active). Its table stays complete; it
+    /// will ask `active` for a snapshot.
+    fn become_standby(&mut self, active: usize, reason_if_stopping: ExitReason) {
+        if let Role::Active(state) = self.role {
+            self.table = Some(TableVersion { stream: state.stream, version: state.version });
+        }
+        self.stream_from = None;
+        self.snapshot_requested_ms = None;
+        self.role = Role::Standby { following: Some(active), incoming: None };
+        self.push(Effect::Follow { active: Some(active) });
+        if self.stopping {
+            self.exit(reason_if_stopping);
+        } else {
+            self.send_heartbeats();
+        }
+    }
+
+    fn follow(&mut self, active: Option<usize>) {
+        let Role::Standby { incoming, .. } = self.role else { unreachable!() };
+        let incoming = match incoming {
+            Some(handoff) if Some(handoff.from) != active => {
+                self.refuse(handoff);
+                None
+            }
+            incoming => incoming,
+        };
+        if self.stream_from != active {
+            self.stream_from = None;
+        }
+        self.snapshot_requested_ms = None;
+        self.role = Role::Standby { following: active, incoming };
+        self.push(Effect::Follow { active });
+        self.send_heartbeats();
+    }
+
+    fn exit(&mut self, reason: ExitReason) {
+        match self.role {
+            Role::Standby { incoming: Some(handoff), .. } | Role::Promoting { handoff: Some(handoff), .. } => {
+                self.refuse(handoff)
+            }
+            _ => {}
+        }
+        self.role = Role::Exited;
+        self.send_heartbeats();
+        // The epochs this node learned last (the successor's, in a hand-off)
+        // must survive it, or a restart alone could go below them.
+        if self.epoch_seen > self.epoch_requested {
+            self.request_persist(self.epoch_seen);
+        }
+        if self.epoch_persisted >= self.epoch_requested {
+            self.push(Effect::Exit { reason });
+        } else {
+            self.role = Role::Exiting(reason);
+        }
+    }
+
+    /// Notes an epoch seen. A node on its way out still persists what it
+    /// learns until it exits.
+    fn learn_epoch(&mut self, epoch: u64) {
+        self.epoch_seen = self.epoch_seen.max(epoch);
+        if matches!(self.role, Role::Exiting(_)) && self.epoch_seen > self.epoch_requested {
+            self.request_persist(self.epoch_seen);
+        }
+    }
+
+    /// Stopped, or stopping once its epoch is persisted: it ignores every
+    /// input but epochs.
+    fn is_gone(&self) -> bool {
+        matches!(self.role, Role::Exiting(_) | Role::Exited)
+    }
+
+    fn request_persist(&mut self, epoch: u64) {
+        if epoch > self.epoch_requested {
+            self.epoch_requested = epoch;
+            self.push(Effect::PersistEpoch { epoch });
+        }
+    }
+
+    /// The highest epoch this node has issued, persisted, asked to persist or seen.
+    fn epoch_known(&self) -> u64 {
+        self.epoch_seen.max(self.epoch_persisted).max(self.epoch_requested)
+    }
+
+    fn following(&self) -> Option<usize> {
+        match self.role {
+            Role::Standby { following, .. } => following,
+            Role::Promoting { handoff: Some(handoff), .. } => Some(handoff.from),
+            _ => None,
+        }
+    }
+
+    fn peer_epoch(&self, peer: usize) -> u64 {
+        self.peers[peer].last.map_or(0, |heartbeat| heartbeat.epoch)
+    }
+
+    fn heard_from_every_peer(&self) -> bool {
+        let me = self.config.me;
+        self.peers.iter().enumerate().all(|(index, peer)| index == me || peer.heard_ms.is_some())
+    }
+
+    /// Live peers in priority order.
+    fn live_peers(&self) -> impl Iterator<Item = (usize, Heartbeat)> + '_ {
+        let (now_ms, failover_ms) = (self.now_ms, self.config.failover_ms);
+        self.peers
+            .iter()
+            .enumerate()
+            .filter_map(move |(index, peer)| peer.live(now_ms, failover_ms).map(|h| (index, *h)))
+    }
+
+    /// The active to follow: the highest-priority live one, passing over an
+    /// active that is handing off to another live active.
+    fn live_active(&self) -> Option<usize> {
+        let me = self.config.me;
+        let is_active = |index: usize| {
+            self.peers[index].live(self.now_ms, self.config.failover_ms).is_some_and(|h| h.role == PeerRole::Active)
+        };
+        let mut yielding = None;
+        for (index, heartbeat) in self.live_peers() {
+            if heartbeat.role != PeerRole::Active {
+                continue;
+            }
+            match heartbeat.handing_off_to {
+                Some(to) if to != me && is_active(to) => yielding = yielding.or(Some(index)),
+                _ => return Some(index),
+            }
+        }
+        yielding
+    }
+
+    /// A live peer follows an active this node cannot hear (a partial
+    /// partition): promoting would make a second active, so wait. The peer
+    /// stops saying so within a failover period if that active is gone.
+    fn live_peer_follows_another(&self) -> bool {
+        let me = self.config.me;
+        self.live_peers().any(|(_, heartbeat)| heartbeat.following.is_some_and(|active| active != me))
+    }
+
+    fn election_winner(&self) -> Option<usize> {
+        let me = Candidate { index: self.config.me, caught_up: self.table.is_some() };
+        let peers = self
+            .live_peers()
+            .filter(|(_, heartbeat)| heartbeat.role == PeerRole::Standby)
+            .map(|(index, heartbeat)| Candidate { index, caught_up: heartbeat.caught_up });
+        election::winner(std::iter::once(me).chain(peers))
+    }
+
+    /// The standby to hand over to on a stop: the highest-priority live one
+    /// that follows this node and holds a snapshot of its stream.
+    fn successor(&self) -> Option<usize> {
+        let Role::Active(active) = self.role else { return None };
+        let me = self.config.me;
+        self.live_peers()
+            .find(|(_, heartbeat)| {
+                heartbeat.role == PeerRole::Standby
+                    && heartbeat.following == Some(me)
+                    && heartbeat.table.is_some_and(|table| table.stream == active.stream)
+            })
+            .map(|(index, _)| index)
+    }
+
+    fn send_heartbeats(&mut self) {
+        self.heartbeat_sequence += 1;
+        let (role, epoch, table, handing_off_to) = match self.role {
+            Role::Active(active) => (
+                PeerRole::Active,
+                active.epoch,
+                Some(TableVersion { stream: active.stream, version: active.version }),
+                active.handoff.map(|handoff| handoff.to),
+            ),
+            Role::Exiting(_) | Role::Exited => (PeerRole::Leaving, 0, self.table, None),
+            _ => (PeerRole::Standby, self.following().map_or(0, |active| self.peer_epoch(active)), self.table, None),
+        };
+        let heartbeat = Heartbeat {
+            incarnation: self.incarnation,
+            sequence: self.heartbeat_sequence,
+            role,
+            epoch,
+            epoch_seen: self.epoch_known(),
+            following: if role == PeerRole::Standby { self.following() } else { None },
+            caught_up: role == PeerRole::Active || table.is_some(),
+            table,
+            handing_off_to,
+        };
+        for to in 0..self.config.nodes {
+            if to != self.config.me {
+                self.push(Effect::Send { to, message: Message::Heartbeat(heartbeat) });
+            }
+        }
+        self.next_heartbeat_ms = self.now_ms + self.config.heartbeat_ms;
+    }
+
+    fn push(&mut self, effect: Effect) {
+        assert!(self.effects.len() < EFFECTS_QUEUED_MAX, "effects must be drained after every input");
+        self.effects.push_back(effect);
+    }
+}
