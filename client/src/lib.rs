@@ -1,6 +1,167 @@
-//! Client library and wire protocol of ringlock.
+//! Client library and wire protocol of ringlock, a lock server with FIFO
+//! hand-off, leases and fencing tokens.
+//!
+//! A [`Client`] keeps persistent connections to the nodes it is given and
+//! pipelines the requests of every thread and task over them. It depends on
+//! no async runtime: background threads do the I/O, the blocking methods
+//! block the calling thread, and the `_async` methods return futures that
+//! those threads complete through the task's `Waker`, so they work under
+//! tokio, glommio, async-std, smol or a hand-written executor alike.
+//!
+//! # Blocking use
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ringlock_client::{Client, ReleaseOutcome};
+//!
+//! # fn main() -> Result<(), ringlock_client::Error> {
+//! // One address: the client keeps two connections to it.
+//! let client = Client::connect(["127.0.0.1:7700"])?;
+//!
+//! // Hold `orders/42` for at most 30 s, waiting at most 5 s for it.
+//! match client.acquire("orders/42", Duration::from_secs(30), Some(Duration::from_secs(5)))? {
+//!     Some(lock) => {
+//!         // Hand the fencing token to the protected resource with every write.
+//!         println!("token {}", lock.token());
+//!         assert_eq!(lock.release()?, ReleaseOutcome::Released);
+//!     }
+//!     None => println!("still held by someone else after 5 s"),
+//! }
+//!
+//! // Only if it is free now; the lock is released when dropped.
+//! if let Some(_lock) = client.try_acquire("cron/cleanup", Duration::from_secs(60))? {
+//!     // ... the critical section ...
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Async use
+//!
+//! The futures need no reactor, so any executor drives them; here a
+//! minimal one, to show that nothing else is needed:
+//!
+//! ```no_run
+//! use std::future::Future;
+//! use std::sync::Arc;
+//! use std::task::{Context, Poll, Wake, Waker};
+//! use std::time::Duration;
+//! use ringlock_client::Client;
+//!
+//! struct Unpark(std::thread::Thread);
+//!
+//! impl Wake for Unpark {
+//!     fn wake(self: Arc<Self>) {
+//!         self.0.unpark();
+//!     }
+//! }
+//!
+//! fn block_on<F: Future>(future: F) -> F::Output {
+//!     let mut future = std::pin::pin!(future);
+//!     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+//!     let mut cx = Context::from_waker(&waker);
+//!     loop {
+//!         match future.as_mut().poll(&mut cx) {
+//!             Poll::Ready(output) => return output,
+//!             Poll::Pending => std::thread::park(),
+//!         }
+//!     }
+//! }
+//!
+//! # fn main() -> Result<(), ringlock_client::Error> {
+//! let client = Client::connect(["10.0.0.1:7700", "10.0.0.2:7700"])?;
+//! block_on(async {
+//!     let lock = client.acquire_async("orders/42", Duration::from_secs(30), None).await?.expect("no wait limit");
+//!     lock.extend_async(Duration::from_secs(60)).await?;
+//!     lock.release_async().await?;
+//!     Ok(())
+//! })
+//! # }
+//! ```
+//!
+//! # What the client does for you (SPEC §4)
+//!
+//! - **Connections.** One per node, two when given a single address; chosen
+//!   round-robin. A broken one is left out and reconnected in the
+//!   background every 3 s.
+//! - **Pipelining.** Requests from all callers share the connections; replies
+//!   are paired with requests by (operation, key), and several requests with
+//!   the same (operation, key) on one connection are paired in the order sent.
+//! - **Cut connections.** An acquire (or extend, ping, stats) whose connection
+//!   breaks moves to the next connection, with the wait it has left; it fails
+//!   with [`Error::NoConnection`] only when no usable connection is left, or
+//!   after it was cut on as many connections as the client has. A release is
+//!   sent again on another connection, else retried every 200 ms for 5 s.
+//! - **Clusters.** A standby answers lock requests with `M` naming the
+//!   active; the client re-sends the request there and prefers that node from
+//!   then on. A node it was not given is added to the set. While no active is
+//!   known (a failover), requests are retried every 200 ms for 5 s.
+//! - **Cancellation.** Dropping a [`Lock`] releases it in the background;
+//!   dropping an acquire future releases a grant that arrives after all.
+//!
+//! Every default can be changed with [`ClientBuilder`].
+//!
+//! # Keys, leases and waits
+//!
+//! A key is 1 to 250 bytes, none of them space, tab, CR, LF or NUL, given as
+//! `&str`, `&[u8]` or anything `AsRef<[u8]>`; it is checked before sending.
+//! The key `-` is refused too ([`BadArgument::DashKey`]): error replies write
+//! `-` for "no key", so an error about `-` could not be paired with its
+//! request. Leases and waits are [`Duration`](std::time::Duration)s rounded
+//! up to the millisecond; a wait of `None` waits without limit.
+//!
+//! Fencing tokens increase for each key across hand-offs, lease expiry,
+//! failovers and restarts; tokens of different keys are unique but not
+//! ordered with each other.
+//!
+//! # Limits
+//!
+//! - A stalled server that keeps its connections open stalls the requests on
+//!   them: the client has no request timeout of its own beyond the waits the
+//!   server enforces.
+//! - An acquire cut after the server granted it but before the reply arrived
+//!   is re-sent; the lost grant holds the key until its lease runs out.
+//! - Replies for one key on one connection keep their order, so a
+//!   [`Client::try_acquire`] sent behind a waiting acquire of the same key on
+//!   the same connection is answered only after it.
 //!
 //! # Layout
-//! - [`proto`]: the wire protocol v1, shared by client, server and load generator.
+//! - [`proto`]: the wire protocol v1, shared by client, server and load
+//!   generator.
+//! - `client.rs`: [`Client`], its methods and the checks made before sending.
+//! - `lock.rs`: [`Lock`] (token, extend, release, release on drop) and
+//!   [`ReleaseOutcome`].
+//! - `config.rs`: [`ClientBuilder`] and the defaults.
+//! - `error.rs`: [`Error`], [`BadArgument`], [`ProtocolError`].
+//! - `future.rs`: the futures of the async API.
+//! - `completion.rs`: the one-shot cell between the I/O threads and a waiting
+//!   thread or task.
+//! - `operation.rs`: a request's life as a state machine with no I/O: what to
+//!   do on a reply, a cut connection, no connection (moves, retries, redirects).
+//! - `pairing.rs`: pairing replies with the requests in flight on a
+//!   connection by (op, key), in send order.
+//! - `router.rs`: the connection set, round-robin, the active node, and
+//!   carrying out each step of a request.
+//! - `connection.rs`: one connection's reader thread (connect, read, pair,
+//!   reconnect) and writer thread (batched writes).
+//! - `timer.rs`: the retry thread.
 
+#![warn(missing_docs)]
+
+mod client;
+mod completion;
+mod config;
+mod connection;
+mod error;
+mod future;
+mod lock;
+mod operation;
+mod pairing;
 pub mod proto;
+mod router;
+mod timer;
+
+pub use client::{Client, Pong};
+pub use config::{ClientBuilder, NODES_MAX};
+pub use error::{BadArgument, Error, ProtocolError};
+pub use lock::{Lock, ReleaseOutcome};

@@ -1,0 +1,306 @@
+//! The client's settings: [`ClientBuilder`], with SPEC §4's defaults.
+
+use std::time::Duration;
+
+use crate::error::{BadArgument, Error};
+use crate::operation::Policy;
+use crate::proto::is_valid_address;
+
+/// Most nodes a client talks to: the most a ringlock cluster may have.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(ringlock_client::NODES_MAX, 16);
+/// ```
+pub const NODES_MAX: usize = 16;
+
+/// Most connections the client keeps to one node.
+const CONNECTIONS_PER_NODE_MAX: usize = 64;
+/// Connections to each node when the client is given one address: two, so
+/// that a brief cut of one does not stop service.
+const CONNECTIONS_PER_NODE_SINGLE: usize = 2;
+const RECONNECT_INTERVAL_DEFAULT: Duration = Duration::from_secs(3);
+const RELEASE_RETRY_INTERVAL_DEFAULT: Duration = Duration::from_millis(200);
+const RELEASE_RETRY_FOR_DEFAULT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
+/// The shortest bounded wait the protocol can express.
+const TRY_ACQUIRE_WAIT_DEFAULT: Duration = Duration::from_millis(1);
+const REDIRECT_LIMIT_DEFAULT: u32 = 16;
+const IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT: usize = 65_536;
+
+/// Settings for a [`Client`](crate::Client), then
+/// [`connect`](ClientBuilder::connect).
+///
+/// Every setting has the default SPEC §4 gives; change them only for a
+/// reason (tests use short intervals, for example).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use ringlock_client::Client;
+///
+/// # fn main() -> Result<(), ringlock_client::Error> {
+/// let client = Client::builder(["10.0.0.1:7700", "10.0.0.2:7700"])
+///     .reconnect_interval(Duration::from_secs(1))
+///     .connect()?;
+/// assert_eq!(client.connection_count(), 2);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct ClientBuilder {
+    pub(crate) addresses: Vec<String>,
+    connections_per_node: Option<usize>,
+    pub(crate) reconnect_interval: Duration,
+    release_retry_interval: Duration,
+    release_retry_for: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) try_acquire_wait: Duration,
+    redirect_limit: u32,
+    pub(crate) in_flight_per_connection_max: usize,
+}
+
+impl ClientBuilder {
+    /// Settings for a client of the nodes at `addresses` (`host:port`, as
+    /// the servers' `--peers` or `--listen` name them, so that `M` replies
+    /// can be matched with them), with every default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ringlock_client::ClientBuilder;
+    ///
+    /// let builder = ClientBuilder::new(["127.0.0.1:7700"]);
+    /// ```
+    pub fn new<I, A>(addresses: I) -> ClientBuilder
+    where
+        I: IntoIterator<Item = A>,
+        A: Into<String>,
+    {
+        ClientBuilder {
+            addresses: addresses.into_iter().map(Into::into).collect(),
+            connections_per_node: None,
+            reconnect_interval: RECONNECT_INTERVAL_DEFAULT,
+            release_retry_interval: RELEASE_RETRY_INTERVAL_DEFAULT,
+            release_retry_for: RELEASE_RETRY_FOR_DEFAULT,
+            connect_timeout: CONNECT_TIMEOUT_DEFAULT,
+            try_acquire_wait: TRY_ACQUIRE_WAIT_DEFAULT,
+            redirect_limit: REDIRECT_LIMIT_DEFAULT,
+            in_flight_per_connection_max: IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT,
+        }
+    }
+
+    /// Connections to keep to each node, 1 to 64. Default: 2 when the client
+    /// is given one address, so that a brief cut of one does not stop
+    /// service, else 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ringlock_client::Error> {
+    /// let client = ringlock_client::Client::builder(["127.0.0.1:7700"]).connections_per_node(4).connect()?;
+    /// assert_eq!(client.connection_count(), 4);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn connections_per_node(mut self, connections: usize) -> ClientBuilder {
+        self.connections_per_node = Some(connections);
+        self
+    }
+
+    /// Pause between two attempts to reconnect a broken connection.
+    /// Default: 3 s. A broken connection carries no request meanwhile.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).reconnect_interval(Duration::from_millis(500));
+    /// ```
+    pub fn reconnect_interval(mut self, interval: Duration) -> ClientBuilder {
+        self.reconnect_interval = interval;
+        self
+    }
+
+    /// Pause between two tries of a release that found no usable connection.
+    /// Default: 200 ms. A release cut off by a broken connection is first
+    /// re-sent at once on another connection, if one is usable.
+    ///
+    /// The same pause spaces the tries of a request that a node answered with
+    /// `M` and no active known (a failover in progress).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).release_retry_interval(Duration::from_millis(50));
+    /// ```
+    pub fn release_retry_interval(mut self, interval: Duration) -> ClientBuilder {
+        self.release_retry_interval = interval;
+        self
+    }
+
+    /// How long a release keeps being retried before it gives up with
+    /// [`Error::NoConnection`] (the lease frees the key later anyway).
+    /// Default: 5 s.
+    ///
+    /// The same period bounds the retries of a request while no active node
+    /// is known, after which it fails with [`Error::NoActive`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).release_retry_for(Duration::from_secs(10));
+    /// ```
+    pub fn release_retry_for(mut self, period: Duration) -> ClientBuilder {
+        self.release_retry_for = period;
+        self
+    }
+
+    /// Longest wait for a TCP connection to be established. Default: 1 s.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).connect_timeout(Duration::from_millis(250));
+    /// ```
+    pub fn connect_timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The wait [`Client::try_acquire`](crate::Client::try_acquire) asks
+    /// for. Default: 1 ms, the shortest the protocol can express (a wait of
+    /// 0 means "no limit").
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).try_acquire_wait(Duration::from_millis(5));
+    /// ```
+    pub fn try_acquire_wait(mut self, wait: Duration) -> ClientBuilder {
+        self.try_acquire_wait = wait;
+        self
+    }
+
+    /// Most `M` redirects one request follows before it fails with
+    /// [`Error::NoActive`]; this stops two confused nodes from bouncing a
+    /// request forever. Default: 16.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).redirect_limit(4);
+    /// ```
+    pub fn redirect_limit(mut self, redirects: u32) -> ClientBuilder {
+        self.redirect_limit = redirects;
+        self
+    }
+
+    /// Most requests in flight on one connection, at least 1; beyond it the
+    /// connection takes no more, and when every connection is full a request
+    /// fails with [`Error::TooManyInFlight`]. Default: 65536. This bounds the
+    /// client's memory when a server stalls.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).in_flight_per_connection_max(1024);
+    /// ```
+    pub fn in_flight_per_connection_max(mut self, requests: usize) -> ClientBuilder {
+        self.in_flight_per_connection_max = requests;
+        self
+    }
+
+    /// Connections per node, as set or by default.
+    pub(crate) fn connections_per_node_or_default(&self) -> usize {
+        self.connections_per_node.unwrap_or(if self.addresses.len() == 1 { CONNECTIONS_PER_NODE_SINGLE } else { 1 })
+    }
+
+    /// The retry rules of the requests.
+    pub(crate) fn policy(&self) -> Policy {
+        Policy {
+            retry_interval: self.release_retry_interval,
+            retry_for: self.release_retry_for,
+            redirect_limit: self.redirect_limit,
+        }
+    }
+
+    /// Checks every setting, naming the first one out of range.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        let bad = |what| Err(Error::BadArgument(BadArgument::Setting(what)));
+        if self.addresses.is_empty() {
+            return Err(Error::BadArgument(BadArgument::NoAddresses));
+        }
+        if self.addresses.len() > NODES_MAX {
+            return Err(Error::BadArgument(BadArgument::TooManyAddresses));
+        }
+        if let Some(address) = self.addresses.iter().find(|address| !is_valid_address(address.as_bytes())) {
+            return Err(Error::BadArgument(BadArgument::Address(address.clone())));
+        }
+        if !(1..=CONNECTIONS_PER_NODE_MAX).contains(&self.connections_per_node_or_default()) {
+            return bad("connections_per_node must be 1 to 64");
+        }
+        if self.reconnect_interval.is_zero() {
+            return bad("reconnect_interval must be above zero");
+        }
+        if self.release_retry_interval.is_zero() {
+            return bad("release_retry_interval must be above zero");
+        }
+        if self.connect_timeout.is_zero() {
+            return bad("connect_timeout must be above zero");
+        }
+        if self.try_acquire_wait.is_zero() || self.try_acquire_wait > Duration::from_secs(86_400) {
+            return bad("try_acquire_wait must be above zero and at most 86400 s");
+        }
+        if self.in_flight_per_connection_max == 0 {
+            return bad("in_flight_per_connection_max must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_gets_two_connections() {
+        assert_eq!(ClientBuilder::new(["a:1"]).connections_per_node_or_default(), 2);
+        assert_eq!(ClientBuilder::new(["a:1", "b:1"]).connections_per_node_or_default(), 1);
+        assert_eq!(ClientBuilder::new(["a:1"]).connections_per_node(3).connections_per_node_or_default(), 3);
+    }
+
+    #[test]
+    fn defaults_are_the_spec_s() {
+        let builder = ClientBuilder::new(["a:1"]);
+        let policy = builder.policy();
+        assert_eq!(builder.reconnect_interval, Duration::from_secs(3));
+        assert_eq!(policy.retry_interval, Duration::from_millis(200));
+        assert_eq!(policy.retry_for, Duration::from_secs(5));
+        assert!(builder.validate().is_ok());
+    }
+
+    #[test]
+    fn validation_names_the_bad_setting() {
+        let no_addresses = ClientBuilder::new(Vec::<String>::new()).validate();
+        assert_eq!(no_addresses, Err(Error::BadArgument(BadArgument::NoAddresses)));
+        let spaced = ClientBuilder::new(["a :1"]).validate();
+        assert_eq!(spaced, Err(Error::BadArgument(BadArgument::Address("a :1".into()))));
+        let many = ClientBuilder::new((0..17).map(|n| format!("h{n}:1"))).validate();
+        assert_eq!(many, Err(Error::BadArgument(BadArgument::TooManyAddresses)));
+        assert!(ClientBuilder::new(["a:1"]).connections_per_node(0).validate().is_err());
+        assert!(ClientBuilder::new(["a:1"]).reconnect_interval(Duration::ZERO).validate().is_err());
+        assert!(ClientBuilder::new(["a:1"]).in_flight_per_connection_max(0).validate().is_err());
+    }
+}

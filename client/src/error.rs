@@ -1,0 +1,202 @@
+//! What can go wrong with a request: the client's typed errors.
+
+use std::fmt;
+
+use crate::proto::{ErrorCode, ReplyError};
+
+/// Why a request failed.
+///
+/// A timed-out acquire is not an error: [`Client::acquire`](crate::Client::acquire)
+/// answers `Ok(None)`. A release whose grant was already gone is not an error
+/// either: [`Lock::release`](crate::Lock::release) answers
+/// [`ReleaseOutcome::NotHeld`](crate::ReleaseOutcome::NotHeld).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use ringlock_client::{BadArgument, Client, Error};
+///
+/// # fn main() -> Result<(), Error> {
+/// // Nothing listens on port 1, but the client is built at once and connects
+/// // in the background; the bad key is refused before anything is sent.
+/// let client = Client::connect(["127.0.0.1:1"])?;
+/// let error = client.acquire("two words", Duration::from_secs(30), None).unwrap_err();
+/// assert_eq!(error, Error::BadArgument(BadArgument::Key));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// No usable connection was left: every connection is broken (they are
+    /// reconnected in the background every
+    /// [`reconnect_interval`](crate::ClientBuilder::reconnect_interval)), or
+    /// the request was cut off on as many connections as the client has.
+    NoConnection,
+    /// No node could be found to serve the request: the nodes answered `M`
+    /// with no active known for as long as releases are retried
+    /// ([`release_retry_for`](crate::ClientBuilder::release_retry_for)), the
+    /// active they named stayed unreachable as long, or they redirected the
+    /// request more than [`redirect_limit`](crate::ClientBuilder::redirect_limit)
+    /// times.
+    NoActive,
+    /// The client refused an argument before sending anything.
+    BadArgument(BadArgument),
+    /// The server answered `E` with this code; the request had no effect.
+    Server(ErrorCode),
+    /// The server broke the protocol; the client dropped the connection.
+    Protocol(ProtocolError),
+    /// Every usable connection already carries
+    /// [`in_flight_per_connection_max`](crate::ClientBuilder::in_flight_per_connection_max)
+    /// requests; try again once some have been answered.
+    TooManyInFlight,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NoConnection => f.write_str(
+                "no usable connection to a ringlock server; check that the addresses are right and the server runs \
+                 (the client keeps reconnecting in the background)",
+            ),
+            Error::NoActive => f.write_str("no active ringlock node could be found to serve the request"),
+            Error::BadArgument(reason) => write!(f, "bad argument: {reason}"),
+            Error::Server(code) => write!(f, "the ringlock server refused the request: {code}"),
+            Error::Protocol(violation) => write!(f, "protocol violation by the ringlock server: {violation}"),
+            Error::TooManyInFlight => f.write_str("too many requests in flight on every connection; retry later"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Protocol(ProtocolError::Malformed(error)) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// An argument the client refuses before sending anything.
+///
+/// # Examples
+///
+/// ```
+/// use ringlock_client::{BadArgument, Client, Error};
+///
+/// let error = Client::connect(Vec::<String>::new()).unwrap_err();
+/// assert_eq!(error, Error::BadArgument(BadArgument::NoAddresses));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BadArgument {
+    /// The key is empty, longer than [`KEY_LEN_MAX`](crate::proto::KEY_LEN_MAX)
+    /// bytes, or holds a space, tab, CR, LF or NUL
+    /// (see [`is_valid_key`](crate::proto::is_valid_key)).
+    Key,
+    /// The key is `-`. The protocol allows it, but an `E` reply writes `-` in
+    /// the key position for "no key", so an error about the key `-` could not
+    /// be told apart from an error about an unreadable line, and the client
+    /// could not pair it with its request.
+    DashKey,
+    /// The lease is zero; a lease must be at least one millisecond.
+    Lease,
+    /// The wait is longer than [`WAIT_MS_MAX`](crate::proto::WAIT_MS_MAX)
+    /// milliseconds (a day); use `None` to wait without limit.
+    Wait,
+    /// The client was given no address.
+    NoAddresses,
+    /// The client was given more addresses than a cluster may have nodes
+    /// ([`NODES_MAX`](crate::NODES_MAX)).
+    TooManyAddresses,
+    /// An address is empty, `-`, or holds a space, tab, CR, LF or NUL, so no
+    /// server could name it in an `M` reply.
+    Address(String),
+    /// A builder setting is out of its range; the text says which.
+    Setting(&'static str),
+}
+
+impl fmt::Display for BadArgument {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BadArgument::Key => f.write_str("a key is 1 to 250 bytes, none of them space, tab, CR, LF or NUL"),
+            BadArgument::DashKey => f.write_str("the key `-` is reserved: error replies use it for \"no key\""),
+            BadArgument::Lease => f.write_str("the lease must be at least 1 ms"),
+            BadArgument::Wait => f.write_str("the wait must be at most 86400 s; use None to wait without limit"),
+            BadArgument::NoAddresses => f.write_str("give the client at least one server address"),
+            BadArgument::TooManyAddresses => write!(f, "give the client at most {} addresses", crate::NODES_MAX),
+            BadArgument::Address(address) => write!(f, "{address:?} is not a server address (host:port)"),
+            BadArgument::Setting(what) => f.write_str(what),
+        }
+    }
+}
+
+/// How the server broke the protocol. The client drops the connection that
+/// did it, since it can no longer pair replies with requests on it, and
+/// moves the requests in flight to another connection.
+///
+/// # Examples
+///
+/// ```
+/// use ringlock_client::{Error, ProtocolError};
+/// use ringlock_client::proto::ReplyError;
+///
+/// let error = Error::Protocol(ProtocolError::Malformed(ReplyError::BadNumber));
+/// assert!(error.to_string().contains("not a decimal u64"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// A line that is not a valid reply.
+    Malformed(ReplyError),
+    /// A reply line longer than [`REPLY_LINE_LEN_MAX`](crate::proto::REPLY_LINE_LEN_MAX).
+    LineTooLong,
+    /// A reply that answers no request in flight on its connection (the
+    /// line, lossily decoded).
+    Unsolicited(String),
+    /// An `X` reply with a token other than the one extended.
+    WrongToken {
+        /// The token the client extended.
+        sent: u64,
+        /// The token in the reply.
+        received: u64,
+    },
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::Malformed(error) => write!(f, "{error}"),
+            ProtocolError::LineTooLong => f.write_str("reply line too long"),
+            ProtocolError::Unsolicited(line) => write!(f, "reply {line:?} answers no request in flight"),
+            ProtocolError::WrongToken { sent, received } => {
+                write!(f, "extend of token {sent} answered with token {received}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_problem() {
+        assert!(Error::Server(ErrorCode::TooManyKeys).to_string().ends_with("too-many-keys"));
+        assert!(Error::BadArgument(BadArgument::DashKey).to_string().contains("`-`"));
+        let wrong = Error::Protocol(ProtocolError::WrongToken { sent: 1, received: 2 });
+        assert_eq!(
+            wrong.to_string(),
+            "protocol violation by the ringlock server: extend of token 1 answered with token 2"
+        );
+    }
+
+    #[test]
+    fn malformed_reply_is_the_source() {
+        use std::error::Error as _;
+        let error = Error::Protocol(ProtocolError::Malformed(ReplyError::BadRole));
+        assert_eq!(error.source().map(|source| source.to_string()), Some(ReplyError::BadRole.to_string()));
+        assert!(Error::NoConnection.source().is_none());
+    }
+}

@@ -1,0 +1,403 @@
+//! One request from the moment it is submitted until its outcome is known:
+//! what to send, and what to do next on each event (a reply, a cut
+//! connection, no usable connection at all).
+//!
+//! This is where SPEC §4's rules live (acquires move to the next connection,
+//! releases are retried, `M` redirects), as plain functions of the request,
+//! the event and `now` that return a [`Step`]. There is no I/O here: the
+//! router and the connections carry the steps out.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::completion::Completion;
+use crate::error::{Error, ProtocolError};
+use crate::proto::{ErrorCode, Op, Reply, Request, Role, encode_request};
+
+/// The retry rules, from the client's configuration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Policy {
+    /// Pause between two tries of a release, or of a request that found no
+    /// active node.
+    pub(crate) retry_interval: Duration,
+    /// How long a release, or a request that finds no active node, keeps
+    /// being retried.
+    pub(crate) retry_for: Duration,
+    /// Most `M` redirects one request follows.
+    pub(crate) redirect_limit: u32,
+}
+
+/// What a request asks, besides its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Acquire { lease_ms: u64, wait_ms: u64 },
+    Release { token: u64 },
+    Extend { token: u64, lease_ms: u64 },
+    Ping,
+    Stats,
+}
+
+/// The end of a request, handed to its waiter.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Acquired(u64),
+    TimedOut,
+    Released,
+    NotHeld,
+    Extended,
+    Pong { role: Role, epoch: u64, active: Option<String> },
+    Stats(String),
+    Failed(Error),
+}
+
+/// Why a connection was cut, which decides the error a request reports if
+/// it cannot move on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// The socket failed, closed, or could not connect.
+    Io,
+    /// The server answered `E - - <code>` (for example
+    /// `too-many-connections`) and closes the connection.
+    Refused(ErrorCode),
+    /// The server broke the protocol; the client dropped the connection.
+    Protocol(ProtocolError),
+}
+
+impl Cut {
+    fn to_error(&self) -> Error {
+        match self {
+            Cut::Io => Error::NoConnection,
+            Cut::Refused(code) => Error::Server(*code),
+            Cut::Protocol(violation) => Error::Protocol(violation.clone()),
+        }
+    }
+}
+
+/// What the router does with a request next.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// The request is over: hand this to its waiter.
+    Done(Outcome),
+    /// Send it again, on the next usable connection.
+    Resend,
+    /// Send it to the active node the last `M` reply named.
+    Redirect,
+    /// Send it again at this instant.
+    RetryAt(Instant),
+}
+
+/// Why no connection took a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unsent {
+    /// No connection is usable.
+    NoConnection,
+    /// Usable connections exist but each has as many requests in flight as
+    /// it may.
+    Full,
+    /// The active node named by an `M` reply has no usable connection.
+    ActiveUnreachable,
+}
+
+/// A request in flight, or waiting to be retried.
+#[derive(Debug)]
+pub(crate) struct Operation {
+    pub(crate) kind: Kind,
+    /// The key; empty for `P` and `S`.
+    pub(crate) key: Arc<[u8]>,
+    started: Instant,
+    /// Connections this request may still be cut off on before it fails.
+    tries_left: usize,
+    redirects_left: u32,
+    /// Set for releases at once, and for other requests once a node answers
+    /// that no active is known: retries stop at this instant.
+    retry_until: Option<Instant>,
+    /// Who waits for the outcome; `None` for a release in the background.
+    pub(crate) completion: Option<Arc<Completion>>,
+}
+
+impl Operation {
+    /// A new request, to be tried on up to `tries` connections.
+    pub(crate) fn new(
+        kind: Kind,
+        key: Arc<[u8]>,
+        now: Instant,
+        tries: usize,
+        policy: &Policy,
+        completion: Option<Arc<Completion>>,
+    ) -> Operation {
+        let retry_until = match kind {
+            Kind::Release { .. } => Some(now + policy.retry_for),
+            _ => None,
+        };
+        Operation {
+            kind,
+            key,
+            started: now,
+            tries_left: tries.max(1),
+            redirects_left: policy.redirect_limit,
+            retry_until,
+            completion,
+        }
+    }
+
+    /// The operation its reply echoes.
+    pub(crate) fn op(&self) -> Op {
+        match self.kind {
+            Kind::Acquire { .. } => Op::Acquire,
+            Kind::Release { .. } => Op::Release,
+            Kind::Extend { .. } => Op::Extend,
+            Kind::Ping => Op::Ping,
+            Kind::Stats => Op::Stats,
+        }
+    }
+
+    /// The wait left to an acquire at `now`, in milliseconds: `Some(0)` for
+    /// no limit, `None` once a bounded wait has run out.
+    fn wait_left_ms(&self, now: Instant) -> Option<u64> {
+        match self.kind {
+            Kind::Acquire { wait_ms: 0, .. } => Some(0),
+            Kind::Acquire { wait_ms, .. } => {
+                let waited_ms =
+                    u64::try_from(now.saturating_duration_since(self.started).as_millis()).unwrap_or(u64::MAX);
+                wait_ms.checked_sub(waited_ms).filter(|&left| left > 0)
+            }
+            _ => Some(0),
+        }
+    }
+
+    /// Whether this is an acquire whose wait ran out before it could be
+    /// (re)sent; it then ends as timed out, as it would have on the server.
+    pub(crate) fn expired(&self, now: Instant) -> bool {
+        self.wait_left_ms(now).is_none()
+    }
+
+    /// Appends the request line. A re-sent acquire asks only for the wait it
+    /// has left, so moving it does not make it wait longer than asked.
+    pub(crate) fn encode(&self, now: Instant, out: &mut Vec<u8>) {
+        let key = &self.key[..];
+        let request = match self.kind {
+            Kind::Acquire { lease_ms, .. } => {
+                Request::Acquire { key, lease_ms, wait_ms: self.wait_left_ms(now).unwrap_or(1) }
+            }
+            Kind::Release { token } => Request::Release { key, token },
+            Kind::Extend { token, lease_ms } => Request::Extend { key, token, lease_ms },
+            Kind::Ping => Request::Ping,
+            Kind::Stats => Request::Stats,
+        };
+        encode_request(&request, out);
+    }
+
+    /// The next step after `reply`, which the connection paired with this
+    /// request by (op, key).
+    pub(crate) fn on_reply(&mut self, reply: &Reply<'_>, now: Instant, policy: &Policy) -> Step {
+        let outcome = match (self.kind, *reply) {
+            (_, Reply::Moved { active: Some(_), .. }) => {
+                if self.redirects_left == 0 {
+                    return Step::Done(Outcome::Failed(Error::NoActive));
+                }
+                self.redirects_left -= 1;
+                return Step::Redirect;
+            }
+            (_, Reply::Moved { active: None, .. }) => return self.retry_later(now, policy, Error::NoActive),
+            (Kind::Acquire { .. }, Reply::Acquired { token, .. }) => Outcome::Acquired(token),
+            (Kind::Acquire { .. }, Reply::TimedOut { .. }) => Outcome::TimedOut,
+            (Kind::Release { .. }, Reply::Released { .. }) => Outcome::Released,
+            // The grant was already released, expired or handed on: nothing
+            // is left to release, which is what the caller wanted.
+            (Kind::Release { .. }, Reply::Error { code: ErrorCode::NotHolder, .. }) => Outcome::NotHeld,
+            (Kind::Extend { token, .. }, Reply::Extended { token: received, .. }) => {
+                if received == token {
+                    Outcome::Extended
+                } else {
+                    Outcome::Failed(Error::Protocol(ProtocolError::WrongToken { sent: token, received }))
+                }
+            }
+            (Kind::Ping, Reply::Pong { role, epoch, active }) => {
+                Outcome::Pong { role, epoch, active: active.map(|address| String::from_utf8_lossy(address).into()) }
+            }
+            (Kind::Stats, Reply::Stats { json }) => Outcome::Stats(String::from_utf8_lossy(json).into_owned()),
+            (_, Reply::Error { code, .. }) => Outcome::Failed(Error::Server(code)),
+            // Pairing by (op, key) leaves no other combination.
+            (_, other) => {
+                let mut line = Vec::new();
+                crate::proto::encode_reply(&other, &mut line);
+                line.pop();
+                let line = String::from_utf8_lossy(&line).into_owned();
+                Outcome::Failed(Error::Protocol(ProtocolError::Unsolicited(line)))
+            }
+        };
+        Step::Done(outcome)
+    }
+
+    /// The next step after the connection carrying this request was cut.
+    /// The server may or may not have seen the request.
+    pub(crate) fn on_cut(&mut self, cut: &Cut, now: Instant) -> Step {
+        if let Kind::Release { .. } = self.kind {
+            // Send it again at once on another connection; the router falls
+            // back to retrying every interval while none is usable.
+            return match self.retry_until {
+                Some(until) if now > until => Step::Done(Outcome::Failed(cut.to_error())),
+                _ => Step::Resend,
+            };
+        }
+        self.tries_left = self.tries_left.saturating_sub(1);
+        if self.tries_left == 0 {
+            return Step::Done(Outcome::Failed(cut.to_error()));
+        }
+        Step::Resend
+    }
+
+    /// The next step when no connection took the request.
+    pub(crate) fn on_unsent(&mut self, unsent: Unsent, now: Instant, policy: &Policy) -> Step {
+        let error = match unsent {
+            Unsent::NoConnection => Error::NoConnection,
+            Unsent::Full => Error::TooManyInFlight,
+            Unsent::ActiveUnreachable => Error::NoActive,
+        };
+        match (self.kind, unsent) {
+            // During a failover the node an `M` named may be gone for a
+            // moment: wait for the others to name the new active.
+            (_, Unsent::ActiveUnreachable) | (Kind::Release { .. }, _) => self.retry_later(now, policy, error),
+            _ => Step::Done(Outcome::Failed(error)),
+        }
+    }
+
+    /// Retry after the interval while within the retry period, which starts
+    /// now if it has not started yet; else fail with `error`.
+    fn retry_later(&mut self, now: Instant, policy: &Policy, error: Error) -> Step {
+        let until = *self.retry_until.get_or_insert(now + policy.retry_for);
+        let at = now + policy.retry_interval;
+        if at <= until { Step::RetryAt(at) } else { Step::Done(Outcome::Failed(error)) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: Policy =
+        Policy { retry_interval: Duration::from_millis(200), retry_for: Duration::from_secs(5), redirect_limit: 2 };
+
+    fn operation(kind: Kind, now: Instant, tries: usize) -> Operation {
+        Operation::new(kind, Arc::from(&b"k"[..]), now, tries, &POLICY, None)
+    }
+
+    fn line(operation: &Operation, now: Instant) -> String {
+        let mut out = Vec::new();
+        operation.encode(now, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    const ACQUIRE: Kind = Kind::Acquire { lease_ms: 30_000, wait_ms: 2_000 };
+
+    #[test]
+    fn encodes_each_kind() {
+        let now = Instant::now();
+        assert_eq!(line(&operation(ACQUIRE, now, 1), now), "A k 30 2\n");
+        assert_eq!(line(&operation(Kind::Release { token: 5 }, now, 1), now), "R k 5\n");
+        assert_eq!(line(&operation(Kind::Extend { token: 5, lease_ms: 1_500 }, now, 1), now), "X k 5 1.5\n");
+        let ping = Operation::new(Kind::Ping, Arc::from(&b""[..]), now, 1, &POLICY, None);
+        assert_eq!(line(&ping, now), "P\n");
+    }
+
+    #[test]
+    fn a_resent_acquire_asks_for_the_wait_it_has_left() {
+        let now = Instant::now();
+        let acquire = operation(ACQUIRE, now, 2);
+        assert_eq!(line(&acquire, now + Duration::from_millis(750)), "A k 30 1.25\n");
+        assert!(!acquire.expired(now + Duration::from_millis(1_999)));
+        assert!(acquire.expired(now + Duration::from_millis(2_000)));
+        let forever = operation(Kind::Acquire { lease_ms: 1_000, wait_ms: 0 }, now, 2);
+        assert!(!forever.expired(now + Duration::from_secs(100_000)));
+        assert_eq!(line(&forever, now + Duration::from_secs(100)), "A k 1 0\n");
+    }
+
+    #[test]
+    fn an_acquire_moves_on_until_it_was_cut_on_every_connection() {
+        let now = Instant::now();
+        let mut acquire = operation(ACQUIRE, now, 3);
+        assert!(matches!(acquire.on_cut(&Cut::Io, now), Step::Resend));
+        assert!(matches!(acquire.on_cut(&Cut::Io, now), Step::Resend));
+        assert!(matches!(acquire.on_cut(&Cut::Io, now), Step::Done(Outcome::Failed(Error::NoConnection))));
+        let mut refused = operation(ACQUIRE, now, 1);
+        let step = refused.on_cut(&Cut::Refused(ErrorCode::TooManyConnections), now);
+        assert!(matches!(step, Step::Done(Outcome::Failed(Error::Server(ErrorCode::TooManyConnections)))));
+    }
+
+    #[test]
+    fn an_acquire_with_no_connection_fails_at_once() {
+        let now = Instant::now();
+        let mut acquire = operation(ACQUIRE, now, 2);
+        let step = acquire.on_unsent(Unsent::NoConnection, now, &POLICY);
+        assert!(matches!(step, Step::Done(Outcome::Failed(Error::NoConnection))));
+        let step = acquire.on_unsent(Unsent::Full, now, &POLICY);
+        assert!(matches!(step, Step::Done(Outcome::Failed(Error::TooManyInFlight))));
+    }
+
+    #[test]
+    fn a_release_is_retried_every_interval_for_the_retry_period() {
+        let start = Instant::now();
+        let mut release = operation(Kind::Release { token: 5 }, start, 1);
+        assert!(matches!(release.on_cut(&Cut::Io, start), Step::Resend));
+        let mut now = start;
+        let mut retries = 0;
+        loop {
+            match release.on_unsent(Unsent::NoConnection, now, &POLICY) {
+                Step::RetryAt(at) => {
+                    assert_eq!(at, now + POLICY.retry_interval);
+                    now = at;
+                    retries += 1;
+                }
+                Step::Done(Outcome::Failed(Error::NoConnection)) => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(retries, 25, "5 s every 200 ms");
+        assert!(matches!(release.on_cut(&Cut::Io, now + Duration::from_millis(1)), Step::Done(_)));
+    }
+
+    #[test]
+    fn replies_end_requests() {
+        let now = Instant::now();
+        let reply = |kind, reply: Reply<'_>| operation(kind, now, 1).on_reply(&reply, now, &POLICY);
+        assert!(matches!(reply(ACQUIRE, Reply::Acquired { key: b"k", token: 9 }), Step::Done(Outcome::Acquired(9))));
+        assert!(matches!(reply(ACQUIRE, Reply::TimedOut { key: b"k" }), Step::Done(Outcome::TimedOut)));
+        let error = Reply::Error { op: Some(Op::Acquire), key: Some(b"k"), code: ErrorCode::TooManyWaiters };
+        assert!(matches!(reply(ACQUIRE, error), Step::Done(Outcome::Failed(Error::Server(ErrorCode::TooManyWaiters)))));
+        let release = Kind::Release { token: 9 };
+        assert!(matches!(reply(release, Reply::Released { key: b"k" }), Step::Done(Outcome::Released)));
+        let not_holder = Reply::Error { op: Some(Op::Release), key: Some(b"k"), code: ErrorCode::NotHolder };
+        assert!(matches!(reply(release, not_holder), Step::Done(Outcome::NotHeld)));
+        let extend = Kind::Extend { token: 9, lease_ms: 1_000 };
+        assert!(matches!(reply(extend, Reply::Extended { key: b"k", token: 9 }), Step::Done(Outcome::Extended)));
+        let wrong = reply(extend, Reply::Extended { key: b"k", token: 8 });
+        assert!(matches!(
+            wrong,
+            Step::Done(Outcome::Failed(Error::Protocol(ProtocolError::WrongToken { sent: 9, received: 8 })))
+        ));
+        let not_holder = Reply::Error { op: Some(Op::Extend), key: Some(b"k"), code: ErrorCode::NotHolder };
+        assert!(matches!(reply(extend, not_holder), Step::Done(Outcome::Failed(Error::Server(ErrorCode::NotHolder)))));
+    }
+
+    #[test]
+    fn redirects_are_followed_up_to_the_limit() {
+        let now = Instant::now();
+        let mut acquire = operation(ACQUIRE, now, 1);
+        let moved = Reply::Moved { op: Op::Acquire, key: b"k", active: Some(b"10.0.0.2:7700") };
+        assert!(matches!(acquire.on_reply(&moved, now, &POLICY), Step::Redirect));
+        assert!(matches!(acquire.on_reply(&moved, now, &POLICY), Step::Redirect));
+        assert!(matches!(acquire.on_reply(&moved, now, &POLICY), Step::Done(Outcome::Failed(Error::NoActive))));
+    }
+
+    #[test]
+    fn no_active_known_is_retried_for_the_retry_period() {
+        let start = Instant::now();
+        let mut acquire = operation(Kind::Acquire { lease_ms: 1_000, wait_ms: 0 }, start, 1);
+        let moved = Reply::Moved { op: Op::Acquire, key: b"k", active: None };
+        assert!(matches!(acquire.on_reply(&moved, start, &POLICY), Step::RetryAt(_)));
+        let late = start + POLICY.retry_for;
+        assert!(matches!(acquire.on_reply(&moved, late, &POLICY), Step::Done(Outcome::Failed(Error::NoActive))));
+        let mut acquire = operation(ACQUIRE, start, 1);
+        assert!(matches!(acquire.on_unsent(Unsent::ActiveUnreachable, start, &POLICY), Step::RetryAt(_)));
+    }
+}

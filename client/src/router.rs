@@ -1,0 +1,363 @@
+//! The connection set and where each request goes: round-robin over the
+//! usable connections, the active node's first once an `M` reply has named
+//! it; and what happens to a request after each step (SPEC §4).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::completion::Completion;
+use crate::config::{ClientBuilder, NODES_MAX};
+use crate::connection::{self, Connection, Phase, Refusal};
+use crate::error::Error;
+use crate::operation::{Cut, Kind, Operation, Outcome, Policy, Step, Unsent};
+use crate::timer::Timer;
+
+/// What an `M` reply said of the active node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Moved {
+    /// The active node's address.
+    To(String),
+    /// No active is known (`-`).
+    Unknown,
+}
+
+impl Moved {
+    pub(crate) fn from_field(active: Option<&[u8]>) -> Moved {
+        match active {
+            Some(address) => Moved::To(String::from_utf8_lossy(address).into_owned()),
+            None => Moved::Unknown,
+        }
+    }
+}
+
+/// The nodes and their connections. Nodes are only ever added (from `M`
+/// replies naming an address the client was not given), never removed, so
+/// an index stays valid.
+#[derive(Debug, Default)]
+struct Topology {
+    nodes: Vec<Node>,
+    /// Every node's connections, for round-robin over all of them.
+    connections: Vec<Arc<Connection>>,
+}
+
+#[derive(Debug)]
+struct Node {
+    address: Arc<str>,
+    connections: Vec<Arc<Connection>>,
+}
+
+/// Everything the client's threads share.
+#[derive(Debug)]
+pub(crate) struct Router {
+    pub(crate) config: ClientBuilder,
+    pub(crate) policy: Policy,
+    topology: RwLock<Topology>,
+    /// The round-robin position.
+    next: AtomicUsize,
+    /// The active node's index plus one; 0 while no `M` has named one.
+    active: AtomicUsize,
+    timer: Timer,
+    closed: Mutex<bool>,
+    closed_wake: Condvar,
+}
+
+impl Router {
+    /// Builds the connection set from a validated configuration and starts
+    /// its threads; connections come up in the background.
+    pub(crate) fn start(config: ClientBuilder) -> Arc<Router> {
+        let policy = config.policy();
+        let router = Arc::new(Router {
+            config,
+            policy,
+            topology: RwLock::new(Topology::default()),
+            next: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            timer: Timer::default(),
+            closed: Mutex::new(false),
+            closed_wake: Condvar::new(),
+        });
+        for address in router.config.addresses.clone() {
+            router.add_node(&mut router.topology.write().unwrap_or_else(|poisoned| poisoned.into_inner()), &address);
+        }
+        let timer = router.clone();
+        thread::Builder::new()
+            .name("ringlock-retry".into())
+            .spawn(move || timer.timer.run(|operation| timer.send(operation)))
+            .expect("spawn the ringlock client retry thread");
+        router
+    }
+
+    fn topology(&self) -> RwLockReadGuard<'_, Topology> {
+        self.topology.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds a node with its connections and starts them; returns its index.
+    fn add_node(self: &Arc<Self>, topology: &mut Topology, address: &str) -> usize {
+        let index = topology.nodes.len();
+        let address: Arc<str> = Arc::from(address);
+        let connections: Vec<Arc<Connection>> = (0..self.config.connections_per_node_or_default())
+            .map(|_| Arc::new(Connection::new(address.clone(), index)))
+            .collect();
+        for connection in &connections {
+            topology.connections.push(connection.clone());
+            connection::spawn(connection.clone(), self.clone());
+        }
+        topology.nodes.push(Node { address, connections });
+        index
+    }
+
+    /// Connections the client has, usable or not.
+    pub(crate) fn connection_count(&self) -> usize {
+        self.topology().connections.len()
+    }
+
+    /// Connections that are connected now.
+    pub(crate) fn usable_connection_count(&self) -> usize {
+        self.topology().connections.iter().filter(|connection| connection.phase() == Phase::Up).count()
+    }
+
+    /// The address of the node an `M` reply last named as active.
+    pub(crate) fn active_address(&self) -> Option<String> {
+        let active = self.active.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(self.topology().nodes[active].address.to_string())
+    }
+
+    /// Requests waiting for a retry.
+    pub(crate) fn retry_count(&self) -> usize {
+        self.timer.len()
+    }
+
+    /// Starts a request.
+    pub(crate) fn submit(self: &Arc<Self>, kind: Kind, key: Arc<[u8]>, completion: Option<Arc<Completion>>) {
+        let tries = self.connection_count();
+        let now = Instant::now();
+        let operation = Operation::new(kind, key, now, tries, &self.policy, completion);
+        self.send_at(operation, now);
+    }
+
+    /// Carries out `step` for `operation`.
+    pub(crate) fn handle(self: &Arc<Self>, operation: Operation, step: Step) {
+        match step {
+            Step::Done(outcome) => self.finish(operation, outcome),
+            Step::Resend => self.send(operation),
+            Step::Redirect => self.send_to_active(operation),
+            Step::RetryAt(at) => {
+                if let Err(operation) = self.timer.schedule(at, operation) {
+                    self.finish(operation, Outcome::Failed(Error::NoConnection));
+                }
+            }
+        }
+    }
+
+    /// Sends on the next usable connection, the active node's first.
+    pub(crate) fn send(self: &Arc<Self>, operation: Operation) {
+        self.send_at(operation, Instant::now());
+    }
+
+    /// [`send`](Self::send), at `now` (read once per request, as the clock
+    /// is a measurable part of a request's cost).
+    fn send_at(self: &Arc<Self>, operation: Operation, now: Instant) {
+        if operation.expired(now) {
+            return self.finish(operation, Outcome::TimedOut);
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let topology = self.topology();
+        let mut full = false;
+        let mut operation = operation;
+        if let Some(active) = self.active.load(Ordering::Relaxed).checked_sub(1) {
+            match self.offer(&topology.nodes[active].connections, start, operation, now) {
+                Ok(()) => return,
+                Err((back, refusal)) => {
+                    operation = back;
+                    full |= refusal == Refusal::Full;
+                }
+            }
+        }
+        match self.offer(&topology.connections, start, operation, now) {
+            Ok(()) => {}
+            Err((mut operation, refusal)) => {
+                drop(topology);
+                full |= refusal == Refusal::Full;
+                let unsent = if full { Unsent::Full } else { Unsent::NoConnection };
+                let step = operation.on_unsent(unsent, now, &self.policy);
+                self.handle(operation, step);
+            }
+        }
+    }
+
+    /// Sends on the active node's connections only, after an `M` reply.
+    fn send_to_active(self: &Arc<Self>, mut operation: Operation) {
+        let now = Instant::now();
+        if operation.expired(now) {
+            return self.finish(operation, Outcome::TimedOut);
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let topology = self.topology();
+        let refusal = match self.active.load(Ordering::Relaxed).checked_sub(1) {
+            Some(active) => match self.offer(&topology.nodes[active].connections, start, operation, now) {
+                Ok(()) => return,
+                Err((back, refusal)) => {
+                    operation = back;
+                    refusal
+                }
+            },
+            None => Refusal::Unusable,
+        };
+        drop(topology);
+        let unsent = if refusal == Refusal::Full { Unsent::Full } else { Unsent::ActiveUnreachable };
+        let step = operation.on_unsent(unsent, now, &self.policy);
+        self.handle(operation, step);
+    }
+
+    /// Offers `operation` to `connections` round-robin from `start`; gives
+    /// it back if none took it, with `Full` if any refused only for being full.
+    fn offer(
+        &self,
+        connections: &[Arc<Connection>],
+        start: usize,
+        mut operation: Operation,
+        now: Instant,
+    ) -> Result<(), (Operation, Refusal)> {
+        let mut worst = Refusal::Unusable;
+        for offset in 0..connections.len() {
+            let connection = &connections[(start + offset) % connections.len()];
+            match connection.try_send(operation, now, self.config.in_flight_per_connection_max) {
+                Ok(()) => return Ok(()),
+                Err((back, refusal)) => {
+                    operation = back;
+                    if refusal == Refusal::Full {
+                        worst = Refusal::Full;
+                    }
+                }
+            }
+        }
+        Err((operation, worst))
+    }
+
+    /// Hands the outcome to whoever waits for it. A grant nobody waits for
+    /// any more (its future was dropped) is released at once.
+    fn finish(self: &Arc<Self>, operation: Operation, outcome: Outcome) {
+        let Some(completion) = operation.completion else { return };
+        if let Err(Outcome::Acquired(token)) = completion.complete(outcome) {
+            self.submit(Kind::Release { token }, operation.key, None);
+        }
+    }
+
+    /// Takes back the requests of a connection that was cut.
+    pub(crate) fn cut(self: &Arc<Self>, operations: Vec<Operation>, cut: &Cut) {
+        if self.is_closed() {
+            return self.abort(operations);
+        }
+        let now = Instant::now();
+        for mut operation in operations {
+            let step = operation.on_cut(cut, now);
+            self.handle(operation, step);
+        }
+    }
+
+    /// Ends requests that can go nowhere because the client is closing.
+    pub(crate) fn abort(self: &Arc<Self>, operations: Vec<Operation>) {
+        for operation in operations {
+            self.finish(operation, Outcome::Failed(Error::NoConnection));
+        }
+    }
+
+    /// Learns from an `M` reply received on a connection of node `from`.
+    pub(crate) fn note_moved(self: &Arc<Self>, from: usize, moved: Moved) {
+        match moved {
+            Moved::Unknown => {
+                // The node we preferred no longer knows an active: spread
+                // requests again until some node names one.
+                let _ = self.active.compare_exchange(from + 1, 0, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            Moved::To(address) => {
+                let found = find_node(&self.topology(), &address);
+                let index = match found {
+                    Some(index) => Some(index),
+                    None => {
+                        let mut topology = self.topology.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+                        // Another reader may have added it meanwhile.
+                        match find_node(&topology, &address) {
+                            Some(index) => Some(index),
+                            None if topology.nodes.len() < NODES_MAX && !self.is_closed() => {
+                                Some(self.add_node(&mut topology, &address))
+                            }
+                            None => None,
+                        }
+                    }
+                };
+                if let Some(index) = index {
+                    self.active.store(index + 1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.closed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sleeps for `pause`, or less if the client closes; false if it closed.
+    pub(crate) fn sleep(&self, pause: Duration) -> bool {
+        let closed = self.closed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (closed, _) = self
+            .closed_wake
+            .wait_timeout_while(closed, pause, |closed| !*closed)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        !*closed
+    }
+
+    /// Closes the client: connections flush what is queued and close, and
+    /// requests waiting for a retry end with [`Error::NoConnection`].
+    pub(crate) fn close(self: &Arc<Self>) {
+        *self.closed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = true;
+        self.closed_wake.notify_all();
+        for connection in &self.topology().connections {
+            connection.close();
+        }
+        let waiting = self.timer.close();
+        self.abort(waiting);
+    }
+}
+
+/// The node with this address: the same text, or the same socket address.
+fn find_node(topology: &Topology, address: &str) -> Option<usize> {
+    topology.nodes.iter().position(|node| &*node.address == address).or_else(|| {
+        let wanted: SocketAddr = address.parse().ok()?;
+        topology.nodes.iter().position(|node| node.address.parse::<SocketAddr>().ok() == Some(wanted))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology(addresses: &[&str]) -> Topology {
+        Topology {
+            nodes: addresses
+                .iter()
+                .map(|address| Node { address: Arc::from(*address), connections: Vec::new() })
+                .collect(),
+            connections: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn nodes_are_found_by_text_or_by_socket_address() {
+        let topology = topology(&["10.0.0.1:7700", "db.example:7700", "[::1]:7700"]);
+        assert_eq!(find_node(&topology, "10.0.0.1:7700"), Some(0));
+        assert_eq!(find_node(&topology, "db.example:7700"), Some(1));
+        assert_eq!(find_node(&topology, "[0:0:0:0:0:0:0:1]:7700"), Some(2));
+        assert_eq!(find_node(&topology, "10.0.0.1:7701"), None);
+        assert_eq!(find_node(&topology, "other.example:7700"), None);
+    }
+
+    #[test]
+    fn moved_reads_the_address_field() {
+        assert_eq!(Moved::from_field(Some(b"10.0.0.2:7700")), Moved::To("10.0.0.2:7700".into()));
+        assert_eq!(Moved::from_field(None), Moved::Unknown);
+    }
+}

@@ -1,0 +1,162 @@
+//! The retry timer: requests waiting for their next try (releases that found
+//! no usable connection, requests waiting for an active node to be known).
+//!
+//! One thread per client sleeps until the earliest deadline and hands each
+//! due request back to the router.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::operation::Operation;
+
+/// Requests by the instant of their next try.
+#[derive(Debug, Default)]
+pub(crate) struct Timer {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// A min-heap through the reversed order of [`Scheduled`].
+    queue: BinaryHeap<Scheduled>,
+    /// Breaks ties between equal instants in the order scheduled.
+    serial: u64,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct Scheduled {
+    at: Instant,
+    serial: u64,
+    operation: Operation,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.serial) == (other.at, other.serial)
+    }
+}
+
+impl Eq for Scheduled {}
+
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scheduled {
+    /// Earliest first out of the max-heap.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.serial).cmp(&(self.at, self.serial))
+    }
+}
+
+impl Timer {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Schedules `operation` for `at`; gives it back if the client is closing.
+    pub(crate) fn schedule(&self, at: Instant, operation: Operation) -> Result<(), Operation> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(operation);
+        }
+        let serial = state.serial;
+        state.serial += 1;
+        let earliest = state.queue.peek().is_none_or(|first| at < first.at);
+        state.queue.push(Scheduled { at, serial, operation });
+        if earliest {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Requests waiting now.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// Stops the timer and gives back every request still waiting.
+    pub(crate) fn close(&self) -> Vec<Operation> {
+        let mut state = self.lock();
+        state.closed = true;
+        self.wake.notify_one();
+        std::mem::take(&mut state.queue).into_iter().map(|scheduled| scheduled.operation).collect()
+    }
+
+    /// Runs the timer until [`close`](Self::close), handing each request to
+    /// `fire` when its instant comes (without the timer's lock held).
+    pub(crate) fn run(&self, mut fire: impl FnMut(Operation)) {
+        let mut state = self.lock();
+        loop {
+            if state.closed {
+                return;
+            }
+            let now = Instant::now();
+            match state.queue.peek().map(|first| first.at) {
+                Some(at) if at <= now => {
+                    let scheduled = state.queue.pop().expect("peeked");
+                    drop(state);
+                    fire(scheduled.operation);
+                    state = self.lock();
+                }
+                Some(at) => {
+                    state = self.wake.wait_timeout(state, at - now).unwrap_or_else(|poisoned| poisoned.into_inner()).0;
+                }
+                None => state = self.wake.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operation::{Kind, Policy};
+    use std::sync::Arc;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    fn release(token: u64, now: Instant) -> Operation {
+        let policy =
+            Policy { retry_interval: Duration::from_millis(1), retry_for: Duration::from_secs(1), redirect_limit: 1 };
+        Operation::new(Kind::Release { token }, Arc::from(&b"k"[..]), now, 1, &policy, None)
+    }
+
+    fn token(operation: &Operation) -> u64 {
+        let Kind::Release { token } = operation.kind else { panic!() };
+        token
+    }
+
+    #[test]
+    fn fires_in_order_of_instant_then_of_scheduling() {
+        let timer = Arc::new(Timer::default());
+        let now = Instant::now();
+        for (token, delay_ms) in [(1, 30), (2, 10), (3, 10), (4, 0)] {
+            timer.schedule(now + Duration::from_millis(delay_ms), release(token, now)).unwrap();
+        }
+        let (sender, fired) = mpsc::channel();
+        let runner = timer.clone();
+        let thread = std::thread::spawn(move || runner.run(|operation| sender.send(token(&operation)).unwrap()));
+        let order: Vec<u64> = (0..4).map(|_| fired.recv().unwrap()).collect();
+        assert_eq!(order, [4, 2, 3, 1]);
+        assert!(timer.close().is_empty());
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn close_gives_back_what_waits_and_refuses_more() {
+        let timer = Timer::default();
+        let now = Instant::now();
+        timer.schedule(now + Duration::from_secs(60), release(1, now)).unwrap();
+        assert_eq!(timer.len(), 1);
+        let back = timer.close();
+        assert_eq!(back.iter().map(token).collect::<Vec<_>>(), [1]);
+        assert!(timer.schedule(now, release(2, now)).is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! The client's connection set against the real server (SPEC §4): two
+//! connections for one address, acquires that survive a cut connection,
+//! reconnection after a restart, releases retried after a cut, refused
+//! connections. Faults come from the test proxy in `tests/proxy`.
+
+mod common;
+mod proxy;
+
+use std::thread;
+use std::time::Duration;
+
+use common::{Server, token_of, wait_until};
+use proxy::Proxy;
+use ringlock_client::{Client, Error, ReleaseOutcome};
+
+const LONG_LEASE: Duration = Duration::from_secs(600);
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|window| window == needle)
+}
+
+/// A field of the `total` object of an `S` reply's JSON.
+fn total_field(json: &str, name: &str) -> u64 {
+    let total = &json[json.find("\"total\":").expect("a total object")..];
+    let needle = format!("\"{name}\":");
+    let at = total.find(&needle).unwrap_or_else(|| panic!("no {name} in {json}")) + needle.len();
+    total[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn one_address_gives_two_connections_used_round_robin() {
+    let server = Server::start(&[]);
+    let proxy = Proxy::start(server.addr);
+    let client = Client::connect([proxy.addr.to_string()]).unwrap();
+    assert_eq!(client.connection_count(), 2);
+    proxy.wait_open(2);
+    wait_until("both connections usable", || client.usable_connection_count() == 2);
+
+    // Consecutive requests alternate between the two connections.
+    for _ in 0..4 {
+        client.ping().unwrap();
+    }
+    let ids = proxy.open_ids();
+    assert_eq!(ids.len(), 2);
+    for id in ids {
+        let sent = proxy.upstream_of(id);
+        assert_eq!(sent, b"P\nP\n", "connection {id} carried {:?}", String::from_utf8_lossy(&sent));
+    }
+    assert_eq!(proxy.accepted(), 2, "no connection beyond the two");
+
+    // The server sees the same two (its counters are published once per
+    // loop turn, so wait for them).
+    wait_until("the server to count two connections", || total_field(&client.stats().unwrap(), "connections") == 2);
+}
+
+#[test]
+fn an_acquire_survives_a_cut_connection() {
+    let server = Server::start(&[]);
+    let mut holder = server.connect();
+    let holder_token = holder.acquire("survivor", "600", "0");
+
+    let proxy = Proxy::start(server.addr);
+    let client = Client::connect([proxy.addr.to_string()]).unwrap();
+    let waiter = {
+        let client = client.clone();
+        thread::spawn(move || client.acquire("survivor", LONG_LEASE, None))
+    };
+
+    // The acquire waits in the key's queue on one connection: cut that one.
+    let first = proxy.wait_upstream(b"A survivor ", &[]);
+    proxy.cut(first);
+    // It moves to the other connection and queues there again.
+    let second = proxy.wait_upstream(b"A survivor ", &[first]);
+    assert_ne!(first, second);
+
+    assert_eq!(holder.call(&format!("R survivor {holder_token}")), "R survivor");
+    let lock = waiter.join().unwrap().expect("no error").expect("no wait limit");
+    assert!(lock.token() > holder_token, "a later grant has a greater token");
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
+
+#[test]
+fn an_acquire_fails_once_cut_on_every_connection() {
+    let server = Server::start(&[]);
+    let mut holder = server.connect();
+    holder.acquire("doomed", "600", "0");
+    let proxy = Proxy::start(server.addr);
+    let client = Client::connect([proxy.addr.to_string()]).unwrap();
+    let waiter = {
+        let client = client.clone();
+        thread::spawn(move || client.acquire("doomed", LONG_LEASE, None))
+    };
+    let first = proxy.wait_upstream(b"A doomed ", &[]);
+    proxy.cut(first);
+    let second = proxy.wait_upstream(b"A doomed ", &[first]);
+    proxy.cut(second);
+    // Two registered connections, two cuts: no usable connection is left.
+    assert_eq!(waiter.join().unwrap().unwrap_err(), Error::NoConnection);
+}
+
+#[test]
+fn the_client_reconnects_after_a_server_restart() {
+    let mut server = Server::start(&[]);
+    let addr = server.addr.to_string();
+    let client = Client::connect([addr.clone()]).unwrap();
+    let old = client.acquire("restart", LONG_LEASE, None).unwrap().expect("free key");
+    let old_token = old.token();
+
+    server.kill9();
+    wait_until("both connections to be seen broken", || client.usable_connection_count() == 0);
+    assert_eq!(client.try_acquire("restart", LONG_LEASE).unwrap_err(), Error::NoConnection);
+
+    let _restarted = Server::start_in(server.data_dir(), &["--listen", &addr]);
+    wait_until("both connections to come back", || client.usable_connection_count() == 2);
+    let new = client.try_acquire("restart", LONG_LEASE).unwrap().expect("a restarted server holds no lock");
+    assert!(new.token() > old_token, "the new epoch's tokens exceed the old ones");
+    assert_eq!(old.release(), Ok(ReleaseOutcome::NotHeld), "the old grant died with the old process");
+    assert_eq!(new.release(), Ok(ReleaseOutcome::Released));
+}
+
+#[test]
+fn a_release_cut_mid_flight_is_retried_and_frees_the_key() {
+    let server = Server::start(&[]);
+    let proxy = Proxy::start(server.addr);
+    let client = Client::connect([proxy.addr.to_string()]).unwrap();
+    let lock = client.acquire("cut-release", LONG_LEASE, None).unwrap().expect("free key");
+
+    // The release reaches the proxy, which holds it; then every connection
+    // is cut and the release is lost with them.
+    proxy.stall();
+    let releaser = thread::spawn(move || lock.release());
+    proxy.wait_upstream(b"R cut-release ", &[]);
+    proxy.cut_all();
+    proxy.resume();
+
+    // Retried every 200 ms until a connection is back (3 s later).
+    assert_eq!(releaser.join().unwrap(), Ok(ReleaseOutcome::Released));
+    let reached = proxy.wait_upstream(b"R cut-release ", &[]);
+    assert!(contains(&proxy.upstream_of(reached), b"R cut-release "));
+    let mut other = server.connect();
+    let reply = other.call("A cut-release 30 0.001");
+    token_of(&reply, "cut-release");
+}
+
+#[test]
+fn a_release_whose_reply_was_lost_is_retried_and_reports_not_held() {
+    let server = Server::start(&[]);
+    let proxy = Proxy::start(server.addr);
+    let client = Client::connect([proxy.addr.to_string()]).unwrap();
+    let lock = client.acquire("lost-reply", LONG_LEASE, None).unwrap().expect("free key");
+
+    // The release reaches the server, but its reply is held by the proxy.
+    proxy.stall_replies();
+    let releaser = thread::spawn(move || lock.release());
+    proxy.wait_upstream(b"R lost-reply ", &[]);
+    // The server did release: another connection gets the key (it waits
+    // for it if the release is not processed yet).
+    let mut other = server.connect();
+    let other_token = token_of(&other.call("A lost-reply 600 20"), "lost-reply");
+    proxy.cut_all();
+    proxy.resume();
+
+    // The retry finds the key held by someone else's grant: nothing of ours
+    // was left to release, and the other grant is untouched.
+    assert_eq!(releaser.join().unwrap(), Ok(ReleaseOutcome::NotHeld));
+    assert_eq!(other.call(&format!("R lost-reply {other_token}")), "R lost-reply");
+}
+
+#[test]
+fn requests_fail_while_connections_are_refused_and_work_once_accepted() {
+    let server = Server::start(&[]);
+    let proxy = Proxy::start(server.addr);
+    let client =
+        Client::builder([proxy.addr.to_string()]).reconnect_interval(Duration::from_millis(100)).connect().unwrap();
+    wait_until("both connections usable", || client.usable_connection_count() == 2);
+
+    proxy.set_refusing(true);
+    proxy.cut_all();
+    proxy.wait_until("two reconnects refused", |proxy| proxy.refused() >= 2);
+    wait_until("both connections broken", || client.usable_connection_count() == 0);
+    assert_eq!(client.try_acquire("refused", LONG_LEASE).unwrap_err(), Error::NoConnection);
+
+    proxy.set_refusing(false);
+    wait_until("both connections back", || client.usable_connection_count() == 2);
+    let lock = client.try_acquire("refused", LONG_LEASE).unwrap().expect("free key");
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
+
+#[test]
+fn dropping_the_client_closes_its_connections() {
+    let server = Server::start(&[]);
+    let proxy = Proxy::start(server.addr);
+    let client = Client::connect([proxy.addr.to_string()]).unwrap();
+    proxy.wait_open(2);
+    let lock = client.acquire("closing", LONG_LEASE, None).unwrap().expect("free key");
+    drop(client);
+    proxy.wait_open(2);
+    // The lock keeps the client's connections open; dropping it sends its
+    // release, and then they close.
+    drop(lock);
+    proxy.wait_open(0);
+    let mut other = server.connect();
+    // The release may still be on its way to the server: wait for it.
+    token_of(&other.call("A closing 30 20"), "closing");
+}

@@ -1,0 +1,314 @@
+//! A small TCP proxy for client tests: it listens on a free loopback port,
+//! forwards every connection to a target, and on command cuts connections,
+//! stalls them (holds the bytes it reads instead of forwarding them), or
+//! refuses new ones (accepts and closes them at once).
+//!
+//! It records every byte each connection sent towards the server, so a test
+//! can wait for a request to be in flight on a connection (an event) rather
+//! than sleep.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long a proxy helper waits for an event before it fails the test.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Which way bytes go through a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Direction {
+    /// From the client to the server: requests.
+    Up = 0,
+    /// From the server to the client: replies.
+    Down = 1,
+}
+
+/// One proxied connection.
+struct Link {
+    id: usize,
+    client: TcpStream,
+    server: TcpStream,
+    /// Every byte the client sent, forwarded or not.
+    upstream: Mutex<Vec<u8>>,
+    /// Bytes read while the direction was stalled, by direction.
+    held: [Mutex<Vec<u8>>; 2],
+    open: AtomicBool,
+}
+
+impl Link {
+    fn destination(&self, direction: Direction) -> &TcpStream {
+        match direction {
+            Direction::Up => &self.server,
+            Direction::Down => &self.client,
+        }
+    }
+
+    fn source(&self, direction: Direction) -> &TcpStream {
+        match direction {
+            Direction::Up => &self.client,
+            Direction::Down => &self.server,
+        }
+    }
+
+    fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        let _ = self.client.shutdown(Shutdown::Both);
+        let _ = self.server.shutdown(Shutdown::Both);
+    }
+}
+
+struct Shared {
+    target: Mutex<SocketAddr>,
+    refusing: AtomicBool,
+    /// Stalled directions, by [`Direction`].
+    stalled: [AtomicBool; 2],
+    links: Mutex<Vec<Arc<Link>>>,
+    /// Signalled on every change a test may wait for.
+    changed: Condvar,
+    accepted: AtomicUsize,
+    refused: AtomicUsize,
+    closed: AtomicBool,
+}
+
+impl Shared {
+    fn links(&self) -> MutexGuard<'_, Vec<Arc<Link>>> {
+        // A failed assertion elsewhere must not turn the proxy's drop into
+        // a second panic.
+        self.links.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn notify(&self) {
+        // Take the lock so a waiter cannot miss the signal between its check
+        // and its wait.
+        let _links = self.links();
+        self.changed.notify_all();
+    }
+}
+
+/// A running proxy; it stops and cuts everything when dropped.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Proxy {
+    /// A proxy to `target` on a free loopback port.
+    pub fn start(target: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            target: Mutex::new(target),
+            refusing: AtomicBool::new(false),
+            stalled: [AtomicBool::new(false), AtomicBool::new(false)],
+            links: Mutex::new(Vec::new()),
+            changed: Condvar::new(),
+            accepted: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+        });
+        let accepting = shared.clone();
+        thread::spawn(move || accept(&listener, &accepting));
+        Proxy { addr, shared }
+    }
+
+    /// Connections forwarded since the start.
+    pub fn accepted(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections refused since the start.
+    pub fn refused(&self) -> usize {
+        self.shared.refused.load(Ordering::SeqCst)
+    }
+
+    /// Connections open now.
+    pub fn open_count(&self) -> usize {
+        self.shared.links().iter().filter(|link| link.open.load(Ordering::SeqCst)).count()
+    }
+
+    /// Ids of the connections open now, oldest first.
+    pub fn open_ids(&self) -> Vec<usize> {
+        self.shared.links().iter().filter(|link| link.open.load(Ordering::SeqCst)).map(|link| link.id).collect()
+    }
+
+    /// Waits until `done` holds for the proxy; fails the test after a while.
+    pub fn wait_until(&self, what: &str, mut done: impl FnMut(&Proxy) -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut links = self.shared.links();
+        loop {
+            drop(links);
+            if done(self) {
+                return;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "timed out waiting for {what}");
+            links = self.shared.links();
+            // Also wake now and then, for conditions outside the proxy.
+            links = self.shared.changed.wait_timeout(links, left.min(Duration::from_millis(50))).unwrap().0;
+        }
+    }
+
+    /// Waits until `count` connections are open.
+    pub fn wait_open(&self, count: usize) {
+        self.wait_until(&format!("{count} open connections"), |proxy| proxy.open_count() == count);
+    }
+
+    /// Waits until an open connection other than those in `except` has sent
+    /// `needle` towards the server (forwarded or held), and returns its id.
+    pub fn wait_upstream(&self, needle: &[u8], except: &[usize]) -> usize {
+        let mut found = None;
+        self.wait_until(&format!("{:?} on the way to the server", String::from_utf8_lossy(needle)), |proxy| {
+            found = proxy.shared.links().iter().find_map(|link| {
+                let sent = link.upstream.lock().unwrap();
+                let open = link.open.load(Ordering::SeqCst);
+                (open && !except.contains(&link.id) && contains(&sent, needle)).then_some(link.id)
+            });
+            found.is_some()
+        });
+        found.unwrap()
+    }
+
+    /// Everything connection `id` sent towards the server.
+    pub fn upstream_of(&self, id: usize) -> Vec<u8> {
+        let links = self.shared.links();
+        let link = links.iter().find(|link| link.id == id).expect("a known connection id");
+        link.upstream.lock().unwrap().clone()
+    }
+
+    /// Cuts connection `id` (both sides closed at once); what it held is lost.
+    pub fn cut(&self, id: usize) {
+        let links = self.shared.links();
+        links.iter().filter(|link| link.id == id).for_each(|link| link.cut());
+        drop(links);
+        self.shared.notify();
+    }
+
+    /// Cuts every open connection; what they held is lost.
+    pub fn cut_all(&self) {
+        let links = self.shared.links();
+        links.iter().for_each(|link| link.cut());
+        drop(links);
+        self.shared.notify();
+    }
+
+    /// Holds the bytes of every connection in both directions instead of
+    /// forwarding them, until [`resume`](Self::resume).
+    pub fn stall(&self) {
+        self.shared.stalled[Direction::Up as usize].store(true, Ordering::SeqCst);
+        self.shared.stalled[Direction::Down as usize].store(true, Ordering::SeqCst);
+    }
+
+    /// Holds only the replies: requests reach the server, answers do not
+    /// reach the client.
+    pub fn stall_replies(&self) {
+        self.shared.stalled[Direction::Down as usize].store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards what was held and stops holding.
+    pub fn resume(&self) {
+        for direction in [Direction::Up, Direction::Down] {
+            self.shared.stalled[direction as usize].store(false, Ordering::SeqCst);
+            for link in self.shared.links().iter() {
+                let mut held = link.held[direction as usize].lock().unwrap();
+                let _ = link.destination(direction).write_all(&held);
+                held.clear();
+            }
+        }
+    }
+
+    /// Accepts new connections and closes them at once while `refusing`.
+    pub fn set_refusing(&self, refusing: bool) {
+        self.shared.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// Forwards new connections to `target` from now on.
+    pub fn set_target(&self, target: SocketAddr) {
+        *self.shared.target.lock().unwrap() = target;
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+        self.cut_all();
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|window| window == needle)
+}
+
+fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
+    let mut next_id = 0;
+    for client in listener.incoming() {
+        if shared.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(client) = client else { continue };
+        if shared.refusing.load(Ordering::SeqCst) {
+            shared.refused.fetch_add(1, Ordering::SeqCst);
+            let _ = client.shutdown(Shutdown::Both);
+            shared.notify();
+            continue;
+        }
+        let target = *shared.target.lock().unwrap();
+        let Ok(server) = TcpStream::connect(target) else {
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        let link = Arc::new(Link {
+            id: next_id,
+            client,
+            server,
+            upstream: Mutex::new(Vec::new()),
+            held: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
+            open: AtomicBool::new(true),
+        });
+        next_id += 1;
+        shared.links().push(link.clone());
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
+        shared.notify();
+        for direction in [Direction::Up, Direction::Down] {
+            let link = link.clone();
+            let shared = shared.clone();
+            thread::spawn(move || forward(&link, direction, &shared));
+        }
+    }
+}
+
+fn forward(link: &Link, direction: Direction, shared: &Shared) {
+    let mut buffer = [0u8; 65536];
+    loop {
+        let read = match link.source(direction).read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        if !link.open.load(Ordering::SeqCst) {
+            break;
+        }
+        let bytes = &buffer[..read];
+        if direction == Direction::Up {
+            link.upstream.lock().unwrap().extend_from_slice(bytes);
+        }
+        // Held bytes go out first, in order, so check and write under the
+        // lock that `resume` flushes them under.
+        let mut held = link.held[direction as usize].lock().unwrap();
+        if shared.stalled[direction as usize].load(Ordering::SeqCst) || !held.is_empty() {
+            held.extend_from_slice(bytes);
+        } else if link.destination(direction).write_all(bytes).is_err() {
+            break;
+        }
+        drop(held);
+        shared.notify();
+    }
+    link.cut();
+    shared.notify();
+}
