@@ -58,6 +58,10 @@ pub fn shard_of(key: &[u8], shards: usize) -> usize {
         0x082e_fa98_ec4e_6c89,
     );
     debug_assert!(shards > 0);
+    if shards == 1 {
+        // One shard owns every key: no need to hash.
+        return 0;
+    }
     // Multiply-shift maps the hash onto 0..shards without a division.
     ((u128::from(ROUTING.hash_one(key)) * shards as u128) >> 64) as usize
 }
