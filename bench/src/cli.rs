@@ -1,0 +1,206 @@
+//! Command-line flags of `ringlock-bench`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use ringlock_client::proto::parse_seconds_ms;
+
+use crate::worker::Workload;
+
+/// Load generator for ringlock, for Redis used as a lock, and for a loopback
+/// echo ceiling, all driven by the same client.
+///
+/// Each thread runs its own io_uring loop over its connections; each
+/// connection keeps a fixed number of requests in flight (closed loop), and
+/// pairs replies with requests by (op, key) for ringlock, by order for Redis
+/// and echo. Nothing is allocated per request.
+#[derive(Parser, Debug)]
+#[command(name = "ringlock-bench", version, about, long_about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Runs one workload against one server and prints what it measured.
+    Run(RunArgs),
+    /// Runs the echo server: one io_uring thread answering every request
+    /// line with one fixed 20-byte line, the loopback ceiling for `run
+    /// --target echo`. Prints `listening on <addr>` on stderr.
+    EchoServer(EchoArgs),
+    /// Reads the JSON of several `run --json` results and prints them side by
+    /// side with the ratios ringlock/echo and ringlock/redis.
+    Report(ReportArgs),
+}
+
+/// The server under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Target {
+    /// ringlock's line protocol: `A key lease wait`, `R key token`.
+    Ringlock,
+    /// Redis as a lock: acquire is `SET key token NX PX lease`, release the
+    /// compare-and-delete script by EVALSHA (or `DEL` with --redis-release del).
+    Redis,
+    /// `ringlock-bench echo-server`: ringlock's request lines, each answered
+    /// by one fixed line, for the ceiling of this client and this loopback.
+    Echo,
+}
+
+impl Target {
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Ringlock => "ringlock",
+            Target::Redis => "redis",
+            Target::Echo => "echo",
+        }
+    }
+}
+
+/// How the Redis target releases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RedisReleaseArg {
+    /// EVALSHA of the compare-and-delete script (loaded with SCRIPT LOAD
+    /// first): deletes the key only if it still holds this acquire's token.
+    Evalsha,
+    /// Plain `DEL key`: cheaper, but unsafe as a lock (it may delete a lock
+    /// that expired and was taken by someone else).
+    Del,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Server to drive.
+    #[arg(long, value_enum, default_value = "ringlock")]
+    pub target: Target,
+
+    /// Server address.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub addr: SocketAddr,
+
+    /// Workload: `uncontended` (acquire then release random keys of
+    /// --key-space), `contended` (--hot-keys keys shared by every lane:
+    /// FIFO hand-offs and wait latency), `hold` (acquire --hold-keys
+    /// distinct keys and keep them: server memory per held lock, with
+    /// --server-pid).
+    #[arg(long, value_enum, default_value = "uncontended")]
+    pub workload: Workload,
+
+    /// TCP connections, spread round-robin over --threads.
+    #[arg(short = 'c', long, default_value_t = 16)]
+    pub connections: usize,
+
+    /// Requests in flight per connection (1 = no pipelining).
+    #[arg(short = 'd', long, default_value_t = 64)]
+    pub depth: usize,
+
+    /// Measured time, in seconds (decimals allowed). For `hold`, the longest
+    /// the fill may take.
+    #[arg(long, default_value = "10", value_parser = parse_decimal)]
+    pub duration: f64,
+
+    /// Time run before measuring, in seconds, so connections, caches and
+    /// the server's tables are warm; nothing of it is counted. Not used by `hold`.
+    #[arg(long, default_value = "2", value_parser = parse_decimal)]
+    pub warmup: f64,
+
+    /// Distinct keys of `uncontended`; each request slot (connection x
+    /// depth) draws at random from its own equal slice of them, so no two
+    /// requests in flight share a key.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub key_space: u64,
+
+    /// Bytes per key: `k` and zero-padded digits.
+    #[arg(long, default_value_t = 16)]
+    pub key_len: usize,
+
+    /// Hot keys of `contended`.
+    #[arg(long, default_value_t = 16)]
+    pub hot_keys: u64,
+
+    /// Keys `hold` acquires and keeps, split over the connections.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub hold_keys: u64,
+
+    /// Lease of every acquire, in decimal seconds (Redis: PX).
+    #[arg(long, default_value = "30", value_parser = parse_decimal)]
+    pub lease: f64,
+
+    /// Longest wait of every ringlock acquire, in decimal seconds (0 = no
+    /// limit). Redis cannot wait: a busy key is retried after --retry-delay-ms.
+    #[arg(long, default_value = "10", value_parser = parse_decimal)]
+    pub wait: f64,
+
+    /// Delay before an acquire that failed (Redis busy, or an error) is sent
+    /// again, in milliseconds.
+    #[arg(long, default_value = "1", value_parser = parse_decimal)]
+    pub retry_delay_ms: f64,
+
+    /// How Redis releases.
+    #[arg(long, value_enum, default_value = "evalsha")]
+    pub redis_release: RedisReleaseArg,
+
+    /// Load-generator threads, each with its own io_uring loop.
+    #[arg(short = 't', long, default_value_t = 1)]
+    pub threads: usize,
+
+    /// CPUs to pin the threads to, in order, such as `0` or `0,2-3`
+    /// (thread i gets the i-th CPU, cycling). Default: not pinned.
+    #[arg(long, value_parser = parse_cpu_list)]
+    pub cpus: Option<CpuList>,
+
+    /// Process id of the server, to report its CPU use over the measured
+    /// time and its resident memory before and after (from /proc).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+
+    /// After the measured time, how long requests still in flight may take
+    /// to be answered (granted locks are released meanwhile), in seconds.
+    #[arg(long, default_value = "3", value_parser = parse_decimal)]
+    pub drain_timeout: f64,
+
+    /// A name for this run in reports, such as `pipelined-16x64`; runs of
+    /// different targets with the same label are compared.
+    #[arg(long)]
+    pub label: Option<String>,
+
+    /// Print the result as one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct EchoArgs {
+    /// Address to listen on (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:7710")]
+    pub listen: SocketAddr,
+
+    /// CPU to pin the server thread to. Default: not pinned.
+    #[arg(long)]
+    pub cpu: Option<usize>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// JSON files written by `run --json`.
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+
+    /// Where to write all runs and the comparisons as one JSON document.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+
+    /// The command that produced the runs, recorded in --out.
+    #[arg(long)]
+    pub command: Option<String>,
+}
+
+fn parse_decimal(text: &str) -> Result<f64, String> {
+    parse_seconds_ms(text.as_bytes())
+        .map(|ms| ms as f64 / 1000.0)
+        .ok_or_else(|| format!("expected a decimal number such as 10 or 0.5 (at most 3 decimals), not {text:?}"))
+}
+
+pub use ringlock::config::{CpuList, parse_cpu_list};

@@ -1,0 +1,257 @@
+//! `ringlock-bench echo-server`: the loopback ceiling.
+//!
+//! A server that does the least a line server can: one io_uring loop on one
+//! thread, multishot accept, multishot receive into provided buffers,
+//! `SINGLE_ISSUER | DEFER_TASKRUN` (the fastest setup measured in
+//! shared/MEASURED.md), and for every newline received one fixed reply line,
+//! sent with one `send` per connection per turn. It reads no request: what
+//! is left of ringlock's work once parsing, the lock table and tokens are
+//! taken away. The same load generator drives it, so its figures are the
+//! ceiling of this machine's loopback for this client.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, RawFd};
+
+use io_uring::types::{Fd, SubmitArgs, Timespec};
+use io_uring::{IoUring, cqueue, opcode, squeue};
+
+use ringlock::buf_ring::BufRing;
+
+/// The reply to every request line: 20 bytes with its newline, the size of
+/// ringlock's `R <16-byte key>\n` reply (plus one).
+pub const ECHO_REPLY: &[u8; 20] = b"OK 0123456789abcdef\n";
+
+const RECV_BUFFERS: u16 = 512;
+const RECV_BUFFER_LEN: usize = 16 << 10;
+const KIND_ACCEPT: u64 = 1;
+const KIND_RECV: u64 = 2;
+const KIND_SEND: u64 = 3;
+
+struct Connection {
+    fd: RawFd,
+    out: Vec<u8>,
+    sending: Vec<u8>,
+    sent: usize,
+    send_in_flight: bool,
+    recv_armed: bool,
+    closing: bool,
+    dirty: bool,
+}
+
+/// The echo server's loop and its connections.
+pub struct EchoServer {
+    ring: IoUring,
+    buffers: BufRing,
+    listener: TcpListener,
+    connections: Vec<Connection>,
+    free: Vec<u32>,
+    dirty: Vec<u32>,
+}
+
+impl EchoServer {
+    /// Binds `listen` and sets up the ring, on the thread that will run it.
+    pub fn bind(listen: SocketAddr) -> io::Result<(EchoServer, SocketAddr)> {
+        let listener = TcpListener::bind(listen)
+            .map_err(|error| io::Error::new(error.kind(), format!("cannot bind {listen}: {error}")))?;
+        let local = listener.local_addr()?;
+        let mut builder = IoUring::builder();
+        builder.setup_single_issuer().setup_defer_taskrun().setup_cqsize(16384);
+        let ring = match builder.build(4096) {
+            Ok(ring) => ring,
+            Err(_) => IoUring::builder().setup_cqsize(16384).build(4096)?,
+        };
+        let buffers = BufRing::register(&ring, 0, RECV_BUFFERS, RECV_BUFFER_LEN)?;
+        let server =
+            EchoServer { ring, buffers, listener, connections: Vec::new(), free: Vec::new(), dirty: Vec::new() };
+        Ok((server, local))
+    }
+
+    /// Serves until the process is killed.
+    pub fn run(mut self) -> io::Result<()> {
+        self.arm_accept();
+        let mut completions: Vec<(u64, i32, u32)> = Vec::with_capacity(16384);
+        loop {
+            let timespec = Timespec::new().sec(1);
+            let args = SubmitArgs::new().timespec(&timespec);
+            match self.ring.submitter().submit_with_args(1, &args) {
+                Ok(_) => {}
+                Err(error) if matches!(error.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => {}
+                Err(error) => return Err(error),
+            }
+            completions.extend(self.ring.completion().map(|cqe| (cqe.user_data(), cqe.result(), cqe.flags())));
+            for &(data, result, flags) in &completions {
+                let index = (data & 0xffff_ffff) as usize;
+                match data >> 32 {
+                    KIND_ACCEPT => self.accepted(result, flags),
+                    KIND_RECV => self.received(index, result, flags),
+                    KIND_SEND => self.sent(index, result),
+                    _ => {}
+                }
+            }
+            completions.clear();
+            self.buffers.publish();
+            self.flush();
+        }
+    }
+
+    fn push(&mut self, entry: squeue::Entry) {
+        loop {
+            // SAFETY: send buffers stay alive and unmoved until their
+            // completion (a connection slot is reused only after it).
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+            let _ = self.ring.submit();
+        }
+    }
+
+    fn arm_accept(&mut self) {
+        let entry = opcode::AcceptMulti::new(Fd(self.listener.as_raw_fd()))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(KIND_ACCEPT << 32);
+        self.push(entry);
+    }
+
+    fn arm_recv(&mut self, index: usize) {
+        let connection = &mut self.connections[index];
+        connection.recv_armed = true;
+        let entry = opcode::RecvMulti::new(Fd(connection.fd), 0).build().user_data(KIND_RECV << 32 | index as u64);
+        self.push(entry);
+    }
+
+    fn accepted(&mut self, result: i32, flags: u32) {
+        if !cqueue::more(flags) {
+            self.arm_accept();
+        }
+        if result < 0 {
+            return;
+        }
+        let fd = result;
+        let one: libc::c_int = 1;
+        // SAFETY: setting an option on a socket we own.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&one as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+        let connection = Connection {
+            fd,
+            out: Vec::with_capacity(64 << 10),
+            sending: Vec::with_capacity(64 << 10),
+            sent: 0,
+            send_in_flight: false,
+            recv_armed: false,
+            closing: false,
+            dirty: false,
+        };
+        let index = match self.free.pop() {
+            Some(index) => {
+                self.connections[index as usize] = connection;
+                index as usize
+            }
+            None => {
+                self.connections.push(connection);
+                self.connections.len() - 1
+            }
+        };
+        self.arm_recv(index);
+    }
+
+    fn received(&mut self, index: usize, result: i32, flags: u32) {
+        let more = cqueue::more(flags);
+        let buffer = cqueue::buffer_select(flags);
+        if result > 0 {
+            let id = buffer.expect("a multishot recv result names its buffer");
+            let lines = self.buffers.get(id, result as usize).iter().filter(|&&byte| byte == b'\n').count();
+            self.buffers.push(id);
+            let connection = &mut self.connections[index];
+            for _ in 0..lines {
+                connection.out.extend_from_slice(ECHO_REPLY);
+            }
+            if lines > 0 && !connection.dirty {
+                connection.dirty = true;
+                self.dirty.push(index as u32);
+            }
+        } else if let Some(id) = buffer {
+            self.buffers.push(id);
+        }
+        let connection = &mut self.connections[index];
+        if !more {
+            connection.recv_armed = false;
+        }
+        if result == 0 || (result < 0 && result != -libc::ENOBUFS) {
+            connection.closing = true;
+        } else if !more {
+            self.arm_recv(index);
+        }
+        self.maybe_close(index);
+    }
+
+    fn sent(&mut self, index: usize, result: i32) {
+        let connection = &mut self.connections[index];
+        if result < 0 {
+            connection.send_in_flight = false;
+            connection.closing = true;
+            return self.maybe_close(index);
+        }
+        connection.sent += result as usize;
+        if connection.sent < connection.sending.len() {
+            let rest = &connection.sending[connection.sent..];
+            let entry = opcode::Send::new(Fd(connection.fd), rest.as_ptr(), rest.len() as u32)
+                .flags(libc::MSG_NOSIGNAL)
+                .build()
+                .user_data(KIND_SEND << 32 | index as u64);
+            return self.push(entry);
+        }
+        connection.sending.clear();
+        connection.send_in_flight = false;
+        if !connection.out.is_empty() && !connection.dirty {
+            connection.dirty = true;
+            self.dirty.push(index as u32);
+        }
+        self.maybe_close(index);
+    }
+
+    fn flush(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for &index in &dirty {
+            let connection = &mut self.connections[index as usize];
+            connection.dirty = false;
+            if connection.send_in_flight || connection.out.is_empty() || connection.closing {
+                continue;
+            }
+            std::mem::swap(&mut connection.out, &mut connection.sending);
+            connection.sent = 0;
+            connection.send_in_flight = true;
+            let entry =
+                opcode::Send::new(Fd(connection.fd), connection.sending.as_ptr(), connection.sending.len() as u32)
+                    .flags(libc::MSG_NOSIGNAL)
+                    .build()
+                    .user_data(KIND_SEND << 32 | u64::from(index));
+            self.push(entry);
+        }
+        dirty.clear();
+        self.dirty = dirty;
+    }
+
+    /// Frees a closing connection's slot once none of its I/O is in flight.
+    fn maybe_close(&mut self, index: usize) {
+        let connection = &mut self.connections[index];
+        if connection.closing && !connection.recv_armed && !connection.send_in_flight && connection.fd >= 0 {
+            // SAFETY: a descriptor this connection owns, with no I/O on it.
+            unsafe { libc::close(connection.fd) };
+            connection.fd = -1;
+            connection.out.clear();
+            self.free.push(index as u32);
+        } else if connection.closing && connection.recv_armed && connection.fd >= 0 {
+            // SAFETY: ends the multishot receive so the slot can be freed.
+            unsafe { libc::shutdown(connection.fd, libc::SHUT_RDWR) };
+        }
+    }
+}

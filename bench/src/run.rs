@@ -1,0 +1,262 @@
+//! `ringlock-bench run`: plans the connections, starts the workers, moves
+//! them through warm-up, measurement and drain, samples the server, and
+//! gathers one [`RunReport`].
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use crate::cli::{RedisReleaseArg, RunArgs, Target};
+use crate::keys::KeyFormat;
+use crate::pending::KEY_ID_MAX;
+use crate::proc_sample;
+use crate::report::{HoldReport, RunReport, ServerReport};
+use crate::resp::{self, RespValue};
+use crate::wire::{REDIS_RELEASE_SCRIPT, RedisRelease, Wire};
+use crate::worker::{
+    ConnectionPlan, Control, PHASE_DRAIN, PHASE_MEASURE, PHASE_WARMUP, Settings, Worker, WorkerStats, Workload,
+};
+
+/// Most connections one run opens.
+const CONNECTIONS_MAX: usize = 65_536;
+/// Most requests in flight per connection.
+const DEPTH_MAX: usize = 65_536;
+/// How long a control request (`S`, `SCRIPT LOAD`) may take.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs one workload as `args` say.
+pub fn run(args: &RunArgs) -> Result<RunReport, String> {
+    if args.connections == 0 || args.connections > CONNECTIONS_MAX {
+        return Err(format!("--connections must be 1 to {CONNECTIONS_MAX}"));
+    }
+    if args.depth == 0 || args.depth > DEPTH_MAX {
+        return Err(format!("--depth must be 1 to {DEPTH_MAX}"));
+    }
+    if args.threads == 0 || args.threads > args.connections {
+        return Err("--threads must be at least 1 and at most --connections".into());
+    }
+    if args.target == Target::Echo && args.workload != Workload::Uncontended {
+        return Err("the echo target only runs the uncontended workload (it holds no locks)".into());
+    }
+    let key_count = match args.workload {
+        Workload::Uncontended => args.key_space,
+        Workload::Contended => args.hot_keys,
+        Workload::Hold => args.hold_keys,
+    };
+    if key_count == 0 || key_count > KEY_ID_MAX {
+        return Err("the workload needs at least one key (--key-space, --hot-keys or --hold-keys)".into());
+    }
+    let keys = KeyFormat::new(args.key_len, key_count)?;
+    let plans = plan_connections(args)?;
+    let lease_ms = (args.lease * 1000.0).round() as u64;
+    if lease_ms == 0 {
+        return Err("--lease must be above 0".into());
+    }
+    let wire = match args.target {
+        Target::Ringlock => Wire::Ringlock,
+        Target::Echo => Wire::Echo,
+        Target::Redis => Wire::Redis(match args.redis_release {
+            RedisReleaseArg::Evalsha => RedisRelease::CompareAndDelete { sha: redis_script_load(args.addr)? },
+            RedisReleaseArg::Del => RedisRelease::Delete,
+        }),
+    };
+    let wait_ms = (args.wait * 1000.0).round() as u64;
+    let settings = Settings {
+        addr: args.addr,
+        acquire_line: wire.acquire_line(&keys, lease_ms, wait_ms),
+        wire,
+        workload: args.workload,
+        keys,
+        lanes_per_connection: args.depth,
+        lease_ms,
+        wait_ms,
+        hot_keys: args.hot_keys,
+        retry_delay: Duration::from_secs_f64(args.retry_delay_ms / 1000.0),
+        drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+    };
+
+    let server_pid = args.server_pid.map(|pid| pid.to_string());
+    let sample_server = || server_pid.as_deref().map(proc_sample::sample).transpose().map_err(|e| e.to_string());
+    let rss_before_start = sample_server()?;
+
+    let hold = args.workload == Workload::Hold;
+    let control = Arc::new(Control {
+        phase: std::sync::atomic::AtomicU8::new(if hold { PHASE_MEASURE } else { PHASE_WARMUP }),
+        connected: Barrier::new(args.threads + 1),
+    });
+    let base = Instant::now();
+    let mut threads = Vec::with_capacity(args.threads);
+    for thread in 0..args.threads {
+        let plans: Vec<ConnectionPlan> = plans.iter().copied().skip(thread).step_by(args.threads).collect();
+        let settings = settings.clone();
+        let control = control.clone();
+        let cpu = args.cpus.as_ref().filter(|cpus| !cpus.0.is_empty()).map(|cpus| cpus.0[thread % cpus.0.len()]);
+        let seed = 0x9e37_79b9_7f4a_7c15_u64.wrapping_mul(thread as u64 + 1) ^ base.elapsed().as_nanos() as u64;
+        let handle = std::thread::Builder::new()
+            .name(format!("bench-{thread}"))
+            .spawn(move || -> Result<WorkerStats, String> {
+                if let Some(cpu) = cpu
+                    && !core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
+                {
+                    control.connected.wait();
+                    return Err(format!("cannot pin thread {thread} to CPU {cpu}"));
+                }
+                match Worker::new(settings, plans, seed, base) {
+                    Ok(worker) => worker.run(&control).map_err(|error| format!("thread {thread}: {error}")),
+                    Err(error) => {
+                        control.connected.wait();
+                        Err(format!("thread {thread}: {error}"))
+                    }
+                }
+            })
+            .map_err(|error| format!("cannot start a thread: {error}"))?;
+        threads.push(handle);
+    }
+    control.connected.wait();
+
+    let handoffs = |target: Target| (target == Target::Ringlock).then(|| ringlock_handoffs(args.addr)).flatten();
+    let (measure_start, machine_before, server_before, self_before, handoffs_before);
+    if hold {
+        (measure_start, server_before, self_before) =
+            (Instant::now(), rss_before_start, proc_sample::sample("self").ok());
+        machine_before = proc_sample::machine_sample();
+        handoffs_before = None;
+        let deadline = measure_start + Duration::from_secs_f64(args.duration);
+        while !threads.iter().all(|thread| thread.is_finished()) {
+            if Instant::now() >= deadline {
+                control.phase.store(PHASE_DRAIN, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    } else {
+        std::thread::sleep(Duration::from_secs_f64(args.warmup));
+        handoffs_before = handoffs(args.target);
+        control.phase.store(PHASE_MEASURE, Ordering::Relaxed);
+        measure_start = Instant::now();
+        machine_before = proc_sample::machine_sample();
+        server_before = sample_server()?;
+        self_before = proc_sample::sample("self").ok();
+        std::thread::sleep(Duration::from_secs_f64(args.duration));
+    }
+    let measure_end = Instant::now();
+    let machine_after = proc_sample::machine_sample();
+    let server_after = sample_server()?;
+    let self_after = proc_sample::sample("self").ok();
+    control.phase.store(PHASE_DRAIN, Ordering::Relaxed);
+    let handoffs_after = if hold { None } else { handoffs(args.target) };
+
+    let mut total: Option<WorkerStats> = None;
+    for thread in threads {
+        let stats = thread.join().map_err(|_| "a load-generator thread panicked".to_string())??;
+        match &mut total {
+            Some(total) => total.add(&stats),
+            None => total = Some(stats),
+        }
+    }
+    let total = total.expect("at least one thread");
+    let measured = measure_end.duration_since(measure_start).as_secs_f64();
+
+    let server = match (args.server_pid, server_before, server_after) {
+        (Some(pid), Some(before), Some(after)) => Some(ServerReport {
+            pid,
+            cpu_percent: proc_sample::cpu_percent(&before, &after),
+            rss_before_bytes: before.rss_bytes,
+            rss_after_bytes: after.rss_bytes,
+        }),
+        _ => None,
+    };
+    let hold_report = hold.then(|| HoldReport {
+        keys_requested: args.hold_keys,
+        keys_held: total.acquires,
+        fill_s: measured,
+        bytes_per_lock: server
+            .as_ref()
+            .filter(|_| total.acquires > 0)
+            .map(|server| (server.rss_after_bytes as f64 - server.rss_before_bytes as f64) / total.acquires as f64),
+    });
+    let generator_cpu = match (self_before, self_after) {
+        (Some(before), Some(after)) => Some(proc_sample::cpu_percent(&before, &after)),
+        _ => None,
+    };
+    let server_handoffs = match (handoffs_before, handoffs_after) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
+    let (pressure, steal) = proc_sample::machine_busy(&machine_before, &machine_after);
+    let mut report = RunReport::new(args, measured, &total, server, generator_cpu, server_handoffs, hold_report);
+    report.cpu_pressure_percent = pressure;
+    report.cpu_steal_percent = steal;
+    Ok(report)
+}
+
+/// Splits the key space (uncontended) or the keys to hold over the connections.
+fn plan_connections(args: &RunArgs) -> Result<Vec<ConnectionPlan>, String> {
+    let connections = args.connections as u64;
+    let mut plans = Vec::with_capacity(args.connections);
+    for index in 0..connections {
+        let (key_first, key_count) = match args.workload {
+            Workload::Uncontended => {
+                let span = args.key_space / connections;
+                if span < args.depth as u64 {
+                    return Err(format!(
+                        "--key-space {} gives each connection {span} keys, fewer than --depth {}: every \
+                         request in flight needs keys of its own; raise it",
+                        args.key_space, args.depth
+                    ));
+                }
+                (index * span, span)
+            }
+            Workload::Contended => (0, 0),
+            Workload::Hold => {
+                let share = args.hold_keys.div_ceil(connections);
+                let first = (index * share).min(args.hold_keys);
+                (first, share.min(args.hold_keys - first))
+            }
+        };
+        plans.push(ConnectionPlan { index, key_first, key_count });
+    }
+    Ok(plans)
+}
+
+/// Loads the compare-and-delete script and returns its SHA-1.
+fn redis_script_load(addr: SocketAddr) -> Result<[u8; 40], String> {
+    let context = |error: std::io::Error| format!("SCRIPT LOAD on Redis at {addr}: {error}");
+    let mut stream = TcpStream::connect_timeout(&addr, CONTROL_TIMEOUT).map_err(context)?;
+    stream.set_read_timeout(Some(CONTROL_TIMEOUT)).map_err(context)?;
+    let mut command = Vec::new();
+    resp::encode_command(&[b"SCRIPT", b"LOAD", REDIS_RELEASE_SCRIPT.as_bytes()], &mut command);
+    stream.write_all(&command).map_err(context)?;
+    let mut reader = BufReader::new(stream);
+    let mut reply = Vec::new();
+    loop {
+        let before = reply.len();
+        reader.read_until(b'\n', &mut reply).map_err(context)?;
+        if reply.len() == before {
+            return Err(format!("SCRIPT LOAD on Redis at {addr}: connection closed"));
+        }
+        match resp::decode(&reply) {
+            ringlock_client::proto::Decoded::Incomplete => continue,
+            ringlock_client::proto::Decoded::Line { item: Ok(RespValue::Bulk(sha)), .. } if sha.len() == 40 => {
+                let mut out = [0u8; 40];
+                out.copy_from_slice(sha);
+                return Ok(out);
+            }
+            other => return Err(format!("SCRIPT LOAD on Redis at {addr}: unexpected reply {other:?}")),
+        }
+    }
+}
+
+/// The `handoffs` total of ringlock's `S` reply, or `None` if it cannot be read.
+fn ringlock_handoffs(addr: SocketAddr) -> Option<u64> {
+    let mut stream = TcpStream::connect_timeout(&addr, CONTROL_TIMEOUT).ok()?;
+    stream.set_read_timeout(Some(CONTROL_TIMEOUT)).ok()?;
+    stream.write_all(b"S\n").ok()?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).ok()?;
+    // The totals come first in the JSON, before the per-shard objects.
+    let at = line.find("\"handoffs\":")? + "\"handoffs\":".len();
+    let digits: String = line[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}

@@ -1,0 +1,739 @@
+//! One load-generator thread: its own io_uring ring, its connections, and the
+//! lanes of each connection.
+//!
+//! A lane is one request slot of a connection ("requests in flight per
+//! connection" is the number of lanes): it always has exactly one request
+//! out, or waits to retry, or is done. When its reply comes back the lane
+//! sends its next request in the same loop turn, so the load is closed-loop
+//! and the depth stays constant.
+//!
+//! Nothing is allocated per request: requests are encoded into each
+//! connection's output buffer (two buffers, one being filled while the other
+//! is in the kernel), replies are parsed in place from the provided receive
+//! buffers, and lanes are found again through the connection's
+//! [`PendingTable`] (by op and key, for ringlock) or its FIFO (Redis and echo
+//! answer in order).
+//! The clock is read once per loop turn: a request's send time is the time
+//! of the turn that encoded it, and a reply's time the time of the turn that
+//! read it, so latencies are exact to one turn (a few microseconds).
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use io_uring::types::{Fd, SubmitArgs, Timespec};
+use io_uring::{IoUring, cqueue, opcode, squeue};
+use ringlock_client::proto::Decoded;
+
+use crate::keys::{KEY_LEN_MAX, KeyFormat};
+use crate::pending::{NO_LANE, PendingOp, PendingTable};
+use crate::wire::{AcquireLine, ErrorKind, Outcome, Parsed, Wire};
+use ringlock::buf_ring::BufRing;
+
+/// Receive buffers per thread, and their size.
+const RECV_BUFFERS: u16 = 256;
+const RECV_BUFFER_LEN: usize = 16 << 10;
+const RECV_BUFFER_GROUP: u16 = 0;
+/// Longest sleep of the loop, so it sees phase changes without traffic.
+const IDLE_WAIT_MAX: Duration = Duration::from_millis(5);
+/// Longest latency a histogram holds, in nanoseconds (a minute).
+const LATENCY_NS_MAX: u64 = 60_000_000_000;
+
+const KIND_RECV: u64 = 1;
+const KIND_SEND: u64 = 2;
+
+/// Phases of a run, set by the main thread and read by every worker once
+/// per turn.
+pub const PHASE_WARMUP: u8 = 0;
+pub const PHASE_MEASURE: u8 = 1;
+pub const PHASE_DRAIN: u8 = 2;
+
+/// What the workers share with the main thread.
+pub struct Control {
+    pub phase: AtomicU8,
+    /// Every worker has connected; the main thread starts the clock after it.
+    pub connected: Barrier,
+}
+
+/// The workloads of the issue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// Acquire then release random keys of a large key space; every
+    /// request slot (connection x depth) draws from its own slice of it, so
+    /// no two requests in flight share a key.
+    Uncontended,
+    /// Every lane acquires one of a few hot keys, releases it as soon as it
+    /// is granted, and starts again: FIFO hand-offs under a queue.
+    Contended,
+    /// Acquire distinct keys and keep them, to measure memory per held lock.
+    Hold,
+}
+
+/// What every worker of a run does.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub addr: SocketAddr,
+    /// Acquire lines to patch (ringlock and echo); Redis encodes each.
+    pub acquire_line: Option<AcquireLine>,
+    pub wire: Wire,
+    pub workload: Workload,
+    pub keys: KeyFormat,
+    pub lanes_per_connection: usize,
+    pub lease_ms: u64,
+    pub wait_ms: u64,
+    pub hot_keys: u64,
+    pub retry_delay: Duration,
+    pub drain_timeout: Duration,
+}
+
+/// One connection's share of the work.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionPlan {
+    /// Index among all connections of the run.
+    pub index: u64,
+    /// Uncontended: the keys it draws from; hold: the keys it acquires.
+    pub key_first: u64,
+    pub key_count: u64,
+}
+
+/// What one worker measured.
+pub struct WorkerStats {
+    pub acquires: u64,
+    pub releases: u64,
+    pub acquire_ns: Histogram<u64>,
+    pub release_ns: Histogram<u64>,
+    pub errors: [u64; ErrorKind::COUNT],
+    /// Loop turns and replies read, to show how much each turn batches.
+    pub turns: u64,
+    pub replies: u64,
+}
+
+impl WorkerStats {
+    fn new() -> WorkerStats {
+        let histogram = || Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid histogram bounds");
+        WorkerStats {
+            acquires: 0,
+            releases: 0,
+            acquire_ns: histogram(),
+            release_ns: histogram(),
+            errors: [0; ErrorKind::COUNT],
+            turns: 0,
+            replies: 0,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.acquires = 0;
+        self.releases = 0;
+        self.acquire_ns.reset();
+        self.release_ns.reset();
+        self.errors = [0; ErrorKind::COUNT];
+        self.turns = 0;
+        self.replies = 0;
+    }
+
+    /// Adds another worker's figures to these.
+    pub fn add(&mut self, other: &WorkerStats) {
+        self.acquires += other.acquires;
+        self.releases += other.releases;
+        self.acquire_ns.add(&other.acquire_ns).expect("histograms of equal bounds");
+        self.release_ns.add(&other.release_ns).expect("histograms of equal bounds");
+        for (sum, count) in self.errors.iter_mut().zip(other.errors) {
+            *sum += count;
+        }
+        self.turns += other.turns;
+        self.replies += other.replies;
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LaneState {
+    Idle,
+    InFlight,
+    Retrying,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Lane {
+    state: LaneState,
+    op: PendingOp,
+    key: u64,
+    token: u64,
+    sent_ns: u64,
+    /// When the lane first asked for its current key: acquire latency runs
+    /// from here, across Redis busy retries.
+    first_ns: u64,
+}
+
+struct Connection {
+    /// Owns the socket; the ring uses its descriptor.
+    _stream: TcpStream,
+    fd: RawFd,
+    out: Vec<u8>,
+    sending: Vec<u8>,
+    sent: usize,
+    send_in_flight: bool,
+    recv_armed: bool,
+    closed: bool,
+    dirty: bool,
+    /// The start of a reply whose end has not arrived.
+    carry: Vec<u8>,
+    pending: PendingTable,
+    /// Lanes in request order, for targets that answer in order.
+    order: VecDeque<u32>,
+    lanes: Vec<Lane>,
+    /// The pending table's list links, one per lane.
+    next: Vec<u32>,
+    plan: ConnectionPlan,
+    hold_next: u64,
+    token_counter: u64,
+}
+
+/// Everything but the ring and the buffers, so that replies parsed from a
+/// buffer can drive the lanes.
+struct Clients {
+    settings: Settings,
+    connections: Vec<Connection>,
+    dirty: Vec<u32>,
+    /// Lanes waiting to send again: (due, connection, lane), in due order
+    /// since the delay is constant.
+    retries: VecDeque<(u64, u32, u32)>,
+    stats: WorkerStats,
+    random: u64,
+    base: Instant,
+    now_ns: u64,
+    measuring: bool,
+    draining: bool,
+    drain_deadline_ns: u64,
+    /// Lanes not idle.
+    active: usize,
+}
+
+/// One thread of the load generator.
+pub struct Worker {
+    // Dropped in this order: the ring before the buffers it reads into.
+    ring: IoUring,
+    buffers: BufRing,
+    clients: Clients,
+    completions: Vec<(u64, i32, u32)>,
+}
+
+impl Worker {
+    /// Connects this worker's connections and sets up its ring; call on the
+    /// thread that runs it.
+    pub fn new(settings: Settings, plans: Vec<ConnectionPlan>, seed: u64, base: Instant) -> io::Result<Worker> {
+        let mut builder = IoUring::builder();
+        builder.setup_single_issuer().setup_defer_taskrun().setup_cqsize(16384);
+        let ring = match builder.build(4096) {
+            Ok(ring) => ring,
+            Err(_) => IoUring::builder().setup_cqsize(16384).build(4096)?,
+        };
+        let buffers = BufRing::register(&ring, RECV_BUFFER_GROUP, RECV_BUFFERS, RECV_BUFFER_LEN)?;
+        let lanes = settings.lanes_per_connection;
+        let mut connections = Vec::with_capacity(plans.len());
+        for plan in plans {
+            let stream = TcpStream::connect(settings.addr).map_err(|error| {
+                io::Error::new(error.kind(), format!("cannot connect to {}: {error}", settings.addr))
+            })?;
+            stream.set_nodelay(true)?;
+            let fd = stream.as_raw_fd();
+            let idle =
+                Lane { state: LaneState::Idle, op: PendingOp::Acquire, key: 0, token: 0, sent_ns: 0, first_ns: 0 };
+            connections.push(Connection {
+                _stream: stream,
+                fd,
+                out: Vec::with_capacity(lanes * 160),
+                sending: Vec::with_capacity(lanes * 160),
+                sent: 0,
+                send_in_flight: false,
+                recv_armed: false,
+                closed: false,
+                dirty: false,
+                carry: Vec::with_capacity(4096),
+                pending: PendingTable::new(lanes),
+                order: VecDeque::with_capacity(lanes),
+                lanes: vec![idle; lanes],
+                next: vec![NO_LANE; lanes],
+                plan,
+                hold_next: plan.key_first,
+                token_counter: 0,
+            });
+        }
+        let count = connections.len();
+        Ok(Worker {
+            ring,
+            buffers,
+            clients: Clients {
+                settings,
+                connections,
+                dirty: Vec::with_capacity(count),
+                retries: VecDeque::with_capacity(count * lanes),
+                stats: WorkerStats::new(),
+                random: seed | 1,
+                base,
+                now_ns: 0,
+                measuring: false,
+                draining: false,
+                drain_deadline_ns: u64::MAX,
+                active: 0,
+            },
+            completions: Vec::with_capacity(16384),
+        })
+    }
+
+    /// Runs until the drain phase ends (or, for `hold`, every key is held).
+    pub fn run(mut self, control: &Control) -> io::Result<WorkerStats> {
+        for index in 0..self.clients.connections.len() {
+            self.arm_recv(index);
+        }
+        control.connected.wait();
+        self.clients.tick(control);
+        for index in 0..self.clients.connections.len() {
+            for lane in 0..self.clients.settings.lanes_per_connection {
+                self.clients.active += 1;
+                self.clients.start(index, lane as u32);
+            }
+        }
+        self.flush();
+        loop {
+            self.wait()?;
+            self.clients.tick(control);
+            self.clients.stats.turns += 1;
+            self.handle_completions();
+            self.clients.run_due_retries();
+            self.buffers.publish();
+            self.flush();
+            let clients = &self.clients;
+            if clients.active == 0
+                || (clients.draining && clients.now_ns >= clients.drain_deadline_ns)
+                || clients.connections.iter().all(|connection| connection.closed)
+            {
+                break;
+            }
+        }
+        let mut stats = self.clients.stats;
+        for connection in &self.clients.connections {
+            if !connection.closed {
+                let unanswered = connection.lanes.iter().filter(|lane| lane.state == LaneState::InFlight).count();
+                stats.errors[ErrorKind::NoReply.index()] += unanswered as u64;
+            }
+        }
+        Ok(stats)
+    }
+
+    fn push(&mut self, entry: squeue::Entry) {
+        loop {
+            // SAFETY: every buffer an entry points to (a connection's
+            // `sending` buffer, the provided buffers) stays alive and
+            // unmoved until its completion arrives or the ring is dropped.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+            if let Err(error) = self.ring.submit() {
+                eprintln!("ringlock-bench: io_uring submit failed: {error}");
+            }
+        }
+    }
+
+    fn arm_recv(&mut self, index: usize) {
+        let connection = &mut self.clients.connections[index];
+        connection.recv_armed = true;
+        let entry = opcode::RecvMulti::new(Fd(connection.fd), RECV_BUFFER_GROUP)
+            .build()
+            .user_data(KIND_RECV << 32 | index as u64);
+        self.push(entry);
+    }
+
+    fn wait(&mut self) -> io::Result<()> {
+        let mut wait = IDLE_WAIT_MAX;
+        if let Some(&(due, _, _)) = self.clients.retries.front() {
+            let now = self.clients.base.elapsed().as_nanos() as u64;
+            wait = wait.min(Duration::from_nanos(due.saturating_sub(now)));
+        }
+        let timespec = Timespec::from(wait);
+        let args = SubmitArgs::new().timespec(&timespec);
+        match self.ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => Ok(()),
+            Err(error) if matches!(error.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn handle_completions(&mut self) {
+        let mut completions = std::mem::take(&mut self.completions);
+        completions.extend(self.ring.completion().map(|cqe| (cqe.user_data(), cqe.result(), cqe.flags())));
+        for &(data, result, flags) in &completions {
+            let index = (data & 0xffff_ffff) as usize;
+            match data >> 32 {
+                KIND_RECV => self.received(index, result, flags),
+                KIND_SEND => self.sent(index, result),
+                _ => {}
+            }
+        }
+        completions.clear();
+        self.completions = completions;
+    }
+
+    fn received(&mut self, index: usize, result: i32, flags: u32) {
+        if !cqueue::more(flags) {
+            self.clients.connections[index].recv_armed = false;
+        }
+        let buffer = cqueue::buffer_select(flags);
+        if result > 0 {
+            let id = buffer.expect("a multishot recv result names its buffer");
+            self.clients.on_data(index, self.buffers.get(id, result as usize));
+            self.buffers.push(id);
+        } else if let Some(id) = buffer {
+            self.buffers.push(id);
+        }
+        if result == 0 || (result < 0 && result != -libc::ENOBUFS) {
+            self.clients.close(index);
+            return;
+        }
+        let connection = &self.clients.connections[index];
+        if !connection.recv_armed && !connection.closed {
+            self.arm_recv(index);
+        }
+    }
+
+    fn sent(&mut self, index: usize, result: i32) {
+        let connection = &mut self.clients.connections[index];
+        if result < 0 {
+            connection.send_in_flight = false;
+            self.clients.close(index);
+            return;
+        }
+        connection.sent += result as usize;
+        if connection.sent < connection.sending.len() {
+            let rest = &connection.sending[connection.sent..];
+            let entry = opcode::Send::new(Fd(connection.fd), rest.as_ptr(), rest.len() as u32)
+                .flags(libc::MSG_NOSIGNAL)
+                .build()
+                .user_data(KIND_SEND << 32 | index as u64);
+            self.push(entry);
+            return;
+        }
+        connection.sending.clear();
+        connection.send_in_flight = false;
+        if !connection.out.is_empty() {
+            self.clients.mark_dirty(index);
+        }
+    }
+
+    /// Starts one send per connection with output and no send in flight.
+    fn flush(&mut self) {
+        let mut dirty = std::mem::take(&mut self.clients.dirty);
+        for &index in &dirty {
+            let connection = &mut self.clients.connections[index as usize];
+            connection.dirty = false;
+            if connection.send_in_flight || connection.out.is_empty() || connection.closed {
+                continue;
+            }
+            std::mem::swap(&mut connection.out, &mut connection.sending);
+            connection.sent = 0;
+            connection.send_in_flight = true;
+            let entry =
+                opcode::Send::new(Fd(connection.fd), connection.sending.as_ptr(), connection.sending.len() as u32)
+                    .flags(libc::MSG_NOSIGNAL)
+                    .build()
+                    .user_data(KIND_SEND << 32 | u64::from(index));
+            self.push(entry);
+        }
+        dirty.clear();
+        self.clients.dirty = dirty;
+    }
+}
+
+impl Clients {
+    /// Reads the clock and the phase, once per turn.
+    fn tick(&mut self, control: &Control) {
+        self.now_ns = self.base.elapsed().as_nanos() as u64;
+        let phase = control.phase.load(Ordering::Relaxed);
+        if phase == PHASE_MEASURE && !self.measuring && !self.draining {
+            self.measuring = true;
+            self.stats.reset();
+        }
+        if phase == PHASE_DRAIN && !self.draining {
+            self.measuring = false;
+            self.draining = true;
+            self.drain_deadline_ns = self.now_ns + self.settings.drain_timeout.as_nanos() as u64;
+        }
+    }
+
+    fn random(&mut self) -> u64 {
+        // xorshift64*: fast, and good enough to spread keys.
+        self.random ^= self.random >> 12;
+        self.random ^= self.random << 25;
+        self.random ^= self.random >> 27;
+        self.random.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number in `0..bound` without a division.
+    fn below(&mut self, bound: u64) -> u64 {
+        ((u128::from(self.random()) * u128::from(bound)) >> 64) as u64
+    }
+
+    fn mark_dirty(&mut self, index: usize) {
+        let connection = &mut self.connections[index];
+        if !connection.dirty {
+            connection.dirty = true;
+            self.dirty.push(index as u32);
+        }
+    }
+
+    fn count(&mut self, kind: ErrorKind) {
+        if self.measuring || kind == ErrorKind::ConnectionClosed {
+            self.stats.errors[kind.index()] += 1;
+        }
+    }
+
+    /// Gives a lane its next piece of work, or makes it idle.
+    fn start(&mut self, index: usize, lane: u32) {
+        if self.draining {
+            return self.idle(index, lane);
+        }
+        let key = match self.settings.workload {
+            Workload::Uncontended => {
+                // Each lane draws from its own slice of the connection's
+                // keys, so no two requests in flight ever share a key.
+                let plan = self.connections[index].plan;
+                let lane_span = plan.key_count / self.settings.lanes_per_connection as u64;
+                plan.key_first + u64::from(lane) * lane_span + self.below(lane_span)
+            }
+            Workload::Contended => self.below(self.settings.hot_keys),
+            Workload::Hold => {
+                let connection = &mut self.connections[index];
+                if connection.hold_next >= connection.plan.key_first + connection.plan.key_count {
+                    return self.idle(index, lane);
+                }
+                connection.hold_next += 1;
+                connection.hold_next - 1
+            }
+        };
+        self.connections[index].lanes[lane as usize].first_ns = self.now_ns;
+        self.send_acquire(index, lane, key);
+    }
+
+    fn idle(&mut self, index: usize, lane: u32) {
+        let lane = &mut self.connections[index].lanes[lane as usize];
+        if lane.state != LaneState::Idle {
+            lane.state = LaneState::Idle;
+            self.active -= 1;
+        }
+    }
+
+    fn send_acquire(&mut self, index: usize, lane: u32, key: u64) {
+        let settings = &self.settings;
+        let connection = &mut self.connections[index];
+        connection.token_counter += 1;
+        let token = settings.wire.acquire_token(connection.plan.index << 40 | connection.token_counter);
+        match &settings.acquire_line {
+            Some(line) => line.encode(&settings.keys, key, &mut connection.out),
+            None => {
+                let mut key_buffer = [0u8; KEY_LEN_MAX];
+                let key_bytes = settings.keys.write(key, &mut key_buffer);
+                settings.wire.encode_acquire(
+                    key_bytes,
+                    token,
+                    settings.lease_ms,
+                    settings.wait_ms,
+                    &mut connection.out,
+                );
+            }
+        }
+        let state = &mut connection.lanes[lane as usize];
+        *state =
+            Lane { state: LaneState::InFlight, op: PendingOp::Acquire, key, token, sent_ns: self.now_ns, ..*state };
+        if settings.wire.is_ordered() {
+            connection.order.push_back(lane);
+        } else {
+            connection.pending.push(PendingOp::Acquire, key, lane, &mut connection.next);
+        }
+        self.mark_dirty(index);
+    }
+
+    fn send_release(&mut self, index: usize, lane: u32) {
+        let settings = &self.settings;
+        let connection = &mut self.connections[index];
+        let state = &mut connection.lanes[lane as usize];
+        let mut key_buffer = [0u8; KEY_LEN_MAX];
+        let key_bytes = settings.keys.write(state.key, &mut key_buffer);
+        settings.wire.encode_release(key_bytes, state.token, &mut connection.out);
+        state.state = LaneState::InFlight;
+        state.op = PendingOp::Release;
+        state.sent_ns = self.now_ns;
+        let key = state.key;
+        if settings.wire.is_ordered() {
+            connection.order.push_back(lane);
+        } else {
+            connection.pending.push(PendingOp::Release, key, lane, &mut connection.next);
+        }
+        self.mark_dirty(index);
+    }
+
+    fn retry_later(&mut self, index: usize, lane: u32) {
+        if self.draining {
+            return self.idle(index, lane);
+        }
+        self.connections[index].lanes[lane as usize].state = LaneState::Retrying;
+        let due = self.now_ns + self.settings.retry_delay.as_nanos() as u64;
+        self.retries.push_back((due, index as u32, lane));
+    }
+
+    fn run_due_retries(&mut self) {
+        while let Some(&(due, index, lane)) = self.retries.front() {
+            if due > self.now_ns {
+                return;
+            }
+            self.retries.pop_front();
+            let (index, state) = (index as usize, self.connections[index as usize].lanes[lane as usize]);
+            if state.state != LaneState::Retrying {
+                continue;
+            }
+            if self.draining || self.connections[index].closed {
+                self.idle(index, lane);
+            } else {
+                self.send_acquire(index, lane, state.key);
+            }
+        }
+    }
+
+    /// Replies in `data`, after any partial reply kept from before.
+    fn on_data(&mut self, index: usize, data: &[u8]) {
+        let mut carry = std::mem::take(&mut self.connections[index].carry);
+        let mut data = data;
+        // Finish the kept partial reply a line at a time, so that only its
+        // own bytes are copied, then parse the rest in place.
+        while !carry.is_empty() {
+            let Some(newline) = data.iter().position(|&byte| byte == b'\n') else {
+                carry.extend_from_slice(data);
+                data = &[];
+                break;
+            };
+            carry.extend_from_slice(&data[..=newline]);
+            data = &data[newline + 1..];
+            let used = self.on_replies(index, &carry);
+            carry.drain(..used);
+            if self.connections[index].closed {
+                return;
+            }
+        }
+        if !data.is_empty() {
+            let used = self.on_replies(index, data);
+            carry.extend_from_slice(&data[used..]);
+        }
+        if !self.connections[index].closed {
+            self.connections[index].carry = carry;
+        }
+    }
+
+    /// Handles every whole reply at the front of `input`; returns the bytes used.
+    fn on_replies(&mut self, index: usize, input: &[u8]) -> usize {
+        let mut offset = 0;
+        let wire = self.settings.wire;
+        let keys = self.settings.keys;
+        loop {
+            match wire.decode(&input[offset..], &keys) {
+                Decoded::Incomplete => return offset,
+                Decoded::LineTooLong => {
+                    self.count(ErrorKind::BadReply);
+                    self.close(index);
+                    return input.len();
+                }
+                Decoded::Line { consumed, item } => {
+                    offset += consumed;
+                    self.stats.replies += 1;
+                    self.on_reply(index, item);
+                }
+            }
+        }
+    }
+
+    fn on_reply(&mut self, index: usize, parsed: Parsed) {
+        let connection = &mut self.connections[index];
+        let (lane, outcome) = match parsed {
+            Parsed::Keyed { op, key, outcome } => match connection.pending.pop(op, key, &connection.next) {
+                Some(lane) => (lane, outcome),
+                None => return self.count(ErrorKind::Unpaired),
+            },
+            Parsed::Unkeyed(kind) => return self.count(kind),
+            Parsed::Ordered(reply) => {
+                let Some(lane) = connection.order.pop_front() else { return self.count(ErrorKind::Unpaired) };
+                let state = connection.lanes[lane as usize];
+                (lane, reply.outcome(state.op, state.token))
+            }
+        };
+        self.on_outcome(index, lane, outcome);
+    }
+
+    fn on_outcome(&mut self, index: usize, lane: u32, outcome: Outcome) {
+        let state = self.connections[index].lanes[lane as usize];
+        debug_assert_eq!(state.state, LaneState::InFlight);
+        match (state.op, outcome) {
+            (PendingOp::Acquire, Outcome::Granted { token }) => {
+                if self.measuring {
+                    self.stats.acquires += 1;
+                    self.stats.acquire_ns.saturating_record((self.now_ns - state.first_ns).max(1));
+                }
+                if self.settings.workload == Workload::Hold {
+                    self.start(index, lane);
+                } else {
+                    // Released even while draining, so no lock outlives the run.
+                    self.connections[index].lanes[lane as usize].token = token;
+                    self.send_release(index, lane);
+                }
+            }
+            (PendingOp::Acquire, Outcome::Failed(ErrorKind::WaitExpired)) => {
+                self.count(ErrorKind::WaitExpired);
+                if self.settings.workload == Workload::Hold {
+                    self.retry_later(index, lane);
+                } else {
+                    self.start(index, lane);
+                }
+            }
+            (PendingOp::Acquire, Outcome::Failed(kind)) => {
+                self.count(kind);
+                self.retry_later(index, lane);
+            }
+            (PendingOp::Release, Outcome::Released) => {
+                if self.measuring {
+                    self.stats.releases += 1;
+                    self.stats.release_ns.saturating_record((self.now_ns - state.sent_ns).max(1));
+                }
+                self.start(index, lane);
+            }
+            (PendingOp::Release, Outcome::Failed(kind)) => {
+                self.count(kind);
+                self.start(index, lane);
+            }
+            (PendingOp::Acquire, Outcome::Released) | (PendingOp::Release, Outcome::Granted { .. }) => {
+                self.count(ErrorKind::BadReply);
+                self.start(index, lane);
+            }
+        }
+    }
+
+    /// The connection failed or was closed by the server: its lanes end.
+    fn close(&mut self, index: usize) {
+        if self.connections[index].closed {
+            return;
+        }
+        self.count(ErrorKind::ConnectionClosed);
+        let connection = &mut self.connections[index];
+        connection.closed = true;
+        // SAFETY: a socket this connection owns; shutting it down ends the
+        // multishot receive and any send in flight.
+        unsafe { libc::shutdown(connection.fd, libc::SHUT_RDWR) };
+        let lost = connection.lanes.iter().filter(|lane| lane.state != LaneState::Idle).count();
+        for lane in &mut connection.lanes {
+            lane.state = LaneState::Idle;
+        }
+        self.active -= lost;
+    }
+}
