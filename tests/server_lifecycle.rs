@@ -136,7 +136,10 @@ fn a_lease_counts_from_the_grant_after_a_hand_off() {
     let mut waiter = server.connect();
     let token = holder.acquire("k", "30", "0");
     waiter.request("A k 0.3 0");
-    std::thread::sleep(Duration::from_millis(50));
+    wait_until("the waiter to queue", || stat(&mut holder, "waiters") == 1);
+    // The waiter waits longer than its own lease: counted from the request,
+    // that lease would be over before the grant.
+    std::thread::sleep(Duration::from_millis(500));
     holder.call(&format!("R k {token}"));
     let next = token_of(&waiter.line(), "k");
     assert_eq!(holder.call(&format!("X k {next} 30")), format!("X k {next}"), "still held right after the grant");
