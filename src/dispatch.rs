@@ -10,17 +10,56 @@ use crate::event_loop::{EventLoop, Io, TOKEN_RETRY_MS, client_id, split_client_i
 use crate::router::{Message, RoutedRequest};
 use crate::stats;
 
-/// Runs a routed request on the shard that owns its key.
-fn apply(shard: &mut Shard, now_ms: u64, client: ClientId, request: &RoutedRequest) {
-    match request {
-        RoutedRequest::Acquire { key, lease_ms, wait_ms } => {
-            shard.acquire(now_ms, client, key.as_bytes(), *lease_ms, *wait_ms)
+/// A request on a key, borrowing the key from the line it was parsed from:
+/// it becomes an owned [`RoutedRequest`] only if another core owns the key.
+#[derive(Clone, Copy)]
+enum Keyed<'a> {
+    Acquire { key: &'a [u8], lease_ms: u64, wait_ms: u64 },
+    Release { key: &'a [u8], token: u64 },
+    Extend { key: &'a [u8], token: u64, lease_ms: u64 },
+    Reject { op: Op, key: &'a [u8], code: ErrorCode },
+}
+
+impl<'a> Keyed<'a> {
+    fn key(self) -> &'a [u8] {
+        match self {
+            Keyed::Acquire { key, .. } | Keyed::Release { key, .. } | Keyed::Extend { key, .. } => key,
+            Keyed::Reject { key, .. } => key,
         }
-        RoutedRequest::Release { key, token } => shard.release(now_ms, client, key.as_bytes(), *token),
-        RoutedRequest::Extend { key, token, lease_ms } => {
-            shard.extend(now_ms, client, key.as_bytes(), *token, *lease_ms)
+    }
+
+    fn of(request: &'a RoutedRequest) -> Keyed<'a> {
+        match request {
+            RoutedRequest::Acquire { key, lease_ms, wait_ms } => {
+                Keyed::Acquire { key: key.as_bytes(), lease_ms: *lease_ms, wait_ms: *wait_ms }
+            }
+            RoutedRequest::Release { key, token } => Keyed::Release { key: key.as_bytes(), token: *token },
+            RoutedRequest::Extend { key, token, lease_ms } => {
+                Keyed::Extend { key: key.as_bytes(), token: *token, lease_ms: *lease_ms }
+            }
+            RoutedRequest::Reject { op, key, code } => Keyed::Reject { op: *op, key: key.as_bytes(), code: *code },
         }
-        RoutedRequest::Reject { op, key, code } => shard.reject(now_ms, client, *op, key.as_bytes(), *code),
+    }
+
+    fn to_routed(self) -> RoutedRequest {
+        match self {
+            Keyed::Acquire { key, lease_ms, wait_ms } => {
+                RoutedRequest::Acquire { key: Key::new(key), lease_ms, wait_ms }
+            }
+            Keyed::Release { key, token } => RoutedRequest::Release { key: Key::new(key), token },
+            Keyed::Extend { key, token, lease_ms } => RoutedRequest::Extend { key: Key::new(key), token, lease_ms },
+            Keyed::Reject { op, key, code } => RoutedRequest::Reject { op, key: Key::new(key), code },
+        }
+    }
+
+    /// Runs the request on the shard that owns its key.
+    fn apply(self, shard: &mut Shard, now_ms: u64, client: ClientId) {
+        match self {
+            Keyed::Acquire { key, lease_ms, wait_ms } => shard.acquire(now_ms, client, key, lease_ms, wait_ms),
+            Keyed::Release { key, token } => shard.release(now_ms, client, key, token),
+            Keyed::Extend { key, token, lease_ms } => shard.extend(now_ms, client, key, token, lease_ms),
+            Keyed::Reject { op, key, code } => shard.reject(now_ms, client, op, key, code),
+        }
     }
 }
 
@@ -29,7 +68,9 @@ impl EventLoop {
         while let Ok(batch) = self.inbox.receiver.try_recv() {
             for message in batch {
                 match message {
-                    Message::Request { client, request } => apply(&mut self.shard, self.io.now_ms, client, &request),
+                    Message::Request { client, request } => {
+                        Keyed::of(&request).apply(&mut self.shard, self.io.now_ms, client)
+                    }
                     Message::Reply { client, reply } => self.io.deliver(client, reply),
                     Message::ClientGone(client) => {
                         let removed = self.shard.client_gone(self.io.now_ms, client);
@@ -105,8 +146,7 @@ impl Io {
                             // A keyed error goes through the key's shard, so
                             // that it keeps its place among that key's replies.
                             (Some(op @ (Op::Acquire | Op::Release | Op::Extend)), Some(key)) => {
-                                let routed = RoutedRequest::Reject { op, key: Key::new(key), code: error.code };
-                                self.route(shard, slot, key, routed);
+                                self.route(shard, slot, Keyed::Reject { op, key, code: error.code });
                             }
                             _ => {
                                 self.count_error(error.code);
@@ -159,7 +199,7 @@ impl Io {
     }
 
     fn request(&mut self, shard: &mut Shard, slot: u32, request: Request<'_>) {
-        let (key, routed) = match request {
+        let keyed = match request {
             Request::Ping => {
                 let epoch = self.shared.authority.epoch();
                 let reply = Reply::Pong { role: Role::Active, epoch, active: Some(self.advertised.as_bytes()) };
@@ -172,29 +212,25 @@ impl Io {
                 self.write(slot, &Reply::Stats { json: json.as_bytes() });
                 return;
             }
-            Request::Acquire { key, lease_ms, wait_ms } => {
-                (key, RoutedRequest::Acquire { key: Key::new(key), lease_ms, wait_ms })
-            }
-            Request::Release { key, token } => (key, RoutedRequest::Release { key: Key::new(key), token }),
-            Request::Extend { key, token, lease_ms } => {
-                (key, RoutedRequest::Extend { key: Key::new(key), token, lease_ms })
-            }
+            Request::Acquire { key, lease_ms, wait_ms } => Keyed::Acquire { key, lease_ms, wait_ms },
+            Request::Release { key, token } => Keyed::Release { key, token },
+            Request::Extend { key, token, lease_ms } => Keyed::Extend { key, token, lease_ms },
         };
-        self.route(shard, slot, key, routed);
+        self.route(shard, slot, keyed);
     }
 
     /// Runs a request here if this core owns its key, or queues it for the
     /// core that does.
-    fn route(&mut self, shard: &mut Shard, slot: u32, key: &[u8], request: RoutedRequest) {
+    fn route(&mut self, shard: &mut Shard, slot: u32, request: Keyed<'_>) {
         let connection = &mut self.connections[slot as usize];
         connection.in_flight += 1;
         let client = client_id(self.core, slot, connection.generation);
-        let target = shard_of(key, self.cores);
+        let target = shard_of(request.key(), self.cores);
         if target != self.core {
-            self.outgoing[target].push(Message::Request { client, request });
+            self.outgoing[target].push(Message::Request { client, request: request.to_routed() });
             return;
         }
-        apply(shard, self.now_ms, client, &request);
+        request.apply(shard, self.now_ms, client);
         for effect in shard.drain_effects() {
             match effect {
                 Effect::Reply { client, reply } => self.deliver(client, reply),
