@@ -129,6 +129,23 @@ fn flags_can_come_from_the_environment() {
 }
 
 #[test]
+fn a_server_configured_by_environment_variables_obeys_them() {
+    let server = Server::start_with_env(
+        &[("RINGLOCK_SHARDS", "3"), ("RINGLOCK_NO_PIN", "true"), ("RINGLOCK_MAX_LEASE", "1")],
+        &[],
+    );
+    let mut conn = server.connect();
+    assert_eq!(conn.call("A k 2 0"), "E A k bad-lease", "RINGLOCK_MAX_LEASE=1 caps leases at 1 s");
+    conn.acquire("k", "1", "0");
+    let stats = conn.call("S");
+    assert_eq!(
+        stats.matches("\"grants\":").count(),
+        4,
+        "RINGLOCK_SHARDS=3 (not the 2 online CPUs) gives three shards plus the total: {stats}"
+    );
+}
+
+#[test]
 fn a_lease_counts_from_the_grant_after_a_hand_off() {
     let server = Server::start(&[]);
     let mut holder = server.connect();

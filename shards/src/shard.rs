@@ -410,13 +410,11 @@ impl Shard {
             }
         }
         self.chains.clear();
+        // Keys are dropped only now, after every held answer read its key.
+        touched.sort_unstable();
+        touched.dedup();
         for slot in touched {
-            // A slot freed here is not reused before the loop ends (no lock is
-            // created), so checking one twice is harmless.
-            let lock = &self.locks[slot as usize];
-            if !lock.is_held() && lock.queue_len == 0 && lock.queue_head == NONE && !lock.key.as_bytes().is_empty() {
-                self.remove_lock(slot);
-            }
+            self.remove_lock_if_unused(slot);
         }
     }
 

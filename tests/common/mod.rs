@@ -54,14 +54,26 @@ impl Server {
 
     /// Starts a server, or gives back what it printed if it did not start.
     pub fn try_start_in(data_dir: Arc<DataDir>, args: &[&str]) -> Result<Server, String> {
+        Server::try_start_with_env(data_dir, &[], args)
+    }
+
+    /// Starts a server with environment variables set for it.
+    pub fn start_with_env(env: &[(&str, &str)], args: &[&str]) -> Server {
+        Server::try_start_with_env(Arc::new(DataDir::new()), env, args)
+            .unwrap_or_else(|log| panic!("the server did not start:\n{log}"))
+    }
+
+    fn try_start_with_env(data_dir: Arc<DataDir>, env: &[(&str, &str)], args: &[&str]) -> Result<Server, String> {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+        command.envs(env.iter().copied());
         if !args.contains(&"--listen") {
             command.args(["--listen", "127.0.0.1:0"]);
         }
-        if !args.contains(&"--shards") {
+        let from_env = |name: &str| env.iter().any(|(key, _)| *key == name);
+        if !args.contains(&"--shards") && !from_env("RINGLOCK_SHARDS") {
             command.args(["--shards", "1"]);
         }
-        if !args.iter().any(|arg| *arg == "--cpus" || *arg == "--no-pin") {
+        if !args.iter().any(|arg| *arg == "--cpus" || *arg == "--no-pin") && !from_env("RINGLOCK_NO_PIN") {
             command.arg("--no-pin");
         }
         command.arg("--data-dir").arg(&data_dir.0).args(args);
