@@ -254,7 +254,7 @@ impl Io {
         if connection.closing {
             return;
         }
-        encode_reply(&reply.to_wire(), &mut connection.output);
+        encode_reply(&reply.to_wire(None), &mut connection.output);
         self.mark_dirty(slot);
     }
 

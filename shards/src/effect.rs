@@ -38,6 +38,12 @@ pub enum ShardReply {
         /// The token of the grant, unchanged.
         token: u64,
     },
+    /// The node stopped being active while the acquire was queued: the
+    /// client should send it to the active (`M A <key> <active>`).
+    Moved {
+        /// The key.
+        key: Key,
+    },
     /// The request failed and had no effect.
     Error {
         /// The request's operation.
@@ -50,9 +56,11 @@ pub enum ShardReply {
 }
 
 impl ShardReply {
-    /// The reply as the wire protocol writes it.
-    pub fn to_wire(&self) -> Reply<'_> {
+    /// The reply as the wire protocol writes it; `active` is the address a
+    /// [`ShardReply::Moved`] names (`None`: no active is known).
+    pub fn to_wire<'a>(&'a self, active: Option<&'a [u8]>) -> Reply<'a> {
         match self {
+            ShardReply::Moved { key } => Reply::Moved { op: Op::Acquire, key: key.as_bytes(), active },
             ShardReply::Acquired { key, token } => Reply::Acquired { key: key.as_bytes(), token: *token },
             ShardReply::TimedOut { key } => Reply::TimedOut { key: key.as_bytes() },
             ShardReply::Released { key } => Reply::Released { key: key.as_bytes() },
@@ -70,6 +78,7 @@ impl ShardReply {
             | ShardReply::TimedOut { key }
             | ShardReply::Released { key }
             | ShardReply::Extended { key, .. }
+            | ShardReply::Moved { key }
             | ShardReply::Error { key, .. } => key,
         }
     }

@@ -381,6 +381,49 @@ impl Shard {
     /// and has nobody to hand over to), with the answers held behind them
     /// still in request order. Held keys stay held.
     pub fn fail_waiters(&mut self, now_ms: u64, code: ErrorCode) {
+        self.end_waiters(now_ms, Some(code));
+    }
+
+    /// The node is no longer active (it handed off or was demoted): every
+    /// queued acquire is answered [`ShardReply::Moved`] (with the answers held
+    /// behind them still in request order), and every key is dropped, since
+    /// the active now owns the table and this node will get it back by
+    /// replication. Nothing is replicated: the stream of this activation ends.
+    pub fn step_down(&mut self, now_ms: u64) {
+        self.end_waiters(now_ms, None);
+        for slot in 0..self.locks.len() as u32 {
+            let lock = &mut self.locks[slot as usize];
+            if let Some(timer) = lock.lease_timer.take() {
+                self.timers.cancel(timer);
+                self.stats.held_keys -= 1;
+                self.remove_lock(slot);
+            }
+        }
+        debug_assert_eq!(self.stats.keys, 0, "a shard that stepped down holds no key");
+    }
+
+    /// Installs a grant replicated from the active this node takes over
+    /// from: `key` is held by `token` for `lease_ms` more. Produces no reply
+    /// and no delta (the new active's standbys start from a snapshot).
+    /// Returns false, changing nothing, if the key is already known here or
+    /// the table is full.
+    pub fn restore(&mut self, now_ms: u64, key: &[u8], token: u64, lease_ms: u64) -> bool {
+        self.set_now(now_ms);
+        let hash = self.hash(key);
+        if self.find_hashed(hash, key).is_some() || self.stats.keys >= u64::from(self.config.keys_max) || token == 0 {
+            return false;
+        }
+        let slot = self.insert_lock(hash, key);
+        let lock = &mut self.locks[slot as usize];
+        lock.token = token;
+        lock.lease_timer = Some(self.timers.insert(self.now_ms + lease_ms.max(1), slot));
+        self.stats.held_keys += 1;
+        true
+    }
+
+    /// Ends every queued acquire: `E A <key> <code>`, or `M A <key>` when
+    /// `code` is `None`.
+    fn end_waiters(&mut self, now_ms: u64, code: Option<ErrorCode>) {
         self.set_now(now_ms);
         let clients: Vec<(ClientId, Ends)> = self.clients.drain().collect();
         let mut touched = Vec::new();
@@ -397,8 +440,13 @@ impl Shard {
                         }
                         self.unlink_queue(node);
                         touched.push(slot);
-                        self.count_error(code);
-                        ShardReply::Error { op: Op::Acquire, key, code }
+                        match code {
+                            Some(code) => {
+                                self.count_error(code);
+                                ShardReply::Error { op: Op::Acquire, key, code }
+                            }
+                            None => ShardReply::Moved { key },
+                        }
                     }
                     WaiterState::HeldTimeout => ShardReply::TimedOut { key },
                     WaiterState::HeldError(held) => ShardReply::Error { op: Op::Acquire, key, code: held },

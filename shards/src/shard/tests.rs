@@ -414,6 +414,49 @@ fn failing_waiters_drops_keys_that_only_waited_for_tokens() {
 }
 
 #[test]
+fn stepping_down_moves_waiters_and_drops_every_key() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 1000, 0);
+    acquired(&mut shard, C1, b"k");
+    shard.acquire(1, C1, b"other", 1000, 0);
+    acquired(&mut shard, C1, b"other");
+    shard.acquire(2, C2, b"k", 1000, 5);
+    shard.acquire(3, C2, b"k", 1000, 0);
+    shard.step_down(4);
+    assert_eq!(
+        replies(&mut shard),
+        vec![(C2, ShardReply::Moved { key: Key::new(b"k") }), (C2, ShardReply::Moved { key: Key::new(b"k") })]
+    );
+    let stats = shard.stats();
+    assert_eq!((stats.keys, stats.held_keys, stats.waiters), (0, 0, 0));
+    assert!(shard.timers.is_empty(), "no lease or wait timer is left");
+    assert_eq!(shard.holder_token(b"k"), None);
+}
+
+#[test]
+fn a_restored_grant_holds_releases_and_expires_like_any_other() {
+    let mut shard = Shard::new(config(), 0);
+    let old = token(1, 7);
+    assert!(shard.restore(100, b"k", old, 50));
+    assert!(!shard.restore(100, b"k", old, 50), "a known key is not restored twice");
+    assert!(shard.drain_effects().all(|effect| matches!(effect, Effect::NeedTokens)), "no reply, no delta");
+    assert_eq!(shard.holder_token(b"k"), Some(old));
+    shard.add_token_range(100, TokenRange { epoch: 2, first: 0, end: 1 << 20 }).unwrap();
+    shard.acquire(101, C2, b"k", 1000, 0);
+    assert!(replies(&mut shard).is_empty(), "a restored key is held");
+    shard.advance(149);
+    assert!(replies(&mut shard).is_empty(), "its lease counts from the restore");
+    shard.advance(150);
+    let new = acquired(&mut shard, C2, b"k");
+    assert!(new > old, "the next holder's token is greater");
+
+    assert!(shard.restore(200, b"r", token(1, 9), 1000));
+    shard.release(201, C1, b"r", token(1, 9));
+    assert_eq!(replies(&mut shard), vec![(C1, ShardReply::Released { key: Key::new(b"r") })]);
+    assert_eq!(shard.stats().keys, 1);
+}
+
+#[test]
 fn table_entries_stay_small() {
     // The memory figures in the crate documentation rest on these sizes.
     assert!(size_of::<Lock>() <= 56, "Lock is {} bytes", size_of::<Lock>());
