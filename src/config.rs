@@ -16,8 +16,40 @@ use ringlock_client::proto::{LEASE_MS_MAX_DEFAULT, parse_seconds_ms};
 pub struct Config {
     /// Address to accept clients on. Every shard core listens on it with
     /// SO_REUSEPORT, so the kernel spreads connections over the cores.
-    #[arg(long, env = "RINGLOCK_LISTEN", default_value = "127.0.0.1:7700")]
-    pub listen: SocketAddr,
+    /// Default: 127.0.0.1:7700, or in a cluster this node's entry in --peers.
+    #[arg(long, env = "RINGLOCK_LISTEN")]
+    pub listen: Option<SocketAddr>,
+
+    /// Cluster: every node's client address, comma-separated, in promotion
+    /// priority order (first = highest), this node included; at most 16.
+    /// The peer transport of each node listens on its client port + 10000,
+    /// or on the address written after `@` (`127.0.0.1:7700@127.0.0.1:9000`).
+    /// `P` and `M` replies name these client addresses. Without --peers the
+    /// server is a single node.
+    #[arg(long, env = "RINGLOCK_PEERS", value_delimiter = ',', value_parser = parse_peer)]
+    pub peers: Vec<PeerAddress>,
+
+    /// Cluster: which entry of --peers this node is, as an index (0 = first)
+    /// or as the address written there. Default: the entry equal to --listen.
+    #[arg(long, env = "RINGLOCK_NODE")]
+    pub node: Option<String>,
+
+    /// Cluster: period of the heartbeats every node sends every peer, in
+    /// milliseconds.
+    #[arg(long, env = "RINGLOCK_HEARTBEAT_MS", default_value_t = crate::cluster::HEARTBEAT_MS_DEFAULT)]
+    pub heartbeat_ms: u64,
+
+    /// Cluster: a peer with no heartbeat for this long (milliseconds) is dead,
+    /// and a standby takes over from a dead active. At least twice
+    /// --heartbeat-ms. Lower fails over faster but mistakes a pause of the
+    /// host for a death more often.
+    #[arg(long, env = "RINGLOCK_FAILOVER_MS", default_value_t = crate::cluster::FAILOVER_MS_DEFAULT)]
+    pub failover_ms: u64,
+
+    /// Cluster: address the peer transport listens on. Default: this node's
+    /// peer address from --peers (its client port + 10000 unless given after `@`).
+    #[arg(long, env = "RINGLOCK_CLUSTER_LISTEN")]
+    pub cluster_listen: Option<SocketAddr>,
 
     /// Number of shard cores (event loops). Default: one per online CPU.
     /// On a host that also runs the clients, leave them a core (see tuning/).
@@ -74,6 +106,49 @@ pub struct Config {
     pub log_level: String,
 }
 
+/// One node of --peers: where clients reach it, and where its peers do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddress {
+    pub client: SocketAddr,
+    pub peer: SocketAddr,
+}
+
+/// Peer ports are this far above client ports unless given.
+pub const PEER_PORT_OFFSET: u16 = 10_000;
+
+fn parse_peer(text: &str) -> Result<PeerAddress, String> {
+    let (client_text, peer_text) = match text.split_once('@') {
+        Some((client, peer)) => (client, Some(peer)),
+        None => (text, None),
+    };
+    let client: SocketAddr = client_text
+        .trim()
+        .parse()
+        .map_err(|_| format!("expected a client address such as 127.0.0.1:7700, not {client_text:?}"))?;
+    let peer = match peer_text {
+        Some(peer) => peer
+            .trim()
+            .parse()
+            .map_err(|_| format!("expected a peer address such as 127.0.0.1:17700 after `@`, not {peer:?}"))?,
+        None => {
+            let port = client.port().checked_add(PEER_PORT_OFFSET).ok_or_else(|| {
+                format!("{client}: the client port + {PEER_PORT_OFFSET} is no port; give the peer address after `@`")
+            })?;
+            SocketAddr::new(client.ip(), port)
+        }
+    };
+    Ok(PeerAddress { client, peer })
+}
+
+/// The cluster settings, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSettings {
+    pub cluster: crate::cluster::ClusterConfig,
+    pub peers: Vec<PeerAddress>,
+    /// Where this node's peer transport listens.
+    pub listen: SocketAddr,
+}
+
 /// The longest lease, in milliseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseMax(pub u64);
@@ -125,6 +200,78 @@ impl Default for LeaseMax {
 }
 
 impl Config {
+    /// Where clients connect: --listen, else this node's --peers entry, else 127.0.0.1:7700.
+    pub fn listen_address(&self) -> Result<SocketAddr, String> {
+        if let Some(listen) = self.listen {
+            return Ok(listen);
+        }
+        if self.peers.is_empty() {
+            return Ok(SocketAddr::from(([127, 0, 0, 1], 7700)));
+        }
+        Ok(self.peers[self.node_index()?].client)
+    }
+
+    /// This node's index in --peers (which must not be empty).
+    fn node_index(&self) -> Result<usize, String> {
+        let index = match &self.node {
+            Some(node) => match node.parse::<usize>() {
+                Ok(index) => index,
+                Err(_) => {
+                    let address: SocketAddr =
+                        node.parse().map_err(|_| format!("--node {node:?} is neither an index nor an address"))?;
+                    self.peers
+                        .iter()
+                        .position(|peer| peer.client == address)
+                        .ok_or_else(|| format!("--node {address} is not in --peers"))?
+                }
+            },
+            None => {
+                let listen = self.listen.ok_or("pass --node (its index in --peers) or --listen")?;
+                self.peers
+                    .iter()
+                    .position(|peer| peer.client == listen)
+                    .ok_or_else(|| format!("--listen {listen} is not in --peers; pass --node with this node's index"))?
+            }
+        };
+        if index >= self.peers.len() {
+            return Err(format!(
+                "--node {index} is not in --peers, which lists {} nodes (indexes 0 to {})",
+                self.peers.len(),
+                self.peers.len() - 1
+            ));
+        }
+        Ok(index)
+    }
+
+    /// The cluster settings, or `None` for a single node (no --peers, or
+    /// --peers naming only this node).
+    pub fn cluster(&self) -> Result<Option<ClusterSettings>, String> {
+        if self.peers.is_empty() {
+            if self.node.is_some() {
+                return Err("--node needs --peers".to_string());
+            }
+            return Ok(None);
+        }
+        let me = self.node_index()?;
+        let cluster = crate::cluster::ClusterConfig {
+            me,
+            nodes: self.peers.len(),
+            heartbeat_ms: self.heartbeat_ms,
+            failover_ms: self.failover_ms,
+        };
+        cluster.validate()?;
+        for (index, peer) in self.peers.iter().enumerate() {
+            if self.peers[..index].iter().any(|other| other.client == peer.client || other.peer == peer.peer) {
+                return Err(format!("--peers names {} twice", peer.client));
+            }
+        }
+        if self.peers.len() == 1 {
+            return Ok(None);
+        }
+        let listen = self.cluster_listen.unwrap_or(self.peers[me].peer);
+        Ok(Some(ClusterSettings { cluster, peers: self.peers.clone(), listen }))
+    }
+
     /// The number of shard cores to run.
     pub fn shard_count(&self) -> usize {
         match self.shards {
@@ -185,11 +332,44 @@ mod tests {
     #[test]
     fn flags_parse_with_defaults() {
         let config = Config::try_parse_from(["ringlock", "--shards", "2", "--cpus", "0-1"]).unwrap();
-        assert_eq!(config.listen.to_string(), "127.0.0.1:7700");
+        assert_eq!(config.listen_address().unwrap().to_string(), "127.0.0.1:7700");
+        assert_eq!(config.cluster(), Ok(None));
         assert_eq!(config.shard_cpus().unwrap(), Some(vec![0, 1]));
         assert_eq!(config.keys_per_shard(), 8_388_608);
         let config = Config::try_parse_from(["ringlock", "--shards", "3", "--cpus", "0-1"]).unwrap();
         assert!(config.shard_cpus().is_err());
         assert!(Config::try_parse_from(["ringlock", "--shards", "0"]).is_err());
+    }
+
+    #[test]
+    fn cluster_flags_name_this_node_and_derive_peer_ports() {
+        let peers = "127.0.0.1:7700,127.0.0.1:7701@127.0.0.1:9001,127.0.0.1:7702";
+        let config = Config::try_parse_from(["ringlock", "--peers", peers, "--node", "1"]).unwrap();
+        let settings = config.cluster().unwrap().unwrap();
+        assert_eq!((settings.cluster.me, settings.cluster.nodes), (1, 3));
+        assert_eq!(settings.listen.to_string(), "127.0.0.1:9001");
+        assert_eq!(settings.peers[2].peer.to_string(), "127.0.0.1:17702");
+        assert_eq!(config.listen_address().unwrap().to_string(), "127.0.0.1:7701");
+        let by_address = Config::try_parse_from(["ringlock", "--peers", peers, "--node", "127.0.0.1:7702"]).unwrap();
+        assert_eq!(by_address.cluster().unwrap().unwrap().cluster.me, 2);
+        let by_listen = Config::try_parse_from(["ringlock", "--peers", peers, "--listen", "127.0.0.1:7700"]).unwrap();
+        assert_eq!(by_listen.cluster().unwrap().unwrap().cluster.me, 0);
+
+        let errors = [
+            vec!["--peers", peers],
+            vec!["--peers", peers, "--node", "3"],
+            vec!["--peers", peers, "--node", "127.0.0.1:1"],
+            vec!["--peers", "127.0.0.1:7700,127.0.0.1:7700", "--node", "0"],
+            vec!["--peers", peers, "--node", "0", "--heartbeat-ms", "600"],
+            vec!["--node", "0"],
+        ];
+        for flags in errors {
+            let config = Config::try_parse_from(std::iter::once("ringlock").chain(flags.iter().copied())).unwrap();
+            assert!(config.cluster().is_err(), "{flags:?} is refused");
+        }
+        assert!(Config::try_parse_from(["ringlock", "--peers", "127.0.0.1:65000"]).is_err(), "no port above 65535");
+        let single = Config::try_parse_from(["ringlock", "--peers", "127.0.0.1:7800", "--node", "0"]).unwrap();
+        assert_eq!(single.cluster(), Ok(None), "a cluster of one is a single node");
+        assert_eq!(single.listen_address().unwrap().to_string(), "127.0.0.1:7800");
     }
 }

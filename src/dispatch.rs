@@ -7,6 +7,7 @@ use ringlock_client::proto::{
 use ringlock_shards::{ClientId, Effect, Key, Shard, ShardReply, shard_of};
 
 use crate::event_loop::{EventLoop, Io, TOKEN_RETRY_MS, client_id, split_client_id};
+use crate::role::{ClusterLink, Control, CoreRole};
 use crate::router::{Message, RoutedRequest};
 use crate::stats;
 
@@ -25,6 +26,15 @@ impl<'a> Keyed<'a> {
         match self {
             Keyed::Acquire { key, .. } | Keyed::Release { key, .. } | Keyed::Extend { key, .. } => key,
             Keyed::Reject { key, .. } => key,
+        }
+    }
+
+    fn op(self) -> Op {
+        match self {
+            Keyed::Acquire { .. } => Op::Acquire,
+            Keyed::Release { .. } => Op::Release,
+            Keyed::Extend { .. } => Op::Extend,
+            Keyed::Reject { op, .. } => op,
         }
     }
 
@@ -69,7 +79,7 @@ impl EventLoop {
             for message in batch {
                 match message {
                     Message::Request { client, request } => {
-                        Keyed::of(&request).apply(&mut self.shard, self.io.now_ms, client)
+                        self.io.run_keyed(&mut self.shard, client, Keyed::of(&request))
                     }
                     Message::Reply { client, reply } => self.io.deliver(client, reply),
                     Message::ClientGone(client) => {
@@ -78,6 +88,7 @@ impl EventLoop {
                         self.io.outgoing[core].push(Message::GoneAck { client, removed });
                     }
                     Message::GoneAck { client, removed } => self.io.gone_acknowledged(client, removed),
+                    Message::Control(control) => self.control(control),
                 }
                 self.handle_effects();
             }
@@ -92,13 +103,16 @@ impl EventLoop {
             for effect in self.shard.drain_effects() {
                 match effect {
                     Effect::Reply { client, reply } => self.io.deliver(client, reply),
-                    // Single node: nobody to replicate to (the shard is set not
-                    // to produce deltas).
-                    Effect::Delta(_) => {}
+                    // Only produced in a cluster, for the standbys.
+                    Effect::Delta(delta) => self.io.deltas.push(delta),
                     Effect::NeedTokens => self.io.need_tokens = true,
                 }
             }
             if !std::mem::take(&mut self.io.need_tokens) {
+                return;
+            }
+            if self.io.role != CoreRole::Active {
+                // Tokens come only while active; activation gives a fresh range.
                 return;
             }
             match self.io.shared.authority.take_range() {
@@ -116,6 +130,63 @@ impl EventLoop {
                     return;
                 }
             }
+        }
+    }
+}
+
+impl EventLoop {
+    /// An order from the replication core.
+    fn control(&mut self, control: Control) {
+        let now_ms = self.io.now_ms;
+        match control {
+            Control::Activate { restore } => {
+                for (key, token, lease_ms) in restore {
+                    debug_assert_eq!(shard_of(key.as_bytes(), self.io.cores), self.io.core);
+                    if !self.shard.restore(now_ms, key.as_bytes(), token, lease_ms) {
+                        tracing::warn!(core = self.io.core, "a replicated grant could not be restored (table full)");
+                    }
+                }
+                self.io.role = CoreRole::Active;
+                self.io.active_address = None;
+                // Whatever tokens the core still holds may be of an older
+                // epoch: a fresh range of the current one replaces them.
+                self.io.need_tokens = true;
+                self.handle_effects();
+                self.resume();
+            }
+            Control::Follow { active } => {
+                self.io.role = CoreRole::Standby;
+                self.io.active_address = active.map(String::into_bytes);
+                for (client, request) in std::mem::take(&mut self.io.parked) {
+                    self.io.run_keyed(&mut self.shard, client, Keyed::of(&request));
+                }
+                self.shard.step_down(now_ms);
+            }
+            Control::Hold => {
+                if self.io.role == CoreRole::Active {
+                    self.io.role = CoreRole::Held;
+                }
+                // Every delta so far goes before the report that says so.
+                self.handle_effects();
+                if !self.io.deltas.is_empty() {
+                    let deltas = std::mem::take(&mut self.io.deltas);
+                    self.io.reports.push_back(crate::role::Report::Deltas(deltas));
+                }
+                self.io.reports.push_back(crate::role::Report::Held { core: self.io.core });
+            }
+            Control::Resume => self.resume(),
+        }
+        self.handle_effects();
+    }
+
+    /// Serves again, starting with the requests held meanwhile, in order.
+    pub(crate) fn resume(&mut self) {
+        if self.io.role == CoreRole::Held {
+            self.io.role = CoreRole::Active;
+        }
+        for (client, request) in std::mem::take(&mut self.io.parked) {
+            self.io.run_keyed(&mut self.shard, client, Keyed::of(&request));
+            self.handle_effects();
         }
     }
 }
@@ -201,14 +272,26 @@ impl Io {
     fn request(&mut self, shard: &mut Shard, slot: u32, request: Request<'_>) {
         let keyed = match request {
             Request::Ping => {
-                let epoch = self.shared.authority.epoch();
-                let reply = Reply::Pong { role: Role::Active, epoch, active: Some(self.advertised.as_bytes()) };
+                let status = self.shared.cluster.as_ref().map(ClusterLink::status);
+                let reply = match &status {
+                    None => Reply::Pong {
+                        role: Role::Active,
+                        epoch: self.shared.authority.epoch(),
+                        active: Some(self.advertised.as_bytes()),
+                    },
+                    Some(status) => Reply::Pong {
+                        role: status.role(),
+                        epoch: status.epoch,
+                        active: status.active_address.as_deref().map(str::as_bytes),
+                    },
+                };
                 encode_reply(&reply, &mut self.connections[slot as usize].output);
                 self.mark_dirty(slot);
                 return;
             }
             Request::Stats => {
-                let json = stats::json(&self.shared, Role::Active);
+                let role = self.shared.cluster.as_ref().map_or(Role::Active, |link| link.status().role());
+                let json = stats::json(&self.shared, role);
                 self.write(slot, &Reply::Stats { json: json.as_bytes() });
                 return;
             }
@@ -230,12 +313,25 @@ impl Io {
             self.outgoing[target].push(Message::Request { client, request: request.to_routed() });
             return;
         }
-        request.apply(shard, self.now_ms, client);
+        self.run_keyed(shard, client, request);
         for effect in shard.drain_effects() {
             match effect {
                 Effect::Reply { client, reply } => self.deliver(client, reply),
-                Effect::Delta(_) => {}
+                Effect::Delta(delta) => self.deltas.push(delta),
                 Effect::NeedTokens => self.need_tokens = true,
+            }
+        }
+    }
+
+    /// A request for one of this core's keys, as the core's role says:
+    /// served, held, or (checked already) redirected to the active.
+    fn run_keyed(&mut self, shard: &mut Shard, client: ClientId, request: Keyed<'_>) {
+        match (self.role, request) {
+            (CoreRole::Active, request) => request.apply(shard, self.now_ms, client),
+            (CoreRole::Held, request) => self.parked.push((client, request.to_routed())),
+            (CoreRole::Standby, Keyed::Reject { op, key, code }) => shard.reject(self.now_ms, client, op, key, code),
+            (CoreRole::Standby, request) => {
+                self.deliver(client, ShardReply::Moved { op: request.op(), key: Key::new(request.key()) })
             }
         }
     }
@@ -248,13 +344,17 @@ impl Io {
             self.outgoing[core].push(Message::Reply { client, reply });
             return;
         }
-        let Some(connection) = self.connection(slot, generation) else { return };
+        let Some(connection) =
+            self.connections.get_mut(slot as usize).filter(|c| c.generation == generation && c.fd >= 0)
+        else {
+            return;
+        };
         debug_assert!(connection.in_flight > 0, "a reply answers a request in flight");
         connection.in_flight = connection.in_flight.saturating_sub(1);
         if connection.closing {
             return;
         }
-        encode_reply(&reply.to_wire(None), &mut connection.output);
+        encode_reply(&reply.to_wire(self.active_address.as_deref()), &mut connection.output);
         self.mark_dirty(slot);
     }
 

@@ -29,11 +29,12 @@ use std::time::{Duration, Instant};
 use io_uring::types::{SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue};
 use ringlock_client::proto::ErrorCode;
-use ringlock_shards::{ClientId, Shard, ShardStats};
+use ringlock_shards::{ClientId, Delta, Shard, ShardStats};
 
 use crate::buf_ring::BufRing;
 use crate::connection::Connection;
-use crate::router::{Inbox, Mailbox, Message};
+use crate::role::{ClusterLink, CoreRole, Report};
+use crate::router::{Inbox, Mailbox, Message, RoutedRequest};
 use crate::stats;
 use crate::tokens::TokenAuthority;
 
@@ -101,6 +102,8 @@ pub struct Shared {
     /// Each core's latest counters, for `S`.
     pub stats: Vec<Mutex<stats::CoreStats>>,
     pub started: Instant,
+    /// The link to the replication core, in a cluster.
+    pub cluster: Option<ClusterLink>,
 }
 
 impl Shared {
@@ -175,11 +178,36 @@ pub(crate) struct Io {
     pub(crate) eventfd: RawFd,
     pub(crate) wake_buffer: Box<u64>,
     pub(crate) wake_armed: bool,
+    /// What this core does with requests for its keys.
+    pub(crate) role: CoreRole,
+    /// The address `M` replies name (standby), if an active is known.
+    pub(crate) active_address: Option<Vec<u8>>,
+    /// Requests held while the role is [`CoreRole::Held`], in arrival order.
+    pub(crate) parked: Vec<(ClientId, RoutedRequest)>,
+    /// This turn's deltas, reported to the replication core at its end.
+    pub(crate) deltas: Vec<Delta>,
+    /// Reports the replication core's full queue refused, sent first next turn.
+    pub(crate) reports: std::collections::VecDeque<Report>,
 }
 
 impl Io {
     fn all_sent(&self) -> bool {
         self.outgoing.iter().all(Vec::is_empty) && self.refused.iter().all(Vec::is_empty)
+    }
+
+    /// Sends this turn's deltas and any earlier reports to the replication
+    /// core, in order; what its full queue refuses waits for the next turn.
+    pub(crate) fn send_reports(&mut self) {
+        let Some(link) = &self.shared.cluster else { return };
+        if !self.deltas.is_empty() {
+            self.reports.push_back(Report::Deltas(std::mem::take(&mut self.deltas)));
+        }
+        while let Some(report) = self.reports.pop_front() {
+            if let Err(report) = link.report(report) {
+                self.reports.push_front(report);
+                break;
+            }
+        }
     }
 
     pub(crate) fn count_error(&mut self, code: ErrorCode) {
@@ -213,6 +241,8 @@ impl EventLoop {
         let cores = shared.mailboxes.len();
         let eventfd = inbox.eventfd;
         let advertised = shared.advertised.clone();
+        // In a cluster every node starts as a standby that knows no active.
+        let role = if shared.cluster.is_some() { CoreRole::Standby } else { CoreRole::Active };
         Ok(EventLoop {
             io: Io {
                 ring,
@@ -238,6 +268,11 @@ impl EventLoop {
                 eventfd,
                 wake_buffer: Box::new(0),
                 wake_armed: false,
+                role,
+                active_address: None,
+                parked: Vec::new(),
+                deltas: Vec::new(),
+                reports: std::collections::VecDeque::new(),
             },
             shard,
             buffers,
@@ -260,7 +295,10 @@ impl EventLoop {
             self.io.now_ms = self.io.shared.now_ms();
             self.handle_completions();
             self.handle_inbox();
-            self.shard.advance(self.io.now_ms);
+            // A held core lets no lease or wait run out until the hand-off ends.
+            if self.io.role != CoreRole::Held {
+                self.shard.advance(self.io.now_ms);
+            }
             self.retry_tokens();
             self.handle_effects();
             if phase == StopPhase::Running && self.io.shared.stop.load(Ordering::SeqCst) {
@@ -268,12 +306,18 @@ impl EventLoop {
                 stop_started = Instant::now();
                 self.io.begin_stop();
             }
+            if phase == StopPhase::Draining && !self.io.parked.is_empty() {
+                // Stopping without a successor: what a hand-off held is served
+                // like everything else that is queued.
+                self.resume();
+            }
             if phase == StopPhase::Draining && self.shard.stats().waiters > 0 {
                 self.shard.fail_waiters(self.io.now_ms, ErrorCode::ShuttingDown);
                 self.handle_effects();
             }
             self.io.retry_accept();
             self.io.flush();
+            self.io.send_reports();
             self.buffers.publish();
             self.publish_stats();
 
@@ -328,7 +372,8 @@ impl EventLoop {
         asleep.store(true, Ordering::SeqCst);
         let busy = !self.inbox.receiver.is_empty()
             || !self.io.ring.completion().is_empty()
-            || self.io.refused.iter().any(|batch| !batch.is_empty());
+            || self.io.refused.iter().any(|batch| !batch.is_empty())
+            || !self.io.reports.is_empty();
         let mut wait = if busy { Duration::ZERO } else { IDLE_WAIT_MAX };
         if stopping {
             wait = wait.min(STOP_WAIT_MAX);

@@ -10,6 +10,7 @@
 //! - `dispatch`: parsing requests, routing them to their shard, delivering replies.
 //! - `connection`: one client connection's buffers and I/O state.
 //! - `buf_ring`: the provided receive buffers of a ring.
+//! - `role`: a shard core's role in a cluster (serve, hold, redirect) and its reports.
 //! - `router`: messages between cores, with eventfd wake-ups.
 //! - `epoch`: the durable epoch file.
 //! - `tokens`: token ranges for the shards under the current epoch.
@@ -22,6 +23,7 @@ mod connection;
 mod dispatch;
 pub mod epoch;
 mod event_loop;
+mod role;
 mod router;
 pub mod server;
 mod sockets;

@@ -42,6 +42,8 @@ pub enum Message {
     /// client's requests unanswered. It follows every reply the shard sent the
     /// client before, so once every shard has acknowledged, nothing more comes.
     GoneAck { client: ClientId, removed: u32 },
+    /// From the replication core: a change of this core's role.
+    Control(crate::role::Control),
 }
 
 /// The sending side of one core's inbox.

@@ -37,7 +37,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let store = EpochStore::open(&config.data_dir)?;
     let authority = Arc::new(TokenAuthority::start(store, 0, TOKEN_RANGE_LEN)?);
 
-    let (listeners, local) = bind_listeners(config.listen, shards)?;
+    let (listeners, local) = bind_listeners(config.listen_address()?, shards)?;
     let mut mailboxes = Vec::with_capacity(shards);
     let mut inboxes = Vec::with_capacity(shards);
     for _ in 0..shards {
@@ -57,6 +57,7 @@ pub fn run(config: Config) -> Result<(), String> {
         drained: AtomicUsize::new(0),
         stats: (0..shards).map(|_| Mutex::new(CoreStats::default())).collect(),
         started: Instant::now(),
+        cluster: None,
     });
 
     // The loops must not take the stop signals: block them before the

@@ -1,13 +1,15 @@
 //! Token ranges for the shards, under the node's current epoch.
 //!
-//! This is the single-node stand-in for the replication core's token
-//! service: shards ask for a range when they run low and get it at once.
-//! Ranges come from one counter per epoch, so every range is above the ones
-//! before it; when the sequence space of an epoch nears its end the node moves
-//! to a new epoch, persisted before its first range is handed out (SPEC §2.6).
+//! Shards ask for a range when they run low and get it at once. Ranges come
+//! from one counter per epoch, so every range is above the ones before it.
+//! A single node owns its epoch store: when the sequence space of an epoch
+//! nears its end it moves to a new epoch, persisted before its first range is
+//! handed out (SPEC §2.6). In a cluster the replication core decides the
+//! epoch (an election ballot, persisted by the core) and sets it with
+//! [`TokenAuthority::activate`]; a used-up epoch is reported to it instead.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ringlock_shards::TokenRange;
 use ringlock_shards::token::SEQUENCE_MAX;
@@ -24,10 +26,14 @@ pub struct TokenAuthority {
     /// The current epoch, readable without the lock (every `P` reads it).
     current: AtomicU64,
     range_len: u64,
+    /// Cluster: the epoch's sequence space ran out; the replication core
+    /// must move to a new epoch.
+    exhausted: AtomicBool,
 }
 
 struct AuthorityState {
-    store: EpochStore,
+    /// A single node's own store; `None` in a cluster.
+    store: Option<EpochStore>,
     epoch: u64,
     next_sequence: u64,
 }
@@ -42,10 +48,46 @@ impl TokenAuthority {
         tracing::debug!(previous, epoch, "started a new epoch");
         Ok(TokenAuthority {
             node,
-            state: Mutex::new(AuthorityState { store, epoch, next_sequence: 0 }),
+            state: Mutex::new(AuthorityState { store: Some(store), epoch, next_sequence: 0 }),
             current: AtomicU64::new(epoch),
             range_len,
+            exhausted: AtomicBool::new(false),
         })
+    }
+
+    /// A cluster member's authority: no tokens until [`activate`](Self::activate).
+    pub fn cluster(node: u64, range_len: u64) -> TokenAuthority {
+        assert!(range_len > 0 && range_len <= SEQUENCE_MAX);
+        TokenAuthority {
+            node,
+            state: Mutex::new(AuthorityState { store: None, epoch: 0, next_sequence: 0 }),
+            current: AtomicU64::new(0),
+            range_len,
+            exhausted: AtomicBool::new(false),
+        }
+    }
+
+    /// Hands out ranges of `epoch` from now on (already persisted by the caller).
+    pub fn activate(&self, epoch: u64) {
+        let mut state = self.state.lock().expect("token authority lock");
+        if state.epoch != epoch {
+            state.epoch = epoch;
+            state.next_sequence = 0;
+        }
+        self.current.store(epoch, Ordering::Relaxed);
+        self.exhausted.store(false, Ordering::Relaxed);
+    }
+
+    /// Hands out nothing more: the node is not active.
+    pub fn deactivate(&self) {
+        let mut state = self.state.lock().expect("token authority lock");
+        state.epoch = 0;
+        self.current.store(0, Ordering::Relaxed);
+    }
+
+    /// Cluster: whether the current epoch ran out since the last call.
+    pub fn take_exhausted(&self) -> bool {
+        self.exhausted.swap(false, Ordering::Relaxed)
     }
 
     /// The epoch tokens are issued in now.
@@ -56,9 +98,16 @@ impl TokenAuthority {
     /// The next range; moves to a new epoch when this one is used up.
     pub fn take_range(&self) -> Result<TokenRange, String> {
         let mut state = self.state.lock().expect("token authority lock");
+        if state.epoch == 0 {
+            return Err("this node is not active".to_string());
+        }
         if state.next_sequence + self.range_len > SEQUENCE_MAX + 1 {
             let seen = state.epoch;
-            state.epoch = state.store.advance(self.node, seen)?;
+            let Some(store) = &mut state.store else {
+                self.exhausted.store(true, Ordering::Relaxed);
+                return Err(format!("the sequence space of epoch {seen} is used up; moving to a new epoch"));
+            };
+            state.epoch = store.advance(self.node, seen)?;
             self.current.store(state.epoch, Ordering::Relaxed);
             state.next_sequence = 0;
             tracing::info!(epoch = state.epoch, "sequence space used up; moved to a new epoch");

@@ -38,9 +38,12 @@ pub enum ShardReply {
         /// The token of the grant, unchanged.
         token: u64,
     },
-    /// The node stopped being active while the acquire was queued: the
-    /// client should send it to the active (`M A <key> <active>`).
+    /// This node is not active (or stopped being active while an acquire
+    /// was queued): the client should send the request to the active
+    /// (`M <op> <key> <active>`).
     Moved {
+        /// The request's operation.
+        op: Op,
         /// The key.
         key: Key,
     },
@@ -60,7 +63,7 @@ impl ShardReply {
     /// [`ShardReply::Moved`] names (`None`: no active is known).
     pub fn to_wire<'a>(&'a self, active: Option<&'a [u8]>) -> Reply<'a> {
         match self {
-            ShardReply::Moved { key } => Reply::Moved { op: Op::Acquire, key: key.as_bytes(), active },
+            ShardReply::Moved { op, key } => Reply::Moved { op: *op, key: key.as_bytes(), active },
             ShardReply::Acquired { key, token } => Reply::Acquired { key: key.as_bytes(), token: *token },
             ShardReply::TimedOut { key } => Reply::TimedOut { key: key.as_bytes() },
             ShardReply::Released { key } => Reply::Released { key: key.as_bytes() },
@@ -78,7 +81,7 @@ impl ShardReply {
             | ShardReply::TimedOut { key }
             | ShardReply::Released { key }
             | ShardReply::Extended { key, .. }
-            | ShardReply::Moved { key }
+            | ShardReply::Moved { key, .. }
             | ShardReply::Error { key, .. } => key,
         }
     }

@@ -445,7 +445,7 @@ impl Shard {
                                 self.count_error(code);
                                 ShardReply::Error { op: Op::Acquire, key, code }
                             }
-                            None => ShardReply::Moved { key },
+                            None => ShardReply::Moved { op: Op::Acquire, key },
                         }
                     }
                     WaiterState::HeldTimeout => ShardReply::TimedOut { key },

@@ -425,7 +425,10 @@ fn stepping_down_moves_waiters_and_drops_every_key() {
     shard.step_down(4);
     assert_eq!(
         replies(&mut shard),
-        vec![(C2, ShardReply::Moved { key: Key::new(b"k") }), (C2, ShardReply::Moved { key: Key::new(b"k") })]
+        vec![
+            (C2, ShardReply::Moved { op: Op::Acquire, key: Key::new(b"k") }),
+            (C2, ShardReply::Moved { op: Op::Acquire, key: Key::new(b"k") })
+        ]
     );
     let stats = shard.stats();
     assert_eq!((stats.keys, stats.held_keys, stats.waiters), (0, 0, 0));
