@@ -7,15 +7,15 @@
 //! and in order with them. A single node is always [`CoreRole::Active`] and
 //! reports nothing.
 
+// Only the replication core sends controls and reads reports, and it is not
+// built yet (issue 6): until then a server is always a single node.
+#![allow(dead_code)]
+
 use std::sync::Mutex;
 
 use crossbeam_channel::{Sender, TrySendError};
 use ringlock_client::proto::Role;
 use ringlock_shards::{Delta, Key};
-
-/// Reports the cores' queue to the replication core may hold before cores
-/// keep theirs for a later turn (nothing is dropped).
-pub const REPORTS_QUEUED_MAX: usize = 4096;
 
 /// What a core does with requests for its keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

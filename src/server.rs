@@ -20,6 +20,16 @@ use crate::tokens::{TOKEN_RANGE_LEN, TokenAuthority};
 
 /// Runs the server until SIGINT or SIGTERM; errors are for the operator.
 pub fn run(config: Config) -> Result<(), String> {
+    if let Some(settings) = config.cluster()? {
+        // The flags are checked and documented, but the replication core that
+        // runs a cluster is not part of this version: refuse rather than run
+        // a lone node that its peers and clients would take for a cluster member.
+        return Err(format!(
+            "--peers lists {} nodes, but this version of ringlock runs only as a single node \
+             (the cluster's replication core is not built yet); pass no --peers, or only this node's address",
+            settings.peers.len()
+        ));
+    }
     let shards = config.shard_count();
     let cpus = config.shard_cpus()?;
     let shard_config = ShardConfig {

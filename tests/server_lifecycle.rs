@@ -93,6 +93,27 @@ fn an_unusable_data_dir_or_address_is_a_clear_error() {
 }
 
 #[test]
+fn cluster_flags_are_checked_and_a_cluster_is_refused_clearly() {
+    let run = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_ringlock")).args(args).output().unwrap();
+        assert!(!output.status.success(), "{args:?} must not start");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let peers = "127.0.0.1:1,127.0.0.1:2";
+    assert!(run(&["--peers", peers, "--node", "5"]).contains("--node 5"));
+    assert!(run(&["--peers", peers, "--node", "0", "--heartbeat-ms", "900"]).contains("--failover-ms"));
+    assert!(run(&["--node", "0"]).contains("--node needs --peers"));
+    assert!(run(&["--peers", peers, "--node", "1", "--no-pin"]).contains("only as a single node"));
+
+    // A cluster of one is a single node.
+    let data_dir = Arc::new(DataDir::new());
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let server = Server::try_start_in(data_dir, &["--peers", &free, "--node", "0", "--listen", &free])
+        .unwrap_or_else(|log| panic!("a one-node --peers starts:\n{log}"));
+    assert_eq!(server.addr.to_string(), free);
+}
+
+#[test]
 fn help_explains_every_flag() {
     let output = Command::new(env!("CARGO_BIN_EXE_ringlock")).arg("--help").output().unwrap();
     assert!(output.status.success());
@@ -109,6 +130,11 @@ fn help_explains_every_flag() {
         "--max-waiters-per-key",
         "--max-lease",
         "--log-level",
+        "--peers",
+        "--node",
+        "--heartbeat-ms",
+        "--failover-ms",
+        "--cluster-listen",
         "RINGLOCK_LISTEN",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
