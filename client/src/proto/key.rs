@@ -22,7 +22,37 @@ use super::KEY_LEN_MAX;
 /// assert!(!is_valid_key(&[b'k'; 251]));
 /// ```
 pub fn is_valid_key(key: &[u8]) -> bool {
-    (1..=KEY_LEN_MAX).contains(&key.len()) && !key.iter().copied().any(is_forbidden_byte)
+    (1..=KEY_LEN_MAX).contains(&key.len()) && key_bytes_len(key) == key.len()
+}
+
+/// How many bytes at the front of `bytes` a key may hold: the index of the
+/// first space, tab, CR, LF or NUL, or `bytes.len()` if there is none.
+///
+/// It reads eight bytes at a time. Every forbidden byte is below `0x21`, and
+/// a key byte rarely is, so a word with no byte below `0x21` is all key bytes.
+/// The test for such bytes is the "has a zero byte" trick on `word - 0x2121...`:
+/// the lowest byte it flags is always a real one, since a borrow only flags
+/// bytes above a real one.
+#[inline(always)]
+pub(crate) fn key_bytes_len(bytes: &[u8]) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    let mut len = 0;
+    while let Some(word) = bytes.get(len..).and_then(<[u8]>::first_chunk::<8>) {
+        let word = u64::from_le_bytes(*word);
+        let below_0x21 = word.wrapping_sub(ONES * 0x21) & !word & HIGHS;
+        if below_0x21 == 0 {
+            len += 8;
+            continue;
+        }
+        let at = len + (below_0x21.trailing_zeros() / 8) as usize;
+        if !is_key_byte(bytes[at]) {
+            return at;
+        }
+        // A control byte that keys may hold: go on after it.
+        len = at + 1;
+    }
+    bytes[len..].iter().position(|&byte| !is_key_byte(byte)).map_or(bytes.len(), |offset| len + offset)
 }
 
 /// Whether `address` can stand in the address field of an `M` or `P` reply:
@@ -54,9 +84,27 @@ fn is_forbidden_byte(byte: u8) -> bool {
     matches!(byte, b' ' | b'\t' | b'\r' | b'\n' | b'\0')
 }
 
+/// Whether a key may hold `byte`: one load, for the request decoder's scan
+/// of a key, instead of five comparisons.
+#[inline(always)]
+pub(crate) fn is_key_byte(byte: u8) -> bool {
+    KEY_BYTES[byte as usize]
+}
+
+const KEY_BYTES: [bool; 256] = {
+    let mut table = [true; 256];
+    table[b' ' as usize] = false;
+    table[b'\t' as usize] = false;
+    table[b'\r' as usize] = false;
+    table[b'\n' as usize] = false;
+    table[b'\0' as usize] = false;
+    table
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn key_length_bounds() {
@@ -86,6 +134,13 @@ mod tests {
     }
 
     #[test]
+    fn key_byte_table_agrees_with_the_rule() {
+        for byte in 0..=u8::MAX {
+            assert_eq!(is_key_byte(byte), !is_forbidden_byte(byte), "{byte:#04x}");
+        }
+    }
+
+    #[test]
     fn address_rules() {
         assert!(is_valid_address(b"127.0.0.1:7700"));
         assert!(is_valid_address(b"--"));
@@ -95,5 +150,39 @@ mod tests {
         assert!(!is_valid_address(b"host:1\r"));
         // Addresses are not bounded like keys: a long host name is fine.
         assert!(is_valid_address(&[b'h'; 300]));
+    }
+
+    #[test]
+    fn key_bytes_len_finds_the_first_forbidden_byte_at_every_position() {
+        for len in 0..40 {
+            for byte in [b' ', b'\t', b'\r', b'\n', b'\0'] {
+                for at in 0..len {
+                    let mut bytes = vec![b'k'; len];
+                    bytes[at] = byte;
+                    assert_eq!(key_bytes_len(&bytes), at, "{byte:#04x} at {at} of {len}");
+                }
+            }
+            assert_eq!(key_bytes_len(&vec![b'k'; len]), len);
+            // Control bytes below 0x21 that keys may hold are not the end.
+            assert_eq!(key_bytes_len(&vec![0x01; len]), len);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn key_bytes_len_agrees_with_a_byte_loop(bytes in proptest::collection::vec(
+            prop_oneof![
+                4 => proptest::sample::select(b"kK-/09".to_vec()),
+                1 => proptest::sample::select(vec![b' ', b'\t', b'\r', b'\n', b'\0']),
+                1 => proptest::sample::select(vec![0x01, 0x08, 0x0b, 0x1f, 0x20, 0x21, 0x7f, 0x80, 0xa0, 0xa1, 0xff]),
+                1 => any::<u8>(),
+            ],
+            0..48,
+        )) {
+            let expected = bytes.iter().position(|&byte| is_forbidden_byte(byte)).unwrap_or(bytes.len());
+            prop_assert_eq!(key_bytes_len(&bytes), expected);
+            let naive = (1..=KEY_LEN_MAX).contains(&bytes.len()) && !bytes.iter().copied().any(is_forbidden_byte);
+            prop_assert_eq!(is_valid_key(&bytes), naive);
+        }
     }
 }

@@ -38,7 +38,9 @@
 //! - `key.rs`: what a key and an address may hold ([`is_valid_key`],
 //!   [`is_valid_address`]).
 //! - `request.rs`: [`Request`], [`RequestError`], [`decode_request`],
-//!   [`encode_request`]: the rules a server checks every line against.
+//!   [`encode_request`]: the rules a server checks every line against, and
+//!   the one-pass reading of a valid line that spares most lines the full
+//!   checks.
 //! - `reply.rs`: [`Reply`], [`Role`], [`ReplyError`], [`decode_reply`],
 //!   [`encode_reply`].
 

@@ -24,15 +24,110 @@
 /// assert_eq!(parse_u64(b""), None);
 /// ```
 pub fn parse_u64(field: &[u8]) -> Option<u64> {
-    if field.is_empty() {
+    // Only leading zeros can make a `u64` longer than 20 digits; skipping
+    // them (but the last) leaves a field `parse_u64_prefix` reads whole.
+    let digits = if field.len() > U64_DIGITS_MAX {
+        let zeros = field.iter().take_while(|&&byte| byte == b'0').count();
+        &field[zeros.min(field.len() - 1)..]
+    } else {
+        field
+    };
+    match parse_u64_prefix(digits) {
+        Some((value, len)) if len == digits.len() => Some(value),
+        _ => None,
+    }
+}
+
+/// Most decimal digits a `u64` has (`u64::MAX` has 20).
+const U64_DIGITS_MAX: usize = 20;
+
+/// Reads the decimal digits at the front of `bytes`, at most 20 of them, and
+/// returns their value and how many there were. The caller checks the byte
+/// after them: a 21st digit there means a number this does not read.
+///
+/// `None` if `bytes` does not start with a digit, or if 20 digits overflow.
+/// Nineteen digits always fit in a `u64`, so only the 20th is checked.
+#[inline(always)]
+pub(crate) fn parse_u64_prefix(bytes: &[u8]) -> Option<(u64, usize)> {
+    let (mut value, mut len) = read_digits(bytes, U64_DIGITS_MAX - 1);
+    if len == 0 {
         return None;
     }
-    let mut value: u64 = 0;
-    for &byte in field {
-        let digit = digit_value(byte)?;
+    if len == U64_DIGITS_MAX - 1
+        && let Some(digit) = bytes.get(len).and_then(|&byte| digit_value(byte))
+    {
         value = value.checked_mul(10)?.checked_add(digit)?;
+        len += 1;
     }
-    Some(value)
+    Some((value, len))
+}
+
+/// Reads the decimal digits at the front of `bytes`, at most `len_max` of
+/// them (at most 19, so that their value fits), and returns their value and
+/// how many there were (0 if `bytes` does not start with a digit).
+///
+/// It reads eight bytes at a time while eight more digits may follow, then
+/// one at a time.
+#[inline(always)]
+fn read_digits(bytes: &[u8], len_max: usize) -> (u64, usize) {
+    debug_assert!(len_max < U64_DIGITS_MAX);
+    let mut value: u64 = 0;
+    let mut len = 0;
+    while len + 8 <= len_max {
+        let Some(word) = bytes.get(len..).and_then(<[u8]>::first_chunk::<8>) else { break };
+        let (word_value, word_len) = leading_digits_of_word(word);
+        value = value * POWERS_OF_TEN[word_len] + word_value;
+        len += word_len;
+        if word_len < 8 {
+            return (value, len);
+        }
+    }
+    while len < len_max {
+        let Some(digit) = bytes.get(len).and_then(|&byte| digit_value(byte)) else { break };
+        value = value * 10 + digit;
+        len += 1;
+    }
+    (value, len)
+}
+
+/// `10^n` for `n` in `0..=8`.
+const POWERS_OF_TEN: [u64; 9] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100_000_000];
+
+/// The value and count of the decimal digits that `word` starts with (0 to 8).
+#[inline(always)]
+fn leading_digits_of_word(word: &[u8; 8]) -> (u64, usize) {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // In little-endian order the first byte is the lowest. XOR with `0`
+    // maps the digits, and only them, to the byte values 0 to 9.
+    let values = u64::from_le_bytes(*word) ^ (ONES * u64::from(b'0'));
+    // A byte is not a digit if its value is over 9: adding 0x76 to its low
+    // seven bits sets its high bit (with no carry into the next byte), or
+    // its own high bit is set.
+    let not_digits = (((values & !HIGHS).wrapping_add(ONES * 0x76)) | values) & HIGHS;
+    let len = (not_digits.trailing_zeros() / 8) as usize;
+    if len == 0 {
+        return (0, 0);
+    }
+    // Shifting the digits to the top of the word drops the bytes after them
+    // and brings in zero bytes before them: leading zeros.
+    let digits = values << (64 - 8 * len);
+    (eight_digits(digits), len)
+}
+
+/// The value of eight digit values (0 to 9) in the bytes of `digits`, the
+/// first (lowest) byte the most significant: three multiplications instead of
+/// eight.
+#[inline(always)]
+fn eight_digits(digits: u64) -> u64 {
+    // Each even byte becomes the two-digit number of itself and the next.
+    let pairs = digits.wrapping_mul(10).wrapping_add(digits >> 8);
+    // Pairs 0 and 2 (bytes 0 and 4) and pairs 1 and 3 (bytes 2 and 6), each
+    // scaled to its place; the sum lands in the high 32 bits.
+    const PAIRS_0_2: u64 = 0x0000_00ff_0000_00ff;
+    let high = (pairs & PAIRS_0_2).wrapping_mul(100 + (1_000_000 << 32));
+    let low = ((pairs >> 16) & PAIRS_0_2).wrapping_mul(1 + (10_000 << 32));
+    high.wrapping_add(low) >> 32
 }
 
 /// Appends `value` in decimal, without leading zeros (`0` is written `0`).
@@ -47,20 +142,78 @@ pub fn parse_u64(field: &[u8]) -> Option<u64> {
 /// assert_eq!(out, b"1234");
 /// ```
 pub fn write_u64(value: u64, out: &mut Vec<u8>) {
-    // u64::MAX has 20 decimal digits.
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    let mut rest = value;
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
+    let len = decimal_len(value);
+    // The number is written right-aligned to end at `U64_DIGITS_MAX`, in
+    // groups of eight digits whose quotients do not depend on each other
+    // (instead of one long chain of divisions), two digits per table load.
+    // The padding after it lets the number be appended as a copy of a fixed
+    // size, with no call, then cut to `len`.
+    let mut digits = [b'0'; 2 * U64_DIGITS_MAX];
+    write_eight_digits((value % 100_000_000) as u32, &mut digits[12..20]);
+    if value >= 100_000_000 {
+        let high = value / 100_000_000;
+        write_eight_digits((high % 100_000_000) as u32, &mut digits[4..12]);
+        // At most 1844: four digits.
+        write_four_digits((high / 100_000_000) as u32, &mut digits[..4]);
     }
-    out.extend_from_slice(&digits[start..]);
+    let start = U64_DIGITS_MAX - len;
+    let window: &[u8; U64_DIGITS_MAX] = digits[start..start + U64_DIGITS_MAX].try_into().expect("within the buffer");
+    let end = out.len() + len;
+    out.extend_from_slice(window);
+    out.truncate(end);
 }
+
+/// How many decimal digits `value` has (1 for 0).
+#[inline(always)]
+fn decimal_len(value: u64) -> usize {
+    // `bits * 1233 / 4096` (1233 / 4096 is just over log10(2)) is the digit
+    // count or one less; one comparison tells which. `value | 1` has as many
+    // digits as `value` and at least one bit.
+    let value = value | 1;
+    let bits = 64 - value.leading_zeros();
+    let guess = ((bits * 1233) >> 12) as usize;
+    guess + usize::from(value >= POWERS_OF_TEN_U64[guess])
+}
+
+/// `10^n` for `n` in `0..=19`, every power of ten a `u64` holds.
+const POWERS_OF_TEN_U64: [u64; 20] = {
+    let mut powers = [1u64; 20];
+    let mut index = 1;
+    while index < powers.len() {
+        powers[index] = powers[index - 1] * 10;
+        index += 1;
+    }
+    powers
+};
+
+/// Writes `value` (below `10^8`) as eight digits with leading zeros.
+#[inline(always)]
+fn write_eight_digits(value: u32, out: &mut [u8]) {
+    write_four_digits(value / 10_000, &mut out[..4]);
+    write_four_digits(value % 10_000, &mut out[4..8]);
+}
+
+/// Writes `value` (below `10^4`) as four digits with leading zeros.
+#[inline(always)]
+fn write_four_digits(value: u32, out: &mut [u8]) {
+    let high = (value / 100) as usize * 2;
+    let low = (value % 100) as usize * 2;
+    out[..2].copy_from_slice(&DIGIT_PAIRS[high..high + 2]);
+    out[2..4].copy_from_slice(&DIGIT_PAIRS[low..low + 2]);
+}
+
+/// `00`, `01`, ... `99`: two digits per division by 100 halves the
+/// divisions of writing a number.
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut pairs = [0u8; 200];
+    let mut value = 0;
+    while value < 100 {
+        pairs[value * 2] = b'0' + (value / 10) as u8;
+        pairs[value * 2 + 1] = b'0' + (value % 10) as u8;
+        value += 1;
+    }
+    pairs
+};
 
 /// Parses decimal seconds (`30`, `0.5`, `2.125`) into milliseconds.
 ///
@@ -113,6 +266,49 @@ pub fn parse_seconds_ms(field: &[u8]) -> Option<u64> {
         }
     }
     Some(seconds.saturating_mul(1000).saturating_add(fraction_ms))
+}
+
+/// Most whole-second digits [`parse_seconds_prefix`] reads: 16 digits of
+/// seconds and three of milliseconds always fit in a `u64` of milliseconds.
+const SECONDS_DIGITS_MAX: usize = 16;
+
+/// Reads decimal seconds at the front of `bytes` (the grammar of
+/// [`parse_seconds_ms`]) and returns the milliseconds and how many bytes they
+/// took. The caller checks the byte after them: a digit there (a 17th whole
+/// or 4th fractional digit) means a number this does not read.
+///
+/// `None` if `bytes` does not start with a digit, or has a `.` not followed
+/// by one. No value read here saturates, so it agrees with
+/// [`parse_seconds_ms`] on every field it reads whole.
+#[inline(always)]
+pub(crate) fn parse_seconds_prefix(bytes: &[u8]) -> Option<(u64, usize)> {
+    // Seconds are short (`30`, `0.5`): a word at a time would cost more.
+    let mut seconds: u64 = 0;
+    let mut len = 0;
+    while len < SECONDS_DIGITS_MAX {
+        let Some(digit) = bytes.get(len).and_then(|&byte| digit_value(byte)) else { break };
+        seconds = seconds * 10 + digit;
+        len += 1;
+    }
+    if len == 0 {
+        return None;
+    }
+    let mut ms = seconds * 1000;
+    if bytes.get(len) == Some(&b'.') {
+        const PLACE_MS: [u64; 3] = [100, 10, 1];
+        let fraction = &bytes[len + 1..];
+        let mut fraction_len = 0;
+        while fraction_len < PLACE_MS.len() {
+            let Some(digit) = fraction.get(fraction_len).and_then(|&byte| digit_value(byte)) else { break };
+            ms += digit * PLACE_MS[fraction_len];
+            fraction_len += 1;
+        }
+        if fraction_len == 0 {
+            return None;
+        }
+        len += 1 + fraction_len;
+    }
+    Some((ms, len))
 }
 
 /// Appends `ms` as the shortest decimal seconds that [`parse_seconds_ms`]
@@ -197,6 +393,19 @@ mod tests {
         assert_eq!(decimal(0), b"0");
         assert_eq!(decimal(10), b"10");
         assert_eq!(decimal(u64::MAX), b"18446744073709551615");
+    }
+
+    #[test]
+    fn write_u64_at_every_digit_count() {
+        for power in POWERS_OF_TEN_U64 {
+            for value in [power - 1, power, power + 1, power.saturating_mul(2), power.saturating_mul(9)] {
+                assert_eq!(decimal(value), value.to_string().into_bytes(), "{value}");
+                assert_eq!(decimal_len(value), value.to_string().len(), "{value}");
+            }
+        }
+        for value in [u64::MAX, u64::MAX - 1, 99_999_999, 100_000_000, 1_844_674_407_370_955_161] {
+            assert_eq!(decimal(value), value.to_string().into_bytes(), "{value}");
+        }
     }
 
     #[test]
@@ -300,6 +509,78 @@ mod tests {
                 .filter(|text| text.bytes().all(|byte| byte.is_ascii_digit()))
                 .and_then(|text| text.parse::<u64>().ok());
             prop_assert_eq!(parse_u64(&field), expected);
+        }
+
+        #[test]
+        fn parse_u64_of_digit_strings(zeros in 0..30usize, digits in "[0-9]{1,22}") {
+            let field = format!("{}{digits}", "0".repeat(zeros));
+            let expected = digits.parse::<u128>().ok().and_then(|value| u64::try_from(value).ok());
+            prop_assert_eq!(parse_u64(field.as_bytes()), expected);
+        }
+
+        #[test]
+        fn parse_u64_prefix_reads_the_leading_digits(
+            digits in "[0-9]{0,24}",
+            suffix in proptest::collection::vec(any::<u8>(), 0..12),
+        ) {
+            let mut bytes = digits.clone().into_bytes();
+            bytes.extend_from_slice(&suffix);
+            let leading = bytes.iter().take_while(|byte| byte.is_ascii_digit()).count();
+            // It reads at most 20 digits, and none if they overflow.
+            let read = leading.min(U64_DIGITS_MAX);
+            let expected = std::str::from_utf8(&bytes[..read])
+                .unwrap()
+                .parse::<u128>()
+                .ok()
+                .and_then(|value| u64::try_from(value).ok())
+                .map(|value| (value, read));
+            prop_assert_eq!(parse_u64_prefix(&bytes), expected);
+        }
+
+        #[test]
+        fn leading_digits_of_a_word(word in proptest::array::uniform8(prop_oneof![
+            4 => b'0'..=b'9',
+            1 => proptest::sample::select(vec![0x00, 0x20, 0x2e, 0x2f, 0x3a, 0x7f, 0x80, 0xb0, 0xb9, 0xff]),
+            1 => any::<u8>(),
+        ])) {
+            let len = word.iter().take_while(|byte| byte.is_ascii_digit()).count();
+            let value = word[..len].iter().fold(0u64, |value, &byte| value * 10 + u64::from(byte - b'0'));
+            prop_assert_eq!(leading_digits_of_word(&word), (value, len));
+        }
+
+        #[test]
+        fn parse_seconds_prefix_agrees_with_parse_seconds_ms(
+            whole in "[0-9]{0,18}",
+            fraction in proptest::option::of("[0-9]{0,4}"),
+            suffix in proptest::collection::vec(any::<u8>(), 0..4),
+        ) {
+            let mut field = whole.clone().into_bytes();
+            if let Some(fraction) = &fraction {
+                field.push(b'.');
+                field.extend_from_slice(fraction.as_bytes());
+            }
+            let mut bytes = field.clone();
+            bytes.extend_from_slice(&suffix);
+            match parse_seconds_prefix(&bytes) {
+                // What it reads whole is a field of the grammar, with the
+                // value `parse_seconds_ms` gives it.
+                Some((ms, len)) => {
+                    prop_assert!(len >= 1 && len <= bytes.len());
+                    prop_assert_eq!(parse_seconds_ms(&bytes[..len]), Some(ms));
+                }
+                // Only no digit, or a `.` with no digit after it, is nothing.
+                None => {
+                    let dot_alone = whole.len() <= SECONDS_DIGITS_MAX
+                        && bytes.get(whole.len()) == Some(&b'.')
+                        && !bytes.get(whole.len() + 1).is_some_and(u8::is_ascii_digit);
+                    prop_assert!(whole.is_empty() || dot_alone);
+                }
+            }
+            // It reads every well-formed field of at most 16 whole digits.
+            let ends = !matches!(suffix.first(), Some(byte) if byte.is_ascii_digit() || *byte == b'.');
+            if ends && whole.len() <= SECONDS_DIGITS_MAX && let Some(ms) = parse_seconds_ms(&field) {
+                prop_assert_eq!(parse_seconds_prefix(&bytes), Some((ms, field.len())));
+            }
         }
 
         #[test]

@@ -1,11 +1,11 @@
 //! Requests: what a client sends, how a server reads it, and the error reply
 //! for a line that is not a valid request.
 
-use super::key::is_valid_key;
+use super::key::{is_valid_key, key_bytes_len};
 use super::line::{Decoded, split_fields, split_line};
-use super::number::{parse_seconds_ms, parse_u64, write_seconds, write_u64};
+use super::number::{parse_seconds_ms, parse_seconds_prefix, parse_u64, parse_u64_prefix, write_seconds, write_u64};
 use super::reply::Reply;
-use super::{ErrorCode, LINE_LEN_MAX, Op, WAIT_MS_MAX};
+use super::{ErrorCode, KEY_LEN_MAX, LINE_LEN_MAX, Op, WAIT_MS_MAX};
 
 /// One request, borrowing its key from the buffer it was decoded from.
 ///
@@ -172,10 +172,98 @@ impl<'a> RequestError<'a> {
 /// assert_eq!(decode_request(buf, LEASE_MS_MAX_DEFAULT), Decoded::Incomplete);
 /// ```
 pub fn decode_request(buf: &[u8], lease_ms_max: u64) -> Decoded<Result<Request<'_>, RequestError<'_>>> {
+    if let Some((consumed, request)) = decode_valid_line(buf, lease_ms_max) {
+        return Decoded::Line { consumed, item: Ok(request) };
+    }
     split_line(buf, LINE_LEN_MAX).map(|line| parse_request(line, lease_ms_max))
 }
 
-/// Reads one line, without its line ending, as a request.
+/// Decodes the first line of `buf` if it is a valid request, reading each of
+/// its bytes once: the fields are checked as they are found, and the line's
+/// end is found where its last field ends.
+///
+/// This is the decoder's fast path: nearly every line a server reads is a
+/// valid request. `None` says nothing about the line (it may be invalid,
+/// incomplete or too long, or valid but of a rarer spelling such as a
+/// 21-digit token with leading zeros), and [`split_line`] and
+/// [`parse_request`], which read any line, then decide. So that the two
+/// paths never disagree, this accepts only lines that those accept too, and
+/// returns the same request.
+#[inline(always)]
+fn decode_valid_line(buf: &[u8], lease_ms_max: u64) -> Option<(usize, Request<'_>)> {
+    // A line allowed by `split_line` ends within this window.
+    let window = &buf[..buf.len().min(LINE_LEN_MAX + 2)];
+    let (&op, rest) = window.split_first()?;
+    let (request, rest) = match op {
+        b'A' => {
+            let (key, rest) = key_field(rest)?;
+            let (lease_ms, rest) = seconds_field(rest)?;
+            let (wait_ms, rest) = seconds_field(rest)?;
+            if lease_ms == 0 || lease_ms > lease_ms_max || wait_ms > WAIT_MS_MAX {
+                return None;
+            }
+            (Request::Acquire { key, lease_ms, wait_ms }, rest)
+        }
+        b'R' => {
+            let (key, rest) = key_field(rest)?;
+            let (token, rest) = token_field(rest)?;
+            (Request::Release { key, token }, rest)
+        }
+        b'X' => {
+            let (key, rest) = key_field(rest)?;
+            let (token, rest) = token_field(rest)?;
+            let (lease_ms, rest) = seconds_field(rest)?;
+            if lease_ms == 0 || lease_ms > lease_ms_max {
+                return None;
+            }
+            (Request::Extend { key, token, lease_ms }, rest)
+        }
+        b'P' => (Request::Ping, rest),
+        b'S' => (Request::Stats, rest),
+        _ => return None,
+    };
+    let line_len = window.len() - rest.len();
+    let ending_len = match rest {
+        [b'\n', ..] => 1,
+        [b'\r', b'\n', ..] => 2,
+        _ => return None,
+    };
+    (line_len <= LINE_LEN_MAX).then_some((line_len + ending_len, request))
+}
+
+/// A space and a valid key at the front of `rest`, and what follows the key.
+#[inline(always)]
+fn key_field(rest: &[u8]) -> Option<(&[u8], &[u8])> {
+    let rest = rest.strip_prefix(b" ")?;
+    // The key ends at its first byte that no key may hold, which must be the
+    // next field's space (checked by the next field). Looking one byte past
+    // the longest key is enough to tell a key that is too long.
+    let key_len = key_bytes_len(&rest[..rest.len().min(KEY_LEN_MAX + 1)]);
+    if key_len == 0 || key_len > KEY_LEN_MAX {
+        return None;
+    }
+    Some(rest.split_at(key_len))
+}
+
+/// A space and a token at the front of `rest`, and what follows it.
+#[inline(always)]
+fn token_field(rest: &[u8]) -> Option<(u64, &[u8])> {
+    let rest = rest.strip_prefix(b" ")?;
+    let (token, len) = parse_u64_prefix(rest)?;
+    Some((token, &rest[len..]))
+}
+
+/// A space and decimal seconds at the front of `rest`, in milliseconds, and
+/// what follows them.
+#[inline(always)]
+fn seconds_field(rest: &[u8]) -> Option<(u64, &[u8])> {
+    let rest = rest.strip_prefix(b" ")?;
+    let (ms, len) = parse_seconds_prefix(rest)?;
+    Some((ms, &rest[len..]))
+}
+
+/// Reads one line, without its line ending, as a request: the rules in
+/// full, for every line [`decode_valid_line`] leaves.
 fn parse_request(line: &[u8], lease_ms_max: u64) -> Result<Request<'_>, RequestError<'_>> {
     let fields = split_fields::<4>(line);
     let Some(op) = Op::from_field(fields.get(0)) else {
@@ -789,10 +877,13 @@ mod tests {
                 return None;
             }
             let whole = whole.trim_start_matches('0');
+            // A value too large for a u64 of milliseconds saturates to
+            // u64::MAX, as `parse_seconds_ms` documents.
             if whole.len() > 30 {
-                return Some(u128::MAX);
+                return Some(u128::from(u64::MAX));
             }
-            Some(whole.parse::<u128>().unwrap_or(0) * 1000 + format!("{fraction:0<3}").parse::<u128>().unwrap())
+            let ms = whole.parse::<u128>().unwrap_or(0) * 1000 + format!("{fraction:0<3}").parse::<u128>().unwrap();
+            Some(ms.min(u128::from(u64::MAX)))
         };
         let lease = |field| {
             seconds(field)
@@ -824,6 +915,167 @@ mod tests {
         }
     }
 
+    /// A plainer reading of the framing rules over a whole buffer, with
+    /// [`reference_parse`] for the line: what `decode_request` must return.
+    fn reference_decode(buf: &[u8], lease_ms_max: u64) -> Decoded<Result<Request<'_>, RequestError<'_>>> {
+        match buf.iter().position(|&byte| byte == b'\n') {
+            Some(newline) => {
+                let line = &buf[..newline];
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                if line.len() > LINE_LEN_MAX {
+                    Decoded::LineTooLong
+                } else {
+                    Decoded::Line { consumed: newline + 1, item: reference_parse(line, lease_ms_max) }
+                }
+            }
+            // Without a newline the bytes may still become an allowed line,
+            // or be one whose `\r\n` has not all arrived.
+            None if buf.len() <= LINE_LEN_MAX || (buf.len() == LINE_LEN_MAX + 1 && buf.ends_with(b"\r")) => {
+                Decoded::Incomplete
+            }
+            None => Decoded::LineTooLong,
+        }
+    }
+
+    /// Bytes at the edges of the grammar, for damaging lines with.
+    const EDGE_BYTES: &[u8] = b" \t\r\n\0.09-+AReP\x01\x1f\x21\x2f\x3a\x7f\x80\xb0\xff";
+
+    /// A number field as text, near the edges of what the fields accept.
+    fn number_text(lease_ms_max: u64) -> impl Strategy<Value = Vec<u8>> {
+        let decimal = |value: u64| value.to_string().into_bytes();
+        let seconds = |ms: u64| {
+            let mut out = Vec::new();
+            write_seconds(ms, &mut out);
+            out
+        };
+        prop_oneof![
+            any::<u64>().prop_map(decimal),
+            (0..25usize, any::<u64>()).prop_map(move |(zeros, value)| [vec![b'0'; zeros], decimal(value)].concat()),
+            proptest::sample::select(vec![
+                &b"0"[..],
+                b"1",
+                b"0.000",
+                b"0.001",
+                b"9999999999999999999",
+                b"10000000000000000000",
+                b"18446744073709551615",
+                b"18446744073709551616",
+                b"99999999999999999999",
+                b"9999999999999999",
+                b"9999999999999999.999",
+                b"10000000000000000",
+                b"86400",
+                b"86400.000",
+                b"86400.001",
+                b"1.2345",
+                b"1.",
+                b".1",
+            ])
+            .prop_map(<[u8]>::to_vec),
+            (0..=WAIT_MS_MAX + 1).prop_map(seconds),
+            Just(seconds(lease_ms_max)),
+            Just(seconds(lease_ms_max.saturating_add(1))),
+            ("[0-9]{1,18}", proptest::option::of("[0-9]{0,4}")).prop_map(|(whole, fraction)| match fraction {
+                Some(fraction) => format!("{whole}.{fraction}").into_bytes(),
+                None => whole.into_bytes(),
+            }),
+        ]
+    }
+
+    /// A key field near the edges: short and long valid keys, keys one byte
+    /// too long, and keys with control bytes that keys may or may not hold.
+    fn key_text() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            4 => valid_key(),
+            1 => Just(vec![b'k'; KEY_LEN_MAX]),
+            1 => Just(vec![b'k'; KEY_LEN_MAX + 1]),
+            1 => proptest::collection::vec(proptest::sample::select(EDGE_BYTES.to_vec()), 0..20),
+        ]
+    }
+
+    /// Buffers that probe the one-pass decoder: lines of the common shapes
+    /// with numbers at their bounds, then damaged by a few one-byte edits,
+    /// sometimes padded to the line limit, with every kind of ending and
+    /// sometimes more bytes after them.
+    fn probe_buffer() -> impl Strategy<Value = (Vec<u8>, u64)> {
+        let lease_ms_max = prop_oneof![Just(LEASE_MS_MAX_DEFAULT), Just(1), Just(u64::MAX), 1..=u64::MAX];
+        lease_ms_max.prop_flat_map(|lease_ms_max| {
+            let op = prop_oneof![8 => proptest::sample::select(b"ARXPS".to_vec()), 1 => any::<u8>()];
+            // Mostly the op's own count of numbers, so that most lines get
+            // past the field count to the checks of each field.
+            let op_and_count = op.prop_flat_map(|op| {
+                let count = match op {
+                    b'A' | b'X' => 2,
+                    b'R' => 1,
+                    _ => 0,
+                };
+                (Just(op), prop_oneof![4 => Just(count), 1 => 0..4usize])
+            });
+            let fields = op_and_count.prop_flat_map(move |(op, count)| {
+                (Just(op), proptest::collection::vec(number_text(lease_ms_max), count))
+            });
+            let edit = (any::<proptest::sample::Index>(), 0..3u8, proptest::sample::select(EDGE_BYTES.to_vec()));
+            let edits = prop_oneof![2 => Just(Vec::new()), 1 => proptest::collection::vec(edit, 1..3)];
+            let padding = prop_oneof![3 => Just(None), 1 => (LINE_LEN_MAX - 3..=LINE_LEN_MAX + 3).prop_map(Some)];
+            let ending = prop_oneof![
+                4 => proptest::sample::select(vec![&b"\n"[..], b"\r\n"]),
+                1 => proptest::sample::select(vec![&b"\r"[..], b"", b"\r\r\n", b" \n"]),
+            ];
+            let after = proptest::sample::select(vec![&b""[..], b"P\n", b"\n", b"A k 1 0"]);
+            let key = prop_oneof![8 => key_text().prop_map(Some), 1 => Just(None)];
+            (fields, key, edits, padding, ending, after).prop_map(
+                move |((op, fields), key, edits, padding, ending, after)| {
+                    // P and S take no key.
+                    let key = key.filter(|_| !matches!(op, b'P' | b'S') || !fields.is_empty());
+                    let mut line = vec![op];
+                    for field in key.into_iter().chain(fields) {
+                        line.push(b' ');
+                        line.extend_from_slice(&field);
+                    }
+                    // Leading zeros after the op's field grow the line to
+                    // the padded length without changing what it means.
+                    if let Some(len) = padding
+                        && line.len() < len
+                        && let Some(space) = line.iter().rposition(|&byte| byte == b' ')
+                    {
+                        let zeros = vec![b'0'; len - line.len()];
+                        line.splice(space + 1..space + 1, zeros);
+                    }
+                    for (at, kind, byte) in edits {
+                        let at = at.index(line.len() + 1);
+                        match kind {
+                            0 => line.insert(at, byte),
+                            1 if at < line.len() => line[at] = byte,
+                            _ if at < line.len() => drop(line.remove(at)),
+                            _ => line.push(byte),
+                        }
+                    }
+                    line.extend_from_slice(ending);
+                    line.extend_from_slice(after);
+                    (line, lease_ms_max)
+                },
+            )
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        #[test]
+        fn probe_buffers_decode_as_the_reference_says((buf, lease_ms_max) in probe_buffer()) {
+            prop_assert_eq!(decode_request(&buf, lease_ms_max), reference_decode(&buf, lease_ms_max));
+            // The one-pass path accepts only what the full rules accept.
+            if let Some((consumed, request)) = decode_valid_line(&buf, lease_ms_max) {
+                let full = split_line(&buf, LINE_LEN_MAX).map(|line| parse_request(line, lease_ms_max));
+                prop_assert_eq!(full, Decoded::Line { consumed, item: Ok(request) });
+            }
+            // However the buffer is cut, the decoder agrees with the reference.
+            for end in [buf.len() / 2, buf.len().saturating_sub(1)] {
+                prop_assert_eq!(decode_request(&buf[..end], lease_ms_max), reference_decode(&buf[..end], lease_ms_max));
+            }
+        }
+    }
+
     proptest! {
         #[test]
         fn valid_request_round_trips(
@@ -840,6 +1092,8 @@ mod tests {
                 decode_request(encoded, lease_ms_max),
                 Decoded::Line { consumed: encoded.len(), item: Ok(request) }
             );
+            // Every line a client encodes takes the one-pass path.
+            prop_assert_eq!(decode_valid_line(encoded, lease_ms_max), Some((encoded.len(), request)));
         }
 
         #[test]
