@@ -208,10 +208,10 @@ impl Config {
         if self.peers.is_empty() {
             return Ok(SocketAddr::from(([127, 0, 0, 1], 7700)));
         }
-        Ok(self.peers[self.node_index()?].client)
+        Ok(self.peers[self.cluster_config()?.me].client)
     }
 
-    /// This node's index in --peers (which must not be empty).
+    /// This node's index in --peers, not yet checked against its length.
     fn node_index(&self) -> Result<usize, String> {
         let index = match &self.node {
             Some(node) => match node.parse::<usize>() {
@@ -233,14 +233,20 @@ impl Config {
                     .ok_or_else(|| format!("--listen {listen} is not in --peers; pass --node with this node's index"))?
             }
         };
-        if index >= self.peers.len() {
-            return Err(format!(
-                "--node {index} is not in --peers, which lists {} nodes (indexes 0 to {})",
-                self.peers.len(),
-                self.peers.len() - 1
-            ));
-        }
         Ok(index)
+    }
+
+    /// This node's cluster settings from --peers (which must not be empty),
+    /// checked, whatever the number of nodes.
+    fn cluster_config(&self) -> Result<crate::cluster::ClusterConfig, String> {
+        let cluster = crate::cluster::ClusterConfig {
+            me: self.node_index()?,
+            nodes: self.peers.len(),
+            heartbeat_ms: self.heartbeat_ms,
+            failover_ms: self.failover_ms,
+        };
+        cluster.validate()?;
+        Ok(cluster)
     }
 
     /// The cluster settings, or `None` for a single node (no --peers, or
@@ -252,14 +258,8 @@ impl Config {
             }
             return Ok(None);
         }
-        let me = self.node_index()?;
-        let cluster = crate::cluster::ClusterConfig {
-            me,
-            nodes: self.peers.len(),
-            heartbeat_ms: self.heartbeat_ms,
-            failover_ms: self.failover_ms,
-        };
-        cluster.validate()?;
+        let cluster = self.cluster_config()?;
+        let me = cluster.me;
         for (index, peer) in self.peers.iter().enumerate() {
             if self.peers[..index].iter().any(|other| other.client == peer.client || other.peer == peer.peer) {
                 return Err(format!("--peers names {} twice", peer.client));

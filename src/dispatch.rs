@@ -7,8 +7,9 @@ use ringlock_client::proto::{
 use ringlock_shards::{ClientId, Effect, Key, Shard, ShardReply, shard_of};
 
 use crate::event_loop::{EventLoop, Io, TOKEN_RETRY_MS, client_id, split_client_id};
-use crate::role::{ClusterLink, Control, CoreRole};
+use crate::role::{ClusterLink, Control, CoreRole, Report};
 use crate::router::{Message, RoutedRequest};
+use crate::sockets::live_connection;
 use crate::stats;
 
 /// A request on a key, borrowing the key from the line it was parsed from:
@@ -108,13 +109,12 @@ impl EventLoop {
                     Effect::NeedTokens => self.io.need_tokens = true,
                 }
             }
-            if !std::mem::take(&mut self.io.need_tokens) {
+            // Tokens come only while active: a shortage found meanwhile
+            // waits for the role to come back.
+            if !self.io.need_tokens || self.io.role != CoreRole::Active {
                 return;
             }
-            if self.io.role != CoreRole::Active {
-                // Tokens come only while active; activation gives a fresh range.
-                return;
-            }
+            self.io.need_tokens = false;
             match self.io.shared.authority.take_range() {
                 Ok(range) => {
                     if let Err(error) = self.shard.add_token_range(self.io.now_ms, range) {
@@ -168,11 +168,8 @@ impl EventLoop {
                 }
                 // Every delta so far goes before the report that says so.
                 self.handle_effects();
-                if !self.io.deltas.is_empty() {
-                    let deltas = std::mem::take(&mut self.io.deltas);
-                    self.io.reports.push_back(crate::role::Report::Deltas(deltas));
-                }
-                self.io.reports.push_back(crate::role::Report::Held { core: self.io.core });
+                self.io.queue_deltas();
+                self.io.reports.push_back(Report::Held { core: self.io.core });
             }
             Control::Resume => self.resume(),
         }
@@ -186,8 +183,8 @@ impl EventLoop {
         }
         for (client, request) in std::mem::take(&mut self.io.parked) {
             self.io.run_keyed(&mut self.shard, client, Keyed::of(&request));
-            self.handle_effects();
         }
+        self.handle_effects();
     }
 }
 
@@ -344,11 +341,7 @@ impl Io {
             self.outgoing[core].push(Message::Reply { client, reply });
             return;
         }
-        let Some(connection) =
-            self.connections.get_mut(slot as usize).filter(|c| c.generation == generation && c.fd >= 0)
-        else {
-            return;
-        };
+        let Some(connection) = live_connection(&mut self.connections, slot, generation) else { return };
         debug_assert!(connection.in_flight > 0, "a reply answers a request in flight");
         connection.in_flight = connection.in_flight.saturating_sub(1);
         if connection.closing {

@@ -195,13 +195,19 @@ impl Io {
         self.outgoing.iter().all(Vec::is_empty) && self.refused.iter().all(Vec::is_empty)
     }
 
-    /// Sends this turn's deltas and any earlier reports to the replication
-    /// core, in order; what its full queue refuses waits for the next turn.
-    pub(crate) fn send_reports(&mut self) {
-        let Some(link) = &self.shared.cluster else { return };
+    /// Queues the deltas made so far as one report, after the earlier ones.
+    pub(crate) fn queue_deltas(&mut self) {
         if !self.deltas.is_empty() {
             self.reports.push_back(Report::Deltas(std::mem::take(&mut self.deltas)));
         }
+    }
+
+    /// Sends this turn's deltas and any earlier reports to the replication
+    /// core, in order; what its full queue refuses waits for the next turn.
+    pub(crate) fn send_reports(&mut self) {
+        // A single node makes no deltas, so this queues nothing there.
+        self.queue_deltas();
+        let Some(link) = &self.shared.cluster else { return };
         while let Some(report) = self.reports.pop_front() {
             if let Err(report) = link.report(report) {
                 self.reports.push_front(report);

@@ -42,7 +42,7 @@ impl Io {
     }
 
     pub(crate) fn connection(&mut self, slot: u32, generation: u32) -> Option<&mut Connection> {
-        self.connections.get_mut(slot as usize).filter(|c| c.generation == generation && c.fd >= 0)
+        live_connection(&mut self.connections, slot, generation)
     }
 
     pub(crate) fn arm_accept(&mut self) {
@@ -300,4 +300,10 @@ fn refuse(fd: RawFd, code: ErrorCode) {
         libc::send(fd, line.as_ptr().cast(), line.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
         libc::close(fd);
     }
+}
+
+/// The connection in `slot` if it is still the one of `generation` and open;
+/// a free function so that callers can borrow other fields of [`Io`] beside it.
+pub(crate) fn live_connection(connections: &mut [Connection], slot: u32, generation: u32) -> Option<&mut Connection> {
+    connections.get_mut(slot as usize).filter(|c| c.generation == generation && c.fd >= 0)
 }
