@@ -17,7 +17,7 @@
 //! - `stats`: the `S` reply.
 
 pub mod buf_ring;
-mod cluster;
+pub mod cluster;
 pub mod config;
 mod connection;
 mod dispatch;
