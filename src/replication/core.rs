@@ -15,7 +15,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
-use ringlock_shards::Delta;
 
 use crate::cluster::wire::{self, ENTRIES_PER_FRAME_MAX, Frame, Hello, PROTOCOL_VERSION, SnapshotEntry};
 use crate::cluster::{Effect, ExitReason, Message, Node, PeerRole, TableVersion};
@@ -30,6 +29,9 @@ use super::peers::{Events, Outboxes, PeerEvent, PeerLinks};
 
 /// The longest pause between two turns: the time bound of a delta batch.
 pub const TURN_MS: u64 = 1;
+
+/// A batch buffer's first size: a millisecond of deltas at a high rate.
+const BATCH_BYTES_INITIAL: usize = 64 << 10;
 
 /// After [`Effect::Exit`], how long the last messages may take to leave.
 const EXIT_FLUSH: Duration = Duration::from_millis(500);
@@ -73,10 +75,9 @@ pub struct ReplicationCore {
     serving: Option<TableVersion>,
     /// The cores serve (they were sent an Activate since the last Follow).
     cores_active: bool,
-    /// Deltas applied to the mirror and not yet sent, numbered from the
-    /// version after the last sent one.
-    batch: Vec<Delta>,
-    batch_first_version: u64,
+    /// Deltas applied to the mirror and not yet sent, encoded as frames
+    /// already, so that each delta moves into the mirror without a copy.
+    batch: Vec<u8>,
     streams: Vec<Option<Stream>>,
     replica: Option<Replica>,
     incoming: Option<Incoming>,
@@ -115,8 +116,7 @@ impl ReplicationCore {
             mirror: Mirror::new(),
             serving: None,
             cores_active: false,
-            batch: Vec::new(),
-            batch_first_version: 1,
+            batch: Vec::with_capacity(BATCH_BYTES_INITIAL),
             streams: vec![None; nodes],
             replica: None,
             incoming: None,
@@ -218,7 +218,6 @@ impl ReplicationCore {
             // a snapshot.
             self.serving = Some(TableVersion { stream, version: 0 });
             self.batch.clear();
-            self.batch_first_version = 1;
             self.streams.iter_mut().for_each(|stream| *stream = None);
             self.replica = None;
             self.incoming = None;
@@ -266,15 +265,13 @@ impl ReplicationCore {
             Report::Deltas(deltas) => {
                 // Deltas made before a Follow reach this loop after it: the
                 // table they change belongs to the new active now.
-                if self.serving.is_none() {
-                    return;
+                let Some(serving) = &mut self.serving else { return };
+                for chunk in deltas.chunks(ENTRIES_PER_FRAME_MAX) {
+                    wire::encode_deltas(serving.stream, serving.version + 1, chunk, &mut self.batch);
+                    serving.version += chunk.len() as u64;
                 }
                 for delta in deltas {
-                    self.mirror.apply(now_ms, &delta);
-                    self.batch.push(delta);
-                }
-                if let Some(serving) = &mut self.serving {
-                    serving.version = self.batch_first_version - 1 + self.batch.len() as u64;
+                    self.mirror.apply(now_ms, delta);
                 }
             }
             Report::Held { core } => {
@@ -308,20 +305,12 @@ impl ReplicationCore {
         if self.batch.is_empty() {
             return;
         }
-        let mut bytes = Vec::with_capacity(self.batch.len() * 40);
-        let mut first = self.batch_first_version;
-        for chunk in self.batch.chunks(ENTRIES_PER_FRAME_MAX) {
-            wire::encode_deltas(serving.stream, first, chunk, &mut bytes);
-            first += chunk.len() as u64;
-        }
         for to in 0..self.streams.len() {
-            if self.streams[to].is_some() && !self.outboxes[to].borrow_mut().push(&bytes) {
+            if self.streams[to].is_some() && !self.outboxes[to].borrow_mut().push(&self.batch) {
                 self.streams[to] = None;
             }
         }
         self.batch.clear();
-        self.batch_first_version = first;
-        debug_assert_eq!(first - 1, serving.version);
         self.node.table_changed(now_ms, serving.version);
     }
 
@@ -443,7 +432,7 @@ impl ReplicationCore {
                 }
                 replica.table.version += deltas.len() as u64;
                 let table = replica.table;
-                for delta in &deltas {
+                for delta in deltas {
                     self.mirror.apply(now_ms, delta);
                 }
                 self.node.replica_applied(now_ms, from, table, self.mirror.token_epoch_max());

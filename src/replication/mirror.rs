@@ -10,6 +10,7 @@
 //! never early, which is the safe side for mutual exclusion.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 use ringlock_shards::{Delta, Key, shard_of, token_epoch};
 
@@ -48,31 +49,38 @@ impl Mirror {
     }
 
     /// Applies one change made by the active's shards.
-    pub fn apply(&mut self, now_ms: u64, delta: &Delta) {
+    pub fn apply(&mut self, now_ms: u64, delta: Delta) {
         match delta {
             Delta::Grant { key, token, lease_ms } => {
-                self.token_epoch_max = self.token_epoch_max.max(token_epoch(*token));
-                let grant = Grant { token: *token, lease_end_ms: now_ms.saturating_add(*lease_ms) };
-                if let Some(previous) = self.grants.insert(key.clone(), grant) {
-                    // Within one active's stream a key's tokens only grow; a
-                    // smaller one means the stream was applied out of order.
-                    assert!(
-                        *token > previous.token,
-                        "replicated grant of {key:?} with token {token} after token {}",
-                        previous.token
-                    );
+                self.token_epoch_max = self.token_epoch_max.max(token_epoch(token));
+                let grant = Grant { token, lease_end_ms: now_ms.saturating_add(lease_ms) };
+                match self.grants.entry(key) {
+                    Entry::Occupied(mut held) => {
+                        // Within one active's stream a key's tokens only grow;
+                        // a smaller one means the stream was applied out of order.
+                        let previous = held.get().token;
+                        assert!(
+                            token > previous,
+                            "replicated grant of {:?} with token {token} after token {previous}",
+                            held.key()
+                        );
+                        held.insert(grant);
+                    }
+                    Entry::Vacant(free) => {
+                        free.insert(grant);
+                    }
                 }
             }
             Delta::Extend { key, token, lease_ms } => {
-                if let Some(grant) = self.grants.get_mut(key)
-                    && grant.token == *token
+                if let Some(grant) = self.grants.get_mut(&key)
+                    && grant.token == token
                 {
-                    grant.lease_end_ms = now_ms.saturating_add(*lease_ms);
+                    grant.lease_end_ms = now_ms.saturating_add(lease_ms);
                 }
             }
             Delta::Release { key, token } | Delta::Expire { key, token } => {
-                if self.grants.get(key).is_some_and(|grant| grant.token == *token) {
-                    self.grants.remove(key);
+                if self.grants.get(&key).is_some_and(|grant| grant.token == token) {
+                    self.grants.remove(&key);
                 }
             }
         }
@@ -123,19 +131,19 @@ mod tests {
         let mut mirror = Mirror::new();
         let first = ringlock_shards::token(32, 1);
         let second = ringlock_shards::token(32, 2);
-        mirror.apply(100, &Delta::Grant { key: key("a"), token: first, lease_ms: 1000 });
-        mirror.apply(100, &Delta::Grant { key: key("b"), token: first, lease_ms: 50 });
+        mirror.apply(100, Delta::Grant { key: key("a"), token: first, lease_ms: 1000 });
+        mirror.apply(100, Delta::Grant { key: key("b"), token: first, lease_ms: 50 });
         assert_eq!(mirror.len(), 2);
         assert_eq!(mirror.token_epoch_max(), 32);
         // A hand-off: the old grant is released, the next waiter granted.
-        mirror.apply(200, &Delta::Release { key: key("a"), token: first });
-        mirror.apply(200, &Delta::Grant { key: key("a"), token: second, lease_ms: 1000 });
+        mirror.apply(200, Delta::Release { key: key("a"), token: first });
+        mirror.apply(200, Delta::Grant { key: key("a"), token: second, lease_ms: 1000 });
         // A release with a stale token changes nothing.
-        mirror.apply(210, &Delta::Release { key: key("a"), token: first });
-        mirror.apply(300, &Delta::Extend { key: key("a"), token: second, lease_ms: 5000 });
+        mirror.apply(210, Delta::Release { key: key("a"), token: first });
+        mirror.apply(300, Delta::Extend { key: key("a"), token: second, lease_ms: 5000 });
         let entries: Vec<SnapshotEntry> = mirror.entries(300).collect();
         assert_eq!(entries, vec![SnapshotEntry { key: key("a"), token: second, lease_left_ms: 5000 }]);
-        mirror.apply(400, &Delta::Expire { key: key("a"), token: second });
+        mirror.apply(400, Delta::Expire { key: key("a"), token: second });
         assert_eq!(mirror.entries(400).count(), 0);
     }
 
@@ -143,8 +151,8 @@ mod tests {
     #[should_panic(expected = "after token")]
     fn a_smaller_token_for_a_held_key_is_refused() {
         let mut mirror = Mirror::new();
-        mirror.apply(0, &Delta::Grant { key: key("a"), token: 9, lease_ms: 10 });
-        mirror.apply(0, &Delta::Grant { key: key("a"), token: 8, lease_ms: 10 });
+        mirror.apply(0, Delta::Grant { key: key("a"), token: 9, lease_ms: 10 });
+        mirror.apply(0, Delta::Grant { key: key("a"), token: 8, lease_ms: 10 });
     }
 
     #[test]
