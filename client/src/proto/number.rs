@@ -190,15 +190,25 @@ const POWERS_OF_TEN_U64: [u64; 20] = {
 };
 
 /// `value` (below `10^8`) as eight ASCII digits with leading zeros, the most
-/// significant first.
+/// significant first: the building block of [`write_u64`], for callers that
+/// write fixed-width numbers (zero-padded keys, for one).
 ///
 /// All eight are computed at once in the lanes of one `u64`: a split into two
 /// 4-digit halves (32-bit lanes), each divided by 100 (16-bit lanes), each of
 /// those by 10 (bytes), with multiplications by reciprocals that are exact in
 /// these ranges. That is about a dozen instructions, where a digit at a time
 /// (or a pair from a table) costs a division or a load per step.
+///
+/// # Examples
+///
+/// ```
+/// use ringlock_client::proto::eight_digits_ascii;
+///
+/// assert_eq!(&eight_digits_ascii(1234), b"00001234");
+/// assert_eq!(&eight_digits_ascii(99_999_999), b"99999999");
+/// ```
 #[inline(always)]
-pub(crate) fn eight_digits_ascii(value: u32) -> [u8; 8] {
+pub fn eight_digits_ascii(value: u32) -> [u8; 8] {
     debug_assert!(value < 100_000_000);
     // In little-endian order the first byte is the lowest, so the first
     // digits go in the low lanes.
