@@ -153,8 +153,10 @@ pub fn write_u64(value: u64, out: &mut Vec<u8>) {
     if value >= 100_000_000 {
         let high = value / 100_000_000;
         digits[8..16].copy_from_slice(&eight_digits_ascii((high % 100_000_000) as u32));
-        // At most 1844: the last four of its eight digits are all it has.
-        digits[..8].copy_from_slice(&eight_digits_ascii((high / 100_000_000) as u32));
+        if high >= 100_000_000 {
+            // At most 1844: the last four of its eight digits are all it has.
+            digits[..8].copy_from_slice(&eight_digits_ascii((high / 100_000_000) as u32));
+        }
     }
     let start = DIGITS_WINDOW - len;
     let window: &[u8; DIGITS_WINDOW] = digits[start..start + DIGITS_WINDOW].try_into().expect("within the buffer");
