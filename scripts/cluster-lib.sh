@@ -107,14 +107,36 @@ cluster_single_active() {
     echo "$active"
 }
 
+# Indices of the nodes whose process has ended, one a line.
+cluster_dead_nodes() {
+    local i
+    for ((i = 0; i < CLUSTER_NODES; i++)); do
+        if [[ -z "${CLUSTER_PIDS[i]:-}" ]] || ! kill -0 "${CLUSTER_PIDS[i]}" 2>/dev/null; then
+            echo "$i"
+        fi
+    done
+}
+
+# Prints why node $1 ended: the last lines of its log.
+cluster_explain_dead() {
+    echo "node $1 is not running; the end of $CLUSTER_DIR/node-$1.log:" >&2
+    tail -n 5 "$CLUSTER_DIR/node-$1.log" | sed 's/^/    /' >&2
+}
+
 # Waits up to $2 seconds (default 30) until node $1 (or any node, for `any`)
-# is the single active; prints its index.
+# is the single active; prints its index. Fails at once if every node ended.
 cluster_wait_active() {
-    local want="$1" deadline=$((SECONDS + ${2:-30})) active
+    local want="$1" deadline=$((SECONDS + ${2:-30})) active i
     while ((SECONDS < deadline)); do
         if active="$(cluster_single_active)" && [[ "$want" == any || "$active" == "$want" ]]; then
             echo "$active"
             return 0
+        fi
+        if [[ "$(cluster_dead_nodes | wc -l)" == "$CLUSTER_NODES" ]]; then
+            for ((i = 0; i < CLUSTER_NODES; i++)); do
+                cluster_explain_dead "$i"
+            done
+            return 1
         fi
         sleep 0.02
     done

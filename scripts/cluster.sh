@@ -33,19 +33,29 @@ done
 echo "client addresses: $CLUSTER_PEERS_FLAG"
 if active="$(cluster_wait_active any 30)"; then
     echo "node $active is active:"
+elif [[ "$(cluster_dead_nodes | wc -l)" == "$CLUSTER_NODES" ]]; then
+    echo "every node has exited" >&2
+    exit 1
 else
     echo "no single active yet:"
 fi
-cluster_show
+last="$(cluster_show)"
+echo "$last"
 echo "Ctrl+C stops every node."
-# Report role changes until stopped; `wait -n` would return at the first
-# node that exits, which is a thing to report, not a reason to stop.
-last=""
+# Report role changes and nodes that end, until stopped.
+reported_dead=""
 while true; do
     now="$(cluster_show)"
     if [[ "${now#* }" != "${last#* }" ]]; then
         echo "$now"
         last="$now"
+    fi
+    dead="$(cluster_dead_nodes | tr '\n' ' ')"
+    if [[ "$dead" != "$reported_dead" ]]; then
+        for i in $dead; do
+            [[ " $reported_dead " == *" $i "* ]] || cluster_explain_dead "$i"
+        done
+        reported_dead="$dead"
     fi
     sleep 1
 done
