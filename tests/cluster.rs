@@ -304,3 +304,19 @@ fn a_partition_between_peers_makes_two_actives_and_healing_it_demotes_one() {
         assert!(token > &earlier, "{key}: token {token} after the heal, but {earlier} was granted before");
     }
 }
+
+#[test]
+fn two_nodes_are_a_cluster_and_the_survivor_of_a_kill_9_serves_alone() {
+    let mut cluster = Cluster::start(ClusterOptions { nodes: 2, ..ClusterOptions::default() });
+    let first_epoch = cluster.wait_active(0, "node 0 to become the active");
+    let mut conn = cluster.node(0).connect();
+    let held = hold_keys(&mut conn, "held", 4);
+    wait_replicated(&cluster, 0, 4);
+    drop(conn);
+
+    cluster.node_mut(0).kill9();
+    let second_epoch = cluster.wait_active(1, "node 1 to promote alone, with no quorum needed");
+    assert!(second_epoch > first_epoch, "epoch {second_epoch} after {first_epoch}");
+    let mut conn = cluster.node(1).connect();
+    assert_still_held_and_releasable(&mut conn, &held, &cluster);
+}
