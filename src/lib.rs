@@ -1,8 +1,8 @@
 //! The ringlock server, as a library the binary and the load generator share.
 //!
 //! # Layout
-//! - `cluster`: the cluster logic as a pure state machine, with its simulator
-//!   (not yet driven by a replication core).
+//! - `cluster`: the cluster logic as a pure state machine, with its simulator,
+//!   and the peer protocol's wire codec.
 //! - `config`: command-line flags and their environment variables.
 //! - `server`: start-up (epoch, listeners, pinned threads) and shutdown.
 //! - `event_loop`: one shard core's io_uring loop: its turn, waiting, stopping.
@@ -10,6 +10,8 @@
 //! - `dispatch`: parsing requests, routing them to their shard, delivering replies.
 //! - `connection`: one client connection's buffers and I/O state.
 //! - `buf_ring`: the provided receive buffers of a ring.
+//! - `replication`: the replication core of a cluster node (glommio): peer
+//!   connections, snapshots and delta streams, driving the cluster logic.
 //! - `role`: a shard core's role in a cluster (serve, hold, redirect) and its reports.
 //! - `router`: messages between cores, with eventfd wake-ups.
 //! - `epoch`: the durable epoch file.
@@ -17,12 +19,13 @@
 //! - `stats`: the `S` reply.
 
 pub mod buf_ring;
-mod cluster;
+pub mod cluster;
 pub mod config;
 mod connection;
 mod dispatch;
 pub mod epoch;
 mod event_loop;
+mod replication;
 mod role;
 mod router;
 pub mod server;

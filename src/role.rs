@@ -7,11 +7,8 @@
 //! and in order with them. A single node is always [`CoreRole::Active`] and
 //! reports nothing.
 
-// Only the replication core sends controls and reads reports, and it is not
-// built yet (issue 6): until then a server is always a single node.
-#![allow(dead_code)]
-
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use crossbeam_channel::{Sender, TrySendError};
 use ringlock_client::proto::Role;
@@ -80,11 +77,25 @@ pub struct ClusterLink {
     reports: Sender<Report>,
     /// Written by the replication core on every change of role, read by `P` and `S`.
     pub status: Mutex<NodeStatus>,
+    /// Set on SIGINT/SIGTERM: the replication core hands the active role
+    /// over (if this node has it) and then ends.
+    pub stop: AtomicBool,
+    /// The table this node holds, for `S`: the stream (the epoch its active
+    /// started in, 0 for none) and how many of its deltas are applied. The
+    /// same numbers on the active and a standby mean the standby is caught up.
+    pub table_stream: AtomicU64,
+    pub table_version: AtomicU64,
 }
 
 impl ClusterLink {
     pub fn new(reports: Sender<Report>) -> ClusterLink {
-        ClusterLink { reports, status: Mutex::new(NodeStatus::default()) }
+        ClusterLink {
+            reports,
+            status: Mutex::new(NodeStatus::default()),
+            stop: AtomicBool::new(false),
+            table_stream: AtomicU64::new(0),
+            table_version: AtomicU64::new(0),
+        }
     }
 
     /// Sends a report, or gives it back if the queue is full.

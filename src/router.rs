@@ -43,7 +43,6 @@ pub enum Message {
     /// client before, so once every shard has acknowledged, nothing more comes.
     GoneAck { client: ClientId, removed: u32 },
     /// From the replication core: a change of this core's role.
-    #[allow(dead_code, reason = "sent by the replication core, which is not built yet")]
     Control(crate::role::Control),
 }
 

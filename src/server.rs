@@ -11,25 +11,19 @@ use std::time::Instant;
 
 use ringlock_shards::{Shard, ShardConfig};
 
+use crate::cluster::ExitReason;
 use crate::config::Config;
 use crate::epoch::EpochStore;
 use crate::event_loop::{EventLoop, Shared, build_ring, ring_mode_name};
+use crate::replication;
+use crate::role::ClusterLink;
 use crate::router;
 use crate::stats::CoreStats;
 use crate::tokens::{TOKEN_RANGE_LEN, TokenAuthority};
 
 /// Runs the server until SIGINT or SIGTERM; errors are for the operator.
 pub fn run(config: Config) -> Result<(), String> {
-    if let Some(settings) = config.cluster()? {
-        // The flags are checked and documented, but the replication core that
-        // runs a cluster is not part of this version: refuse rather than run
-        // a lone node that its peers and clients would take for a cluster member.
-        return Err(format!(
-            "--peers lists {} nodes, but this version of ringlock runs only as a single node \
-             (the cluster's replication core is not built yet); pass no --peers, or only this node's address",
-            settings.peers.len()
-        ));
-    }
+    let cluster = config.cluster()?;
     let shards = config.shard_count();
     let cpus = config.shard_cpus()?;
     let shard_config = ShardConfig {
@@ -37,7 +31,8 @@ pub fn run(config: Config) -> Result<(), String> {
         waiters_per_key_max: config.max_waiters_per_key,
         waiters_max: config.max_waiters,
         lease_ms_max: config.max_lease.0,
-        deltas: false,
+        // Only standbys need the changes of the table.
+        deltas: cluster.is_some(),
         ..ShardConfig::default()
     };
     shard_config.validate()?;
@@ -45,7 +40,24 @@ pub fn run(config: Config) -> Result<(), String> {
     ignore_sigpipe();
 
     let store = EpochStore::open(&config.data_dir)?;
-    let authority = Arc::new(TokenAuthority::start(store, 0, TOKEN_RANGE_LEN)?);
+    // A single node owns its epochs; in a cluster the replication core
+    // chooses them (ballots) and persists them before any token.
+    let (authority, cluster_store) = match &cluster {
+        None => (Arc::new(TokenAuthority::start(store, 0, TOKEN_RANGE_LEN)?), None),
+        Some(settings) => (Arc::new(TokenAuthority::cluster(settings.cluster.me as u64, TOKEN_RANGE_LEN)), Some(store)),
+    };
+    // In a cluster the peer port is bound first, so that a taken port stops
+    // the start before clients can connect.
+    let peer_listener = match &cluster {
+        None => None,
+        Some(settings) => Some(std::net::TcpListener::bind(settings.listen).map_err(|error| {
+            format!(
+                "cannot listen for peers on {}: {error}; pick another --cluster-listen or --peers entry",
+                settings.listen
+            )
+        })?),
+    };
+    let (report_sender, reports) = crossbeam_channel::bounded(crate::replication::REPORTS_QUEUED_MAX);
 
     let (listeners, local) = bind_listeners(config.listen_address()?, shards)?;
     let mut mailboxes = Vec::with_capacity(shards);
@@ -67,7 +79,7 @@ pub fn run(config: Config) -> Result<(), String> {
         drained: AtomicUsize::new(0),
         stats: (0..shards).map(|_| Mutex::new(CoreStats::default())).collect(),
         started: Instant::now(),
-        cluster: None,
+        cluster: cluster.as_ref().map(|_| ClusterLink::new(report_sender)),
     });
 
     // The loops must not take the stop signals: block them before the
@@ -134,13 +146,35 @@ pub fn run(config: Config) -> Result<(), String> {
         "ringlock listening on {local}; io_uring mode: {}",
         ring_mode_name(defer_taskrun)
     );
-    if let Some(cpu) = config.replication_cpu {
-        tracing::info!(cpu, "single node: no replication core runs, --replication-cpu applies in a cluster");
-    }
+    let replication = match (cluster, cluster_store, peer_listener) {
+        (Some(settings), Some(store), Some(listener)) => {
+            let started = replication::start(replication::Start {
+                settings,
+                store,
+                shared: shared.clone(),
+                reports,
+                listener,
+                cpu: if config.no_pin { None } else { config.replication_cpu },
+                incarnation: wall_clock_micros(),
+            });
+            match started {
+                Ok(thread) => Some(thread),
+                Err(error) => {
+                    stop(&shared);
+                    return Err(error);
+                }
+            }
+        }
+        _ => {
+            if let Some(cpu) = config.replication_cpu {
+                tracing::info!(cpu, "single node: no replication core runs, --replication-cpu applies in a cluster");
+            }
+            None
+        }
+    };
 
-    let outcome = wait_for_stop(&signals, &threads);
+    let mut result = wait_for_stop(&signals, &threads, &shared, replication);
     stop(&shared);
-    let mut result = outcome;
     for thread in threads {
         match thread.join() {
             Ok(Ok(())) => {}
@@ -154,20 +188,54 @@ pub fn run(config: Config) -> Result<(), String> {
     result
 }
 
-/// Waits for SIGINT or SIGTERM, or for a shard thread that ended on its own.
-fn wait_for_stop(signals: &libc::sigset_t, threads: &[JoinHandle<Result<(), String>>]) -> Result<(), String> {
-    let timeout = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+/// Waits for SIGINT or SIGTERM, or for a thread that ended on its own. In a
+/// cluster, a stop signal first lets the replication core hand the active
+/// role over; a second signal stops at once.
+fn wait_for_stop(
+    signals: &libc::sigset_t,
+    threads: &[JoinHandle<Result<(), String>>],
+    shared: &Shared,
+    mut replication: Option<JoinHandle<Result<ExitReason, String>>>,
+) -> Result<(), String> {
+    let timeout = libc::timespec { tv_sec: 0, tv_nsec: 50_000_000 };
+    let mut stopping = false;
     loop {
         // SAFETY: waiting for signals this thread has blocked.
         let signal = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &timeout) };
         if signal == libc::SIGINT || signal == libc::SIGTERM {
-            tracing::info!(signal, "stopping: answering queued acquires and closing connections");
-            return Ok(());
+            match (&shared.cluster, stopping) {
+                (Some(link), false) => {
+                    tracing::info!(signal, "stopping: handing the active role over first, if this node has it");
+                    link.stop.store(true, Ordering::SeqCst);
+                    stopping = true;
+                }
+                _ => {
+                    tracing::info!(signal, "stopping: answering queued acquires and closing connections");
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(thread) = replication.take_if(|thread| thread.is_finished()) {
+            return match thread.join() {
+                Ok(Ok(reason)) if stopping => {
+                    tracing::info!(?reason, "left the cluster; closing connections");
+                    Ok(())
+                }
+                Ok(Ok(reason)) => Err(format!("the replication core ended on its own ({reason:?})")),
+                Ok(Err(error)) => Err(error),
+                Err(_) => Err("the replication core panicked".to_string()),
+            };
         }
         if threads.iter().any(JoinHandle::is_finished) {
             return Err("a shard core stopped unexpectedly".to_string());
         }
     }
+}
+
+/// Microseconds since the Unix epoch: grows across restarts of a node, which
+/// is what tells its peers a new life from a late message of the old one.
+fn wall_clock_micros() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_micros() as u64)
 }
 
 fn stop(shared: &Shared) {
@@ -206,7 +274,7 @@ fn raise_descriptor_limit() {
 }
 
 /// A seed for the lock tables' hash, so clients cannot aim keys at one chain.
-fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     let mut seed = [0u8; 8];
     // SAFETY: getrandom fills the buffer we pass.
     let filled = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), 8, 0) };

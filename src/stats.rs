@@ -1,6 +1,7 @@
 //! The `S` reply: one line of JSON with per-shard and total counters.
 
 use std::fmt::Write;
+use std::sync::atomic::Ordering;
 
 use ringlock_client::proto::{ErrorCode, Role};
 use ringlock_shards::ShardStats;
@@ -27,6 +28,14 @@ pub fn json(shared: &Shared, role: Role) -> String {
         shared.started.elapsed().as_millis()
     );
     counters(&mut out, &total, connections);
+    if let Some(link) = &shared.cluster {
+        let _ = write!(
+            out,
+            ",\"table\":{{\"stream\":{},\"version\":{}}}",
+            link.table_stream.load(Ordering::Relaxed),
+            link.table_version.load(Ordering::Relaxed)
+        );
+    }
     out.push_str(",\"shards\":[");
     for (index, core) in cores.iter().enumerate() {
         if index > 0 {

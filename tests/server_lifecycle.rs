@@ -93,7 +93,7 @@ fn an_unusable_data_dir_or_address_is_a_clear_error() {
 }
 
 #[test]
-fn cluster_flags_are_checked_and_a_cluster_is_refused_clearly() {
+fn cluster_flags_are_checked_and_a_taken_peer_port_is_a_clear_error() {
     let run = |args: &[&str]| {
         let output = Command::new(env!("CARGO_BIN_EXE_ringlock")).args(args).output().unwrap();
         assert!(!output.status.success(), "{args:?} must not start");
@@ -103,7 +103,16 @@ fn cluster_flags_are_checked_and_a_cluster_is_refused_clearly() {
     assert!(run(&["--peers", peers, "--node", "5"]).contains("--node 5"));
     assert!(run(&["--peers", peers, "--node", "0", "--heartbeat-ms", "900"]).contains("--failover-ms"));
     assert!(run(&["--node", "0"]).contains("--node needs --peers"));
-    assert!(run(&["--peers", peers, "--node", "1", "--no-pin"]).contains("only as a single node"));
+
+    // The peer port is bound at start: a taken one stops the start with a hint.
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = holder.local_addr().unwrap();
+    let client = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let data_dir = DataDir::new();
+    let peers = format!("{client}@{taken},127.0.0.1:1@127.0.0.1:2");
+    let log = run(&["--peers", &peers, "--node", "0", "--no-pin", "--data-dir", data_dir.0.to_str().unwrap()]);
+    assert!(log.contains(&format!("cannot listen for peers on {taken}")), "{log}");
+    assert!(log.contains("pick another --cluster-listen"), "{log}");
 
     // A cluster of one is a single node.
     let data_dir = Arc::new(DataDir::new());

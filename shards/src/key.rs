@@ -45,6 +45,13 @@ impl Key {
     }
 }
 
+impl std::hash::Hash for Key {
+    /// Hashes the bytes alone, as equality compares them.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Key({:?})", String::from_utf8_lossy(self.as_bytes()))

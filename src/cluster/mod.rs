@@ -17,6 +17,7 @@
 //! - `node`: the state machine and its inputs.
 //! - `effect`: what it asks the replication core to do.
 //! - `message`: the cluster protocol between peers.
+//! - `wire`: the binary codec of peer connections (frames, snapshots, deltas).
 //! - `config`: node index, cluster size, heartbeat and failover timings.
 //! - `election`: who promotes when no active is left.
 //! - `peer`: what a node knows of one peer (last heartbeat, liveness).
@@ -24,15 +25,13 @@
 //! - `sim`, `sim_rng`: the deterministic cluster simulator (tests only).
 //! - `sim_tests`: seeded simulation runs and their invariants.
 
-// Nothing drives the cluster logic until the replication core does (issue 6).
-#![cfg_attr(not(test), allow(dead_code, unused_imports))]
-
 mod config;
 mod effect;
 mod election;
 mod message;
 mod node;
 mod peer;
+pub mod wire;
 
 #[cfg(test)]
 mod node_tests;

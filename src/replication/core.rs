@@ -1,0 +1,513 @@
+//! The replication loop: drives the cluster logic with what the shards and
+//! the peers report, and carries out what it decides.
+//!
+//! One turn, about every millisecond: handle what peers sent, take the
+//! shards' deltas into the mirror and the pending batch, send the batch to
+//! every standby that streams, tick the cluster logic, and carry out its
+//! effects. Everything runs on this one thread, so the mirror, the stream
+//! versions and the effects are always seen in one order.
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+
+use crate::cluster::wire::{self, ENTRIES_PER_FRAME_MAX, Frame, Hello, PROTOCOL_VERSION, SnapshotEntry};
+use crate::cluster::{Effect, ExitReason, Message, Node, PeerRole, TableVersion};
+use crate::config::PeerAddress;
+use crate::epoch::EpochStore;
+use crate::event_loop::Shared;
+use crate::role::{Control, NodeStatus, Report};
+use crate::router::Message as CoreMessage;
+
+use super::mirror::Mirror;
+use super::peers::{Events, Outboxes, PeerEvent, PeerLinks};
+
+/// The longest pause between two turns: the time bound of a delta batch.
+pub const TURN_MS: u64 = 1;
+
+/// A batch buffer's first size: a millisecond of deltas at a high rate.
+const BATCH_BYTES_INITIAL: usize = 64 << 10;
+
+/// After [`Effect::Exit`], how long the last messages may take to leave.
+const EXIT_FLUSH: Duration = Duration::from_millis(500);
+
+/// How long to wait before trying again to persist an epoch that failed.
+const PERSIST_RETRY_MS: u64 = 100;
+
+/// A stream of deltas to one standby, valid while its connection lasts.
+#[derive(Clone, Copy, Debug)]
+struct Stream {
+    connection: u64,
+}
+
+/// The stream this node applies as a standby.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Replica {
+    from: usize,
+    connection: u64,
+    table: TableVersion,
+}
+
+/// A snapshot being received.
+struct Incoming {
+    from: usize,
+    connection: u64,
+    table: TableVersion,
+    mirror: Mirror,
+}
+
+pub struct ReplicationCore {
+    pub node: Node,
+    peers: Vec<PeerAddress>,
+    shared: Arc<Shared>,
+    store: EpochStore,
+    reports: Receiver<Report>,
+    events: Events,
+    outboxes: Outboxes,
+    hello: Rc<Cell<Hello>>,
+    mirror: Mirror,
+    /// Active: the stream the shards' deltas belong to, and its version.
+    serving: Option<TableVersion>,
+    /// The cores serve (they were sent an Activate since the last Follow).
+    cores_active: bool,
+    /// Deltas applied to the mirror and not yet sent, encoded as frames
+    /// already, so that each delta moves into the mirror without a copy.
+    batch: Vec<u8>,
+    streams: Vec<Option<Stream>>,
+    replica: Option<Replica>,
+    incoming: Option<Incoming>,
+    /// The current inbound connection of each peer.
+    inbound: Vec<Option<u64>>,
+    /// Cores that still owe a [`Report::Held`] after a hold.
+    holding: Option<Vec<bool>>,
+    /// Controls each core's full inbox refused, sent again next turn, in order.
+    controls: Vec<VecDeque<Control>>,
+    persist_retry: Option<(u64, u64)>,
+    status: NodeStatus,
+    stop_asked: bool,
+}
+
+impl ReplicationCore {
+    pub fn new(
+        node: Node,
+        peers: Vec<PeerAddress>,
+        shared: Arc<Shared>,
+        store: EpochStore,
+        reports: Receiver<Report>,
+        links: PeerLinks,
+    ) -> ReplicationCore {
+        let PeerLinks { events, outboxes, hello } = links;
+        let nodes = peers.len();
+        let cores = shared.mailboxes.len();
+        ReplicationCore {
+            node,
+            peers,
+            shared,
+            store,
+            reports,
+            events,
+            outboxes,
+            hello,
+            mirror: Mirror::new(),
+            serving: None,
+            cores_active: false,
+            batch: Vec::with_capacity(BATCH_BYTES_INITIAL),
+            streams: vec![None; nodes],
+            replica: None,
+            incoming: None,
+            inbound: vec![None; nodes],
+            holding: None,
+            controls: (0..cores).map(|_| VecDeque::new()).collect(),
+            persist_retry: None,
+            status: NodeStatus::default(),
+            stop_asked: false,
+        }
+    }
+
+    /// Runs turns until the cluster logic says to exit.
+    pub async fn run(mut self, now_ms: impl Fn() -> u64) -> ExitReason {
+        loop {
+            let now = now_ms();
+            if let Some(reason) = self.turn(now) {
+                self.flush_outboxes().await;
+                return reason;
+            }
+            glommio::timer::sleep(Duration::from_millis(TURN_MS)).await;
+        }
+    }
+
+    /// One turn; `Some` once the node has exited.
+    fn turn(&mut self, now_ms: u64) -> Option<ExitReason> {
+        loop {
+            let event = self.events.borrow_mut().pop_front();
+            let Some(event) = event else { break };
+            self.peer_event(now_ms, event);
+        }
+        while let Ok(report) = self.reports.try_recv() {
+            self.report(now_ms, report);
+        }
+        self.check_streams();
+        self.send_batch(now_ms);
+        if self.shared.authority.take_exhausted() {
+            self.node.epoch_exhausted(now_ms);
+        }
+        if !self.stop_asked && self.shared.cluster.as_ref().is_some_and(|link| link.stop.load(Ordering::SeqCst)) {
+            self.stop_asked = true;
+            self.node.stop_requested(now_ms);
+        }
+        if let Some((epoch, at_ms)) = self.persist_retry
+            && now_ms >= at_ms
+        {
+            self.persist_retry = None;
+            self.persist(now_ms, epoch);
+        }
+        if now_ms >= self.node.next_deadline_ms() {
+            self.node.tick(now_ms);
+        }
+        let exit = self.effects(now_ms);
+        self.send_controls();
+        self.publish_status();
+        exit
+    }
+
+    fn effects(&mut self, now_ms: u64) -> Option<ExitReason> {
+        while let Some(effect) = self.node.poll_effect() {
+            match effect {
+                Effect::Send { to, message } => self.send_message(to, &message),
+                Effect::PersistEpoch { epoch } => self.persist(now_ms, epoch),
+                Effect::Activate { epoch, stream } => self.activate(now_ms, epoch, stream),
+                Effect::Follow { active } => self.follow(active),
+                Effect::SendSnapshot { to } => self.send_snapshot(now_ms, to),
+                Effect::Hold => {
+                    self.holding = Some(vec![true; self.controls.len()]);
+                    self.control_every_core(|| Control::Hold);
+                }
+                Effect::Resume => self.control_every_core(|| Control::Resume),
+                Effect::Exit { reason } => {
+                    tracing::info!(?reason, "leaving the cluster");
+                    return Some(reason);
+                }
+            }
+        }
+        None
+    }
+
+    fn persist(&mut self, now_ms: u64, epoch: u64) {
+        match self.store.persist(epoch) {
+            Ok(()) => self.node.epoch_persisted(now_ms, epoch),
+            Err(error) => {
+                // No token of this epoch may be issued until it is durable:
+                // the node waits and tries again, and says why.
+                tracing::error!(epoch, %error, "cannot persist the epoch; retrying");
+                self.persist_retry = Some((epoch, now_ms + PERSIST_RETRY_MS));
+            }
+        }
+    }
+
+    fn activate(&mut self, now_ms: u64, epoch: u64, stream: u64) {
+        self.shared.authority.activate(epoch);
+        let new_stream = self.serving.is_none_or(|serving| serving.stream != stream);
+        if new_stream {
+            // A new activation: the table is this node's mirror, its deltas
+            // are numbered from 1 again, and every standby starts over from
+            // a snapshot.
+            self.serving = Some(TableVersion { stream, version: 0 });
+            self.batch.clear();
+            self.streams.iter_mut().for_each(|stream| *stream = None);
+            self.replica = None;
+            self.incoming = None;
+        }
+        self.holding = None;
+        if self.cores_active {
+            // The same table in a higher epoch: fresh token ranges only.
+            self.control_every_core(|| Control::Activate { restore: Vec::new() });
+        } else {
+            self.mirror.drop_expired(now_ms);
+            let lists = self.mirror.restore_lists(now_ms, self.controls.len());
+            tracing::info!(epoch, held = self.mirror.len(), "active: serving the replicated table");
+            for (core, restore) in lists.into_iter().enumerate() {
+                self.control_core(core, Control::Activate { restore });
+            }
+            self.cores_active = true;
+        }
+        self.update_hello(PeerRole::Active, epoch);
+    }
+
+    fn follow(&mut self, active: Option<usize>) {
+        self.shared.authority.deactivate();
+        if self.serving.take().is_some() {
+            tracing::info!(active = ?active, "no longer active");
+        }
+        self.cores_active = false;
+        self.holding = None;
+        self.batch.clear();
+        self.streams.iter_mut().for_each(|stream| *stream = None);
+        let address = active.map(|index| self.peers[index].client.to_string());
+        self.control_every_core(|| Control::Follow { active: address.clone() });
+        self.update_hello(PeerRole::Standby, 0);
+    }
+
+    fn update_hello(&mut self, role: PeerRole, epoch: u64) {
+        let mut hello = self.hello.get();
+        hello.role = role;
+        hello.epoch = epoch;
+        self.hello.set(hello);
+    }
+
+    /// A shard's report, in the order that shard made it.
+    fn report(&mut self, now_ms: u64, report: Report) {
+        match report {
+            Report::Deltas(deltas) => {
+                // Deltas made before a Follow reach this loop after it: the
+                // table they change belongs to the new active now.
+                let Some(serving) = &mut self.serving else { return };
+                for chunk in deltas.chunks(ENTRIES_PER_FRAME_MAX) {
+                    wire::encode_deltas(serving.stream, serving.version + 1, chunk, &mut self.batch);
+                    serving.version += chunk.len() as u64;
+                }
+                for delta in deltas {
+                    self.mirror.apply(now_ms, delta);
+                }
+            }
+            Report::Held { core } => {
+                let Some(holding) = &mut self.holding else { return };
+                holding[core] = false;
+                if holding.iter().all(|owed| !owed) {
+                    self.holding = None;
+                    self.send_batch(now_ms);
+                    let version = self.serving.map_or(0, |serving| serving.version);
+                    self.node.clients_held(now_ms, version);
+                }
+            }
+        }
+    }
+
+    /// Drops the streams whose connection ended.
+    fn check_streams(&mut self) {
+        for (to, stream) in self.streams.iter_mut().enumerate() {
+            if let Some(current) = stream
+                && self.outboxes[to].borrow().connection() != Some(current.connection)
+            {
+                *stream = None;
+            }
+        }
+    }
+
+    /// Sends the pending deltas to every streaming standby and tells the
+    /// cluster logic how far the table is.
+    fn send_batch(&mut self, now_ms: u64) {
+        let Some(serving) = self.serving else { return };
+        if self.batch.is_empty() {
+            return;
+        }
+        for to in 0..self.streams.len() {
+            if self.streams[to].is_some() && !self.outboxes[to].borrow_mut().push(&self.batch) {
+                self.streams[to] = None;
+            }
+        }
+        self.batch.clear();
+        self.node.table_changed(now_ms, serving.version);
+    }
+
+    fn send_message(&mut self, to: usize, message: &Message) {
+        let mut bytes = Vec::with_capacity(96);
+        wire::encode_message(message, &mut bytes);
+        self.outboxes[to].borrow_mut().push(&bytes);
+    }
+
+    /// A full copy of the table at its current version, then the stream.
+    fn send_snapshot(&mut self, now_ms: u64, to: usize) {
+        let Some(_) = self.serving else { return };
+        self.send_batch(now_ms);
+        let Some(serving) = self.serving else { return };
+        let Some(connection) = self.outboxes[to].borrow().connection() else { return };
+        if self.streams[to].is_some_and(|stream| stream.connection == connection)
+            && !self.outboxes[to].borrow().is_flushed()
+        {
+            // The snapshot sent on this connection is still on its way.
+            return;
+        }
+        let mut bytes = Vec::new();
+        wire::encode(&Frame::SnapshotBegin { table: serving }, &mut bytes);
+        let mut chunk: Vec<SnapshotEntry> = Vec::with_capacity(ENTRIES_PER_FRAME_MAX);
+        let mut count = 0usize;
+        for entry in self.mirror.entries(now_ms) {
+            chunk.push(entry);
+            if chunk.len() == ENTRIES_PER_FRAME_MAX {
+                wire::encode_snapshot_chunk(&chunk, &mut bytes);
+                count += chunk.len();
+                chunk.clear();
+            }
+        }
+        if !chunk.is_empty() {
+            wire::encode_snapshot_chunk(&chunk, &mut bytes);
+            count += chunk.len();
+        }
+        wire::encode(&Frame::SnapshotEnd { table: serving }, &mut bytes);
+        if self.outboxes[to].borrow_mut().push(&bytes) {
+            tracing::info!(peer = to, grants = count, version = serving.version, "snapshot sent");
+            self.streams[to] = Some(Stream { connection });
+        }
+    }
+
+    fn peer_event(&mut self, now_ms: u64, event: PeerEvent) {
+        match event {
+            PeerEvent::Opened { from, connection } => {
+                // A new connection means the old one is gone, whether or not
+                // its end was seen yet: its stream is over.
+                self.inbound[from] = Some(connection);
+                self.replica_broken(now_ms, from);
+            }
+            PeerEvent::Closed { from, connection } => {
+                if self.inbound[from] == Some(connection) {
+                    self.inbound[from] = None;
+                    self.replica_broken(now_ms, from);
+                }
+            }
+            PeerEvent::Frame { from, connection, frame } => {
+                if self.inbound[from] == Some(connection) {
+                    self.frame(now_ms, from, connection, frame);
+                }
+            }
+        }
+    }
+
+    fn replica_broken(&mut self, now_ms: u64, from: usize) {
+        if self.incoming.as_ref().is_some_and(|incoming| incoming.from == from) {
+            self.incoming = None;
+        }
+        if self.replica.is_some_and(|replica| replica.from == from) {
+            self.replica = None;
+            self.node.replica_broken(now_ms, from);
+        }
+    }
+
+    fn frame(&mut self, now_ms: u64, from: usize, connection: u64, frame: Frame) {
+        match frame {
+            Frame::Hello(_) => {}
+            Frame::Message(message) => self.node.receive(now_ms, from, message),
+            Frame::SnapshotBegin { table } => {
+                if self.serving.is_none() {
+                    self.incoming = Some(Incoming { from, connection, table, mirror: Mirror::new() });
+                }
+            }
+            Frame::SnapshotChunk(entries) => {
+                if let Some(incoming) = &mut self.incoming
+                    && incoming.from == from
+                    && incoming.connection == connection
+                {
+                    for entry in entries {
+                        incoming.mirror.insert(now_ms, entry);
+                    }
+                }
+            }
+            Frame::SnapshotEnd { table } => {
+                let Some(incoming) = self.incoming.take() else { return };
+                if incoming.from != from || incoming.connection != connection || incoming.table != table {
+                    return;
+                }
+                if self.serving.is_some() {
+                    return;
+                }
+                self.mirror = incoming.mirror;
+                self.replica = Some(Replica { from, connection, table });
+                tracing::info!(peer = from, grants = self.mirror.len(), version = table.version, "snapshot applied");
+                self.node.snapshot_applied(now_ms, from, table, self.mirror.token_epoch_max());
+            }
+            Frame::Deltas { stream, first_version, deltas } => {
+                let Some(replica) = &mut self.replica else { return };
+                if replica.from != from || replica.connection != connection {
+                    return;
+                }
+                if replica.table.stream != stream || first_version != replica.table.version + 1 {
+                    tracing::warn!(peer = from, stream, first_version, "gap in the replication stream");
+                    self.replica = None;
+                    self.node.replica_broken(now_ms, from);
+                    return;
+                }
+                replica.table.version += deltas.len() as u64;
+                let table = replica.table;
+                for delta in deltas {
+                    self.mirror.apply(now_ms, delta);
+                }
+                self.node.replica_applied(now_ms, from, table, self.mirror.token_epoch_max());
+            }
+        }
+    }
+
+    fn control_every_core(&mut self, control: impl Fn() -> Control) {
+        for core in 0..self.controls.len() {
+            self.control_core(core, control());
+        }
+    }
+
+    fn control_core(&mut self, core: usize, control: Control) {
+        self.controls[core].push_back(control);
+    }
+
+    /// Sends the queued controls, in order; a full inbox keeps the rest for
+    /// the next turn.
+    fn send_controls(&mut self) {
+        for (core, queue) in self.controls.iter_mut().enumerate() {
+            while let Some(control) = queue.pop_front() {
+                if let Err(mut refused) = self.shared.mailboxes[core].send(vec![CoreMessage::Control(control)]) {
+                    if let Some(CoreMessage::Control(control)) = refused.pop() {
+                        queue.push_front(control);
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    fn publish_status(&mut self) {
+        if let Some(link) = &self.shared.cluster {
+            let table = self.serving.or(self.replica.map(|replica| replica.table));
+            let table = table.unwrap_or(TableVersion { stream: 0, version: 0 });
+            link.table_stream.store(table.stream, Ordering::Relaxed);
+            link.table_version.store(table.version, Ordering::Relaxed);
+        }
+        let status = self.node.status();
+        let next = NodeStatus {
+            active: status.active,
+            epoch: status.epoch,
+            active_address: status.active_node.map(|index| self.peers[index].client.to_string()),
+        };
+        if next != self.status {
+            tracing::info!(
+                role = if next.active { "active" } else { "standby" },
+                epoch = next.epoch,
+                active = next.active_address.as_deref().unwrap_or("-"),
+                "role"
+            );
+            if let Some(link) = &self.shared.cluster
+                && let Ok(mut published) = link.status.lock()
+            {
+                *published = next.clone();
+            }
+            self.status = next;
+        }
+    }
+
+    /// Gives the writers a moment to send the last messages (a hand-off's
+    /// answer, the final heartbeats).
+    async fn flush_outboxes(&self) {
+        let deadline = std::time::Instant::now() + EXIT_FLUSH;
+        while std::time::Instant::now() < deadline {
+            if self.outboxes.iter().all(|outbox| outbox.borrow().is_flushed()) {
+                return;
+            }
+            glommio::timer::sleep(Duration::from_millis(TURN_MS)).await;
+        }
+    }
+}
+
+/// The hello this node sends on every new peer connection.
+pub fn hello(me: usize, nodes: usize, incarnation: u64) -> Hello {
+    Hello { version: PROTOCOL_VERSION, nodes, node: me, incarnation, epoch: 0, role: PeerRole::Standby }
+}

@@ -1,0 +1,132 @@
+//! The replication core of a cluster node: a thread of its own, pinned by
+//! `--replication-cpu`, running a glommio executor that drives the cluster
+//! logic ([`crate::cluster::Node`]) and the peer connections.
+//!
+//! It takes the shards' deltas from a bounded queue, keeps them in a mirror
+//! of the table, batches them (up to a frame's worth, at least every
+//! millisecond) to every standby, sends a full snapshot to a standby that
+//! (re)joins, tells the shard cores their role, and sets the epoch of the
+//! token ranges the shards draw from, persisting each new epoch with fsync
+//! before the first token of it.
+//!
+//! # Layout
+//! - `core`: the loop: reports, peer frames, cluster effects.
+//! - `mirror`: the replicated table (pure).
+//! - `peers`: the peer connections and their handshake.
+
+mod core;
+mod mirror;
+mod peers;
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::os::fd::IntoRawFd;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::cluster::{ExitReason, Node};
+use crate::config::ClusterSettings;
+use crate::epoch::EpochStore;
+use crate::event_loop::Shared;
+use crate::role::Report;
+
+use self::core::ReplicationCore;
+use self::peers::{Identity, Outbox, PeerLinks};
+
+/// Memory glommio registers for its own I/O buffers. The peer sockets do
+/// not use them, and locked memory is scarce (8 MiB on some hosts).
+const IO_MEMORY_BYTES: usize = 512 << 10;
+
+/// Reports (one per shard turn) the queue from the shards holds before a
+/// shard keeps its own until the next turn.
+pub const REPORTS_QUEUED_MAX: usize = 65_536;
+
+/// What the replication thread needs to start.
+pub struct Start {
+    pub settings: ClusterSettings,
+    pub store: EpochStore,
+    pub shared: Arc<Shared>,
+    pub reports: Receiver<Report>,
+    /// The peer listener, bound already so that a taken port is a start-up error.
+    pub listener: std::net::TcpListener,
+    pub cpu: Option<usize>,
+    pub incarnation: u64,
+}
+
+/// Starts the replication thread; it returns once the node has left the
+/// cluster (after a stop request, see [`crate::role::ClusterLink::stop`]).
+pub fn start(start: Start) -> Result<JoinHandle<Result<ExitReason, String>>, String> {
+    let placement = match start.cpu {
+        Some(cpu) => Placement::Fixed(cpu),
+        None => Placement::Unbound,
+    };
+    let (ready_sender, ready) = std::sync::mpsc::channel::<Result<(), String>>();
+    let thread = std::thread::Builder::new()
+        .name("ringlock-replication".to_string())
+        .spawn(move || {
+            let executor = LocalExecutorBuilder::new(placement)
+                .name("ringlock-replication")
+                .io_memory(IO_MEMORY_BYTES)
+                .make()
+                .map_err(|error| {
+                    let hint = match start.cpu {
+                        Some(cpu) => format!("; check --replication-cpu {cpu}"),
+                        None => String::new(),
+                    };
+                    format!("cannot start the replication core: {error}{hint}")
+                });
+            let executor = match executor {
+                Ok(executor) => {
+                    let _ = ready_sender.send(Ok(()));
+                    executor
+                }
+                Err(error) => {
+                    let _ = ready_sender.send(Err(error.clone()));
+                    return Err(error);
+                }
+            };
+            Ok(executor.run(run(start)))
+        })
+        .map_err(|error| format!("cannot start the replication thread: {error}"))?;
+    match ready.recv() {
+        Ok(Ok(())) => Ok(thread),
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err("the replication thread ended at start".to_string()),
+    }
+}
+
+async fn run(start: Start) -> ExitReason {
+    let Start { settings, store, shared, reports, listener, incarnation, .. } = start;
+    let config = settings.cluster;
+    let (me, nodes) = (config.me, config.nodes);
+    let started = std::time::Instant::now();
+    let now_ms = move || started.elapsed().as_millis() as u64;
+    let node = Node::new(config, store.highest(), incarnation, now_ms());
+
+    let events = Rc::new(RefCell::new(VecDeque::new()));
+    let outboxes: Rc<Vec<RefCell<Outbox>>> = Rc::new((0..nodes).map(|_| RefCell::new(Outbox::default())).collect());
+    let hello = Rc::new(Cell::new(self::core::hello(me, nodes, incarnation)));
+    let identity = Identity { me, nodes };
+    // SAFETY: the descriptor comes from a bound, listening std listener whose
+    // ownership moves here.
+    let listener =
+        unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(listener.into_raw_fd()) };
+    glommio::spawn_local(peers::accept(listener, identity, events.clone())).detach();
+    let retry = Duration::from_millis(config.heartbeat_ms.clamp(20, 500));
+    let stall = Duration::from_millis(config.failover_ms.max(1000));
+    for (to, peer) in settings.peers.iter().enumerate() {
+        if to != me {
+            let task = peers::write(to, peer.peer, outboxes.clone(), hello.clone(), retry, stall);
+            glommio::spawn_local(task).detach();
+        }
+    }
+    tracing::info!(node = me, nodes, peer_listen = %settings.listen, "replication core started; standby until the cluster decides");
+    let links = PeerLinks { events, outboxes, hello };
+    let core = ReplicationCore::new(node, settings.peers, shared, store, reports, links);
+    core.run(now_ms).await
+}

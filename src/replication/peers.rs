@@ -1,0 +1,305 @@
+//! The peer transport: one TCP connection to each peer for what this node
+//! sends, and the connections peers open to it for what it receives.
+//!
+//! Each direction has its own connection, so neither side has to decide who
+//! dials whom, and a stream (a snapshot and the deltas after it) lives exactly
+//! as long as one connection: when it breaks, the sender stops streaming and
+//! the receiver drops the stream, and the cluster logic asks for a new
+//! snapshot. Every connection starts with a [`Hello`] from the side that
+//! dialled, checked by the side that accepted before any other frame counts.
+//!
+//! The tasks here only move bytes. What they read becomes a [`PeerEvent`] in a
+//! queue the replication loop drains; what the loop sends goes into the
+//! peer's [`Outbox`], which the peer's writer task empties.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+
+use crate::cluster::wire::{self, Frame, Hello, PROTOCOL_VERSION};
+
+/// Bytes waiting for one peer before its connection is dropped: a peer that
+/// reads nothing for this long is paused or gone, and will start over from a
+/// snapshot when it comes back.
+pub const OUTBOX_BYTES_MAX: usize = 512 << 20;
+
+/// Events read and not yet handled by the replication loop, before readers
+/// wait for it (the sockets then push back on the senders).
+pub const EVENTS_QUEUED_MAX: usize = 65_536;
+
+/// Bytes asked of the socket per read.
+const READ_CHUNK_BYTES: usize = 64 << 10;
+
+/// How long a new inbound connection may take to say who it is.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What happened on a connection from a peer.
+#[derive(Debug)]
+pub enum PeerEvent {
+    /// Peer `from` opened a connection (after a valid hello); every frame
+    /// of an older connection from it is out of date.
+    Opened { from: usize, connection: u64 },
+    /// A frame from peer `from`.
+    Frame { from: usize, connection: u64, frame: Frame },
+    /// The connection ended (closed, reset, or a frame that could not be read).
+    Closed { from: usize, connection: u64 },
+}
+
+/// What the replication loop queued for one peer.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    buffer: Vec<u8>,
+    connected: bool,
+    /// Grows with every new connection to the peer.
+    generation: u64,
+    /// The writer is sending bytes taken from `buffer`.
+    writing: bool,
+    /// Drop the connection (the buffer overflowed).
+    reset: bool,
+    waker: Option<Waker>,
+}
+
+impl Outbox {
+    /// The current connection, if there is one.
+    pub fn connection(&self) -> Option<u64> {
+        self.connected.then_some(self.generation)
+    }
+
+    /// Queues encoded frames; dropped if the peer is not connected (the
+    /// cluster logic copes with lost messages). Returns false if the peer's
+    /// connection had to be dropped because it reads too slowly.
+    pub fn push(&mut self, bytes: &[u8]) -> bool {
+        if !self.connected || self.reset {
+            return self.connected;
+        }
+        if self.buffer.len() + bytes.len() > OUTBOX_BYTES_MAX {
+            self.reset = true;
+            self.buffer = Vec::new();
+            self.wake();
+            return false;
+        }
+        self.buffer.extend_from_slice(bytes);
+        self.wake();
+        true
+    }
+
+    /// Nothing is left to send.
+    pub fn is_flushed(&self) -> bool {
+        !self.connected || (self.buffer.is_empty() && !self.writing)
+    }
+
+    fn wake(&mut self) {
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// The peers' outboxes, by index (this node's own entry stays unused).
+pub type Outboxes = Rc<Vec<RefCell<Outbox>>>;
+
+/// Events from every inbound connection, in arrival order.
+pub type Events = Rc<RefCell<VecDeque<PeerEvent>>>;
+
+/// What the replication loop shares with the peer tasks.
+pub struct PeerLinks {
+    pub events: Events,
+    pub outboxes: Outboxes,
+    /// The hello each new outbound connection starts with.
+    pub hello: Rc<Cell<Hello>>,
+}
+
+/// Who this node is, for its hellos and to check the peers'.
+#[derive(Clone, Copy, Debug)]
+pub struct Identity {
+    pub me: usize,
+    pub nodes: usize,
+}
+
+/// Accepts peer connections for as long as the executor runs.
+pub async fn accept(listener: TcpListener, identity: Identity, events: Events) {
+    let mut next_connection = 0u64;
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                next_connection += 1;
+                let _ = stream.set_nodelay(true);
+                glommio::spawn_local(read(stream, next_connection, identity, events.clone())).detach();
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot accept a peer connection");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Reads one inbound connection: its hello, then frames until it ends.
+async fn read(mut stream: TcpStream, connection: u64, identity: Identity, events: Events) {
+    let mut buffer = Vec::with_capacity(64 << 10);
+    let hello = glommio::timer::timeout(HELLO_TIMEOUT, async { Ok(next_frame(&mut stream, &mut buffer).await) }).await;
+    let from = match hello {
+        Ok(Ok(Some(Frame::Hello(hello)))) => match check_hello(&hello, identity) {
+            Ok(from) => from,
+            Err(reason) => {
+                tracing::warn!(peer = ?stream.peer_addr().ok(), "peer connection refused: {reason}");
+                return;
+            }
+        },
+        Ok(Ok(Some(_))) => {
+            tracing::warn!(peer = ?stream.peer_addr().ok(), "peer connection refused: it did not start with a hello");
+            return;
+        }
+        Ok(Err(reason)) => {
+            tracing::warn!(peer = ?stream.peer_addr().ok(), "peer connection refused: {reason}");
+            return;
+        }
+        Ok(Ok(None)) | Err(_) => return,
+    };
+    events.borrow_mut().push_back(PeerEvent::Opened { from, connection });
+    loop {
+        while events.borrow().len() >= EVENTS_QUEUED_MAX {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        match next_frame(&mut stream, &mut buffer).await {
+            Ok(Some(frame)) => events.borrow_mut().push_back(PeerEvent::Frame { from, connection, frame }),
+            Ok(None) => break,
+            Err(reason) => {
+                tracing::warn!(peer = from, "peer connection dropped: {reason}");
+                break;
+            }
+        }
+    }
+    events.borrow_mut().push_back(PeerEvent::Closed { from, connection });
+}
+
+/// The next frame of a connection; `Ok(None)` when it closed cleanly.
+async fn next_frame(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Result<Option<Frame>, String> {
+    loop {
+        match wire::decode(buffer) {
+            Ok(Some((frame, used))) => {
+                buffer.drain(..used);
+                return Ok(Some(frame));
+            }
+            Ok(None) => {}
+            Err(error) => return Err(format!("unreadable frame: {error}")),
+        }
+        let filled = buffer.len();
+        // Room for a good read; a frame is at most FRAME_LEN_MAX, so the
+        // buffer never grows past about that much more.
+        buffer.resize(filled + READ_CHUNK_BYTES, 0);
+        let read = stream.read(&mut buffer[filled..]).await;
+        match read {
+            Ok(0) => {
+                buffer.truncate(filled);
+                return if filled == 0 { Ok(None) } else { Err("closed in the middle of a frame".to_string()) };
+            }
+            Ok(count) => buffer.truncate(filled + count),
+            Err(error) => {
+                buffer.truncate(filled);
+                return Err(format!("read failed: {error}"));
+            }
+        }
+    }
+}
+
+fn check_hello(hello: &Hello, identity: Identity) -> Result<usize, String> {
+    if hello.version != PROTOCOL_VERSION {
+        return Err(format!("it speaks peer protocol {}, this node {PROTOCOL_VERSION}", hello.version));
+    }
+    if hello.nodes != identity.nodes {
+        return Err(format!(
+            "its --peers lists {} nodes, this node's {}; give every node the same --peers",
+            hello.nodes, identity.nodes
+        ));
+    }
+    if hello.node == identity.me {
+        return Err(format!("it says it is node {}, which is this node; check --node", hello.node));
+    }
+    Ok(hello.node)
+}
+
+/// Keeps a connection to peer `to` open and sends what its outbox gets.
+/// `hello` is read at each connection, so it carries the node's latest role.
+pub async fn write(
+    to: usize,
+    address: SocketAddr,
+    outboxes: Outboxes,
+    hello: Rc<Cell<Hello>>,
+    retry: Duration,
+    stall: Duration,
+) {
+    let outbox = &outboxes[to];
+    let mut logged_down = false;
+    loop {
+        let mut stream = match TcpStream::connect_timeout(address, stall).await {
+            Ok(stream) => stream,
+            Err(error) => {
+                if !logged_down {
+                    tracing::info!(peer = to, %address, %error, "peer unreachable; retrying");
+                    logged_down = true;
+                }
+                glommio::timer::sleep(retry).await;
+                continue;
+            }
+        };
+        logged_down = false;
+        let _ = stream.set_nodelay(true);
+        let mut chunk = Vec::new();
+        wire::encode(&Frame::Hello(hello.get()), &mut chunk);
+        {
+            let mut outbox = outbox.borrow_mut();
+            outbox.buffer.clear();
+            outbox.connected = true;
+            outbox.generation += 1;
+            outbox.reset = false;
+        }
+        tracing::info!(peer = to, %address, "connected to peer");
+        loop {
+            if !chunk.is_empty() {
+                outbox.borrow_mut().writing = true;
+                let written = glommio::timer::timeout(stall, async {
+                    stream.write_all(&chunk).await.map_err(glommio::GlommioError::from)
+                })
+                .await;
+                outbox.borrow_mut().writing = false;
+                if let Err(error) = written {
+                    tracing::info!(peer = to, %error, "peer connection lost");
+                    break;
+                }
+                chunk.clear();
+            }
+            let reset = futures_lite::future::poll_fn(|context| {
+                let mut outbox = outbox.borrow_mut();
+                if outbox.reset {
+                    return Poll::Ready(true);
+                }
+                if outbox.buffer.is_empty() {
+                    outbox.waker = Some(context.waker().clone());
+                    return Poll::Pending;
+                }
+                std::mem::swap(&mut outbox.buffer, &mut chunk);
+                Poll::Ready(false)
+            })
+            .await;
+            if reset {
+                tracing::warn!(peer = to, "peer reads too slowly; dropping its connection to start over");
+                break;
+            }
+        }
+        {
+            let mut outbox = outbox.borrow_mut();
+            outbox.connected = false;
+            outbox.reset = false;
+            outbox.buffer = Vec::new();
+        }
+        let _ = stream.close().await;
+        glommio::timer::sleep(retry).await;
+    }
+}
