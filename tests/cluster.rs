@@ -12,7 +12,7 @@ mod proxy;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use cluster_support::{Cluster, ClusterOptions, Load, LoadOptions, Role, grant_token, stats_role, total_stat};
+use cluster_support::{Cluster, ClusterOptions, Load, LoadOptions, Role, grant_token, stats_role, table_version};
 use common::Conn;
 use ringlock_client::{Client, ReleaseOutcome};
 
@@ -20,11 +20,11 @@ use ringlock_client::{Client, ReleaseOutcome};
 const HELD_KEYS: usize = 16;
 
 /// Acquires `count` keys `<prefix>/<i>` with a long lease on `conn`.
-fn hold_keys(conn: &mut Conn, prefix: &str, count: usize) -> Vec<(String, u64)> {
+fn hold_keys(cluster: &Cluster, conn: &mut Conn, prefix: &str, count: usize) -> Vec<(String, u64)> {
     (0..count)
         .map(|index| {
             let key = format!("{prefix}/{index}");
-            let reply = conn.call(&format!("A {key} 120 0"));
+            let reply = cluster.call(conn, &format!("A {key} 120 0"));
             let token = grant_token(&reply, &key).unwrap_or_else(|| panic!("expected a grant of {key}, got {reply:?}"));
             (key, token)
         })
@@ -36,45 +36,58 @@ fn hold_keys(conn: &mut Conn, prefix: &str, count: usize) -> Vec<(String, u64)> 
 /// grant of the key has a greater token.
 fn assert_still_held_and_releasable(conn: &mut Conn, held: &[(String, u64)], cluster: &Cluster) {
     for (key, token) in held {
-        let reply = conn.call(&format!("A {key} 30 0.1"));
+        let reply = cluster.call(conn, &format!("A {key} 30 0.1"));
         assert_eq!(
             reply,
             format!("T {key}"),
             "{key} (token {token}) is still held on the new active\n{}",
             cluster.describe(&cluster.pings())
         );
-        let reply = conn.call(&format!("R {key} {token}"));
+        let reply = cluster.call(conn, &format!("R {key} {token}"));
         assert_eq!(reply, format!("R {key}"), "the old token {token} releases {key} on the new active");
-        let reply = conn.call(&format!("A {key} 30 0"));
+        let reply = cluster.call(conn, &format!("A {key} 30 0"));
         let next = grant_token(&reply, key).unwrap_or_else(|| panic!("expected a grant of {key}, got {reply:?}"));
         assert!(next > *token, "{key}: token {next} after {token}");
-        assert_eq!(conn.call(&format!("R {key} {next}")), format!("R {key}"));
+        assert_eq!(cluster.call(conn, &format!("R {key} {next}")), format!("R {key}"));
     }
 }
 
-/// Waits until every running standby's table shows at least `count` held
-/// keys: the replicated state has reached it.
-fn wait_replicated(cluster: &Cluster, active: usize, count: u64) {
+/// Waits until every running standby has applied every delta the active
+/// had issued once it had issued `deltas` more than `since` (its table
+/// version before the grants to wait for): those grants reached them.
+fn wait_replicated(cluster: &Cluster, active: usize, since: u64, deltas: u64) {
+    let mut conn = cluster.node(active).connect();
+    let mut target = None;
+    cluster.wait_for(&format!("node {active} to count the {deltas} deltas in its table version"), |_| {
+        target = table_version(&mut conn).filter(|(_, version)| *version >= since + deltas);
+        target.is_some()
+    });
+    let (stream, version) = target.unwrap();
     for node in cluster.nodes.iter().filter(|node| node.index != active && node.is_running()) {
         let mut conn = node.connect();
-        let mut last = None;
-        cluster.wait_for(&format!("node {} to hold {count} replicated keys (last S: {last:?})", node.index), |_| {
-            last = total_stat(&mut conn, "held_keys");
-            last.is_some_and(|held| held >= count)
+        cluster.wait_for(&format!("node {} to apply stream {stream} up to version {version}", node.index), |_| {
+            table_version(&mut conn)
+                .is_some_and(|(applied_stream, applied)| applied_stream == stream && applied >= version)
         });
     }
+}
+
+/// The table version of node `index` (see [`wait_replicated`]).
+fn table_version_of(cluster: &Cluster, index: usize) -> u64 {
+    let mut conn = cluster.node(index).connect();
+    table_version(&mut conn).unwrap_or_else(|| panic!("node {index}'s S reply shows its table version")).1
 }
 
 /// Acquires once more every key the load used, on the active `conn`, and
 /// checks that the new token exceeds every token the load was granted.
 /// `wait_seconds` covers the lease of a grant that the client never saw
 /// (its reply was lost in the failure) and that therefore still holds the key.
-fn assert_next_tokens_exceed(conn: &mut Conn, highest: &HashMap<String, u64>, wait_seconds: u64) {
+fn assert_next_tokens_exceed(cluster: &Cluster, conn: &mut Conn, highest: &HashMap<String, u64>, wait_seconds: u64) {
     for (key, highest) in highest {
-        let reply = conn.call(&format!("A {key} 30 {wait_seconds}"));
+        let reply = cluster.call(conn, &format!("A {key} 30 {wait_seconds}"));
         let token = grant_token(&reply, key).unwrap_or_else(|| panic!("expected a grant of {key}, got {reply:?}"));
         assert!(token > *highest, "{key}: token {token} on the new active, but {highest} was granted before");
-        assert_eq!(conn.call(&format!("R {key} {token}")), format!("R {key}"));
+        assert_eq!(cluster.call(conn, &format!("R {key} {token}")), format!("R {key}"));
     }
 }
 
@@ -89,11 +102,11 @@ fn the_first_node_becomes_active_and_the_standbys_send_clients_to_it() {
 
     for standby in [1, 2] {
         let mut conn = cluster.node(standby).connect();
-        assert_eq!(conn.call("A k 30 0"), format!("M A k {active}"));
-        assert_eq!(conn.call("R k 5"), format!("M R k {active}"));
-        assert_eq!(conn.call("X k 5 30"), format!("M X k {active}"));
+        assert_eq!(cluster.call(&mut conn, "A k 30 0"), format!("M A k {active}"));
+        assert_eq!(cluster.call(&mut conn, "R k 5"), format!("M R k {active}"));
+        assert_eq!(cluster.call(&mut conn, "X k 5 30"), format!("M X k {active}"));
         // A standby checks a request fully before it redirects it.
-        assert_eq!(conn.call("A k 0 0"), "E A k bad-lease");
+        assert_eq!(cluster.call(&mut conn, "A k 0 0"), "E A k bad-lease");
         assert_eq!(stats_role(&mut conn).as_deref(), Some("standby"));
     }
 
@@ -115,8 +128,9 @@ fn kill_9_of_the_active_under_load_promotes_the_next_node_which_keeps_the_held_l
     let mut cluster = Cluster::start(ClusterOptions::default());
     let first_epoch = cluster.wait_active(0, "node 0 to become the active");
     let mut conn = cluster.node(0).connect();
-    let held = hold_keys(&mut conn, "held", HELD_KEYS);
-    wait_replicated(&cluster, 0, HELD_KEYS as u64);
+    let since = table_version_of(&cluster, 0);
+    let held = hold_keys(&cluster, &mut conn, "held", HELD_KEYS);
+    wait_replicated(&cluster, 0, since, HELD_KEYS as u64);
 
     let lease_seconds = 3;
     let load = Load::start(
@@ -145,7 +159,7 @@ fn kill_9_of_the_active_under_load_promotes_the_next_node_which_keeps_the_held_l
 
     let mut conn = cluster.node(1).connect();
     assert_still_held_and_releasable(&mut conn, &held, &cluster);
-    assert_next_tokens_exceed(&mut conn, &report.highest_tokens(), 2 * lease_seconds);
+    assert_next_tokens_exceed(&cluster, &mut conn, &report.highest_tokens(), 2 * lease_seconds);
 }
 
 #[test]
@@ -154,7 +168,7 @@ fn ctrl_c_of_the_active_under_load_hands_off_to_its_successor_without_losing_a_l
     let first_epoch = cluster.wait_active(0, "node 0 to become the active");
     let mut conn = cluster.node(0).connect();
     // No wait for replication here: the hand-off itself must carry every lock.
-    let held = hold_keys(&mut conn, "held", HELD_KEYS);
+    let held = hold_keys(&cluster, &mut conn, "held", HELD_KEYS);
     drop(conn);
 
     let load =
@@ -184,7 +198,7 @@ fn ctrl_c_of_the_active_under_load_hands_off_to_its_successor_without_losing_a_l
 
     let mut conn = cluster.node(1).connect();
     assert_still_held_and_releasable(&mut conn, &held, &cluster);
-    assert_next_tokens_exceed(&mut conn, &report.highest_tokens(), 10);
+    assert_next_tokens_exceed(&cluster, &mut conn, &report.highest_tokens(), 10);
 }
 
 #[test]
@@ -197,7 +211,7 @@ fn a_restarted_higher_priority_node_catches_up_then_takes_over_by_hand_off() {
 
     // Locks granted while node 0 is down: it can only learn them from node 1.
     let mut conn = cluster.node(1).connect();
-    let held = hold_keys(&mut conn, "held", HELD_KEYS);
+    let held = hold_keys(&cluster, &mut conn, "held", HELD_KEYS);
     drop(conn);
     let load =
         Load::start(&cluster.addresses(), LoadOptions { lease: Duration::from_secs(60), ..LoadOptions::default() });
@@ -225,7 +239,7 @@ fn a_restarted_higher_priority_node_catches_up_then_takes_over_by_hand_off() {
 
     let mut conn = cluster.node(0).connect();
     assert_still_held_and_releasable(&mut conn, &held, &cluster);
-    assert_next_tokens_exceed(&mut conn, &report.highest_tokens(), 10);
+    assert_next_tokens_exceed(&cluster, &mut conn, &report.highest_tokens(), 10);
 }
 
 #[test]
@@ -233,9 +247,9 @@ fn sigstop_of_the_active_beyond_the_failover_timeout_then_sigcont_leaves_one_act
     let mut cluster = Cluster::start(ClusterOptions::default());
     let first_epoch = cluster.wait_active(0, "node 0 to become the active");
     let mut conn = cluster.node(0).connect();
-    let before = hold_keys(&mut conn, "paused", 4);
+    let before = hold_keys(&cluster, &mut conn, "paused", 4);
     for (key, token) in &before {
-        assert_eq!(conn.call(&format!("R {key} {token}")), format!("R {key}"));
+        assert_eq!(cluster.call(&mut conn, &format!("R {key} {token}")), format!("R {key}"));
     }
     drop(conn);
 
@@ -243,10 +257,10 @@ fn sigstop_of_the_active_beyond_the_failover_timeout_then_sigcont_leaves_one_act
     let second_epoch = cluster.wait_active(1, "node 1 to promote while node 0 is stopped");
     assert!(second_epoch > first_epoch);
     let mut conn = cluster.node(1).connect();
-    let during = hold_keys(&mut conn, "paused", 4);
+    let during = hold_keys(&cluster, &mut conn, "paused", 4);
     for ((key, token), (_, earlier)) in during.iter().zip(&before) {
         assert!(token > earlier, "{key}: token {token} on node 1 after {earlier} on node 0");
-        assert_eq!(conn.call(&format!("R {key} {token}")), format!("R {key}"));
+        assert_eq!(cluster.call(&mut conn, &format!("R {key} {token}")), format!("R {key}"));
     }
     drop(conn);
 
@@ -255,7 +269,7 @@ fn sigstop_of_the_active_beyond_the_failover_timeout_then_sigcont_leaves_one_act
     eprintln!("after SIGCONT: node {active} is the single active in epoch {final_epoch}");
     assert!(final_epoch >= second_epoch, "epoch {final_epoch} after {second_epoch}");
     let mut conn = cluster.node(active).connect();
-    let after = hold_keys(&mut conn, "paused", 4);
+    let after = hold_keys(&cluster, &mut conn, "paused", 4);
     for ((key, token), (_, earlier)) in after.iter().zip(&during) {
         assert!(token > earlier, "{key}: token {token} on node {active} after {earlier} on node 1");
     }
@@ -266,9 +280,9 @@ fn a_partition_between_peers_makes_two_actives_and_healing_it_demotes_one() {
     let cluster = Cluster::start(ClusterOptions { partitionable: true, ..ClusterOptions::default() });
     let first_epoch = cluster.wait_active(0, "node 0 to become the active");
     let mut conn0 = cluster.node(0).connect();
-    let before = hold_keys(&mut conn0, "split", 4);
+    let before = hold_keys(&cluster, &mut conn0, "split", 4);
     for (key, token) in &before {
-        assert_eq!(conn0.call(&format!("R {key} {token}")), format!("R {key}"));
+        assert_eq!(cluster.call(&mut conn0, &format!("R {key} {token}")), format!("R {key}"));
     }
 
     cluster.isolate(0);
@@ -282,14 +296,14 @@ fn a_partition_between_peers_makes_two_actives_and_healing_it_demotes_one() {
 
     // Both sides grant: the window SPEC §5 warns of, that tokens make safe.
     let mut conn1 = cluster.node(1).connect();
-    let on_node1 = hold_keys(&mut conn1, "split", 4);
+    let on_node1 = hold_keys(&cluster, &mut conn1, "split", 4);
     for ((key, token), (_, earlier)) in on_node1.iter().zip(&before) {
         assert!(token > earlier, "{key}: token {token} on node 1 after {earlier} on node 0");
-        assert_eq!(conn1.call(&format!("R {key} {token}")), format!("R {key}"));
+        assert_eq!(cluster.call(&mut conn1, &format!("R {key} {token}")), format!("R {key}"));
     }
-    let on_node0 = hold_keys(&mut conn0, "split", 4);
+    let on_node0 = hold_keys(&cluster, &mut conn0, "split", 4);
     for (key, token) in &on_node0 {
-        assert_eq!(conn0.call(&format!("R {key} {token}")), format!("R {key}"));
+        assert_eq!(cluster.call(&mut conn0, &format!("R {key} {token}")), format!("R {key}"));
     }
 
     cluster.heal();
@@ -298,7 +312,7 @@ fn a_partition_between_peers_makes_two_actives_and_healing_it_demotes_one() {
     assert_eq!(active, 0, "the lower-priority active steps down (SPEC §5)");
     assert!(final_epoch > epoch1, "the remaining active moves above both epochs: {final_epoch} after {epoch1}");
     let mut conn = cluster.node(active).connect();
-    let after = hold_keys(&mut conn, "split", 4);
+    let after = hold_keys(&cluster, &mut conn, "split", 4);
     for (index, (key, token)) in after.iter().enumerate() {
         let earlier = before[index].1.max(on_node1[index].1).max(on_node0[index].1);
         assert!(token > &earlier, "{key}: token {token} after the heal, but {earlier} was granted before");
@@ -310,8 +324,9 @@ fn two_nodes_are_a_cluster_and_the_survivor_of_a_kill_9_serves_alone() {
     let mut cluster = Cluster::start(ClusterOptions { nodes: 2, ..ClusterOptions::default() });
     let first_epoch = cluster.wait_active(0, "node 0 to become the active");
     let mut conn = cluster.node(0).connect();
-    let held = hold_keys(&mut conn, "held", 4);
-    wait_replicated(&cluster, 0, 4);
+    let since = table_version_of(&cluster, 0);
+    let held = hold_keys(&cluster, &mut conn, "held", 4);
+    wait_replicated(&cluster, 0, since, 4);
     drop(conn);
 
     cluster.node_mut(0).kill9();

@@ -472,6 +472,14 @@ impl Cluster {
         text
     }
 
+    /// Sends `line` on `conn` and returns the reply; fails the test with
+    /// every node's roles and log if none comes within [`PATIENCE`].
+    pub fn call(&self, conn: &mut Conn, line: &str) -> String {
+        conn.request(line);
+        conn.try_line(PATIENCE)
+            .unwrap_or_else(|| panic!("no reply to {line:?} within {PATIENCE:?}\n{}", self.describe(&self.pings())))
+    }
+
     /// Cuts node `index` off every peer (both ways): open peer connections are
     /// closed and new ones refused until [`heal`](Self::heal). Its clients
     /// still reach it.
@@ -517,6 +525,20 @@ pub fn total_stat(conn: &mut Conn, name: &str) -> Option<u64> {
     let needle = format!("\"{name}\":");
     let at = total.find(&needle)? + needle.len();
     total[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// The `"table": {"stream": .., "version": ..}` of an `S` reply: the delta
+/// stream (named by the epoch its active started it in) and how many deltas
+/// of it the node has, as the active issued them or a standby applied them.
+pub fn table_version(conn: &mut Conn) -> Option<(u64, u64)> {
+    let reply = conn.call("S");
+    let table = &reply[reply.find("\"table\":")?..];
+    let number = |name: &str| -> Option<u64> {
+        let needle = format!("\"{name}\":");
+        let at = table.find(&needle)? + needle.len();
+        table[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    Some((number("stream")?, number("version")?))
 }
 
 /// The `"role"` of an `S` reply.
