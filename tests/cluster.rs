@@ -247,10 +247,15 @@ fn sigstop_of_the_active_beyond_the_failover_timeout_then_sigcont_leaves_one_act
     let mut cluster = Cluster::start(ClusterOptions::default());
     let first_epoch = cluster.wait_active(0, "node 0 to become the active");
     let mut conn = cluster.node(0).connect();
+    let since = table_version_of(&cluster, 0);
     let before = hold_keys(&cluster, &mut conn, "paused", 4);
     for (key, token) in &before {
         assert_eq!(cluster.call(&mut conn, &format!("R {key} {token}")), format!("R {key}"));
     }
+    // The releases must reach the standbys before the pause, or node 1 would
+    // promote with these keys still held (the last deltas before a failure
+    // are lost, SPEC §5).
+    wait_replicated(&cluster, 0, since, 8);
     drop(conn);
 
     cluster.node_mut(0).pause();
@@ -280,10 +285,14 @@ fn a_partition_between_peers_makes_two_actives_and_healing_it_demotes_one() {
     let cluster = Cluster::start(ClusterOptions { partitionable: true, ..ClusterOptions::default() });
     let first_epoch = cluster.wait_active(0, "node 0 to become the active");
     let mut conn0 = cluster.node(0).connect();
+    let since = table_version_of(&cluster, 0);
     let before = hold_keys(&cluster, &mut conn0, "split", 4);
     for (key, token) in &before {
         assert_eq!(cluster.call(&mut conn0, &format!("R {key} {token}")), format!("R {key}"));
     }
+    // Otherwise node 1 could promote still holding these grants, and keep
+    // them until their leases end: the last deltas before a cut are lost.
+    wait_replicated(&cluster, 0, since, 8);
 
     cluster.isolate(0);
     let pings = cluster.wait_for("node 1 to promote while node 0, cut off, stays active", |pings| {
