@@ -15,9 +15,12 @@
 RINGLOCK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RINGLOCK_BIN="${CARGO_TARGET_DIR:-$RINGLOCK_ROOT/target}/release/ringlock"
 
-# Builds the server in release mode (and whatever extra cargo arguments say).
+# Builds the server and the measuring clients in release mode. Always the
+# same set, so that the scripts do not rebuild the server for one another
+# (building the examples changes the features cargo unifies).
 cluster_build() {
-    (cd "$RINGLOCK_ROOT" && cargo build --release -p ringlock --bin ringlock "$@")
+    (cd "$RINGLOCK_ROOT" && cargo build --release -p ringlock --bin ringlock \
+        -p ringlock-client --example failover_probe --example throughput)
 }
 
 # Reads the settings and fills CLUSTER_ADDRS and CLUSTER_PEERS_FLAG.

@@ -29,7 +29,7 @@ while (($# > 0)); do
     esac
 done
 
-cluster_build -p ringlock-client --example failover_probe --example throughput
+cluster_build
 EXAMPLES="${CARGO_TARGET_DIR:-$RINGLOCK_ROOT/target}/release/examples"
 cluster_init
 RESULTS="$CLUSTER_DIR/results.txt"

@@ -21,7 +21,7 @@ while (($# > 0)); do
     esac
 done
 
-cluster_build -p ringlock-client --example failover_probe
+cluster_build
 PROBE="${CARGO_TARGET_DIR:-$RINGLOCK_ROOT/target}/release/examples/failover_probe"
 cluster_init
 WATCH_PID=""
