@@ -13,6 +13,10 @@
 //!   new active never learned of them);
 //! - counts of grants, timeouts and client errors, and both epochs.
 //!
+//! Keys are named after the probe's process id, so that grants lost or left
+//! behind by one run (they hold their keys until their leases end) do not
+//! slow the next run down.
+//!
 //! A grant belongs to the new active when its token's epoch (the token's bits
 //! 63..40, as the README documents) is above the epoch the active showed
 //! before the signal.
@@ -141,7 +145,7 @@ fn main() {
                 let mut report = ThreadReport::default();
                 let mut round = 0usize;
                 while !stop.load(Ordering::Relaxed) {
-                    let key = format!("probe/{index}/{}", round % keys);
+                    let key = format!("probe/{}/{index}/{}", std::process::id(), round % keys);
                     round += 1;
                     match client.acquire(&key, lease, Some(Duration::from_secs(2))) {
                         Ok(Some(lock)) => {
