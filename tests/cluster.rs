@@ -1,4 +1,4 @@
-//! Clusters of three real nodes on loopback (SPEC §5), driven from outside:
+//! Clusters of real nodes on loopback (SPEC §5), driven from outside:
 //! the roles through `P`, locks through raw protocol lines and the official
 //! client, failures through signals (kill -9, Ctrl+C, SIGSTOP) and a proxy on
 //! every peer link that the test cuts.
@@ -52,9 +52,10 @@ fn assert_still_held_and_releasable(conn: &mut Conn, held: &[(String, u64)], clu
     }
 }
 
-/// Waits until every running standby has applied every delta the active
-/// had issued once it had issued `deltas` more than `since` (its table
-/// version before the grants to wait for): those grants reached them.
+/// Waits until the active's table version has grown by `deltas` from `since`
+/// (its version before the grants and releases to wait for), then until every
+/// running standby has applied the active's stream up to that version: those
+/// grants and releases have reached every standby.
 fn wait_replicated(cluster: &Cluster, active: usize, since: u64, deltas: u64) {
     let mut conn = cluster.node(active).connect();
     let mut target = None;
