@@ -180,6 +180,12 @@ pub struct EchoArgs {
     /// CPU to pin the server thread to. Default: not pinned.
     #[arg(long)]
     pub cpu: Option<usize>,
+
+    /// Microseconds the loop keeps polling for completions before it sleeps,
+    /// as ringlock's shard loop does (30): a loop that is awake when the next
+    /// requests arrive spares the load generator the wake-up. 0 sleeps at once.
+    #[arg(long, default_value_t = 30)]
+    pub poll_us: u64,
 }
 
 #[derive(Args, Debug, Clone)]

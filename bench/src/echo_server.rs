@@ -4,7 +4,8 @@
 //! thread, multishot accept, multishot receive into provided buffers,
 //! `SINGLE_ISSUER | DEFER_TASKRUN` (the fastest setup measured in
 //! shared/MEASURED.md), and for every newline received one fixed reply line,
-//! sent with one `send` per connection per turn. It reads no request: what
+//! sent with one `send` per connection per turn, and the same short poll
+//! before sleeping as ringlock's loop (`--poll-us`). It reads no request: what
 //! is left of ringlock's work once parsing, the lock table and tokens are
 //! taken away. The same load generator drives it, so its figures are the
 //! ceiling of this machine's loopback for this client.
@@ -12,9 +13,10 @@
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
 
 use io_uring::types::{Fd, SubmitArgs, Timespec};
-use io_uring::{IoUring, cqueue, opcode, squeue};
+use io_uring::{EnterFlags, IoUring, cqueue, opcode, squeue};
 
 use ringlock::buf_ring::BufRing;
 
@@ -47,11 +49,15 @@ pub struct EchoServer {
     connections: Vec<Connection>,
     free: Vec<u32>,
     dirty: Vec<u32>,
+    completions: Vec<(u64, i32, u32)>,
+    /// How long the loop polls before it sleeps.
+    poll: Duration,
 }
 
 impl EchoServer {
     /// Binds `listen` and sets up the ring, on the thread that will run it.
-    pub fn bind(listen: SocketAddr) -> io::Result<(EchoServer, SocketAddr)> {
+    /// The loop polls for `poll` before each sleep.
+    pub fn bind(listen: SocketAddr, poll: Duration) -> io::Result<(EchoServer, SocketAddr)> {
         let listener = TcpListener::bind(listen)
             .map_err(|error| io::Error::new(error.kind(), format!("cannot bind {listen}: {error}")))?;
         let local = listener.local_addr()?;
@@ -62,37 +68,77 @@ impl EchoServer {
             Err(_) => IoUring::builder().setup_cqsize(16384).build(4096)?,
         };
         let buffers = BufRing::register(&ring, 0, RECV_BUFFERS, RECV_BUFFER_LEN)?;
-        let server =
-            EchoServer { ring, buffers, listener, connections: Vec::new(), free: Vec::new(), dirty: Vec::new() };
+        let server = EchoServer {
+            ring,
+            buffers,
+            listener,
+            connections: Vec::new(),
+            free: Vec::new(),
+            dirty: Vec::new(),
+            completions: Vec::with_capacity(16384),
+            poll,
+        };
         Ok((server, local))
     }
 
     /// Serves until the process is killed.
     pub fn run(mut self) -> io::Result<()> {
         self.arm_accept();
-        let mut completions: Vec<(u64, i32, u32)> = Vec::with_capacity(16384);
         loop {
-            let timespec = Timespec::new().sec(1);
-            let args = SubmitArgs::new().timespec(&timespec);
-            match self.ring.submitter().submit_with_args(1, &args) {
-                Ok(_) => {}
-                Err(error) if matches!(error.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => {}
-                Err(error) => return Err(error),
-            }
-            completions.extend(self.ring.completion().map(|cqe| (cqe.user_data(), cqe.result(), cqe.flags())));
-            for &(data, result, flags) in &completions {
-                let index = (data & 0xffff_ffff) as usize;
-                match data >> 32 {
-                    KIND_ACCEPT => self.accepted(result, flags),
-                    KIND_RECV => self.received(index, result, flags),
-                    KIND_SEND => self.sent(index, result),
-                    _ => {}
+            if !self.poll() {
+                let timespec = Timespec::new().sec(1);
+                let args = SubmitArgs::new().timespec(&timespec);
+                match self.ring.submitter().submit_with_args(1, &args) {
+                    Ok(_) => {}
+                    Err(error) if matches!(error.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => {}
+                    Err(error) => return Err(error),
                 }
             }
-            completions.clear();
-            self.buffers.publish();
-            self.flush();
+            self.serve();
         }
+    }
+
+    /// Submits, then asks for completions for up to `poll` before the loop
+    /// sleeps, as ringlock's shard loop does; true once there are some.
+    fn poll(&mut self) -> bool {
+        if self.poll.is_zero() || self.ring.submit().is_err() {
+            return false;
+        }
+        let poll_end = Instant::now() + self.poll;
+        loop {
+            // SAFETY: no submissions, no completions to wait for and no
+            // argument: the kernel touches nothing but the ring itself.
+            let result =
+                unsafe { self.ring.submitter().enter::<libc::sigset_t>(0, 0, EnterFlags::GETEVENTS.bits(), None) };
+            if result.is_err() {
+                return false;
+            }
+            if !self.ring.completion().is_empty() {
+                return true;
+            }
+            if Instant::now() >= poll_end {
+                return false;
+            }
+        }
+    }
+
+    /// Handles the completions in the ring, then sends what they produced.
+    fn serve(&mut self) {
+        let mut completions = std::mem::take(&mut self.completions);
+        completions.extend(self.ring.completion().map(|cqe| (cqe.user_data(), cqe.result(), cqe.flags())));
+        for &(data, result, flags) in &completions {
+            let index = (data & 0xffff_ffff) as usize;
+            match data >> 32 {
+                KIND_ACCEPT => self.accepted(result, flags),
+                KIND_RECV => self.received(index, result, flags),
+                KIND_SEND => self.sent(index, result),
+                _ => {}
+            }
+        }
+        completions.clear();
+        self.completions = completions;
+        self.buffers.publish();
+        self.flush();
     }
 
     fn push(&mut self, entry: squeue::Entry) {

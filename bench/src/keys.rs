@@ -2,6 +2,8 @@
 //! key has the same length and a reply's key gives back its number without a
 //! lookup or an allocation.
 
+use ringlock_client::proto::eight_digits_ascii;
+
 /// Longest key the load generator writes, in bytes.
 pub const KEY_LEN_MAX: usize = 64;
 
@@ -46,19 +48,21 @@ impl KeyFormat {
     /// (as in a line whose key bytes are patched in place).
     pub fn write_into(&self, id: u64, key: &mut [u8]) {
         debug_assert_eq!(key.len(), self.len);
-        key[0] = b'k';
-        // Two digits per division: this runs for every request sent.
+        // Eight digits per word, from the right: this runs for every request
+        // sent. A word may spill over the digits to its left and the `k`,
+        // which are written after it.
         let mut rest = id;
         let mut end = key.len();
-        while end > 2 {
-            let pair = (rest % 100) as usize;
-            rest /= 100;
-            key[end - 2..end].copy_from_slice(&DIGIT_PAIRS[pair * 2..pair * 2 + 2]);
-            end -= 2;
+        while end >= 8 {
+            key[end - 8..end].copy_from_slice(&eight_digits_ascii((rest % 100_000_000) as u32));
+            rest /= 100_000_000;
+            end -= 8;
         }
-        if end == 2 {
-            key[1] = b'0' + (rest % 10) as u8;
+        if end > 1 {
+            let word = eight_digits_ascii((rest % 100_000_000) as u32);
+            key[1..end].copy_from_slice(&word[8 - (end - 1)..]);
         }
+        key[0] = b'k';
     }
 
     /// The number of a key this format wrote; `None` for any other bytes.
@@ -69,13 +73,22 @@ impl KeyFormat {
         // Eight digits at a time, from the left; this runs for every reply.
         let digits = &key[1..];
         let (head, chunks) = digits.split_at(digits.len() % 8);
-        let mut id: u64 = 0;
-        for &byte in head {
-            if !byte.is_ascii_digit() {
-                return None;
+        let mut id: u64 = if head.len() == 7 {
+            // Keys of 8n bytes (the default 16): the `k` and the seven digits
+            // of the head make one word, with a `0` for the `k`.
+            let mut word = *key.first_chunk::<8>().expect("seven digits and the k");
+            word[0] = b'0';
+            eight_digits(word)?
+        } else {
+            let mut id = 0;
+            for &byte in head {
+                if !byte.is_ascii_digit() {
+                    return None;
+                }
+                id = id * 10 + u64::from(byte - b'0');
             }
-            id = id * 10 + u64::from(byte - b'0');
-        }
+            id
+        };
         for chunk in chunks.chunks_exact(8) {
             let value = eight_digits(chunk.try_into().expect("chunks of eight"))?;
             id = id.checked_mul(100_000_000)?.checked_add(value)?;
@@ -83,13 +96,6 @@ impl KeyFormat {
         Some(id)
     }
 }
-
-/// "00" to "99", for writing two digits at once.
-const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-2021222324252627282930313233343536373839\
-4041424344454647484950515253545556575859\
-6061626364656667686970717273747576777879\
-8081828384858687888990919293949596979899";
 
 /// Eight ASCII digits as a number, or `None` if any byte is not a digit
 /// (the SWAR conversion of Lemire, "Fast number parsing").
@@ -166,6 +172,12 @@ mod tests {
         assert_eq!(format.parse(b"x123"), None);
         assert_eq!(format.parse(b"k1a3"), None);
         assert_eq!(format.parse(b"k123"), Some(123));
+        // Keys of 16 bytes read their `k` and first seven digits as one word.
+        let format = KeyFormat::new(16, 1000).unwrap();
+        assert_eq!(format.parse(b"k000000000000042"), Some(42));
+        assert_eq!(format.parse(b"k00000x000000042"), None);
+        assert_eq!(format.parse(b"0000000000000042"), None);
+        assert_eq!(format.parse(b"k000000:00000042"), None);
     }
 
     #[test]

@@ -51,7 +51,8 @@ fn echo(args: &cli::EchoArgs) -> Result<(), String> {
     {
         return Err(format!("cannot pin the echo server to CPU {cpu}"));
     }
-    let (server, local) = echo_server::EchoServer::bind(args.listen).map_err(|error| error.to_string())?;
+    let (server, local) = echo_server::EchoServer::bind(args.listen, std::time::Duration::from_micros(args.poll_us))
+        .map_err(|error| error.to_string())?;
     eprintln!("listening on {local}");
     server.run().map_err(|error| format!("echo server stopped: {error}"))
 }

@@ -10,9 +10,11 @@
 //! Nothing is allocated per request: requests are encoded into each
 //! connection's output buffer (two buffers, one being filled while the other
 //! is in the kernel), replies are parsed in place from the provided receive
-//! buffers, and lanes are found again through the connection's
-//! [`PendingTable`] (by op and key, for ringlock) or its FIFO (Redis and echo
-//! answer in order).
+//! buffers, and lanes are found again from the reply: for ringlock's
+//! uncontended workload by the key alone (each lane has its own slice of
+//! keys), for its other workloads through the connection's [`PendingTable`]
+//! (by op and key), and by the connection's FIFO for Redis and echo, which
+//! answer in order.
 //! The clock is read once per loop turn: a request's send time is the time
 //! of the turn that encoded it, and a reply's time the time of the turn that
 //! read it, so latencies are exact to one turn (a few microseconds).
@@ -191,8 +193,27 @@ struct Connection {
     /// The pending table's list links, one per lane.
     next: Vec<u32>,
     plan: ConnectionPlan,
+    /// Uncontended: how many keys each lane draws from.
+    lane_span: u64,
     hold_next: u64,
     token_counter: u64,
+}
+
+impl Connection {
+    fn uncontended_lane(&self, op: PendingOp, key: u64) -> Option<u32> {
+        uncontended_lane(&self.lanes, self.plan.key_first, self.lane_span, op, key)
+    }
+}
+
+/// Uncontended: the lane whose request (op, key) is in flight, found
+/// without the pending table. Lane `n` draws its keys from
+/// `key_first + n * lane_span` on, `lane_span` of them, and has one request
+/// out, so the key names the lane; the lane's own state confirms it, and a
+/// reply it does not confirm is unpaired.
+fn uncontended_lane(lanes: &[Lane], key_first: u64, lane_span: u64, op: PendingOp, key: u64) -> Option<u32> {
+    let lane = key.checked_sub(key_first)? / lane_span;
+    let state = lanes.get(usize::try_from(lane).ok()?)?;
+    (state.state == LaneState::InFlight && state.op == op && state.key == key).then_some(lane as u32)
 }
 
 /// Everything but the ring and the buffers, so that replies parsed from a
@@ -261,6 +282,7 @@ impl Worker {
                 lanes: vec![idle; lanes],
                 next: vec![NO_LANE; lanes],
                 plan,
+                lane_span: plan.key_count / lanes as u64,
                 hold_next: plan.key_first,
                 token_counter: 0,
             });
@@ -502,9 +524,9 @@ impl Clients {
             Workload::Uncontended => {
                 // Each lane draws from its own slice of the connection's
                 // keys, so no two requests in flight ever share a key.
-                let plan = self.connections[index].plan;
-                let lane_span = plan.key_count / self.settings.lanes_per_connection as u64;
-                plan.key_first + u64::from(lane) * lane_span + self.below(lane_span)
+                let (key_first, lane_span) =
+                    (self.connections[index].plan.key_first, self.connections[index].lane_span);
+                key_first + u64::from(lane) * lane_span + self.below(lane_span)
             }
             Workload::Contended => self.below(self.settings.hot_keys),
             Workload::Hold => {
@@ -552,7 +574,7 @@ impl Clients {
             Lane { state: LaneState::InFlight, op: PendingOp::Acquire, key, token, sent_ns: self.now_ns, ..*state };
         if settings.wire.is_ordered() {
             connection.order.push_back(lane);
-        } else {
+        } else if settings.workload != Workload::Uncontended {
             connection.pending.push(PendingOp::Acquire, key, lane, &mut connection.next);
         }
         self.mark_dirty(index);
@@ -571,7 +593,7 @@ impl Clients {
         let key = state.key;
         if settings.wire.is_ordered() {
             connection.order.push_back(lane);
-        } else {
+        } else if settings.workload != Workload::Uncontended {
             connection.pending.push(PendingOp::Release, key, lane, &mut connection.next);
         }
         self.mark_dirty(index);
@@ -658,10 +680,16 @@ impl Clients {
     fn on_reply(&mut self, index: usize, parsed: Parsed) {
         let connection = &mut self.connections[index];
         let (lane, outcome) = match parsed {
-            Parsed::Keyed { op, key, outcome } => match connection.pending.pop(op, key, &connection.next) {
-                Some(lane) => (lane, outcome),
-                None => return self.count(ErrorKind::Unpaired),
-            },
+            Parsed::Keyed { op, key, outcome } => {
+                let lane = match self.settings.workload {
+                    Workload::Uncontended => connection.uncontended_lane(op, key),
+                    Workload::Contended | Workload::Hold => connection.pending.pop(op, key, &connection.next),
+                };
+                match lane {
+                    Some(lane) => (lane, outcome),
+                    None => return self.count(ErrorKind::Unpaired),
+                }
+            }
             Parsed::Unkeyed(kind) => return self.count(kind),
             Parsed::Ordered(reply) => {
                 let Some(lane) = connection.order.pop_front() else { return self.count(ErrorKind::Unpaired) };
@@ -735,5 +763,36 @@ impl Clients {
             lane.state = LaneState::Idle;
         }
         self.active -= lost;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_uncontended_key_names_its_lane_only_while_its_request_is_out() {
+        let (key_first, lane_span) = (1_000, 10);
+        let idle = Lane { state: LaneState::Idle, op: PendingOp::Acquire, key: 0, token: 0, sent_ns: 0, first_ns: 0 };
+        let mut lanes = vec![idle; 4];
+        for (lane, state) in lanes.iter_mut().enumerate() {
+            // The last key of each lane's slice.
+            let key = key_first + lane as u64 * lane_span + lane_span - 1;
+            *state = Lane { state: LaneState::InFlight, key, ..idle };
+        }
+        lanes[2].op = PendingOp::Release;
+        lanes[3].state = LaneState::Retrying;
+        let find = |op, key| uncontended_lane(&lanes, key_first, lane_span, op, key);
+        assert_eq!(find(PendingOp::Acquire, 1_009), Some(0));
+        assert_eq!(find(PendingOp::Acquire, 1_019), Some(1));
+        assert_eq!(find(PendingOp::Release, 1_029), Some(2));
+        // The wrong op, another key of the lane's slice, a lane with nothing
+        // out, keys before the first slice and after the last.
+        assert_eq!(find(PendingOp::Release, 1_009), None);
+        assert_eq!(find(PendingOp::Acquire, 1_008), None);
+        assert_eq!(find(PendingOp::Acquire, 1_039), None);
+        assert_eq!(find(PendingOp::Acquire, 999), None);
+        assert_eq!(find(PendingOp::Acquire, 1_049), None);
+        assert_eq!(find(PendingOp::Acquire, u64::MAX), None);
     }
 }

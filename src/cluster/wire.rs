@@ -1104,6 +1104,39 @@ mod tests {
         assert_eq!(WireError::TooManyEntries(3000).to_string(), "3000 entries in one frame; the limit is 2048");
     }
 
+    /// Writes one valid frame of each type, and all of them as one stream, to
+    /// the seeds of the `peer_decoder` fuzz target. Run it when the layout
+    /// changes: `cargo test -p ringlock --lib write_fuzz_seeds -- --ignored`.
+    #[test]
+    #[ignore = "writes fuzz/seeds/peer_decoder"]
+    fn write_fuzz_seeds() {
+        let names = [
+            "hello",
+            "heartbeat_active",
+            "heartbeat_standby",
+            "snapshot_request",
+            "hand_off",
+            "hand_off_done",
+            "hand_off_refused",
+            "snapshot_begin",
+            "snapshot_chunk",
+            "snapshot_chunk_empty",
+            "snapshot_end",
+            "deltas",
+            "deltas_empty",
+        ];
+        let frames = one_of_each();
+        assert_eq!(names.len(), frames.len());
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/peer_decoder");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut stream = Vec::new();
+        for (name, frame) in names.iter().zip(&frames) {
+            std::fs::write(dir.join(name), encoded(frame)).unwrap();
+            encode(frame, &mut stream);
+        }
+        std::fs::write(dir.join("stream"), stream).unwrap();
+    }
+
     // -- Properties ---------------------------------------------------------
 
     fn key_strategy() -> impl Strategy<Value = Key> {

@@ -5,6 +5,10 @@
 //! (it never looks further than a line may be long, whatever the buffer holds)
 //! and reads a word at a time.
 
+use super::KEY_LEN_MAX;
+use super::key::key_bytes_len;
+use super::number::parse_u64_prefix;
+
 /// The result of decoding one line from the front of a buffer.
 ///
 /// Decoders return this instead of an error type so that "wait for more
@@ -147,6 +151,42 @@ pub(crate) fn split_fields<const N: usize>(line: &[u8]) -> Fields<'_, N> {
         fields.count += 1;
     }
     fields
+}
+
+/// A space and a valid key at the front of `rest`, and what follows the key:
+/// one field of a one-pass decoder, which checks each field as it finds it.
+#[inline(always)]
+pub(crate) fn key_field(rest: &[u8]) -> Option<(&[u8], &[u8])> {
+    let rest = rest.strip_prefix(b" ")?;
+    // The key ends at its first byte that no key may hold, which must be the
+    // next field's space or the line's end (checked by the caller). Looking
+    // one byte past the longest key is enough to tell a key that is too long.
+    let key_len = key_bytes_len(&rest[..rest.len().min(KEY_LEN_MAX + 1)]);
+    if key_len == 0 || key_len > KEY_LEN_MAX {
+        return None;
+    }
+    Some(rest.split_at(key_len))
+}
+
+/// A space and a decimal `u64` at the front of `rest`, and what follows it.
+/// Twenty digits at most: a longer field (leading zeros) is left to the full
+/// rules, as the caller finds a digit where the field should have ended.
+#[inline(always)]
+pub(crate) fn token_field(rest: &[u8]) -> Option<(u64, &[u8])> {
+    let rest = rest.strip_prefix(b" ")?;
+    let (token, len) = parse_u64_prefix(rest)?;
+    Some((token, &rest[len..]))
+}
+
+/// The length of the line ending (`\n` or `\r\n`) at the front of `rest`,
+/// where a one-pass decoder expects its line to end.
+#[inline(always)]
+pub(crate) fn line_ending_len(rest: &[u8]) -> Option<usize> {
+    match rest {
+        [b'\n', ..] => Some(1),
+        [b'\r', b'\n', ..] => Some(2),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -33,8 +33,8 @@
 //! - `line.rs`: line framing: [`Decoded`], the bounded newline search and
 //!   the split of a line into fields.
 //! - `number.rs`: decimal `u64` and decimal seconds, parsed and written by
-//!   hand ([`parse_u64`], [`write_u64`], [`parse_seconds_ms`],
-//!   [`write_seconds`]).
+//!   hand ([`parse_u64`], [`write_u64`], [`eight_digits_ascii`],
+//!   [`parse_seconds_ms`], [`write_seconds`]).
 //! - `key.rs`: what a key and an address may hold ([`is_valid_key`],
 //!   [`is_valid_address`]).
 //! - `request.rs`: [`Request`], [`RequestError`], [`decode_request`],
@@ -54,7 +54,7 @@ mod request;
 
 pub use key::{is_valid_address, is_valid_key};
 pub use line::Decoded;
-pub use number::{parse_seconds_ms, parse_u64, write_seconds, write_u64};
+pub use number::{eight_digits_ascii, parse_seconds_ms, parse_u64, write_seconds, write_u64};
 pub use reply::{Reply, ReplyError, Role, decode_reply, encode_reply};
 pub use request::{Request, RequestError, decode_request, encode_request};
 

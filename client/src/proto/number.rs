@@ -143,25 +143,30 @@ fn eight_digits(digits: u64) -> u64 {
 /// ```
 pub fn write_u64(value: u64, out: &mut Vec<u8>) {
     let len = decimal_len(value);
-    // The number is written right-aligned to end at `U64_DIGITS_MAX`, in
-    // groups of eight digits whose quotients do not depend on each other
-    // (instead of one long chain of divisions), two digits per table load.
-    // The padding after it lets the number be appended as a copy of a fixed
-    // size, with no call, then cut to `len`.
-    let mut digits = [b'0'; 2 * U64_DIGITS_MAX];
-    write_eight_digits((value % 100_000_000) as u32, &mut digits[12..20]);
+    // The number is written right-aligned to end at `DIGITS_WINDOW`, eight
+    // digits per word with no table and no division chain (the quotients by
+    // 10^8 do not depend on each other's digits). The zeros after it let the
+    // number be appended as a copy of a fixed size, with no call, then cut
+    // to `len`.
+    let mut digits = [0u8; 2 * DIGITS_WINDOW];
+    digits[16..24].copy_from_slice(&eight_digits_ascii((value % 100_000_000) as u32));
     if value >= 100_000_000 {
         let high = value / 100_000_000;
-        write_eight_digits((high % 100_000_000) as u32, &mut digits[4..12]);
-        // At most 1844: four digits.
-        write_four_digits((high / 100_000_000) as u32, &mut digits[..4]);
+        digits[8..16].copy_from_slice(&eight_digits_ascii((high % 100_000_000) as u32));
+        if high >= 100_000_000 {
+            // At most 1844: the last four of its eight digits are all it has.
+            digits[..8].copy_from_slice(&eight_digits_ascii((high / 100_000_000) as u32));
+        }
     }
-    let start = U64_DIGITS_MAX - len;
-    let window: &[u8; U64_DIGITS_MAX] = digits[start..start + U64_DIGITS_MAX].try_into().expect("within the buffer");
+    let start = DIGITS_WINDOW - len;
+    let window: &[u8; DIGITS_WINDOW] = digits[start..start + DIGITS_WINDOW].try_into().expect("within the buffer");
     let end = out.len() + len;
     out.extend_from_slice(window);
     out.truncate(end);
 }
+
+/// Three words of eight digits: room for the 20 digits of a `u64`.
+const DIGITS_WINDOW: usize = 24;
 
 /// How many decimal digits `value` has (1 for 0).
 #[inline(always)]
@@ -186,34 +191,41 @@ const POWERS_OF_TEN_U64: [u64; 20] = {
     powers
 };
 
-/// Writes `value` (below `10^8`) as eight digits with leading zeros.
+/// `value` (below `10^8`) as eight ASCII digits with leading zeros, the most
+/// significant first: the building block of [`write_u64`], for callers that
+/// write fixed-width numbers (zero-padded keys, for one).
+///
+/// All eight are computed at once in the lanes of one `u64`: a split into two
+/// 4-digit halves (32-bit lanes), each divided by 100 (16-bit lanes), each of
+/// those by 10 (bytes), with multiplications by reciprocals that are exact in
+/// these ranges. That is about a dozen instructions, where a digit at a time
+/// (or a pair from a table) costs a division or a load per step.
+///
+/// # Examples
+///
+/// ```
+/// use ringlock_client::proto::eight_digits_ascii;
+///
+/// assert_eq!(&eight_digits_ascii(1234), b"00001234");
+/// assert_eq!(&eight_digits_ascii(99_999_999), b"99999999");
+/// ```
 #[inline(always)]
-fn write_eight_digits(value: u32, out: &mut [u8]) {
-    write_four_digits(value / 10_000, &mut out[..4]);
-    write_four_digits(value % 10_000, &mut out[4..8]);
+pub fn eight_digits_ascii(value: u32) -> [u8; 8] {
+    debug_assert!(value < 100_000_000);
+    // In little-endian order the first byte is the lowest, so the first
+    // digits go in the low lanes.
+    let halves = u64::from(value / 10_000) | u64::from(value % 10_000) << 32;
+    // `x * 10486 >> 20` is `x / 100` for every `x` below 10^4, and the
+    // product stays inside its 32-bit lane.
+    const LOW_7_BITS_OF_32: u64 = 0x7f | 0x7f << 32;
+    let hundreds = ((halves * 10_486) >> 20) & LOW_7_BITS_OF_32;
+    let pairs = ((halves - 100 * hundreds) << 16) | hundreds;
+    // `x * 103 >> 10` is `x / 10` for every `x` below 100, inside its 16-bit lane.
+    const LOW_4_BITS_OF_16: u64 = 0x000f_000f_000f_000f;
+    let tens = ((pairs * 103) >> 10) & LOW_4_BITS_OF_16;
+    let digits = tens | ((pairs - 10 * tens) << 8);
+    (digits | u64::from_ne_bytes([b'0'; 8])).to_le_bytes()
 }
-
-/// Writes `value` (below `10^4`) as four digits with leading zeros.
-#[inline(always)]
-fn write_four_digits(value: u32, out: &mut [u8]) {
-    let high = (value / 100) as usize * 2;
-    let low = (value % 100) as usize * 2;
-    out[..2].copy_from_slice(&DIGIT_PAIRS[high..high + 2]);
-    out[2..4].copy_from_slice(&DIGIT_PAIRS[low..low + 2]);
-}
-
-/// `00`, `01`, ... `99`: two digits per division by 100 halves the
-/// divisions of writing a number.
-const DIGIT_PAIRS: [u8; 200] = {
-    let mut pairs = [0u8; 200];
-    let mut value = 0;
-    while value < 100 {
-        pairs[value * 2] = b'0' + (value / 10) as u8;
-        pairs[value * 2 + 1] = b'0' + (value % 10) as u8;
-        value += 1;
-    }
-    pairs
-};
 
 /// Parses decimal seconds (`30`, `0.5`, `2.125`) into milliseconds.
 ///
@@ -409,6 +421,13 @@ mod tests {
     }
 
     #[test]
+    fn eight_digits_ascii_at_the_edges_of_its_lanes() {
+        for value in [0, 1, 9, 10, 99, 100, 9_999, 10_000, 10_001, 999_999, 1_000_000, 99_999_999, 12_345_678] {
+            assert_eq!(eight_digits_ascii(value), *format!("{value:08}").as_bytes().first_chunk::<8>().unwrap());
+        }
+    }
+
+    #[test]
     fn write_u64_appends() {
         let mut out = b"x=".to_vec();
         write_u64(5, &mut out);
@@ -493,6 +512,11 @@ mod tests {
             let text = seconds(ms);
             prop_assert_eq!(parse_seconds_ms(&text), Some(ms));
             prop_assert!(text.last() != Some(&b'0') || !text.contains(&b'.'));
+        }
+
+        #[test]
+        fn eight_digits_ascii_pads_with_zeros(value in 0..100_000_000u32) {
+            prop_assert_eq!(eight_digits_ascii(value), *format!("{value:08}").as_bytes().first_chunk::<8>().unwrap());
         }
 
         #[test]

@@ -3,9 +3,9 @@
 use std::fmt;
 
 use super::key::{is_valid_address, is_valid_key};
-use super::line::{Decoded, split_fields, split_line};
+use super::line::{Decoded, key_field, line_ending_len, split_fields, split_line, token_field};
 use super::number::{parse_u64, write_u64};
-use super::{ErrorCode, Op, REPLY_LINE_LEN_MAX};
+use super::{ErrorCode, KEY_LEN_MAX, Op, REPLY_LINE_LEN_MAX};
 
 /// The role of a node in its cluster, as a `P` reply reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -237,7 +237,52 @@ impl std::error::Error for ReplyError {}
 /// assert_eq!(item, Ok(Reply::Pong { role: Role::Standby, epoch: 3, active: Some(b"10.0.0.1:7700") }));
 /// ```
 pub fn decode_reply(buf: &[u8]) -> Decoded<Result<Reply<'_>, ReplyError>> {
+    if let Some((consumed, reply)) = decode_lock_reply(buf) {
+        return Decoded::Line { consumed, item: Ok(reply) };
+    }
     split_line(buf, REPLY_LINE_LEN_MAX).map(parse_reply)
+}
+
+/// Decodes the first line of `buf` if it is a valid `A`, `R`, `T` or `X`
+/// reply, reading each of its bytes once: the fields are checked as they are
+/// found, and the line's end is found where its last field ends.
+///
+/// This is the decoder's fast path: nearly every line a client reads answers
+/// a lock request. `None` says nothing about the line (it may be another
+/// kind, invalid, incomplete, or valid but of a rarer spelling such as a
+/// 21-digit token with leading zeros), and [`split_line`] and
+/// [`parse_reply`], which read any line, then decide. So that the two paths
+/// never disagree, this accepts only lines that those accept too, and
+/// returns the same reply.
+#[inline(always)]
+fn decode_lock_reply(buf: &[u8]) -> Option<(usize, Reply<'_>)> {
+    let (&kind, rest) = buf.split_first()?;
+    let (reply, rest) = match kind {
+        b'A' => {
+            let (key, rest) = key_field(rest)?;
+            let (token, rest) = token_field(rest)?;
+            (Reply::Acquired { key, token }, rest)
+        }
+        b'R' => {
+            let (key, rest) = key_field(rest)?;
+            (Reply::Released { key }, rest)
+        }
+        b'T' => {
+            let (key, rest) = key_field(rest)?;
+            (Reply::TimedOut { key }, rest)
+        }
+        b'X' => {
+            let (key, rest) = key_field(rest)?;
+            let (token, rest) = token_field(rest)?;
+            (Reply::Extended { key, token }, rest)
+        }
+        _ => return None,
+    };
+    // A kind, a key of at most `KEY_LEN_MAX` bytes and a 20-digit token are
+    // far below `REPLY_LINE_LEN_MAX`: no length check is needed.
+    const _: () = assert!(1 + 1 + KEY_LEN_MAX + 1 + 20 <= REPLY_LINE_LEN_MAX);
+    let line_len = buf.len() - rest.len();
+    Some((line_len + line_ending_len(rest)?, reply))
 }
 
 /// Reads one line, without its line ending, as a reply.
@@ -418,7 +463,6 @@ fn push_address(address: Option<&[u8]>, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::KEY_LEN_MAX;
     use proptest::prelude::*;
 
     fn decode(line: &[u8]) -> Result<Reply<'_>, ReplyError> {
@@ -718,5 +762,137 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// What `decode_reply` returned before it had a one-pass path: the full
+    /// rules alone, which the fast path must agree with on every buffer.
+    fn reference_decode(buf: &[u8]) -> Decoded<Result<Reply<'_>, ReplyError>> {
+        split_line(buf, REPLY_LINE_LEN_MAX).map(parse_reply)
+    }
+
+    /// Bytes at the edges of the grammar, for damaging lines with.
+    const EDGE_BYTES: &[u8] = b" \t\r\n\0.09-+ARTXMEPS\x01\x1f\x21\x2f\x3a\x7f\x80\xb0\xff";
+
+    /// A token field as text, near the edges of what a `u64` field accepts.
+    fn token_text() -> impl Strategy<Value = Vec<u8>> {
+        let decimal = |value: u64| value.to_string().into_bytes();
+        prop_oneof![
+            any::<u64>().prop_map(decimal),
+            (0..25usize, any::<u64>()).prop_map(move |(zeros, value)| [vec![b'0'; zeros], decimal(value)].concat()),
+            proptest::sample::select(vec![
+                &b"0"[..],
+                b"",
+                b"9999999999999999999",
+                b"10000000000000000000",
+                b"18446744073709551615",
+                b"18446744073709551616",
+                b"99999999999999999999",
+                b"099999999999999999999",
+                b"+1",
+                b"1.5",
+            ])
+            .prop_map(<[u8]>::to_vec),
+        ]
+    }
+
+    /// A key field near the edges: short and long valid keys, keys one byte
+    /// too long, and keys with control bytes that keys may or may not hold.
+    fn key_text() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            4 => valid_key(),
+            1 => Just(vec![b'k'; KEY_LEN_MAX]),
+            1 => Just(vec![b'k'; KEY_LEN_MAX + 1]),
+            1 => proptest::collection::vec(proptest::sample::select(EDGE_BYTES.to_vec()), 0..20),
+        ]
+    }
+
+    /// Buffers that probe the one-pass decoder: replies of every kind, mostly
+    /// of the lock kinds with their own count of fields, then damaged by a few
+    /// one-byte edits, with every kind of ending and sometimes more bytes
+    /// after them.
+    fn probe_buffer() -> impl Strategy<Value = Vec<u8>> {
+        let kind = prop_oneof![8 => proptest::sample::select(b"ARTX".to_vec()), 2 => proptest::sample::select(b"MEPS".to_vec()), 1 => any::<u8>()];
+        let kind_and_count = kind.prop_flat_map(|kind| {
+            let count = match kind {
+                b'A' | b'X' => 1,
+                _ => 0,
+            };
+            (Just(kind), prop_oneof![4 => Just(count), 1 => 0..3usize])
+        });
+        let fields =
+            kind_and_count.prop_flat_map(|(kind, count)| (Just(kind), proptest::collection::vec(token_text(), count)));
+        let edit = (any::<proptest::sample::Index>(), 0..3u8, proptest::sample::select(EDGE_BYTES.to_vec()));
+        let edits = prop_oneof![2 => Just(Vec::new()), 1 => proptest::collection::vec(edit, 1..3)];
+        let ending = prop_oneof![
+            4 => proptest::sample::select(vec![&b"\n"[..], b"\r\n"]),
+            1 => proptest::sample::select(vec![&b"\r"[..], b"", b"\r\r\n", b" \n", b"\n\r"]),
+        ];
+        let after = proptest::sample::select(vec![&b""[..], b"R k\n", b"\n", b"A k 1"]);
+        let key = prop_oneof![8 => key_text().prop_map(Some), 1 => Just(None)];
+        (fields, key, edits, ending, after).prop_map(|((kind, fields), key, edits, ending, after)| {
+            let mut line = vec![kind];
+            for field in key.into_iter().chain(fields) {
+                line.push(b' ');
+                line.extend_from_slice(&field);
+            }
+            for (at, edit, byte) in edits {
+                let at = at.index(line.len() + 1);
+                match edit {
+                    0 => line.insert(at, byte),
+                    1 if at < line.len() => line[at] = byte,
+                    _ if at < line.len() => drop(line.remove(at)),
+                    _ => line.push(byte),
+                }
+            }
+            line.extend_from_slice(ending);
+            line.extend_from_slice(after);
+            line
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        #[test]
+        fn probe_buffers_decode_as_the_reference_says(buf in probe_buffer()) {
+            prop_assert_eq!(decode_reply(&buf), reference_decode(&buf));
+            // The one-pass path accepts only what the full rules accept.
+            if let Some((consumed, reply)) = decode_lock_reply(&buf) {
+                prop_assert_eq!(reference_decode(&buf), Decoded::Line { consumed, item: Ok(reply) });
+            }
+            // However the buffer is cut, the decoder agrees with the reference.
+            for end in 0..buf.len() {
+                prop_assert_eq!(decode_reply(&buf[..end]), reference_decode(&buf[..end]));
+            }
+        }
+    }
+
+    #[test]
+    fn the_one_pass_path_reads_the_common_replies() {
+        let token = u64::MAX.to_string();
+        let cases: [(Vec<u8>, Reply<'_>); 5] = [
+            (b"A k 1\n".to_vec(), Reply::Acquired { key: b"k", token: 1 }),
+            (format!("X k {token}\r\n").into_bytes(), Reply::Extended { key: b"k", token: u64::MAX }),
+            (b"R k\n".to_vec(), Reply::Released { key: b"k" }),
+            (b"T k\r\n".to_vec(), Reply::TimedOut { key: b"k" }),
+            ([&b"R "[..], &[b'k'; KEY_LEN_MAX], b"\n"].concat(), Reply::Released { key: &[b'k'; KEY_LEN_MAX] }),
+        ];
+        for (line, reply) in &cases {
+            assert_eq!(decode_lock_reply(line), Some((line.len(), *reply)), "{:?}", String::from_utf8_lossy(line));
+        }
+        // Left to the full rules: other kinds, malformed or incomplete lines,
+        // and a token longer than 20 digits, even when it is valid.
+        for line in [
+            &b"P active 1 -\n"[..],
+            b"A k\n",
+            b"A k 1 2\n",
+            b"A k 1",
+            b"R k\r\r\n",
+            b"A k 018446744073709551615\n",
+            b"A k 18446744073709551616\n",
+        ] {
+            assert_eq!(decode_lock_reply(line), None, "{:?}", String::from_utf8_lossy(line));
+        }
+        assert_eq!(decode(b"A k 018446744073709551615\n"), Ok(Reply::Acquired { key: b"k", token: u64::MAX }));
     }
 }

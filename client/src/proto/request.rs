@@ -1,11 +1,11 @@
 //! Requests: what a client sends, how a server reads it, and the error reply
 //! for a line that is not a valid request.
 
-use super::key::{is_valid_key, key_bytes_len};
-use super::line::{Decoded, split_fields, split_line};
-use super::number::{parse_seconds_ms, parse_seconds_prefix, parse_u64, parse_u64_prefix, write_seconds, write_u64};
+use super::key::is_valid_key;
+use super::line::{Decoded, key_field, line_ending_len, split_fields, split_line, token_field};
+use super::number::{parse_seconds_ms, parse_seconds_prefix, parse_u64, write_seconds, write_u64};
 use super::reply::Reply;
-use super::{ErrorCode, KEY_LEN_MAX, LINE_LEN_MAX, Op, WAIT_MS_MAX};
+use super::{ErrorCode, LINE_LEN_MAX, Op, WAIT_MS_MAX};
 
 /// One request, borrowing its key from the buffer it was decoded from.
 ///
@@ -223,34 +223,8 @@ fn decode_valid_line(buf: &[u8], lease_ms_max: u64) -> Option<(usize, Request<'_
         _ => return None,
     };
     let line_len = window.len() - rest.len();
-    let ending_len = match rest {
-        [b'\n', ..] => 1,
-        [b'\r', b'\n', ..] => 2,
-        _ => return None,
-    };
+    let ending_len = line_ending_len(rest)?;
     (line_len <= LINE_LEN_MAX).then_some((line_len + ending_len, request))
-}
-
-/// A space and a valid key at the front of `rest`, and what follows the key.
-#[inline(always)]
-fn key_field(rest: &[u8]) -> Option<(&[u8], &[u8])> {
-    let rest = rest.strip_prefix(b" ")?;
-    // The key ends at its first byte that no key may hold, which must be the
-    // next field's space (checked by the next field). Looking one byte past
-    // the longest key is enough to tell a key that is too long.
-    let key_len = key_bytes_len(&rest[..rest.len().min(KEY_LEN_MAX + 1)]);
-    if key_len == 0 || key_len > KEY_LEN_MAX {
-        return None;
-    }
-    Some(rest.split_at(key_len))
-}
-
-/// A space and a token at the front of `rest`, and what follows it.
-#[inline(always)]
-fn token_field(rest: &[u8]) -> Option<(u64, &[u8])> {
-    let rest = rest.strip_prefix(b" ")?;
-    let (token, len) = parse_u64_prefix(rest)?;
-    Some((token, &rest[len..]))
 }
 
 /// A space and decimal seconds at the front of `rest`, in milliseconds, and
