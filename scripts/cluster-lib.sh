@@ -48,7 +48,10 @@ cluster_start_node() {
     # shellcheck disable=SC2206 # extra flags are words on purpose
     flags+=(${CLUSTER_EXTRA_FLAGS:-})
     echo "--- $(date +%T.%N) start: $RINGLOCK_BIN ${flags[*]}" >>"$CLUSTER_DIR/node-$i.log"
-    "$RINGLOCK_BIN" "${flags[@]}" >>"$CLUSTER_DIR/node-$i.log" 2>&1 &
+    # A session of its own, so that a Ctrl+C in the terminal reaches only the
+    # script, which then stops the nodes in order; setsid does not fork here
+    # (a background job is no process group leader), so $! is the node.
+    setsid "$RINGLOCK_BIN" "${flags[@]}" >>"$CLUSTER_DIR/node-$i.log" 2>&1 &
     CLUSTER_PIDS[i]=$!
 }
 
@@ -163,6 +166,11 @@ cluster_stop() {
     for ((i = CLUSTER_NODES - 1; i >= 0; i--)); do
         if [[ "$i" != "$active" ]]; then
             cluster_signal_node "$i" TERM
+        fi
+    done
+    for ((i = 0; i < CLUSTER_NODES; i++)); do
+        if [[ "$i" != "$active" && -n "${CLUSTER_PIDS[i]:-}" ]]; then
+            wait "${CLUSTER_PIDS[i]}" 2>/dev/null || true
         fi
     done
     if [[ -n "$active" ]]; then

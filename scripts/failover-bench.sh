@@ -74,7 +74,7 @@ if ((THROUGHPUT)); then
     # shellcheck disable=SC2046 # one word per flag
     active_line="$("$EXAMPLES/throughput" $(addr_flags) --seconds 5)"
     standalone_port=$((CLUSTER_BASE_PORT + 100))
-    "$RINGLOCK_BIN" --listen "127.0.0.1:$standalone_port" --data-dir "$CLUSTER_DIR/data-standalone" --shards 1 \
+    setsid "$RINGLOCK_BIN" --listen "127.0.0.1:$standalone_port" --data-dir "$CLUSTER_DIR/data-standalone" --shards 1 \
         --no-pin >"$CLUSTER_DIR/standalone.log" 2>&1 &
     STANDALONE_PID=$!
     deadline=$((SECONDS + 30))
