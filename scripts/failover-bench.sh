@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Measures failovers of a 3-node ringlock cluster on loopback, as the clients
+# see them, and prints a table:
+#   - kill -9 of the active under load: time to the first grant by the new
+#     active, the time the clients saw no grant, and grants lost per kill;
+#   - Ctrl+C (SIGINT) of the active under load: the same for the hand-off,
+#     where no grant should be lost;
+#   - lock cycles/s of the active with 2 standbys attached against a
+#     standalone node (client/examples/throughput.rs).
+# Each failover run kills or stops node 0 under the load of
+# client/examples/failover_probe.rs, waits for node 1 to be active, then
+# restarts node 0, which catches up and takes the active role back.
+#
+# Usage: scripts/failover-bench.sh [--runs 20] [--base-port 7740] [--dir DIR] [--no-throughput]
+#   Environment: CLUSTER_HEARTBEAT_MS, CLUSTER_FAILOVER_MS (server defaults 100 / 1000).
+set -euo pipefail
+source "$(dirname "$0")/cluster-lib.sh"
+CLUSTER_BASE_PORT=7740
+RUNS=20
+THROUGHPUT=1
+while (($# > 0)); do
+    case "$1" in
+        --runs) RUNS="$2"; shift 2 ;;
+        --base-port) CLUSTER_BASE_PORT="$2"; shift 2 ;;
+        --dir) CLUSTER_DIR="$2"; shift 2 ;;
+        --no-throughput) THROUGHPUT=0; shift ;;
+        -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) echo "failover-bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+cluster_build
+EXAMPLES="${CARGO_TARGET_DIR:-$RINGLOCK_ROOT/target}/release/examples"
+cluster_init
+RESULTS="$CLUSTER_DIR/results.txt"
+: >"$RESULTS"
+STANDALONE_PID=""
+cleanup() {
+    if [[ -n "$STANDALONE_PID" ]]; then
+        kill -TERM "$STANDALONE_PID" 2>/dev/null || true
+    fi
+    cluster_stop
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+addr_flags() { printf -- '--addr %s ' "${CLUSTER_ADDRS[@]}"; }
+
+echo "logs, data and raw results in $CLUSTER_DIR"
+echo "heartbeat ${CLUSTER_HEARTBEAT_MS:-100 (default)} ms, failover ${CLUSTER_FAILOVER_MS:-1000 (default)} ms, $RUNS runs per signal"
+cluster_start
+for signal in KILL INT; do
+    for ((run = 1; run <= RUNS; run++)); do
+        cluster_wait_active 0 60 >/dev/null
+        # shellcheck disable=SC2046 # one word per flag
+        line="$("$EXAMPLES/failover_probe" $(addr_flags) --pid "${CLUSTER_PIDS[0]}" --signal "$signal")"
+        status="$(cluster_wait_exit 0)"
+        echo "$line exit_status=$status" | tee -a "$RESULTS"
+        cluster_wait_active 1 60 >/dev/null
+        cluster_start_node 0
+    done
+done
+cluster_wait_active 0 60 >/dev/null
+
+# p50 and max of field $2 over the lines of signal $1.
+summary() {
+    grep "^signal=$1 " "$RESULTS" | tr ' ' '\n' | grep "^$2=" | cut -d= -f2 | sort -g |
+        awk '{ v[NR] = $1; sum += $1 } END { if (NR == 0) { print "- | - | -"; exit }
+             printf "%s | %s | %.2f\n", v[int((NR + 1) / 2)], v[NR], sum / NR }'
+}
+
+if ((THROUGHPUT)); then
+    echo "throughput: the active with 2 standbys, then a standalone node (5 s each)"
+    # shellcheck disable=SC2046 # one word per flag
+    active_line="$("$EXAMPLES/throughput" $(addr_flags) --seconds 5)"
+    standalone_port=$((CLUSTER_BASE_PORT + 100))
+    setsid "$RINGLOCK_BIN" --listen "127.0.0.1:$standalone_port" --data-dir "$CLUSTER_DIR/data-standalone" --shards 1 \
+        --no-pin >"$CLUSTER_DIR/standalone.log" 2>&1 &
+    STANDALONE_PID=$!
+    deadline=$((SECONDS + 30))
+    until [[ "$(ringlock_ping "127.0.0.1:$standalone_port")" == "P active"* ]]; do
+        if ((SECONDS > deadline)); then
+            echo "the standalone node did not start; see $CLUSTER_DIR/standalone.log" >&2
+            exit 1
+        fi
+        sleep 0.05
+    done
+    standalone_line="$("$EXAMPLES/throughput" --addr "127.0.0.1:$standalone_port" --seconds 5)"
+    kill -TERM "$STANDALONE_PID"
+    wait "$STANDALONE_PID" || true
+    STANDALONE_PID=""
+    echo "cluster active: $active_line" | tee -a "$RESULTS"
+    echo "standalone:     $standalone_line" | tee -a "$RESULTS"
+fi
+
+echo
+echo "| measure ($RUNS runs each) | p50 | max | mean |"
+echo "|---|---|---|---|"
+echo "| kill -9 → first grant by the new active (ms) | $(summary KILL first_grant_ms) |"
+echo "| kill -9: last grant of the old active → first of the new (ms) | $(summary KILL gap_ms) |"
+echo "| kill -9: grants lost per kill | $(summary KILL lost) |"
+echo "| Ctrl+C → first grant by the successor (ms) | $(summary INT first_grant_ms) |"
+echo "| Ctrl+C: time with no active, last grant of the old → first of the new (ms) | $(summary INT gap_ms) |"
+echo "| Ctrl+C: grants lost per hand-off | $(summary INT lost) |"
+if ((THROUGHPUT)); then
+    rate() { sed -n 's/.* \([0-9]*\) cycles\/s.*/\1/p' <<<"$1"; }
+    active_rate="$(rate "$active_line")"
+    standalone_rate="$(rate "$standalone_line")"
+    echo
+    echo "lock cycles/s, 64 client threads: active with 2 standbys $active_rate, standalone $standalone_rate," \
+        "ratio $(awk -v a="$active_rate" -v s="$standalone_rate" 'BEGIN { printf "%.2f", a / s }')"
+fi
+echo
+echo "Ctrl+C runs whose node exited with a status other than 0:" \
+    "$(grep '^signal=INT' "$RESULTS" | grep -c 'exit_status=[1-9]' || true) of $RUNS"
