@@ -201,14 +201,18 @@ async fn read_hello(stream: &mut TcpStream) -> Result<Hello, String> {
     let mut filled = 0;
     while filled < HELLO_FRAME_BYTES {
         match stream.read(&mut bytes[filled..]).await {
-            Ok(0) => return Err("closed before its hello".to_string()),
+            Ok(0) if filled == 0 => return Err("closed before its hello".to_string()),
+            Ok(0) => return Err("closed in the middle of a frame, before its hello was whole".to_string()),
             Ok(count) => filled += count,
             Err(error) => return Err(format!("read failed before its hello: {error}")),
         }
         // The length prefix alone can tell that this is no hello.
-        if filled >= 4 && u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize != HELLO_FRAME_BYTES - 4
-        {
-            return Err("it did not start with a hello".to_string());
+        let announced = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        if filled >= 4 && announced != HELLO_FRAME_BYTES - 4 {
+            return Err(format!(
+                "unreadable frame: it did not start with a hello (a frame of {announced} bytes announced, a hello has {})",
+                HELLO_FRAME_BYTES - 4
+            ));
         }
     }
     match wire::decode(&bytes) {
