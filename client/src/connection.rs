@@ -24,6 +24,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::completion::Wakes;
 use crate::error::ProtocolError;
 use crate::operation::{Cut, Operation, Step};
 use crate::pairing::{Paired, Pairing};
@@ -145,17 +146,14 @@ impl Connection {
         state.in_flight.push(operation);
         // A busy writer takes it in its next batch; before the connect, the
         // writer is woken once connected.
-        if state.stream.is_some() {
-            self.wake_writer(&mut state);
-        }
-        Ok(())
-    }
-
-    fn wake_writer(&self, state: &mut State) {
-        if state.writer_idle {
-            state.writer_idle = false;
+        let wake_writer = state.stream.is_some() && std::mem::replace(&mut state.writer_idle, false);
+        // Woken while this thread still held the lock, the writer could be
+        // switched in only to block on it and switch back.
+        drop(state);
+        if wake_writer {
             self.writer_wake.notify_one();
         }
+        Ok(())
     }
 
     /// Writes `out` in batches until it is empty; returns the lock.
@@ -284,6 +282,7 @@ fn read_replies(connection: &Connection, router: &Arc<Router>, stream: &TcpStrea
     let mut buffer = vec![0u8; READ_BUFFER_BYTES];
     let mut filled = 0;
     let mut paired: Vec<Answered> = Vec::new();
+    let mut wakes = Wakes::default();
     loop {
         let read = match (&*stream).read(&mut buffer[filled..]) {
             Ok(0) => return Cut::Io,
@@ -332,14 +331,16 @@ fn read_replies(connection: &Connection, router: &Arc<Router>, stream: &TcpStrea
                 consumed += line_len;
             }
         }
-        // Act on the replies with the connection unlocked: completing wakes
-        // callers and moving requests locks other connections.
+        // Act on the replies with the connection unlocked, as moving
+        // requests locks other connections; then wake every caller this read
+        // completed, in one pass (see `completion`).
         for Answered { operation, step, moved } in paired.drain(..) {
             if let Some(moved) = moved {
                 router.note_moved(connection.node, moved);
             }
-            router.handle(operation, step);
+            router.handle(operation, step, &mut wakes);
         }
+        wakes.wake_all();
         if let Some(cut) = stop {
             return cut;
         }
