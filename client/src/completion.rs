@@ -2,25 +2,26 @@
 //! whoever waits for it: a blocked thread (blocking API) or a task's
 //! [`Waker`] (async API), so that futures complete under any executor.
 //!
-//! A blocked thread sleeps on its cell's own condition variable, a wait
-//! lane of its own, rather than with `thread::park`, whose single token per
-//! thread it would share with whatever else parks that thread (an
-//! executor's `block_on`, for one) and could swallow its wake-up. A thread
-//! keeps one cell for all its blocking requests (it has one in flight at a
-//! time), so a blocking request allocates none.
+//! A blocked thread sleeps on a wait lane of its own (see `lane`) rather
+//! than with `thread::park`, whose single token per thread it would share
+//! with whatever else parks that thread (an executor's `block_on`, for one)
+//! and could swallow its wake-up. A thread keeps one cell, and one lane, for
+//! all its blocking requests (it has one in flight at a time), so a blocking
+//! request allocates nothing.
 //!
 //! Delivering an outcome and waking its waiter are two steps: the I/O side
-//! stores outcomes as it pairs replies and owes the wake-ups ([`Wakes`]),
-//! which it makes together once it holds no lock. A thread woken earlier
-//! could be switched in on this core only to wait for a lock the I/O side
-//! still holds, or to find the writer busy with the part of the batch
-//! already queued.
+//! stores the outcomes of everything one read completed and owes the
+//! wake-ups ([`Wakes`]), which it then makes together, holding no lock, with
+//! one system call per lane word. A thread woken earlier would be switched
+//! in at once on a busy core, and its waker switched back in before the
+//! next wake-up.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+use crate::lane::{Lane, Lanes};
 use crate::operation::Outcome;
 
 /// One request's outcome, delivered once by the I/O side and taken once by
@@ -28,8 +29,8 @@ use crate::operation::Outcome;
 #[derive(Debug)]
 pub(crate) struct Completion {
     state: Mutex<State>,
-    /// Signalled when the outcome arrives for a [`Waiter::Thread`].
-    arrived: Condvar,
+    /// Where a blocked thread waits; only cells for blocking requests have one.
+    lane: Option<Lane>,
     /// A thread's reusable cell is lent to one blocking request at a time;
     /// this marks it lent. A request abandoned while lent (a panic between
     /// sending and waiting) keeps it, and the thread takes a fresh cell.
@@ -53,29 +54,21 @@ enum Waiter {
     Task(Waker),
 }
 
-/// A wake-up owed to the waiter of a completed request.
-#[derive(Debug)]
-enum Wake {
-    Thread(Arc<Completion>),
-    Task(Waker),
-}
-
 /// The wake-ups owed by one pass of the I/O side, made by
 /// [`wake_all`](Self::wake_all) or, at the latest, when dropped, so that none
 /// is ever lost.
 #[derive(Debug, Default)]
 pub(crate) struct Wakes {
-    owed: Vec<Wake>,
+    lanes: Lanes,
+    tasks: Vec<Waker>,
 }
 
 impl Wakes {
-    /// Wakes every waiter owed, in the order their outcomes were delivered.
+    /// Wakes every blocked thread owed, then every task.
     pub(crate) fn wake_all(&mut self) {
-        for wake in self.owed.drain(..) {
-            match wake {
-                Wake::Thread(completion) => completion.arrived.notify_one(),
-                Wake::Task(waker) => waker.wake(),
-            }
+        self.lanes.wake_all();
+        for waker in self.tasks.drain(..) {
+            waker.wake();
         }
     }
 }
@@ -92,10 +85,15 @@ thread_local! {
 }
 
 impl Completion {
+    /// A cell for an async request.
     pub(crate) fn new() -> Arc<Completion> {
+        Completion::with_lane(None)
+    }
+
+    fn with_lane(lane: Option<Lane>) -> Arc<Completion> {
         Arc::new(Completion {
             state: Mutex::new(State { outcome: None, waiter: Waiter::Nobody, abandoned: false }),
-            arrived: Condvar::new(),
+            lane,
             lent: AtomicBool::new(false),
         })
     }
@@ -107,13 +105,13 @@ impl Completion {
             let mut slot = slot.borrow_mut();
             let completion = match &*slot {
                 Some(completion) if !completion.lent.load(Ordering::Relaxed) => completion.clone(),
-                _ => slot.insert(Completion::new()).clone(),
+                _ => slot.insert(Completion::with_lane(Some(Lane::next()))).clone(),
             };
             completion.lent.store(true, Ordering::Relaxed);
             completion
         };
         // While the thread's locals are being torn down, a fresh cell serves.
-        BLOCKING.try_with(lend).unwrap_or_else(|_| Completion::new())
+        BLOCKING.try_with(lend).unwrap_or_else(|_| Completion::with_lane(Some(Lane::next())))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -125,7 +123,7 @@ impl Completion {
     /// Delivers the outcome, and adds the waiter's wake-up to `wakes`. If the
     /// caller has given up, the outcome comes back so that the I/O side can
     /// undo it (release a grant nobody will use).
-    pub(crate) fn complete(self: &Arc<Self>, outcome: Outcome, wakes: &mut Wakes) -> Result<(), Outcome> {
+    pub(crate) fn complete(&self, outcome: Outcome, wakes: &mut Wakes) -> Result<(), Outcome> {
         let mut state = self.lock();
         if state.abandoned {
             return Err(outcome);
@@ -134,24 +132,31 @@ impl Completion {
         state.outcome = Some(outcome);
         match std::mem::replace(&mut state.waiter, Waiter::Nobody) {
             Waiter::Nobody => {}
-            Waiter::Thread => wakes.owed.push(Wake::Thread(self.clone())),
-            Waiter::Task(waker) => wakes.owed.push(Wake::Task(waker)),
+            Waiter::Thread => wakes.lanes.add(self.lane.expect("only a cell with a lane has a thread waiting")),
+            Waiter::Task(waker) => wakes.tasks.push(waker),
         }
         Ok(())
     }
 
-    /// Blocks the calling thread until the outcome arrives.
+    /// Blocks the calling thread until the outcome arrives. Only for a cell
+    /// from [`for_this_thread`](Self::for_this_thread).
     pub(crate) fn wait(&self) -> Outcome {
-        let mut state = self.lock();
+        let lane = self.lane.expect("a blocking wait on a cell with a lane");
         loop {
-            if let Some(outcome) = state.outcome.take() {
-                self.lent.store(false, Ordering::Relaxed);
-                return outcome;
+            // Read before checking, so that a wake-up made after the check
+            // stops the sleep below.
+            let wake_count = lane.wake_count();
+            {
+                let mut state = self.lock();
+                if let Some(outcome) = state.outcome.take() {
+                    self.lent.store(false, Ordering::Relaxed);
+                    return outcome;
+                }
+                state.waiter = Waiter::Thread;
             }
-            state.waiter = Waiter::Thread;
-            // Wake-ups may be spurious, or owed to an earlier request that
-            // used this cell; the loop checks the outcome again.
-            state = self.arrived.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+            // Wake-ups may be for nothing, or owed to an earlier request
+            // that used this cell; the loop checks the outcome again.
+            lane.sleep(wake_count);
         }
     }
 
@@ -194,7 +199,7 @@ mod tests {
     }
 
     /// Completes `completion` and makes the wake-up at once.
-    fn complete(completion: &Arc<Completion>, outcome: Outcome) -> Result<(), Outcome> {
+    fn complete(completion: &Completion, outcome: Outcome) -> Result<(), Outcome> {
         completion.complete(outcome, &mut Wakes::default())
     }
 
@@ -245,7 +250,7 @@ mod tests {
         completion.lock().waiter = Waiter::Thread;
         let mut late = Wakes::default();
         completion.complete(Outcome::Released, &mut late).unwrap();
-        assert_eq!(late.owed.len(), 1);
+        assert!(!late.lanes.is_empty());
         assert!(matches!(completion.wait(), Outcome::Released));
         let next = Completion::for_this_thread();
         assert!(Arc::ptr_eq(&next, &completion));

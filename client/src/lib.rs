@@ -154,6 +154,7 @@ mod config;
 mod connection;
 mod error;
 mod future;
+mod lane;
 mod lock;
 mod operation;
 mod pairing;
