@@ -64,6 +64,16 @@ pub(crate) struct Wakes {
 }
 
 impl Wakes {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lanes.is_empty() && self.tasks.is_empty()
+    }
+
+    /// Takes over every wake-up `other` owes.
+    pub(crate) fn append(&mut self, other: &mut Wakes) {
+        self.lanes.append(&mut other.lanes);
+        self.tasks.append(&mut other.tasks);
+    }
+
     /// Wakes every blocked thread owed, then every task.
     pub(crate) fn wake_all(&mut self) {
         self.lanes.wake_all();

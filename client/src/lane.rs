@@ -65,7 +65,13 @@ impl Lanes {
         self.owed[lane.word] |= lane.bit;
     }
 
-    #[cfg(test)]
+    /// Takes over the lanes `other` owes.
+    pub(crate) fn append(&mut self, other: &mut Lanes) {
+        for (bits, more) in self.owed.iter_mut().zip(&mut other.owed) {
+            *bits |= std::mem::take(more);
+        }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.owed.iter().all(|&bits| bits == 0)
     }
