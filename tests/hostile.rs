@@ -1,0 +1,1124 @@
+//! Malformed and abusive input against the real server process over real
+//! sockets: each case is answered exactly as SPEC §3 says, the server's memory
+//! stays within what its limits allow, and another connection is served
+//! correctly during and after the abuse. The peer port of a cluster node gets
+//! the same treatment: garbage there is refused, logged, and changes nothing.
+//!
+//! `tests/server_errors.rs` holds the first cases of this kind (every error
+//! code, one megabyte without a newline, one connection that never reads, ten
+//! thousand connections dropped); this file adds what those do not reach.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use common::{Conn, PATIENCE, Server, stat, token_of, wait_until};
+
+/// A deterministic pseudo-random byte source (xorshift64), so that a failure
+/// replays with the same bytes.
+struct Bytes(u64);
+
+impl Bytes {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 24) as u8
+    }
+
+    fn below(&mut self, bound: usize) -> usize {
+        (self.next() % bound as u64) as usize
+    }
+}
+
+/// A connection read as raw bytes, for replies that echo keys which are not UTF-8.
+struct Raw {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+}
+
+impl Raw {
+    fn connect(addr: SocketAddr) -> Raw {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_nodelay(true).unwrap();
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        Raw { stream, buffer: Vec::new() }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// The next reply line, without its newline.
+    fn line(&mut self) -> Vec<u8> {
+        loop {
+            if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
+                let mut line: Vec<u8> = self.buffer.drain(..=end).collect();
+                line.pop();
+                return line;
+            }
+            let mut chunk = [0u8; 65536];
+            let count = self.stream.read(&mut chunk).expect("a reply from the server");
+            assert!(
+                count > 0,
+                "the server closed the connection; unread: {:?}",
+                self.buffer.escape_ascii().to_string()
+            );
+            self.buffer.extend_from_slice(&chunk[..count]);
+        }
+    }
+
+    fn call(&mut self, line: &[u8]) -> Vec<u8> {
+        let mut request = line.to_vec();
+        request.push(b'\n');
+        self.send(&request);
+        self.line()
+    }
+}
+
+fn show(bytes: &[u8]) -> String {
+    bytes.escape_ascii().to_string()
+}
+
+/// Checks that `conn` is served correctly: a ping, and a grant, extend and
+/// release of `key`. Called during and after each abuse.
+fn assert_served(conn: &mut Conn, key: &str) {
+    assert!(conn.call("P").starts_with("P active "), "a ping is answered");
+    let token = conn.acquire(key, "30", "0");
+    assert_eq!(conn.call(&format!("X {key} {token} 60")), format!("X {key} {token}"));
+    assert_eq!(conn.call(&format!("R {key} {token}")), format!("R {key}"));
+    assert_eq!(conn.call(&format!("R {key} {token}")), format!("E R {key} not-holder"));
+}
+
+/// Open file descriptors of a process (sockets included).
+fn open_fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|dir| dir.count()).unwrap_or(0)
+}
+
+/// Closes `stream` with a reset instead of an orderly close (SO_LINGER 0).
+fn reset(stream: TcpStream) {
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: setting an option on a socket this function owns.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    drop(stream);
+}
+
+const MIB: u64 = 1 << 20;
+
+// ---------------------------------------------------------------------------
+// Exact replies to malformed lines
+
+#[test]
+fn nul_bytes_anywhere_get_the_error_of_the_field_they_land_in() {
+    let server = Server::start(&[]);
+    let mut conn = Raw::connect(server.addr);
+    let mut bystander = server.connect();
+    let cases: &[(&[u8], &[u8])] = &[
+        (b"\0", b"E - - bad-op"),
+        (b"\0\0\0\0", b"E - - bad-op"),
+        (b"P\0", b"E - - bad-op"),
+        (b"\0P", b"E - - bad-op"),
+        (b"A\0k 1 0", b"E - - bad-op"),
+        (b"A \0 1 0", b"E A - bad-key"),
+        (b"A k\0 1 0", b"E A - bad-key"),
+        (b"A \0k 1 0", b"E A - bad-key"),
+        (b"A k 1\0 0", b"E A k bad-lease"),
+        (b"A k \x001 0", b"E A k bad-lease"),
+        (b"A k 1 0\0", b"E A k bad-wait"),
+        (b"A k 1 \0", b"E A k bad-wait"),
+        (b"A k\0 1", b"E A - bad-request"),
+        (b"R k 5\0", b"E R k bad-token"),
+        (b"R k \0", b"E R k bad-token"),
+        (b"X k 5\0 1", b"E X k bad-token"),
+        (b"X k 5 1\0", b"E X k bad-lease"),
+        (b"P \0", b"E P - bad-request"),
+        (b"S\0 ", b"E - - bad-op"),
+    ];
+    for (request, expected) in cases {
+        assert_eq!(show(&conn.call(request)), show(expected), "request {:?}", show(request));
+    }
+    // A whole line of NULs, at the limit and over it.
+    let mut line = vec![0u8; 1024];
+    line.push(b'\n');
+    conn.send(&line);
+    assert_eq!(show(&conn.line()), "E - - bad-op");
+    assert_served(&mut bystander, "nul-probe");
+    assert_eq!(stat(&mut bystander, "keys"), 0, "no NUL request changed state");
+    conn.send(&[0u8; 1025]);
+    assert_eq!(show(&conn.line()), "E - - line-too-long");
+    assert_served(&mut bystander, "nul-probe");
+}
+
+#[test]
+fn carriage_returns_end_a_line_only_right_before_its_newline() {
+    let server = Server::start(&[]);
+    let mut conn = Raw::connect(server.addr);
+    let cases: &[(&[u8], &[u8])] = &[
+        (b"\r", b"E - - bad-op"),
+        (b"\r\r", b"E - - bad-op"),
+        (b"P\r\r", b"E - - bad-op"),
+        (b"\rP", b"E - - bad-op"),
+        (b"A k\r 1 0", b"E A - bad-key"),
+        (b"A k 1\r 0", b"E A k bad-lease"),
+        (b"A k 1 0\r\r", b"E A k bad-wait"),
+        (b"R k 5\r\r", b"E R k bad-token"),
+    ];
+    for (request, expected) in cases {
+        assert_eq!(show(&conn.call(request)), show(expected), "request {:?}", show(request));
+    }
+    assert!(conn.call(b"P\r").starts_with(b"P active "));
+    assert_eq!(show(&conn.call(b"A k 30 0.000\r")[..4]), "A k ");
+}
+
+#[test]
+fn numbers_that_overflow_a_u64_are_refused_by_the_field_they_are_in() {
+    let server = Server::start(&[]);
+    let mut conn = server.connect();
+    let token = conn.acquire("held", "30", "0");
+    let digits_900 = "9".repeat(900);
+    let cases = [
+        // 2^64 and beyond, as seconds: refused, never wrapped to something small.
+        ("A k 18446744073709551616 0".to_string(), "E A k bad-lease"),
+        ("A k 18446744073709552 0".to_string(), "E A k bad-lease"),
+        ("A k 18446744073709551.615 0".to_string(), "E A k bad-lease"),
+        ("A k 18446744073709551615.999 0".to_string(), "E A k bad-lease"),
+        (format!("A k {digits_900} 0"), "E A k bad-lease"),
+        (format!("A k {digits_900}.999 0"), "E A k bad-lease"),
+        ("A k 1 18446744073709551616".to_string(), "E A k bad-wait"),
+        ("A k 1 18446744073709552".to_string(), "E A k bad-wait"),
+        (format!("A k 1 {digits_900}"), "E A k bad-wait"),
+        // Tokens one past u64::MAX, far past it, and not numbers at all.
+        ("R held 18446744073709551616".to_string(), "E R held bad-token"),
+        ("R held 99999999999999999999".to_string(), "E R held bad-token"),
+        (format!("R held {digits_900}"), "E R held bad-token"),
+        (format!("R held 1{token:0>20}"), "E R held bad-token"),
+        ("R held -1".to_string(), "E R held bad-token"),
+        ("R held +1".to_string(), "E R held bad-token"),
+        ("R held 1.0".to_string(), "E R held bad-token"),
+        ("R held 0x10".to_string(), "E R held bad-token"),
+        ("R held 1e3".to_string(), "E R held bad-token"),
+        ("X held 18446744073709551616 1".to_string(), "E X held bad-token"),
+        (format!("X held {token} 18446744073709551616"), "E X held bad-lease"),
+        (format!("X held {token} {digits_900}"), "E X held bad-lease"),
+        // In range but held by nobody.
+        ("R held 0".to_string(), "E R held not-holder"),
+        ("R held 18446744073709551615".to_string(), "E R held not-holder"),
+    ];
+    for (request, expected) in &cases {
+        assert_eq!(conn.call(request), *expected, "request {request:?}");
+    }
+    assert_eq!(stat(&mut conn, "keys"), 1, "no refused request changed state");
+    // A token padded with zeros past 20 digits is still that u64.
+    let padded = format!("{token:0>40}");
+    assert_eq!(conn.call(&format!("X held {padded} 0000000000000000000000030")), format!("X held {token}"));
+    assert_eq!(conn.call(&format!("R held {padded}")), "R held");
+    // Twenty nines is the largest u64 that 20 digits do not hold: refused.
+    assert_eq!(conn.call("R held 00000000000000000000099999999999999999999"), "E R held bad-token");
+}
+
+#[test]
+fn leases_and_waits_at_and_past_their_limits() {
+    // The largest --max-lease a shard supports (u32::MAX ms), then one more.
+    let server = Server::start(&["--max-lease", "4294967.295"]);
+    let mut conn = server.connect();
+    let mut other = server.connect();
+    let cases = [
+        ("A k 4294967.296 0", "E A k bad-lease"),
+        ("A k 0 0", "E A k bad-lease"),
+        ("A k 0.000 0", "E A k bad-lease"),
+        ("A k 0.0001 0", "E A k bad-lease"),
+        ("A k 1. 0", "E A k bad-lease"),
+        ("A k .1 0", "E A k bad-lease"),
+        ("A k 1.1.1 0", "E A k bad-lease"),
+        ("A k +1 0", "E A k bad-lease"),
+        ("A k -0 0", "E A k bad-lease"),
+        ("A k 1,5 0", "E A k bad-lease"),
+        ("A k \u{661} 0", "E A k bad-lease"),
+        ("A k 1 86400.001", "E A k bad-wait"),
+        ("A k 1 86401", "E A k bad-wait"),
+        ("A k 1 -0", "E A k bad-wait"),
+        ("A k 1 .0", "E A k bad-wait"),
+        ("A k 1 0.", "E A k bad-wait"),
+        ("A k 1 0.0000", "E A k bad-wait"),
+        ("A k 1 inf", "E A k bad-wait"),
+        ("A k 1 NaN", "E A k bad-wait"),
+    ];
+    for (request, expected) in cases {
+        assert_eq!(conn.call(request), expected, "request {request:?}");
+    }
+    assert_eq!(stat(&mut conn, "keys"), 0);
+    // The longest lease is granted and extended; one more is refused.
+    let token = conn.acquire("long", "4294967.295", "0");
+    assert_eq!(conn.call(&format!("X long {token} 4294967.295")), format!("X long {token}"));
+    assert_eq!(conn.call(&format!("X long {token} 4294967.296")), "E X long bad-lease");
+    // The longest wait queues; the waiter leaves when its connection closes.
+    other.request("A long 1 86400");
+    wait_until("the longest wait to queue", || stat(&mut conn, "waiters") == 1);
+    drop(other);
+    wait_until("the waiter to leave", || stat(&mut conn, "waiters") == 0);
+    // A lease of one millisecond runs out and frees the key.
+    let short = conn.acquire("short", "0.001", "0");
+    let next = token_of(&conn.call("A short 30 0"), "short");
+    assert!(next > short, "the key came back with a greater token");
+    assert_eq!(conn.call(&format!("R long {token}")), "R long");
+
+    // Limits the server cannot honour stop it at start with a reason.
+    let data_dir = common::DataDir::new();
+    for bad in ["4294967.296", "0", "-1", "1e9", "99999999999999999999999"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .args(["--listen", "127.0.0.1:0", "--no-pin", "--shards", "1", &format!("--max-lease={bad}")])
+            .arg("--data-dir")
+            .arg(&data_dir.0)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "--max-lease {bad} must not start");
+        assert!(String::from_utf8_lossy(&output.stderr).contains("lease"), "--max-lease {bad}: {output:?}");
+    }
+}
+
+/// What SPEC §3 answers to `A <key> <lease> <wait>` when at least one field is
+/// bad: fields are checked in order and the first bad one names the code.
+fn acquire_error(key: &[u8], lease_ok: bool, wait_ok: bool) -> Vec<u8> {
+    let key_ok = !key.is_empty() && key.len() <= 250 && !key.iter().any(|b| b" \t\r\n\0".contains(b));
+    let mut reply = b"E A ".to_vec();
+    if !key_ok {
+        reply.extend_from_slice(b"- bad-key");
+        return reply;
+    }
+    reply.extend_from_slice(key);
+    reply.extend_from_slice(if !lease_ok { b" bad-lease" } else { b" bad-wait" });
+    assert!(!(lease_ok && wait_ok));
+    reply
+}
+
+#[test]
+fn every_combination_of_bad_fields_names_the_first_bad_one() {
+    let server = Server::start(&["--shards", "2", "--max-lease", "60"]);
+    let mut conn = Raw::connect(server.addr);
+    let mut bystander = server.connect();
+    let mut bytes = Bytes(0x2545_f491_4f6c_dd1d);
+    let mut keys: Vec<Vec<u8>> = vec![
+        b"k".to_vec(),
+        vec![b'k'; 250],
+        vec![b'k'; 251],
+        b"\xff\xfe\x80".to_vec(),
+        b"\x01\x7f".to_vec(),
+        b"-".to_vec(),
+        b"a\tb".to_vec(),
+        b"a\0b".to_vec(),
+        b"a\rb".to_vec(),
+    ];
+    // Random keys of every byte but the separators (valid), and with them (not).
+    for _ in 0..40 {
+        let len = 1 + bytes.below(260);
+        let key: Vec<u8> = (0..len).map(|_| bytes.byte()).filter(|b| *b != b' ' && *b != b'\n').collect();
+        if !key.is_empty() {
+            keys.push(key);
+        }
+    }
+    let leases: &[(&[u8], bool)] =
+        &[(b"30", true), (b"0.001", true), (b"60", true), (b"60.001", false), (b"0", false), (b"1e1", false)];
+    let waits: &[(&[u8], bool)] = &[(b"0", true), (b"86400", true), (b"86400.5", false), (b"-1", false), (b"", false)];
+    let mut batch = Vec::new();
+    let mut expected = Vec::new();
+    for key in &keys {
+        for (lease, lease_ok) in leases {
+            for (wait, wait_ok) in waits {
+                let key_ok = !key.iter().any(|b| b"\t\r\0".contains(b)) && key.len() <= 250;
+                if key_ok && *lease_ok && *wait_ok {
+                    continue;
+                }
+                if wait.is_empty() {
+                    // "A k 30 " has an empty last field: a malformed request,
+                    // echoing the key when it is valid.
+                    let mut reply = b"E A ".to_vec();
+                    reply.extend_from_slice(if key_ok { key } else { b"-" });
+                    reply.extend_from_slice(b" bad-request");
+                    expected.push(reply);
+                } else {
+                    expected.push(acquire_error(key, *lease_ok, *wait_ok));
+                }
+                for part in [&b"A "[..], key, b" ", lease, b" ", wait, b"\n"] {
+                    batch.extend_from_slice(part);
+                }
+            }
+        }
+    }
+    conn.send(&batch);
+    let mut replies: Vec<Vec<u8>> = (0..expected.len()).map(|_| conn.line()).collect();
+    // Replies of different keys may come back in any order.
+    replies.sort();
+    expected.sort();
+    for (reply, want) in replies.iter().zip(&expected) {
+        assert_eq!(show(reply), show(want));
+    }
+    assert_served(&mut bystander, "combination-probe");
+    assert_eq!(stat(&mut bystander, "keys"), 0, "no refused request changed state");
+
+    // The valid binary keys are granted and echoed byte for byte.
+    for key in keys.iter().filter(|key| key.len() <= 250 && !key.iter().any(|b| b"\t\r\0".contains(b))) {
+        let mut request = b"A ".to_vec();
+        request.extend_from_slice(key);
+        let reply = conn.call(&[&request[..], b" 30 0"].concat());
+        let prefix = [&b"A "[..], key, b" "].concat();
+        assert!(reply.starts_with(&prefix), "{} for key {}", show(&reply), show(key));
+        let token = &reply[prefix.len()..];
+        let release = [&b"R "[..], key, b" ", token].concat();
+        assert_eq!(show(&conn.call(&release)), show(&[&b"R "[..], key].concat()));
+    }
+}
+
+#[test]
+fn random_binary_lines_get_exactly_bad_op_or_bad_request() {
+    let server = Server::start(&["--shards", "2"]);
+    let mut conn = Raw::connect(server.addr);
+    let mut bystander = server.connect();
+    let token = bystander.acquire("before", "60", "0");
+    let mut bytes = Bytes(0x9e37_79b9_7f4a_7c15);
+    let mut batch = Vec::new();
+    let mut expected: Vec<Vec<u8>> = Vec::new();
+    for line_index in 0..20_000 {
+        let len = bytes.below(1024);
+        let mut line: Vec<u8> = (0..len).map(|_| bytes.byte()).filter(|b| *b != b'\n').collect();
+        if line_index % 2 == 0 {
+            // An operation field that is not one of A R X P S: bad-op,
+            // whatever follows.
+            if let Some(first) = line.first_mut()
+                && b"ARXPS".contains(first)
+            {
+                *first = b'a';
+            }
+            expected.push(b"E - - bad-op".to_vec());
+        } else {
+            // `A` and one more field with no space: too few fields. The key
+            // is echoed when it is valid (a lone `\r` at the end is part of
+            // the line ending, not of the key).
+            line.retain(|b| *b != b' ');
+            line.truncate(1000);
+            let mut key: &[u8] = &line;
+            if let Some(stripped) = key.strip_suffix(b"\r") {
+                key = stripped;
+            }
+            let key_ok = !key.is_empty() && key.len() <= 250 && !key.iter().any(|b| b"\t\r\0".contains(b));
+            expected.push([&b"E A "[..], if key_ok { key } else { b"-" }, b" bad-request"].concat());
+            line = [&b"A "[..], &line].concat();
+        }
+        batch.extend_from_slice(&line);
+        batch.push(b'\n');
+    }
+    let mut writer = conn.stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || writer.write_all(&batch).unwrap());
+    let mut replies: Vec<Vec<u8>> = (0..expected.len()).map(|_| conn.line()).collect();
+    sender.join().unwrap();
+    replies.sort();
+    expected.sort();
+    for (reply, want) in replies.iter().zip(&expected) {
+        assert_eq!(show(reply), show(want));
+    }
+    assert_eq!(bystander.call(&format!("R before {token}")), "R before", "other connections never notice");
+    assert_served(&mut bystander, "binary-probe");
+    assert_eq!(stat(&mut bystander, "keys"), 0);
+    assert!(conn.call(b"P").starts_with(b"P active "), "the garbage connection is still usable");
+}
+
+// ---------------------------------------------------------------------------
+// Long lines
+
+#[test]
+fn a_megabyte_line_with_a_newline_after_valid_requests() {
+    let server = Server::start(&["--shards", "2"]);
+    let mut bystander = server.connect();
+    let mut other = server.connect();
+    other.acquire("busy", "30", "0");
+    let mut conn = server.connect();
+    // Valid requests, a queued acquire, then one megabyte ended by a newline
+    // and more requests after it, all in one write.
+    let mut batch = b"P\nA mine 30 0\nA busy 30 0\n".to_vec();
+    batch.extend(std::iter::repeat_n(b'z', 1 << 20));
+    batch.extend_from_slice(b"\nA after 30 0\n");
+    let mut writer = conn.stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let _ = writer.write_all(&batch);
+    });
+    let mut replies = Vec::new();
+    while let Some(line) = conn.try_line(PATIENCE) {
+        replies.push(line);
+    }
+    sender.join().unwrap();
+    // Every request before the long line is answered, in any order (the
+    // acquires may be served by another core), and the queued one is not.
+    replies.sort();
+    assert_eq!(replies.len(), 3, "{replies:?}");
+    let mine = token_of(&replies[0], "mine");
+    assert_eq!(replies[1], "E - - line-too-long", "{replies:?}");
+    assert!(replies[2].starts_with("P active "), "{replies:?}");
+    // Nothing after the long line was read, the grant stays (a held lock is
+    // not tied to its connection), and the queued acquire left with the
+    // connection.
+    wait_until("the closed connection's waiter to leave", || stat(&mut bystander, "waiters") == 0);
+    assert_eq!(stat(&mut bystander, "keys"), 2, "busy and mine; not after");
+    assert_eq!(bystander.call(&format!("R mine {mine}")), "R mine", "the grant outlives its connection");
+    assert_served(&mut bystander, "long-line-probe");
+}
+
+#[test]
+fn a_line_is_measured_however_it_arrives_even_a_byte_at_a_time() {
+    let server = Server::start(&["--shards", "2"]);
+    let mut bystander = server.connect();
+    // The longest valid line, 250-byte key and zero-padded lease, one byte per write.
+    let key = "q".repeat(250);
+    let head = format!("A {key} ");
+    let line = format!("{head}{:0>width$} 0\r\n", 30, width = 1024 - head.len() - 2);
+    assert_eq!(line.len(), 1026);
+    let mut conn = server.connect();
+    for byte in line.as_bytes() {
+        conn.send(std::slice::from_ref(byte));
+    }
+    let token = token_of(&conn.line(), &key);
+    assert_eq!(conn.call(&format!("R {key} {token}")), format!("R {key}"));
+    // One byte more, a byte at a time: refused after byte 1025 however long
+    // the rest would have been, and the connection closes.
+    let mut conn = server.connect();
+    let mut answered = None;
+    for index in 0..4096 {
+        if conn.stream.write_all(b"y").is_err() {
+            break;
+        }
+        if index == 1025 {
+            answered = Some(conn.line());
+        }
+    }
+    assert_eq!(answered.as_deref(), Some("E - - line-too-long"));
+    assert!(conn.closed_by_server());
+    // The 1025th byte a `\r`, its `\n` not yet sent: still a possible line.
+    let mut conn = server.connect();
+    let mut line = vec![b'z'; 1024];
+    line.push(b'\r');
+    for byte in &line {
+        conn.send(std::slice::from_ref(byte));
+    }
+    conn.send(b"\n");
+    assert_eq!(conn.line(), "E - - bad-op", "1024 bytes and CRLF is a line, read as one");
+    assert!(conn.call("P").starts_with("P active "));
+    // 1024 bytes, a `\r` and a second `\r`: 1025 bytes before the line ending.
+    let mut conn = server.connect();
+    let mut line = vec![b'z'; 1024];
+    line.extend_from_slice(b"\r\r\n");
+    conn.send(&line);
+    assert_eq!(conn.line(), "E - - line-too-long");
+    assert!(conn.closed_by_server());
+    assert_served(&mut bystander, "byte-probe");
+}
+
+#[test]
+fn many_connections_sending_megabyte_lines_at_once_cost_no_megabytes() {
+    let server = Server::start(&["--shards", "2"]);
+    let mut bystander = server.connect();
+    assert_served(&mut bystander, "warm-up");
+    let before = server.rss_bytes();
+    const SENDERS: usize = 64;
+    let addr = server.addr;
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|index| {
+            std::thread::spawn(move || {
+                let mut conn = Conn::connect(addr);
+                let mut writer = conn.stream.try_clone().unwrap();
+                writer.set_write_timeout(Some(PATIENCE)).unwrap();
+                let payload = vec![if index % 2 == 0 { b'A' } else { 0xff }; 1 << 20];
+                let writing = std::thread::spawn(move || {
+                    let _ = writer.write_all(&payload);
+                });
+                let reply = conn.line();
+                let closed = conn.closed_by_server();
+                writing.join().unwrap();
+                (reply, closed)
+            })
+        })
+        .collect();
+    // The bystander is served while the megabytes arrive.
+    assert_served(&mut bystander, "during");
+    let mut peak = server.rss_bytes();
+    for sender in senders {
+        let (reply, closed) = sender.join().unwrap();
+        assert_eq!(reply, "E - - line-too-long");
+        assert!(closed, "the server closes a connection after line-too-long");
+        peak = peak.max(server.rss_bytes());
+    }
+    // The server refuses a line at byte 1025; it has no reason to keep more
+    // than a receive buffer's worth per connection.
+    assert!(peak < before + 32 * MIB, "RSS grew from {before} to {peak} bytes for {SENDERS} megabyte lines");
+    wait_until("the refused connections to close", || stat(&mut bystander, "connections") == 1);
+    assert_eq!(stat(&mut bystander, "keys"), 0);
+    assert_served(&mut bystander, "after");
+}
+
+// ---------------------------------------------------------------------------
+// Clients that never read, and connection floods
+
+#[test]
+fn thirty_two_clients_that_never_read_cost_at_most_their_reply_caps() {
+    let server = Server::start(&["--shards", "2"]);
+    let mut bystander = server.connect();
+    assert_served(&mut bystander, "warm-up");
+    let before = server.rss_bytes();
+    const STUCK: usize = 32;
+    // 100k pipelined requests each, never read: stats (over a kilobyte of
+    // reply each) and acquires of distinct keys (which change state).
+    let writers: Vec<_> = (0..STUCK)
+        .map(|index| {
+            let mut stream = TcpStream::connect(server.addr).unwrap();
+            stream.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+            let requests: Vec<u8> = if index == 0 {
+                (0..100_000).flat_map(|n| format!("A stuck-{n} 600 0\n").into_bytes()).collect()
+            } else {
+                b"S\n".repeat(100_000)
+            };
+            std::thread::spawn(move || {
+                let _ = stream.write_all(&requests);
+                stream
+            })
+        })
+        .collect();
+    assert_served(&mut bystander, "during");
+    let stuck: Vec<TcpStream> = writers.into_iter().map(|writer| writer.join().unwrap()).collect();
+    assert_served(&mut bystander, "while-stuck");
+    let after = server.rss_bytes();
+    // Each stuck connection holds at most about 1 MiB of replies (README,
+    // Flags) plus its last receive buffers; 2 MiB each is generous, and the
+    // acquires that got in hold at most 100k small locks.
+    let bound = before + STUCK as u64 * 2 * MIB + 100_000 * 256;
+    assert!(after < bound, "RSS grew from {before} to {after} bytes; bound {bound}");
+    assert!(stat(&mut bystander, "keys") <= 100_000);
+    for stream in stuck {
+        reset(stream);
+    }
+    wait_until("the stuck connections to close", || stat(&mut bystander, "connections") == 1);
+    assert_served(&mut bystander, "after");
+}
+
+#[test]
+fn ten_thousand_connections_over_the_limit_each_get_the_exact_refusal() {
+    const LIMIT: usize = 100;
+    let server = Server::start(&["--shards", "2", "--max-connections", &LIMIT.to_string()]);
+    let mut bystander = server.connect();
+    assert_served(&mut bystander, "warm-up");
+    let fds_before = open_fds(server.pid());
+    let rss_before = server.rss_bytes();
+    let mut opened = 0;
+    let mut round = 0;
+    while opened < 10_000 {
+        // Fill every free slot; each admitted connection answers a ping.
+        let mut admitted: Vec<Conn> = (0..LIMIT - 1).map(|_| server.connect()).collect();
+        for conn in &mut admitted {
+            assert!(conn.call("P").starts_with("P active "));
+        }
+        // Every further connection is refused with exactly the one line,
+        // whether it sends first or not, then closed.
+        for index in 0..LIMIT {
+            let mut refused = Conn::connect(server.addr);
+            if index % 2 == 1 {
+                let _ = refused.stream.write_all(b"P\n");
+            }
+            assert_eq!(refused.try_line(PATIENCE).as_deref(), Some("E - - too-many-connections"), "round {round}");
+            assert!(refused.closed_by_server());
+        }
+        opened += 2 * LIMIT - 1;
+        assert_served(&mut bystander, "during");
+        // The admitted ones leave mid-request: half orderly, half by a reset.
+        for (index, mut conn) in admitted.into_iter().enumerate() {
+            let _ = conn.stream.write_all(b"A half-a-req");
+            if index % 2 == 0 {
+                reset(conn.stream);
+            }
+        }
+        wait_until("the slots to free up", || stat(&mut bystander, "connections") == 1);
+        round += 1;
+    }
+    assert_eq!(stat(&mut bystander, "keys"), 0, "partial lines have no effect");
+    assert_served(&mut bystander, "after");
+    wait_until("the sockets to be closed", || open_fds(server.pid()) <= fds_before);
+    let rss_after = server.rss_bytes();
+    assert!(rss_after < rss_before + 16 * MIB, "RSS grew from {rss_before} to {rss_after} bytes");
+}
+
+// ---------------------------------------------------------------------------
+// Floods of keys and of waiters, up to the limits
+
+/// Reads `count` replies and sorts them into grants (by key) and other lines.
+fn collect(conn: &mut Conn, count: usize) -> (std::collections::HashMap<String, u64>, Vec<String>) {
+    let mut grants = std::collections::HashMap::new();
+    let mut others = Vec::new();
+    for _ in 0..count {
+        let reply = conn.line();
+        let fields: Vec<&str> = reply.split(' ').collect();
+        if fields.len() == 3 && fields[0] == "A" {
+            let previous = grants.insert(fields[1].to_string(), fields[2].parse().unwrap());
+            assert!(previous.is_none(), "two grants of {}", fields[1]);
+        } else {
+            others.push(reply);
+        }
+    }
+    (grants, others)
+}
+
+#[test]
+fn a_flood_of_distinct_keys_stops_exactly_at_max_keys() {
+    const MAX_KEYS: usize = 100_000;
+    let server = Server::start(&["--shards", "2", "--max-keys", &MAX_KEYS.to_string()]);
+    let mut bystander = server.connect();
+    let mine = bystander.acquire("mine", "600", "0");
+    let mut flood = server.connect();
+    let rss_before = server.rss_bytes();
+    // One and a half times the limit: both shards fill (each takes half).
+    let sent = MAX_KEYS * 3 / 2;
+    let batch: Vec<u8> = (0..sent).flat_map(|n| format!("A flood-{n} 600 0\n").into_bytes()).collect();
+    let mut writer = flood.stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || writer.write_all(&batch).unwrap());
+    assert!(bystander.call("P").starts_with("P active "), "served during the flood");
+    let (grants, others) = collect(&mut flood, sent);
+    sender.join().unwrap();
+    assert_eq!(grants.len() + 1, MAX_KEYS, "the flood and the bystander's key fill the table exactly");
+    for reply in &others {
+        let key = reply.strip_prefix("E A ").and_then(|rest| rest.strip_suffix(" too-many-keys"));
+        assert!(key.is_some_and(|key| key.starts_with("flood-") && !grants.contains_key(key)), "{reply}");
+    }
+    let tokens: std::collections::HashSet<u64> = grants.values().copied().collect();
+    assert_eq!(tokens.len(), grants.len(), "every grant has its own token");
+    let rss_full = server.rss_bytes();
+    // README: about 90 B per held lock; 1 KiB each is generous.
+    assert!(rss_full < rss_before + MAX_KEYS as u64 * 1024, "RSS grew from {rss_before} to {rss_full} bytes");
+    assert_eq!(stat(&mut bystander, "keys"), MAX_KEYS as u64);
+
+    // Refusals beyond the limit cost nothing: another full flood of new keys.
+    let batch: Vec<u8> = (0..MAX_KEYS).flat_map(|n| format!("A more-{n} 600 0\n").into_bytes()).collect();
+    let mut writer = flood.stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || writer.write_all(&batch).unwrap());
+    let (more_grants, more_others) = collect(&mut flood, MAX_KEYS);
+    sender.join().unwrap();
+    assert!(more_grants.is_empty());
+    assert!(more_others.iter().all(|reply| reply.starts_with("E A more-") && reply.ends_with(" too-many-keys")));
+    let rss_refused = server.rss_bytes();
+    assert!(rss_refused < rss_full + 8 * MIB, "refusals grew RSS from {rss_full} to {rss_refused} bytes");
+
+    // A full table still serves the keys it has: a held key can be extended,
+    // waited on (a waiter adds no key) and released.
+    assert_eq!(bystander.call(&format!("X mine {mine} 600")), format!("X mine {mine}"));
+    let mut waiter = server.connect();
+    waiter.request("A mine 30 0");
+    wait_until("the waiter on a held key to queue", || stat(&mut bystander, "waiters") == 1);
+    assert_eq!(bystander.call("A brand-new 30 0"), "E A brand-new too-many-keys");
+    assert_eq!(bystander.call(&format!("R mine {mine}")), "R mine");
+    let handed = token_of(&waiter.line(), "mine");
+    assert!(handed > mine);
+    // Freeing a key makes room for exactly one new key in its shard.
+    let (key, token) = grants.iter().next().unwrap();
+    assert_eq!(flood.call(&format!("R {key} {token}")), format!("R {key}"));
+    assert_eq!(flood.call(&format!("A {key} 600 0")).split(' ').next(), Some("A"), "its slot is free again");
+}
+
+#[test]
+fn releases_and_extends_of_keys_nobody_holds_leave_nothing_behind() {
+    let server = Server::start(&["--shards", "2", "--max-keys", "1000"]);
+    let mut bystander = server.connect();
+    let mut flood = server.connect();
+    assert_served(&mut bystander, "warm-up");
+    let rss_before = server.rss_bytes();
+    // Rounds of releases and extends with made-up tokens, each round two
+    // hundred times the key limit: if any of them created an entry, the
+    // table would fill, and if any left memory behind, the rounds would add up.
+    const COUNT: usize = 200_000;
+    let mut rss_rounds = Vec::new();
+    for round in 0..4 {
+        let batch: Vec<u8> = (0..COUNT)
+            .flat_map(|n| {
+                let key = format!("ghost-{round}-{n}");
+                if n % 2 == 0 { format!("R {key} {n}\n") } else { format!("X {key} {n} 30\n") }.into_bytes()
+            })
+            .collect();
+        let mut writer = flood.stream.try_clone().unwrap();
+        let sender = std::thread::spawn(move || writer.write_all(&batch).unwrap());
+        assert_served(&mut bystander, "during");
+        for _ in 0..COUNT {
+            let reply = flood.line();
+            let fields: Vec<&str> = reply.split(' ').collect();
+            assert!(
+                fields.len() == 4 && fields[0] == "E" && fields[2].starts_with("ghost-") && fields[3] == "not-holder",
+                "{reply}"
+            );
+        }
+        sender.join().unwrap();
+        assert_eq!(stat(&mut bystander, "keys"), 0);
+        rss_rounds.push(server.rss_bytes());
+    }
+    assert_served(&mut bystander, "after");
+    // The first rounds grow the buffers of a busy connection (replies are
+    // capped at 1 MiB), the queues between the cores and the allocator's
+    // pools; later rounds reuse them.
+    assert!(rss_rounds[1] < rss_before + 32 * MIB, "RSS grew from {rss_before} to {rss_rounds:?} bytes");
+    assert!(rss_rounds[3] < rss_rounds[1] + 4 * MIB, "RSS kept growing over the rounds: {rss_rounds:?} bytes");
+}
+
+#[test]
+fn a_flood_of_waiters_on_one_key_stops_exactly_at_the_limits() {
+    const PER_KEY: usize = 5_000;
+    const PER_SHARD: usize = 8_000;
+    let server =
+        Server::start(&["--max-waiters-per-key", &PER_KEY.to_string(), "--max-waiters", &PER_SHARD.to_string()]);
+    let mut holder = server.connect();
+    let hot = holder.acquire("hot", "600", "0");
+    let cold = holder.acquire("cold", "600", "0");
+    let rss_before = server.rss_bytes();
+    // 50 connections each queue 100 acquires of the hot key, pipelined.
+    let mut waiters: Vec<Conn> = (0..PER_KEY / 100).map(|_| server.connect()).collect();
+    for conn in &mut waiters {
+        conn.send(&b"A hot 600 0\n".repeat(100));
+    }
+    wait_until("the hot key's queue to fill", || stat(&mut holder, "waiters") == PER_KEY as u64);
+    let mut late = server.connect();
+    assert_eq!(late.call("A hot 600 0"), "E A hot too-many-waiters", "one past the key's limit");
+    // The rest of the shard's waiters on another key, then one past the shard's limit.
+    let mut cold_waiters = server.connect();
+    cold_waiters.send(&b"A cold 600 0\n".repeat(PER_SHARD - PER_KEY));
+    wait_until("the shard's waiters to fill", || stat(&mut holder, "waiters") == PER_SHARD as u64);
+    assert_eq!(late.call("A cold 600 0"), "E A cold too-many-waiters", "one past the shard's limit");
+    assert_eq!(late.call("A other 600 0").split(' ').next(), Some("A"), "a free key needs no queue");
+    let rss_full = server.rss_bytes();
+    // README: about 180 B per waiter; 2 KiB each is generous.
+    let bound = rss_before + PER_SHARD as u64 * 2048;
+    assert!(rss_full < bound, "RSS grew from {rss_before} to {rss_full} bytes; bound {bound}");
+
+    // FIFO: the release hands the key to the first waiter of the first connection.
+    assert_eq!(holder.call(&format!("R hot {hot}")), "R hot");
+    let first = token_of(&waiters[0].line(), "hot");
+    assert!(first > hot);
+    assert_eq!(stat(&mut holder, "waiters"), PER_SHARD as u64 - 1);
+    // Every waiter leaves with its connection.
+    drop(waiters);
+    drop(cold_waiters);
+    wait_until("every waiter to leave", || stat(&mut holder, "waiters") == 0);
+    assert_eq!(holder.call(&format!("R cold {cold}")), "R cold");
+    assert_served(&mut holder, "after");
+}
+
+#[test]
+fn a_flood_of_waiters_that_time_out_each_get_exactly_one_t() {
+    let server = Server::start(&["--shards", "2"]);
+    let mut holder = server.connect();
+    let hot = holder.acquire("hot", "600", "0");
+    let mut waiters: Vec<Conn> = (0..40).map(|_| server.connect()).collect();
+    for conn in &mut waiters {
+        conn.send(&b"A hot 600 0.2\n".repeat(100));
+    }
+    assert_served(&mut holder, "during");
+    for conn in &mut waiters {
+        for _ in 0..100 {
+            assert_eq!(conn.line(), "T hot");
+        }
+        assert_eq!(conn.try_line(Duration::from_millis(100)), None, "exactly one reply per request");
+    }
+    assert_eq!(stat(&mut holder, "waiters"), 0);
+    assert_eq!(stat(&mut holder, "timeouts"), 4000);
+    assert_eq!(holder.call(&format!("R hot {hot}")), "R hot", "nobody was granted the key");
+}
+
+// ---------------------------------------------------------------------------
+// The peer port of a cluster node
+
+/// A loopback address free at the time of the call.
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// Two cluster nodes on loopback: node 0 active, node 1 its standby.
+struct Pair {
+    nodes: Vec<Server>,
+    client: Vec<SocketAddr>,
+    peer: Vec<SocketAddr>,
+    conns: Vec<Conn>,
+    epoch: u64,
+    probes: usize,
+}
+
+impl Pair {
+    fn start(extra: &[&str]) -> Pair {
+        let client = vec![free_addr(), free_addr()];
+        let peer = vec![free_addr(), free_addr()];
+        let peers = format!("{}@{},{}@{}", client[0], peer[0], client[1], peer[1]);
+        let nodes: Vec<Server> = (0..2)
+            .map(|index| {
+                let listen = client[index].to_string();
+                let node = index.to_string();
+                let mut args = vec!["--listen", &listen, "--peers", &peers, "--node", &node];
+                args.extend_from_slice(extra);
+                Server::start(&args)
+            })
+            .collect();
+        let mut conns: Vec<Conn> = nodes.iter().map(Server::connect).collect();
+        let mut epoch = 0;
+        wait_until("node 0 to be active and node 1 its standby", || {
+            let active = conns[0].call("P");
+            let standby = conns[1].call("P");
+            let Some(active_epoch) =
+                active.strip_suffix(&format!(" {}", client[0])).and_then(|p| p.strip_prefix("P active "))
+            else {
+                return false;
+            };
+            epoch = active_epoch.parse().unwrap();
+            standby == format!("P standby {epoch} {}", client[0])
+        });
+        let mut pair = Pair { nodes, client, peer, conns, epoch, probes: 0 };
+        pair.assert_healthy();
+        pair
+    }
+
+    /// The roles and the epoch are those of the start (no failover, no
+    /// demotion), the active grants, the standby redirects, and the
+    /// standby's copy of the table catches up with the active's.
+    fn assert_healthy(&mut self) {
+        let active = self.client[0];
+        assert_eq!(self.conns[0].call("P"), format!("P active {} {active}", self.epoch));
+        assert_eq!(self.conns[1].call("P"), format!("P standby {} {active}", self.epoch));
+        self.probes += 1;
+        let key = format!("probe-{}", self.probes);
+        let token = self.conns[0].acquire(&key, "30", "0");
+        assert_eq!(self.conns[1].call(&format!("A {key} 30 0")), format!("M A {key} {active}"));
+        let table = |conn: &mut Conn| -> (u64, u64) {
+            let reply = conn.call("S");
+            let at = reply.find("\"table\":{\"stream\":").expect("a table in S") + "\"table\":{\"stream\":".len();
+            let mut numbers = reply[at..].split(|c: char| !c.is_ascii_digit()).filter(|part| !part.is_empty());
+            (numbers.next().unwrap().parse().unwrap(), numbers.next().unwrap().parse().unwrap())
+        };
+        let mut granted = (0, 0);
+        wait_until("the active to count the grant in its table", || {
+            granted = table(&mut self.conns[0]);
+            granted.1 >= self.probes as u64 * 2 - 1
+        });
+        wait_until("the standby to follow the active's table", || {
+            let (stream, version) = table(&mut self.conns[1]);
+            stream == granted.0 && version >= granted.1
+        });
+        assert_eq!(self.conns[0].call(&format!("R {key} {token}")), format!("R {key}"));
+    }
+
+    /// Waits for node `index`'s log to name a refused connection from `from`
+    /// with `reason` in the same line.
+    fn assert_refusal_logged(&self, index: usize, from: SocketAddr, reason: &str) {
+        let from = from.to_string();
+        wait_until(&format!("node {index} to log why it refused {from}: {reason}"), || {
+            self.nodes[index].log().lines().any(|line| line.contains(&from) && line.contains(reason))
+        });
+    }
+}
+
+/// A Hello frame of the peer protocol (src/cluster/wire.rs), spelled out here
+/// so that the test does not trust the codec it attacks.
+fn hello(version: u32, nodes: u8, node: u8) -> Vec<u8> {
+    let mut body = vec![1u8];
+    body.extend_from_slice(b"RLKP");
+    body.extend_from_slice(&version.to_le_bytes());
+    body.push(nodes);
+    body.push(node);
+    body.extend_from_slice(&1u64.to_le_bytes());
+    body.extend_from_slice(&0u64.to_le_bytes());
+    body.push(2);
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Sends `bytes` and the end of the stream to a peer port, and waits for the
+/// node to close the connection.
+fn send_and_expect_close(to: SocketAddr, bytes: &[u8]) -> SocketAddr {
+    let mut stream = TcpStream::connect(to).unwrap();
+    let local = stream.local_addr().unwrap();
+    let _ = stream.write_all(bytes);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut sink = [0u8; 64];
+    let closed = matches!(stream.read(&mut sink), Ok(0) | Err(_));
+    assert!(closed, "the node closes a connection that sent {:?}", show(&bytes[..bytes.len().min(40)]));
+    local
+}
+
+#[test]
+fn garbage_on_the_peer_port_is_refused_with_a_reason_and_changes_nothing() {
+    let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "1000"]);
+    let rss_before: Vec<u64> = pair.nodes.iter().map(Server::rss_bytes).collect();
+    let mut bytes = Bytes(0xd1b5_4a32_d192_ed03);
+    for index in 0..2 {
+        let port = pair.peer[index];
+        let other = (1 - index) as u8;
+        // Random bytes: the first four are read as a length far above the limit.
+        let random: Vec<u8> = (0..65536).map(|_| bytes.byte()).collect();
+        let from = send_and_expect_close(port, &random);
+        pair.assert_refusal_logged(index, from, "peer connection refused: unreadable frame");
+        // A length of 4 GB, then nothing: refused at once, nothing buffered.
+        let from = send_and_expect_close(port, &u32::MAX.to_le_bytes());
+        pair.assert_refusal_logged(index, from, "frame of 4294967295 bytes announced");
+        // A valid length and random bytes in it.
+        for _ in 0..20 {
+            let len = 1 + bytes.below(64);
+            let mut frame = (len as u32).to_le_bytes().to_vec();
+            frame.extend((0..len).map(|_| bytes.byte()));
+            let from = send_and_expect_close(port, &frame);
+            pair.assert_refusal_logged(index, from, "peer connection refused");
+        }
+        // Something else speaking first: an HTTP request, a text ping.
+        let from = send_and_expect_close(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        pair.assert_refusal_logged(index, from, "bytes announced");
+        let from = send_and_expect_close(port, b"P\nP\nP\nP\n");
+        pair.assert_refusal_logged(index, from, "bytes announced");
+        // Hellos that are well-formed but wrong.
+        let mut bad_magic = hello(1, 2, other);
+        bad_magic[5..9].copy_from_slice(b"RLKQ");
+        let from = send_and_expect_close(port, &bad_magic);
+        pair.assert_refusal_logged(index, from, "not a ringlock peer");
+        let from = send_and_expect_close(port, &hello(2, 2, other));
+        pair.assert_refusal_logged(index, from, "protocol version 2");
+        let from = send_and_expect_close(port, &hello(0, 2, other));
+        pair.assert_refusal_logged(index, from, "protocol version 0");
+        let from = send_and_expect_close(port, &hello(1, 3, 2));
+        pair.assert_refusal_logged(index, from, "lists 3 nodes");
+        let from = send_and_expect_close(port, &hello(1, 0, 0));
+        pair.assert_refusal_logged(index, from, "cluster size 0");
+        let from = send_and_expect_close(port, &hello(1, 17, 1));
+        pair.assert_refusal_logged(index, from, "cluster size 17");
+        let from = send_and_expect_close(port, &hello(1, 2, 2));
+        pair.assert_refusal_logged(index, from, "node index 2");
+        let from = send_and_expect_close(port, &hello(1, 2, index as u8));
+        pair.assert_refusal_logged(index, from, &format!("it says it is node {index}, which is this node"));
+        // A frame other than a hello first: a snapshot request.
+        let from = send_and_expect_close(port, &[1, 0, 0, 0, 3]);
+        pair.assert_refusal_logged(index, from, "did not start with a hello");
+        // A hello cut short by the close.
+        let from = send_and_expect_close(port, &hello(1, 2, other)[..20]);
+        pair.assert_refusal_logged(index, from, "closed in the middle of a frame");
+        pair.assert_healthy();
+    }
+    for (index, node) in pair.nodes.iter().enumerate() {
+        let rss = node.rss_bytes();
+        assert!(rss < rss_before[index] + 16 * MIB, "node {index}: RSS grew from {} to {rss}", rss_before[index]);
+    }
+}
+
+#[test]
+fn a_thousand_peer_connections_opened_and_dropped_change_nothing() {
+    let mut pair = Pair::start(&[]);
+    let fds_before: Vec<usize> = pair.nodes.iter().map(|node| open_fds(node.pid())).collect();
+    for round in 0..4 {
+        for index in 0..2 {
+            let batch: Vec<TcpStream> = (0..125).map(|_| TcpStream::connect(pair.peer[index]).unwrap()).collect();
+            for (number, stream) in batch.into_iter().enumerate() {
+                // Some say nothing, some half a hello; some close, some reset.
+                let mut stream = stream;
+                if number % 3 == 0 {
+                    let _ = stream.write_all(&hello(1, 2, 1 - index as u8)[..9]);
+                }
+                if (number + round) % 2 == 0 {
+                    reset(stream);
+                }
+            }
+        }
+        pair.assert_healthy();
+    }
+    for (index, node) in pair.nodes.iter().enumerate() {
+        wait_until("the dropped peer connections to be closed", || open_fds(node.pid()) <= fds_before[index]);
+    }
+    pair.assert_healthy();
+}
+
+#[test]
+fn a_peer_connection_that_stalls_mid_frame_is_closed_and_harms_nobody() {
+    let mut pair = Pair::start(&[]);
+    let mut stalled = Vec::new();
+    for index in 0..2 {
+        // Half a hello, an idle connection, and half of a large frame.
+        let mut half_hello = TcpStream::connect(pair.peer[index]).unwrap();
+        half_hello.write_all(&hello(1, 2, 1 - index as u8)[..15]).unwrap();
+        let idle = TcpStream::connect(pair.peer[index]).unwrap();
+        let mut half_big = TcpStream::connect(pair.peer[index]).unwrap();
+        let mut big = (1u32 << 20).to_le_bytes().to_vec();
+        big.extend(std::iter::repeat_n(7u8, 1 << 19));
+        half_big.write_all(&big).unwrap();
+        stalled.extend([half_hello, idle, half_big]);
+    }
+    pair.assert_healthy();
+    // The node does not keep a peer that never says who it is.
+    for stream in &mut stalled {
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut sink = [0u8; 16];
+        assert!(matches!(stream.read(&mut sink), Ok(0) | Err(_)), "the node closes a stalled connection");
+    }
+    pair.assert_healthy();
+}
+
+#[test]
+#[ignore = "bug: a peer connection that stalls before its hello is dropped after 5 s without a log line \
+            (peers::read returns on the hello timeout silently)"]
+fn a_peer_connection_that_never_says_hello_is_logged_when_dropped() {
+    let pair = Pair::start(&[]);
+    let mut stream = TcpStream::connect(pair.peer[0]).unwrap();
+    let from = stream.local_addr().unwrap();
+    stream.write_all(&hello(1, 2, 1)[..15]).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut sink = [0u8; 16];
+    assert!(matches!(stream.read(&mut sink), Ok(0) | Err(_)));
+    pair.assert_refusal_logged(0, from, "refused");
+}
+
+#[test]
+#[ignore = "bug: before a hello a node buffers up to a whole 1 MiB frame per peer connection, \
+            and it takes any number of them (64 half-sent frames grew RSS by 40 MB, 512 by 560 MB)"]
+fn peer_connections_that_never_say_hello_cannot_make_the_node_buffer_megabytes() {
+    let mut pair = Pair::start(&[]);
+    let before = pair.nodes[0].rss_bytes();
+    const STALLED: usize = 64;
+    // A frame of 1 MiB announced and all but its last byte sent: a hello is
+    // 32 bytes, so none of this can be one.
+    let mut frame = (1u32 << 20).to_le_bytes().to_vec();
+    frame.extend(std::iter::repeat_n(1u8, (1 << 20) - 1));
+    let stalled: Vec<TcpStream> = (0..STALLED)
+        .map(|_| {
+            let mut stream = TcpStream::connect(pair.peer[0]).unwrap();
+            stream.write_all(&frame).unwrap();
+            stream
+        })
+        .collect();
+    pair.assert_healthy();
+    let peak = pair.nodes[0].rss_bytes();
+    // Before its hello a connection needs no more than one read chunk (64 KiB).
+    assert!(peak < before + 32 * MIB, "RSS grew from {before} to {peak} bytes for {STALLED} stalled connections");
+    drop(stalled);
+}
+
+#[test]
+#[ignore = "bug: a hello that claims to be the active (node 0), sent to the standby's peer port and then \
+            closed, makes the standby ignore the real active's connection: it promotes itself and both nodes \
+            stay active (split brain) until a node restarts"]
+fn a_hello_that_impersonates_a_peer_and_leaves_does_not_cut_the_real_peer_off() {
+    let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "500"]);
+    for (to, claimed) in [(1, 0u8), (0, 1u8)] {
+        let mut stream = TcpStream::connect(pair.peer[to]).unwrap();
+        stream.write_all(&hello(1, 2, claimed)).unwrap();
+        drop(stream);
+        // Several failover periods: long enough for a node that stopped
+        // hearing its peer to declare it dead.
+        std::thread::sleep(Duration::from_millis(2000));
+        pair.assert_healthy();
+    }
+}
