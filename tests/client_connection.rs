@@ -9,7 +9,7 @@ mod proxy;
 use std::thread;
 use std::time::Duration;
 
-use common::{Server, token_of, wait_until};
+use common::{Conn, Server, token_of, wait_until};
 use proxy::Proxy;
 use ringlock_client::{Client, Error, ReleaseOutcome};
 
@@ -53,29 +53,55 @@ fn one_address_gives_two_connections_used_round_robin() {
     wait_until("the server to count two connections", || total_field(&client.stats().unwrap(), "connections") == 2);
 }
 
+/// The server's queued acquires and open connections, from one `S` reply
+/// (both are published together, once per loop turn).
+fn waiters_and_connections(observer: &mut Conn) -> (u64, u64) {
+    let json = observer.call("S");
+    (total_field(&json, "waiters"), total_field(&json, "connections"))
+}
+
 #[test]
 fn an_acquire_survives_a_cut_connection() {
     let server = Server::start(&[]);
     let mut holder = server.connect();
     let holder_token = holder.acquire("survivor", "600", "0");
+    let mut observer = server.connect();
 
     let proxy = Proxy::start(server.addr);
-    let client = Client::connect([proxy.addr.to_string()]).unwrap();
+    // A reconnect would bring the server's connection count back up while
+    // the test waits for it to fall.
+    let client =
+        Client::builder([proxy.addr.to_string()]).reconnect_interval(Duration::from_secs(600)).connect().unwrap();
     let waiter = {
         let client = client.clone();
         thread::spawn(move || client.acquire("survivor", LONG_LEASE, None))
     };
 
     // The acquire waits in the key's queue on one connection: cut that one.
+    // The server must have queued it first (the holder, the observer and
+    // the client's two connections are open then): the proxy forwards a
+    // request before the test sees it, and an acquire still unread at the
+    // release would be granted the freed key on the cut connection.
     let first = proxy.wait_upstream(b"A survivor ", &[]);
+    wait_until("the acquire to be queued", || waiters_and_connections(&mut observer) == (1, 4));
     proxy.cut(first);
     // It moves to the other connection and queues there again.
     let second = proxy.wait_upstream(b"A survivor ", &[first]);
     assert_ne!(first, second);
+    // Release only once the server has read the end of the cut connection,
+    // which takes that connection's acquire out of the queue; before, the
+    // release would hand the key to it. Either way the grant would go to a
+    // connection that is gone, nobody could claim it, and the moved acquire
+    // would wait behind it for its whole lease. One waiter and one
+    // connection fewer means the one queued is the moved acquire.
+    wait_until("the cut to reach the server and the acquire to move", || {
+        waiters_and_connections(&mut observer) == (1, 3)
+    });
 
     assert_eq!(holder.call(&format!("R survivor {holder_token}")), "R survivor");
     let lock = waiter.join().unwrap().expect("no error").expect("no wait limit");
     assert!(lock.token() > holder_token, "a later grant has a greater token");
+    assert_eq!(total_field(&observer.call("S"), "handoffs"), 1, "the moved acquire was handed the key from the queue");
     assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
 }
 

@@ -210,7 +210,7 @@ impl Client {
         wait: Option<Duration>,
     ) -> Result<Option<Lock>, Error> {
         let (key, kind) = acquire_request(key.as_ref(), lease, wait)?;
-        let completion = Completion::new();
+        let completion = Completion::for_this_thread();
         self.router().submit(kind, key.clone(), Some(completion.clone()));
         acquired(self, key, completion.wait())
     }
@@ -439,7 +439,7 @@ impl Client {
         key: Arc<[u8]>,
         map: fn(Outcome) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let completion = Completion::new();
+        let completion = Completion::for_this_thread();
         self.router().submit(kind, key, Some(completion.clone()));
         map(completion.wait())
     }

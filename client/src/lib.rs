@@ -136,6 +136,8 @@
 //! - `future.rs`: the futures of the async API.
 //! - `completion.rs`: the one-shot cell between the I/O threads and a waiting
 //!   thread or task.
+//! - `lane.rs`: the futex lanes blocked threads sleep on, so that one system
+//!   call wakes every thread a read completed.
 //! - `operation.rs`: a request's life as a state machine with no I/O: what to
 //!   do on a reply, a cut connection, no connection (moves, retries, redirects).
 //! - `pairing.rs`: pairing replies with the requests in flight on a
@@ -154,6 +156,7 @@ mod config;
 mod connection;
 mod error;
 mod future;
+mod lane;
 mod lock;
 mod operation;
 mod pairing;

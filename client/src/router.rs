@@ -8,7 +8,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::completion::Completion;
+use crate::completion::{Completion, Wakes};
 use crate::config::{ClientBuilder, NODES_MAX};
 use crate::connection::{self, Connection, Phase, Refusal};
 use crate::error::Error;
@@ -85,7 +85,7 @@ impl Router {
         let timer = router.clone();
         thread::Builder::new()
             .name("ringlock-retry".into())
-            .spawn(move || timer.timer.run(|operation| timer.send(operation)))
+            .spawn(move || timer.timer.run(|operation| timer.send(operation, &mut Wakes::default())))
             .expect("spawn the ringlock client retry thread");
         router
     }
@@ -132,36 +132,49 @@ impl Router {
 
     /// Starts a request.
     pub(crate) fn submit(self: &Arc<Self>, kind: Kind, key: Arc<[u8]>, completion: Option<Arc<Completion>>) {
+        self.submit_owing(kind, key, completion, &mut Wakes::default());
+    }
+
+    /// [`submit`](Self::submit), adding the wake-up of a request that ends
+    /// at once (no connection, say) to `wakes`.
+    fn submit_owing(
+        self: &Arc<Self>,
+        kind: Kind,
+        key: Arc<[u8]>,
+        completion: Option<Arc<Completion>>,
+        wakes: &mut Wakes,
+    ) {
         let tries = self.connection_count();
         let now = Instant::now();
         let operation = Operation::new(kind, key, now, tries, &self.policy, completion);
-        self.send_at(operation, now);
+        self.send_at(operation, now, wakes);
     }
 
-    /// Carries out `step` for `operation`.
-    pub(crate) fn handle(self: &Arc<Self>, operation: Operation, step: Step) {
+    /// Carries out `step` for `operation`; the wake-up of a request that
+    /// ends is added to `wakes`, for the caller to make once it holds no lock.
+    pub(crate) fn handle(self: &Arc<Self>, operation: Operation, step: Step, wakes: &mut Wakes) {
         match step {
-            Step::Done(outcome) => self.finish(operation, outcome),
-            Step::Resend => self.send(operation),
-            Step::Redirect => self.send_to_active(operation),
+            Step::Done(outcome) => self.finish(operation, outcome, wakes),
+            Step::Resend => self.send(operation, wakes),
+            Step::Redirect => self.send_to_active(operation, wakes),
             Step::RetryAt(at) => {
                 if let Err(operation) = self.timer.schedule(at, operation) {
-                    self.finish(operation, Outcome::Failed(Error::NoConnection));
+                    self.finish(operation, Outcome::Failed(Error::NoConnection), wakes);
                 }
             }
         }
     }
 
     /// Sends on the next usable connection, the active node's first.
-    pub(crate) fn send(self: &Arc<Self>, operation: Operation) {
-        self.send_at(operation, Instant::now());
+    pub(crate) fn send(self: &Arc<Self>, operation: Operation, wakes: &mut Wakes) {
+        self.send_at(operation, Instant::now(), wakes);
     }
 
     /// [`send`](Self::send), at `now` (read once per request, as the clock
     /// is a measurable part of a request's cost).
-    fn send_at(self: &Arc<Self>, operation: Operation, now: Instant) {
+    fn send_at(self: &Arc<Self>, operation: Operation, now: Instant, wakes: &mut Wakes) {
         if operation.expired(now) {
-            return self.finish(operation, Outcome::TimedOut);
+            return self.finish(operation, Outcome::TimedOut, wakes);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let topology = self.topology();
@@ -183,16 +196,16 @@ impl Router {
                 full |= refusal == Refusal::Full;
                 let unsent = if full { Unsent::Full } else { Unsent::NoConnection };
                 let step = operation.on_unsent(unsent, now, &self.policy);
-                self.handle(operation, step);
+                self.handle(operation, step, wakes);
             }
         }
     }
 
     /// Sends on the active node's connections only, after an `M` reply.
-    fn send_to_active(self: &Arc<Self>, mut operation: Operation) {
+    fn send_to_active(self: &Arc<Self>, mut operation: Operation, wakes: &mut Wakes) {
         let now = Instant::now();
         if operation.expired(now) {
-            return self.finish(operation, Outcome::TimedOut);
+            return self.finish(operation, Outcome::TimedOut, wakes);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let topology = self.topology();
@@ -209,7 +222,7 @@ impl Router {
         drop(topology);
         let unsent = if refusal == Refusal::Full { Unsent::Full } else { Unsent::ActiveUnreachable };
         let step = operation.on_unsent(unsent, now, &self.policy);
-        self.handle(operation, step);
+        self.handle(operation, step, wakes);
     }
 
     /// Offers `operation` to `connections` round-robin from `start`; gives
@@ -237,12 +250,13 @@ impl Router {
         Err((operation, worst))
     }
 
-    /// Hands the outcome to whoever waits for it. A grant nobody waits for
-    /// any more (its future was dropped) is released at once.
-    fn finish(self: &Arc<Self>, operation: Operation, outcome: Outcome) {
+    /// Hands the outcome to whoever waits for it, owing its wake-up. A
+    /// grant nobody waits for any more (its future was dropped) is released
+    /// at once.
+    fn finish(self: &Arc<Self>, operation: Operation, outcome: Outcome, wakes: &mut Wakes) {
         let Some(completion) = operation.completion else { return };
-        if let Err(Outcome::Acquired(token)) = completion.complete(outcome) {
-            self.submit(Kind::Release { token }, operation.key, None);
+        if let Err(Outcome::Acquired(token)) = completion.complete(outcome, wakes) {
+            self.submit_owing(Kind::Release { token }, operation.key, None, wakes);
         }
     }
 
@@ -252,16 +266,18 @@ impl Router {
             return self.abort(operations);
         }
         let now = Instant::now();
+        let mut wakes = Wakes::default();
         for mut operation in operations {
             let step = operation.on_cut(cut, now);
-            self.handle(operation, step);
+            self.handle(operation, step, &mut wakes);
         }
     }
 
     /// Ends requests that can go nowhere because the client is closing.
     pub(crate) fn abort(self: &Arc<Self>, operations: Vec<Operation>) {
+        let mut wakes = Wakes::default();
         for operation in operations {
-            self.finish(operation, Outcome::Failed(Error::NoConnection));
+            self.finish(operation, Outcome::Failed(Error::NoConnection), &mut wakes);
         }
     }
 

@@ -76,6 +76,10 @@ pub const ENTRIES_PER_FRAME_MAX: usize = 2048;
 /// something that is not a ringlock peer is told apart at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"RLKP";
 
+/// The bytes of a whole Hello frame, length prefix included: all a peer
+/// connection may send before it has said who it is.
+pub const HELLO_FRAME_BYTES: usize = 32;
+
 /// The bytes of the length prefix.
 const LEN_PREFIX_BYTES: usize = 4;
 
@@ -805,6 +809,7 @@ mod tests {
     #[test]
     fn fixed_size_frames_have_the_documented_sizes() {
         assert_eq!(encoded(&hello()).len(), PAYLOAD_AT + 27);
+        assert_eq!(encoded(&hello()).len(), HELLO_FRAME_BYTES);
         assert_eq!(encoded(&Frame::Message(Message::Heartbeat(heartbeat()))).len(), PAYLOAD_AT + 53);
         assert_eq!(encoded(&Frame::Message(Message::SnapshotRequest)).len(), PAYLOAD_AT);
         assert_eq!(encoded(&Frame::SnapshotBegin { table: table(1, 2) }).len(), PAYLOAD_AT + 16);

@@ -81,8 +81,6 @@ pub struct ReplicationCore {
     streams: Vec<Option<Stream>>,
     replica: Option<Replica>,
     incoming: Option<Incoming>,
-    /// The current inbound connection of each peer.
-    inbound: Vec<Option<u64>>,
     /// Cores that still owe a [`Report::Held`] after a hold.
     holding: Option<Vec<bool>>,
     /// Controls each core's full inbox refused, sent again next turn, in order.
@@ -120,7 +118,6 @@ impl ReplicationCore {
             streams: vec![None; nodes],
             replica: None,
             incoming: None,
-            inbound: vec![None; nodes],
             holding: None,
             controls: (0..cores).map(|_| VecDeque::new()).collect(),
             persist_retry: None,
@@ -357,31 +354,25 @@ impl ReplicationCore {
 
     fn peer_event(&mut self, now_ms: u64, event: PeerEvent) {
         match event {
+            // A peer may have several connections open for a moment (it
+            // restarted, or its old connection is not seen closed yet), and
+            // anyone who can reach the peer port may open one in its name:
+            // a new connection changes nothing by itself. Control messages
+            // count from any of them; a stream, only from the connection it
+            // started on, and it ends with that connection.
             PeerEvent::Opened { from, connection } => {
-                // A new connection means the old one is gone, whether or not
-                // its end was seen yet: its stream is over.
-                self.inbound[from] = Some(connection);
-                self.replica_broken(now_ms, from);
+                tracing::debug!(peer = from, connection, "peer connection opened");
             }
-            PeerEvent::Closed { from, connection } => {
-                if self.inbound[from] == Some(connection) {
-                    self.inbound[from] = None;
-                    self.replica_broken(now_ms, from);
-                }
-            }
-            PeerEvent::Frame { from, connection, frame } => {
-                if self.inbound[from] == Some(connection) {
-                    self.frame(now_ms, from, connection, frame);
-                }
-            }
+            PeerEvent::Closed { from, connection } => self.connection_closed(now_ms, from, connection),
+            PeerEvent::Frame { from, connection, frame } => self.frame(now_ms, from, connection, frame),
         }
     }
 
-    fn replica_broken(&mut self, now_ms: u64, from: usize) {
-        if self.incoming.as_ref().is_some_and(|incoming| incoming.from == from) {
+    fn connection_closed(&mut self, now_ms: u64, from: usize, connection: u64) {
+        if self.incoming.as_ref().is_some_and(|incoming| incoming.from == from && incoming.connection == connection) {
             self.incoming = None;
         }
-        if self.replica.is_some_and(|replica| replica.from == from) {
+        if self.replica.is_some_and(|replica| replica.from == from && replica.connection == connection) {
             self.replica = None;
             self.node.replica_broken(now_ms, from);
         }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 
-use crate::cluster::wire::{self, Frame, Hello, PROTOCOL_VERSION};
+use crate::cluster::wire::{self, Frame, HELLO_FRAME_BYTES, Hello, PROTOCOL_VERSION};
 
 /// Bytes waiting for one peer before its connection is dropped: a peer that
 /// reads nothing for this long is paused or gone, and will start over from a
@@ -35,6 +35,9 @@ pub const EVENTS_QUEUED_MAX: usize = 65_536;
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK_BYTES: usize = 64 << 10;
+
+/// Inbound connections that have not said hello yet; more are closed at once.
+const UNINTRODUCED_MAX: usize = 64;
 
 /// How long a new inbound connection may take to say who it is.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -125,12 +128,22 @@ pub struct Identity {
 /// Accepts peer connections for as long as the executor runs.
 pub async fn accept(listener: TcpListener, identity: Identity, events: Events) {
     let mut next_connection = 0u64;
+    let unintroduced = Rc::new(Cell::new(0usize));
     loop {
         match listener.accept().await {
             Ok(stream) => {
+                if unintroduced.get() >= UNINTRODUCED_MAX {
+                    tracing::warn!(
+                        peer = ?stream.peer_addr().ok(),
+                        "peer connection refused: {UNINTRODUCED_MAX} connections have not said hello yet"
+                    );
+                    continue;
+                }
                 next_connection += 1;
                 let _ = stream.set_nodelay(true);
-                glommio::spawn_local(read(stream, next_connection, identity, events.clone())).detach();
+                unintroduced.set(unintroduced.get() + 1);
+                let task = read(stream, next_connection, identity, events.clone(), unintroduced.clone());
+                glommio::spawn_local(task).detach();
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot accept a peer connection");
@@ -141,28 +154,30 @@ pub async fn accept(listener: TcpListener, identity: Identity, events: Events) {
 }
 
 /// Reads one inbound connection: its hello, then frames until it ends.
-async fn read(mut stream: TcpStream, connection: u64, identity: Identity, events: Events) {
-    let mut buffer = Vec::with_capacity(64 << 10);
-    let hello = glommio::timer::timeout(HELLO_TIMEOUT, async { Ok(next_frame(&mut stream, &mut buffer).await) }).await;
-    let from = match hello {
-        Ok(Ok(Some(Frame::Hello(hello)))) => match check_hello(&hello, identity) {
-            Ok(from) => from,
-            Err(reason) => {
-                tracing::warn!(peer = ?stream.peer_addr().ok(), "peer connection refused: {reason}");
-                return;
-            }
-        },
-        Ok(Ok(Some(_))) => {
-            tracing::warn!(peer = ?stream.peer_addr().ok(), "peer connection refused: it did not start with a hello");
+async fn read(
+    mut stream: TcpStream,
+    connection: u64,
+    identity: Identity,
+    events: Events,
+    unintroduced: Rc<Cell<usize>>,
+) {
+    let peer_address = stream.peer_addr().ok();
+    let hello = glommio::timer::timeout(HELLO_TIMEOUT, async { Ok(read_hello(&mut stream).await) }).await;
+    unintroduced.set(unintroduced.get() - 1);
+    let checked = match hello {
+        Ok(Ok(hello)) => check_hello(&hello, identity),
+        Ok(Err(reason)) => Err(reason),
+        Err(_) => Err(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())),
+    };
+    let from = match checked {
+        Ok(from) => from,
+        Err(reason) => {
+            tracing::warn!(peer = ?peer_address, "peer connection refused: {reason}");
             return;
         }
-        Ok(Err(reason)) => {
-            tracing::warn!(peer = ?stream.peer_addr().ok(), "peer connection refused: {reason}");
-            return;
-        }
-        Ok(Ok(None)) | Err(_) => return,
     };
     events.borrow_mut().push_back(PeerEvent::Opened { from, connection });
+    let mut buffer = Vec::with_capacity(READ_CHUNK_BYTES);
     loop {
         while events.borrow().len() >= EVENTS_QUEUED_MAX {
             glommio::timer::sleep(Duration::from_millis(1)).await;
@@ -177,6 +192,34 @@ async fn read(mut stream: TcpStream, connection: u64, identity: Identity, events
         }
     }
     events.borrow_mut().push_back(PeerEvent::Closed { from, connection });
+}
+
+/// Reads exactly one hello frame: a connection that has not said who it is
+/// gets no more buffer than that.
+async fn read_hello(stream: &mut TcpStream) -> Result<Hello, String> {
+    let mut bytes = [0u8; HELLO_FRAME_BYTES];
+    let mut filled = 0;
+    while filled < HELLO_FRAME_BYTES {
+        match stream.read(&mut bytes[filled..]).await {
+            Ok(0) if filled == 0 => return Err("closed before its hello".to_string()),
+            Ok(0) => return Err("closed in the middle of a frame, before its hello was whole".to_string()),
+            Ok(count) => filled += count,
+            Err(error) => return Err(format!("read failed before its hello: {error}")),
+        }
+        // The length prefix alone can tell that this is no hello.
+        let announced = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        if filled >= 4 && announced != HELLO_FRAME_BYTES - 4 {
+            return Err(format!(
+                "unreadable frame: it did not start with a hello (a frame of {announced} bytes announced, a hello has {})",
+                HELLO_FRAME_BYTES - 4
+            ));
+        }
+    }
+    match wire::decode(&bytes) {
+        Ok(Some((Frame::Hello(hello), _))) => Ok(hello),
+        Ok(_) => Err("it did not start with a hello".to_string()),
+        Err(error) => Err(format!("unreadable hello: {error}")),
+    }
 }
 
 /// The next frame of a connection; `Ok(None)` when it closed cleanly.
