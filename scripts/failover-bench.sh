@@ -5,6 +5,9 @@
 #     active, the time the clients saw no grant, and grants lost per kill;
 #   - Ctrl+C (SIGINT) of the active under load: the same for the hand-off,
 #     where no grant should be lost;
+#   - replication lag under that load, before each failover (how long a
+#     change existed on the active before a standby had applied it, sampled
+#     every 5 ms);
 #   - lock cycles/s of the active with 2 standbys attached against a
 #     standalone node (client/examples/throughput.rs).
 # Each failover run kills or stops node 0 under the load of
@@ -24,7 +27,7 @@ while (($# > 0)); do
         --base-port) CLUSTER_BASE_PORT="$2"; shift 2 ;;
         --dir) CLUSTER_DIR="$2"; shift 2 ;;
         --no-throughput) THROUGHPUT=0; shift ;;
-        -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "failover-bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -102,6 +105,8 @@ echo "| kill -9: grants lost per kill | $(summary KILL lost) |"
 echo "| Ctrl+C → first grant by the successor (ms) | $(summary INT first_grant_ms) |"
 echo "| Ctrl+C: time with no active, last grant of the old → first of the new (ms) | $(summary INT gap_ms) |"
 echo "| Ctrl+C: grants lost per hand-off | $(summary INT lost) |"
+echo "| replication lag under load, p50 of each run's median (ms) | $(summary '[A-Z]*' lag_p50_ms) |"
+echo "| replication lag under load, each run's largest (ms) | $(summary '[A-Z]*' lag_max_ms) |"
 if ((THROUGHPUT)); then
     rate() { sed -n 's/.* \([0-9]*\) cycles\/s.*/\1/p' <<<"$1"; }
     active_rate="$(rate "$active_line")"

@@ -11,7 +11,10 @@
 //!   new one, the time the clients saw no active;
 //! - `lost`: grants of the old active whose release then found nothing (the
 //!   new active never learned of them);
-//! - counts of grants, timeouts and client errors, and both epochs.
+//! - counts of grants, timeouts and client errors, and both epochs;
+//! - `lag_p50_ms`, `lag_max_ms`: the replication lag during the warm-up, how
+//!   long the oldest change a standby had not applied yet had existed on the
+//!   active, sampled every 5 ms through the `"table"` versions of `S`.
 //!
 //! Keys are named after the probe's process id, so that grants lost or left
 //! behind by one run (they hold their keys until their leases end) do not
@@ -98,17 +101,81 @@ fn usage(problem: &str) -> ! {
     std::process::exit(2)
 }
 
-/// The epoch the active node shows in its `P` reply, if one of `addresses` is active.
-fn active_epoch(addresses: &[String]) -> Option<u64> {
-    addresses.iter().find_map(|address| {
-        let mut stream = TcpStream::connect(address).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-        stream.write_all(b"P\n").ok()?;
-        let mut line = String::new();
-        BufReader::new(stream).read_line(&mut line).ok()?;
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        (fields.len() == 4 && fields[1] == "active").then(|| fields[2].parse().ok()).flatten()
+/// A node's `P` reply as (role, epoch), if it answers.
+fn ping(address: &str) -> Option<(String, u64)> {
+    let mut stream = TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(b"P\n").ok()?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).ok()?;
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    (fields.len() == 4 && fields[0] == "P").then(|| Some((fields[1].to_string(), fields[2].parse().ok()?)))?
+}
+
+/// The active's address and epoch, if one of `addresses` answers `P active`.
+fn find_active(addresses: &[String]) -> Option<(String, u64)> {
+    addresses.iter().find_map(|address| match ping(address)? {
+        (role, epoch) if role == "active" => Some((address.clone(), epoch)),
+        _ => None,
     })
+}
+
+/// A connection that asks a node for its table version with `S`.
+struct TableWatch {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl TableWatch {
+    fn connect(address: &str) -> Option<TableWatch> {
+        let writer = TcpStream::connect(address).ok()?;
+        writer.set_nodelay(true).ok()?;
+        writer.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        Some(TableWatch { reader: BufReader::new(writer.try_clone().ok()?), writer })
+    }
+
+    /// The `"table":{"stream":..,"version":..}` of the node's `S` reply.
+    fn version(&mut self) -> Option<(u64, u64)> {
+        self.writer.write_all(b"S\n").ok()?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line).ok()?;
+        let table = &line[line.find("\"table\":")?..];
+        let number = |name: &str| -> Option<u64> {
+            let needle = format!("\"{name}\":");
+            let at = table.find(&needle)? + needle.len();
+            table[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        };
+        Some((number("stream")?, number("version")?))
+    }
+}
+
+/// Replication lag samples until `stop`: how long the oldest delta a standby
+/// had not applied had existed on the active, in ms (0 when it had them all).
+/// The active's versions are sampled too, so this is exact to one sampling
+/// period (plus an `S` round trip).
+fn sample_lag(active: &str, standby: &str, stop: &AtomicBool) -> Vec<f64> {
+    let (Some(mut active), Some(mut standby)) = (TableWatch::connect(active), TableWatch::connect(standby)) else {
+        return Vec::new();
+    };
+    let started = Instant::now();
+    // (when first seen, version) of the active, versions increasing.
+    let mut history: Vec<(Duration, u64)> = Vec::new();
+    let mut lags = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let Some((stream, version)) = active.version() else { break };
+        if history.last().is_none_or(|(_, last)| version > *last) {
+            history.push((started.elapsed(), version));
+        }
+        let Some((applied_stream, applied)) = standby.version() else { break };
+        let now = started.elapsed();
+        if applied_stream == stream {
+            // The first active sample beyond what the standby has applied.
+            let missing_since = history.iter().find(|(_, seen)| *seen > applied).map(|(at, _)| *at);
+            lags.push(missing_since.map_or(0.0, |at| (now - at).as_secs_f64() * 1e3));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    lags
 }
 
 /// One grant a probe thread received.
@@ -128,10 +195,11 @@ struct ThreadReport {
 
 fn main() {
     let options = options();
-    let old_epoch = active_epoch(&options.addresses).unwrap_or_else(|| {
+    let (active, old_epoch) = find_active(&options.addresses).unwrap_or_else(|| {
         eprintln!("failover_probe: no node of {:?} answers `P active`", options.addresses);
         std::process::exit(1)
     });
+    let standby = options.addresses.iter().find(|address| ping(address).is_some_and(|(role, _)| role == "standby"));
     let client = Client::connect(options.addresses.clone()).unwrap_or_else(|error| usage(&error.to_string()));
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -172,7 +240,16 @@ fn main() {
         })
         .collect();
 
+    // Replication lag under this load, during the warm-up.
+    let warm = Arc::new(AtomicBool::new(false));
+    let lag_sampler = standby.cloned().map(|standby| {
+        let warm = warm.clone();
+        thread::spawn(move || sample_lag(&active, &standby, &warm))
+    });
     thread::sleep(options.warm_up);
+    warm.store(true, Ordering::Relaxed);
+    let mut lags = lag_sampler.map(|sampler| sampler.join().expect("the lag sampler")).unwrap_or_default();
+    lags.sort_by(f64::total_cmp);
     let signal_ns = started.elapsed().as_nanos() as u64;
     let status = Command::new("kill").args(["-s", &options.signal, &options.pid.to_string()]).status();
     if !status.is_ok_and(|status| status.success()) {
@@ -201,12 +278,15 @@ fn main() {
     let milliseconds = |ns: u64| ns as f64 / 1e6;
     println!(
         "signal={} first_grant_ms={:.1} gap_ms={:.1} lost={lost} old_grants={old_grants} new_grants={} timeouts={} \
-         errors={} old_epoch={old_epoch} new_epoch={new_epoch}",
+         errors={} old_epoch={old_epoch} new_epoch={new_epoch} lag_p50_ms={:.1} lag_max_ms={:.1} lag_samples={}",
         options.signal,
         milliseconds(first_new_ns.saturating_sub(signal_ns)),
         milliseconds(first_new_ns.saturating_sub(last_old_ns)),
         grants().count() - old_grants,
         reports.iter().map(|report| report.timeouts).sum::<u64>(),
         reports.iter().map(|report| report.errors).sum::<u64>(),
+        lags.get(lags.len() / 2).copied().unwrap_or(f64::NAN),
+        lags.last().copied().unwrap_or(f64::NAN),
+        lags.len(),
     );
 }
