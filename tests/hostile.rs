@@ -1054,7 +1054,8 @@ fn a_peer_connection_that_stalls_mid_frame_is_closed_and_harms_nobody() {
         let mut half_big = TcpStream::connect(pair.peer[index]).unwrap();
         let mut big = (1u32 << 20).to_le_bytes().to_vec();
         big.extend(std::iter::repeat_n(7u8, 1 << 19));
-        half_big.write_all(&big).unwrap();
+        // The node may close it as soon as the length shows it is no hello.
+        let _ = half_big.write_all(&big);
         stalled.extend([half_hello, idle, half_big]);
     }
     pair.assert_healthy();
@@ -1068,8 +1069,6 @@ fn a_peer_connection_that_stalls_mid_frame_is_closed_and_harms_nobody() {
 }
 
 #[test]
-#[ignore = "bug: a peer connection that stalls before its hello is dropped after 5 s without a log line \
-            (peers::read returns on the hello timeout silently)"]
 fn a_peer_connection_that_never_says_hello_is_logged_when_dropped() {
     let pair = Pair::start(&[]);
     let mut stream = TcpStream::connect(pair.peer[0]).unwrap();
@@ -1082,8 +1081,6 @@ fn a_peer_connection_that_never_says_hello_is_logged_when_dropped() {
 }
 
 #[test]
-#[ignore = "bug: before a hello a node buffers up to a whole 1 MiB frame per peer connection, \
-            and it takes any number of them (64 half-sent frames grew RSS by 40 MB, 512 by 560 MB)"]
 fn peer_connections_that_never_say_hello_cannot_make_the_node_buffer_megabytes() {
     let mut pair = Pair::start(&[]);
     let before = pair.nodes[0].rss_bytes();
@@ -1095,21 +1092,19 @@ fn peer_connections_that_never_say_hello_cannot_make_the_node_buffer_megabytes()
     let stalled: Vec<TcpStream> = (0..STALLED)
         .map(|_| {
             let mut stream = TcpStream::connect(pair.peer[0]).unwrap();
-            stream.write_all(&frame).unwrap();
+            // The node may refuse it as soon as the length shows it is no hello.
+            let _ = stream.write_all(&frame);
             stream
         })
         .collect();
     pair.assert_healthy();
     let peak = pair.nodes[0].rss_bytes();
-    // Before its hello a connection needs no more than one read chunk (64 KiB).
+    // Before its hello a connection gets no more buffer than a hello's 32 bytes.
     assert!(peak < before + 32 * MIB, "RSS grew from {before} to {peak} bytes for {STALLED} stalled connections");
     drop(stalled);
 }
 
 #[test]
-#[ignore = "bug: a hello that claims to be the active (node 0), sent to the standby's peer port and then \
-            closed, makes the standby ignore the real active's connection: it promotes itself and both nodes \
-            stay active (split brain) until a node restarts"]
 fn a_hello_that_impersonates_a_peer_and_leaves_does_not_cut_the_real_peer_off() {
     let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "500"]);
     for (to, claimed) in [(1, 0u8), (0, 1u8)] {
