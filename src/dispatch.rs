@@ -287,8 +287,15 @@ impl Io {
                 return;
             }
             Request::Stats => {
-                let role = self.shared.cluster.as_ref().map_or(Role::Active, |link| link.status().role());
-                let json = stats::json(&self.shared, role);
+                // In a cluster `S` shows the epoch `P` does: the active's, also on a standby.
+                let (role, epoch) = match &self.shared.cluster {
+                    None => (Role::Active, self.shared.authority.epoch()),
+                    Some(link) => {
+                        let status = link.status();
+                        (status.role(), status.epoch)
+                    }
+                };
+                let json = stats::json(&self.shared, role, epoch);
                 self.write(slot, &Reply::Stats { json: json.as_bytes() });
                 return;
             }

@@ -16,7 +16,7 @@ pub struct CoreStats {
 }
 
 /// `{"role":...,"epoch":...,"uptime_ms":...,"total":{...},"shards":[{...},...]}`.
-pub fn json(shared: &Shared, role: Role) -> String {
+pub fn json(shared: &Shared, role: Role, epoch: u64) -> String {
     let (cores, total) = total_stats(shared);
     let connections: u64 = cores.iter().map(|core| core.connections).sum();
     let mut out = String::with_capacity(512 + 400 * cores.len());
@@ -24,7 +24,7 @@ pub fn json(shared: &Shared, role: Role) -> String {
         out,
         "{{\"role\":\"{}\",\"epoch\":{},\"uptime_ms\":{},\"total\":",
         role.as_str(),
-        shared.authority.epoch(),
+        epoch,
         shared.started.elapsed().as_millis()
     );
     counters(&mut out, &total, connections);

@@ -126,6 +126,9 @@ pub struct Node {
     /// The highest epoch learned from peers and replicated tokens.
     epoch_seen: u64,
     peers: Vec<PeerView>,
+    /// The active this node followed when it exited, which `P` keeps naming
+    /// until the process ends (after a hand-off: the successor).
+    followed_at_exit: Option<usize>,
     /// The complete table this node holds as a standby (`None`: empty).
     table: Option<TableVersion>,
     /// The peer whose delta stream is being applied without a gap.
@@ -156,6 +159,7 @@ impl Node {
             epoch_requested: epoch_persisted,
             epoch_seen: 0,
             peers: vec![PeerView::default(); config.nodes],
+            followed_at_exit: None,
             table: None,
             stream_from: None,
             snapshot_requested_ms: None,
@@ -205,7 +209,7 @@ impl Node {
     pub fn status(&self) -> Status {
         match &self.role {
             Role::Active(active) => Status { active: true, epoch: active.epoch, active_node: Some(self.config.me) },
-            _ => match self.following() {
+            _ => match self.following().or(self.followed_at_exit) {
                 Some(active) => Status { active: false, epoch: self.peer_epoch(active), active_node: Some(active) },
                 None => Status { active: false, epoch: 0, active_node: None },
             },
@@ -751,6 +755,7 @@ impl Node {
     }
 
     fn exit(&mut self, reason: ExitReason) {
+        self.followed_at_exit = self.following();
         match self.role {
             Role::Standby { incoming: Some(handoff), .. } | Role::Promoting { handoff: Some(handoff), .. } => {
                 self.refuse(handoff)

@@ -322,6 +322,8 @@ fn a_stopping_active_hands_off_to_its_caught_up_successor_then_redirects_and_exi
     assert_eq!(others(&drain(&mut node)), vec![Effect::PersistEpoch { epoch: 40 }]);
     node.epoch_persisted(now + 8, 40);
     assert_eq!(others(&drain(&mut node)), vec![Effect::Exit { reason: ExitReason::HandedOff }]);
+    // Until the process ends, `P` sends clients to the successor.
+    assert_eq!(node.status(), Status { active: false, epoch: 33, active_node: Some(1) });
     node.tick(now + 10 * FAILOVER_MS);
     assert!(drain(&mut node).is_empty(), "an exited node does nothing");
 }
