@@ -203,3 +203,23 @@ impl fmt::Display for ErrorCode {
         f.write_str(self.as_str())
     }
 }
+
+/// Test support shared by the codec's property tests.
+#[cfg(test)]
+pub(crate) mod damage {
+    /// One edit of a line: where, what (0 insert, 1 overwrite, 2 remove) and the byte.
+    pub type Edit = (proptest::sample::Index, u8, u8);
+
+    /// Applies one-byte edits in turn; one that falls past the end appends.
+    pub fn apply(line: &mut Vec<u8>, edits: Vec<Edit>) {
+        for (at, kind, byte) in edits {
+            let at = at.index(line.len() + 1);
+            match kind {
+                0 => line.insert(at, byte),
+                1 if at < line.len() => line[at] = byte,
+                _ if at < line.len() => drop(line.remove(at)),
+                _ => line.push(byte),
+            }
+        }
+    }
+}

@@ -835,15 +835,7 @@ mod tests {
                 line.push(b' ');
                 line.extend_from_slice(&field);
             }
-            for (at, edit, byte) in edits {
-                let at = at.index(line.len() + 1);
-                match edit {
-                    0 => line.insert(at, byte),
-                    1 if at < line.len() => line[at] = byte,
-                    _ if at < line.len() => drop(line.remove(at)),
-                    _ => line.push(byte),
-                }
-            }
+            crate::proto::damage::apply(&mut line, edits);
             line.extend_from_slice(ending);
             line.extend_from_slice(after);
             line

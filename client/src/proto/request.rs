@@ -1015,15 +1015,7 @@ mod tests {
                         let zeros = vec![b'0'; len - line.len()];
                         line.splice(space + 1..space + 1, zeros);
                     }
-                    for (at, kind, byte) in edits {
-                        let at = at.index(line.len() + 1);
-                        match kind {
-                            0 => line.insert(at, byte),
-                            1 if at < line.len() => line[at] = byte,
-                            _ if at < line.len() => drop(line.remove(at)),
-                            _ => line.push(byte),
-                        }
-                    }
+                    crate::proto::damage::apply(&mut line, edits);
                     line.extend_from_slice(ending);
                     line.extend_from_slice(after);
                     (line, lease_ms_max)
