@@ -1,6 +1,8 @@
 //! A resource protected by fencing tokens (SPEC §2): for each key it keeps
-//! the highest token it has accepted and refuses a write with a token that
-//! is not greater. It stands for the storage a lock holder writes to.
+//! the highest token it has accepted and refuses a write with a lower token.
+//! The holder of that highest token may write again, so that one holder can
+//! make several writes in its critical section. It stands for the storage a
+//! lock holder writes to.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -11,7 +13,7 @@ use super::History;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriteOutcome {
     Accepted,
-    /// A write with token `highest` (or greater) was accepted before.
+    /// A write with token `highest`, greater than this one, was accepted before.
     Refused {
         highest: u64,
     },
@@ -29,12 +31,12 @@ impl FencedResource {
         FencedResource { history, highest: Mutex::new(HashMap::new()) }
     }
 
-    /// Writes to `key` with `token`: accepted only above every token
-    /// accepted for `key` so far (a key never written accepts any token).
+    /// Writes to `key` with `token`: accepted unless a greater token was
+    /// accepted for `key` before.
     pub fn write(&self, key: &str, token: u64) -> WriteOutcome {
         let mut highest = self.highest.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let outcome = match highest.get(key) {
-            Some(&last) if token <= last => WriteOutcome::Refused { highest: last },
+            Some(&last) if token < last => WriteOutcome::Refused { highest: last },
             _ => {
                 highest.insert(key.to_string(), token);
                 WriteOutcome::Accepted

@@ -40,7 +40,7 @@
 //!   was cut; a request answered `T` is never granted.
 //! - **Fencing**: a write a fenced resource refused must come from a holder
 //!   that no longer held the lock by the rules above (its lease ran out), or
-//!   from a failover window; accepted writes of a key have increasing tokens.
+//!   from a failover window; accepted writes of a key never go down in token.
 //!
 //! Failover windows (SPEC §5 allows two actives and lost grants there)
 //! excuse an overlap, a token order or a FIFO order, or a refused write, when
@@ -353,7 +353,7 @@ pub enum Violation {
     /// A fenced resource refused a write from a holder that still held the
     /// key by the client's reckoning.
     RefusedLiveHolder { key: String, token: u64, at: Duration, holder: Option<RequestId> },
-    /// A fenced resource accepted a token not greater than one it had accepted.
+    /// A fenced resource accepted a token lower than one it had accepted.
     AcceptedOutOfOrder { key: String, token: u64, after: u64 },
 }
 
@@ -791,7 +791,7 @@ fn check_writes(record: &Record, holdings: &[Holding], findings: &mut Findings) 
         if write.accepted {
             findings.report.counts.writes_accepted += 1;
             if let Some(&after) = last_accepted.get(key)
-                && write.token <= after
+                && write.token < after
             {
                 findings.never_excused(Violation::AcceptedOutOfOrder {
                     key: key.to_string(),
@@ -813,7 +813,9 @@ fn check_writes(record: &Record, holdings: &[Holding], findings: &mut Findings) 
             continue;
         };
         if write.at >= holder.end {
-            // Its lease had run out: the refusal is fencing doing its job.
+            // Its interval had ended (the lease ran out, or an extend found
+            // the grant gone) and it wrote all the same: fencing kept out a
+            // stale holder, which is its job.
             continue;
         }
         // The holder of the newer token that the resource had accepted is
