@@ -118,6 +118,8 @@ pub struct ClusterEvents {
     pub failovers: usize,
     /// Role changes the driver did not cause, as text.
     pub unplanned: Vec<String>,
+    /// Client connections cut by the cut faults.
+    pub connections_cut: usize,
     /// Faults that could not be carried out, with why.
     pub skipped: BTreeMap<String, usize>,
     /// Nodes that exited when not told to, exited non-zero after Ctrl+C,
@@ -277,9 +279,12 @@ impl Chaos {
             Fault::CutClients { node } => {
                 // No window: cutting client connections changes no role, so
                 // it must not break any rule.
-                if let Err(reason) = cut_client_connections(self.cluster.node(node).client) {
-                    *self.events.faults.entry(fault.name()).or_default() -= 1;
-                    *self.events.skipped.entry(format!("{}: {reason}", fault.name())).or_default() += 1;
+                match cut_client_connections(self.cluster.node(node).client) {
+                    Ok(cut) => self.events.connections_cut += cut,
+                    Err(reason) => {
+                        *self.events.faults.entry(fault.name()).or_default() -= 1;
+                        *self.events.skipped.entry(format!("{}: {reason}", fault.name())).or_default() += 1;
+                    }
                 }
             }
             Fault::StalledReader { stall } => {
@@ -443,6 +448,7 @@ impl Summary {
                 format!("{}, {}, {}", counts.errors, counts.redirects, counts.cuts),
             ),
             ("faults injected", format!("{faults} ({})", fault_kinds.join(", "))),
+            ("client connections cut", self.events.connections_cut.to_string()),
             ("faults skipped", if skipped.is_empty() { "0".to_string() } else { skipped.join(", ") }),
             ("restarts", self.events.restarts.to_string()),
             ("failovers (changes of the settled active)", self.events.failovers.to_string()),
@@ -489,8 +495,9 @@ fn process_exited(pid: i32) -> bool {
 }
 
 /// Cuts every local client connection to `address` with `ss -K`, which
-/// needs the kernel's socket-destroy support and CAP_NET_ADMIN.
-fn cut_client_connections(address: SocketAddr) -> Result<(), String> {
+/// needs the kernel's socket-destroy support and CAP_NET_ADMIN; returns how
+/// many it cut.
+fn cut_client_connections(address: SocketAddr) -> Result<usize, String> {
     let output = Command::new("ss")
         .args(["-K", "-t", "dst", &address.ip().to_string(), "dport", "=", &address.port().to_string()])
         .output()
@@ -498,7 +505,12 @@ fn cut_client_connections(address: SocketAddr) -> Result<(), String> {
     if !output.status.success() {
         return Err(format!("ss -K failed: {}", String::from_utf8_lossy(&output.stderr).trim()));
     }
-    Ok(())
+    // ss prints a header, then one line per socket it destroyed.
+    let cut = String::from_utf8_lossy(&output.stdout).lines().skip(1).filter(|line| !line.trim().is_empty()).count();
+    if cut == 0 {
+        return Err("ss -K cut nothing (no socket-destroy support or no CAP_NET_ADMIN?)".to_string());
+    }
+    Ok(cut)
 }
 
 /// A tiny deterministic generator (xorshift), so that the load needs no
