@@ -8,7 +8,9 @@
 //! - `SOAK_CLIENTS`: worker threads, each with its own client (default 8);
 //! - `SOAK_SEED`: the seed of the fault schedule (default: from the clock;
 //!   printed, so that a schedule can be replayed);
-//! - `SOAK_SUMMARY`: a file to write the summary table to, in Markdown.
+//! - `SOAK_SUMMARY`: a file to write the summary table to, in Markdown;
+//! - `SOAK_FAULTS`: only these kinds of fault, comma-separated, among
+//!   `kill`, `ctrl-c`, `pause`, `partition`, `cut`, `stall` (default: all).
 
 mod chaos;
 mod cluster_support;
@@ -27,12 +29,15 @@ fn setting(name: &str, default: u64) -> u64 {
     }
 }
 
-/// A random fault of a random kind on a random node (most often the active:
-/// the faults that matter).
-fn random_fault(rng: &mut Rng, active: usize, nodes: usize) -> Fault {
+/// The names `SOAK_FAULTS` takes, in the order [`random_fault`] draws them.
+const FAULT_NAMES: [&str; 6] = ["kill", "ctrl-c", "pause", "partition", "cut", "stall"];
+
+/// A random fault of a random allowed kind on a random node (most often the
+/// active: the faults that matter).
+fn random_fault(rng: &mut Rng, allowed: &[usize], active: usize, nodes: usize) -> Fault {
     let node = if rng.below(3) == 0 { rng.below(nodes as u64) as usize } else { active };
     let length = Duration::from_millis(700 + rng.below(1800));
-    match rng.below(6) {
+    match allowed[rng.below(allowed.len() as u64) as usize] {
         0 => Fault::Kill9 { node },
         1 => Fault::CtrlC { node },
         2 => Fault::Pause { node, pause: length },
@@ -40,6 +45,19 @@ fn random_fault(rng: &mut Rng, active: usize, nodes: usize) -> Fault {
         4 => Fault::CutClients { node },
         _ => Fault::StalledReader { stall: length },
     }
+}
+
+fn allowed_faults() -> Vec<usize> {
+    let Ok(names) = std::env::var("SOAK_FAULTS") else { return (0..FAULT_NAMES.len()).collect() };
+    names
+        .split(',')
+        .map(|name| {
+            FAULT_NAMES
+                .iter()
+                .position(|known| *known == name.trim())
+                .unwrap_or_else(|| panic!("SOAK_FAULTS: unknown fault {name:?}; known: {FAULT_NAMES:?}"))
+        })
+        .collect()
 }
 
 #[test]
@@ -51,6 +69,7 @@ fn soak() {
     let seed = setting("SOAK_SEED", clock.as_nanos() as u64);
     eprintln!("soak: {seconds} s, {workers} clients, seed {seed} (SOAK_SEED={seed} replays the fault schedule)");
 
+    let allowed = allowed_faults();
     let mut rng = Rng::new(seed);
     let options = ChaosOptions { workers, key_prefix: format!("soak{seed}"), ..ChaosOptions::default() };
     let nodes = options.nodes;
@@ -65,7 +84,7 @@ fn soak() {
             chaos.restart(node);
             continue;
         }
-        let fault = random_fault(&mut rng, chaos.active(), nodes);
+        let fault = random_fault(&mut rng, &allowed, chaos.active(), nodes);
         eprintln!("soak: {:>6.1} s  {fault:?}", chaos.history.now().as_secs_f64());
         chaos.inject(fault);
     }

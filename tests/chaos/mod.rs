@@ -908,8 +908,13 @@ pub fn print_summary(title: &str, summary: &Summary) {
     for change in &summary.events.unplanned {
         eprintln!("unplanned role change {change}");
     }
-    for (label, finding) in summary.report.excused.iter().take(8) {
-        eprintln!("allowed in a {label} window: {finding}");
+    let mut shown = std::collections::HashMap::new();
+    for (label, finding) in &summary.report.excused {
+        let count = shown.entry(label.as_str()).or_insert(0);
+        *count += 1;
+        if *count <= 5 {
+            eprintln!("allowed in a {label} window: {finding}");
+        }
     }
     if summary.failed() {
         eprintln!("{}", summary.problems());
