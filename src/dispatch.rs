@@ -176,6 +176,17 @@ impl EventLoop {
         self.handle_effects();
     }
 
+    /// Answers every held request `E <op> <key> <code>`, behind the earlier
+    /// requests of the same connection and key.
+    pub(crate) fn refuse_parked(&mut self, code: ErrorCode) {
+        let now_ms = self.io.now_ms;
+        for (client, request) in std::mem::take(&mut self.io.parked) {
+            let keyed = Keyed::of(&request);
+            self.shard.reject(now_ms, client, keyed.op(), keyed.key(), code);
+        }
+        self.handle_effects();
+    }
+
     /// Serves again, starting with the requests held meanwhile, in order.
     pub(crate) fn resume(&mut self) {
         if self.io.role == CoreRole::Held {

@@ -313,9 +313,11 @@ impl EventLoop {
                 self.io.begin_stop();
             }
             if phase == StopPhase::Draining && !self.io.parked.is_empty() {
-                // Stopping without a successor: what a hand-off held is served
-                // like everything else that is queued.
-                self.resume();
+                // Stopping after a hand-off that failed or was cut short: the
+                // successor may have taken over all the same, so nothing held
+                // is served here; every held request is answered
+                // `shutting-down` (it had no effect), in order with the rest.
+                self.refuse_parked(ErrorCode::ShuttingDown);
             }
             if phase == StopPhase::Draining && self.shard.stats().waiters > 0 {
                 self.shard.fail_waiters(self.io.now_ms, ErrorCode::ShuttingDown);
