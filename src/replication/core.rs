@@ -62,7 +62,7 @@ struct Incoming {
 }
 
 pub struct ReplicationCore {
-    pub node: Node,
+    node: Node,
     peers: Vec<PeerAddress>,
     shared: Arc<Shared>,
     store: EpochStore,
