@@ -104,8 +104,6 @@ impl EventLoop {
             for effect in self.shard.drain_effects() {
                 match effect {
                     Effect::Reply { client, reply } => self.io.deliver(client, reply),
-                    // Only produced in a cluster, for the standbys.
-                    Effect::Delta(delta) => self.io.deltas.push(delta),
                     Effect::NeedTokens => self.io.need_tokens = true,
                 }
             }
@@ -168,7 +166,7 @@ impl EventLoop {
                 }
                 // Every delta so far goes before the report that says so.
                 self.handle_effects();
-                self.io.queue_deltas();
+                self.io.queue_deltas(&mut self.shard);
                 self.io.reports.push_back(Report::Held { core: self.io.core });
             }
             Control::Resume => self.resume(),
@@ -332,7 +330,6 @@ impl Io {
         for effect in shard.drain_effects() {
             match effect {
                 Effect::Reply { client, reply } => self.deliver(client, reply),
-                Effect::Delta(delta) => self.deltas.push(delta),
                 Effect::NeedTokens => self.need_tokens = true,
             }
         }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use io_uring::types::{SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue};
 use ringlock_client::proto::ErrorCode;
-use ringlock_shards::{ClientId, Delta, Shard, ShardStats};
+use ringlock_shards::{ClientId, Shard, ShardStats};
 
 use crate::buf_ring::BufRing;
 use crate::connection::Connection;
@@ -184,8 +184,6 @@ pub(crate) struct Io {
     pub(crate) active_address: Option<Vec<u8>>,
     /// Requests held while the role is [`CoreRole::Held`], in arrival order.
     pub(crate) parked: Vec<(ClientId, RoutedRequest)>,
-    /// This turn's deltas, reported to the replication core at its end.
-    pub(crate) deltas: Vec<Delta>,
     /// Reports the replication core's full queue refused, sent first next turn.
     pub(crate) reports: std::collections::VecDeque<Report>,
 }
@@ -195,18 +193,20 @@ impl Io {
         self.outgoing.iter().all(Vec::is_empty) && self.refused.iter().all(Vec::is_empty)
     }
 
-    /// Queues the deltas made so far as one report, after the earlier ones.
-    pub(crate) fn queue_deltas(&mut self) {
-        if !self.deltas.is_empty() {
-            self.reports.push_back(Report::Deltas(std::mem::take(&mut self.deltas)));
+    /// Queues the deltas the shard made so far as one report, after the
+    /// earlier ones.
+    pub(crate) fn queue_deltas(&mut self, shard: &mut Shard) {
+        if shard.has_deltas() {
+            let empty = self.shared.cluster.as_ref().map(ClusterLink::delta_buffer).unwrap_or_default();
+            self.reports.push_back(Report::Deltas(shard.take_deltas(empty)));
         }
     }
 
     /// Sends this turn's deltas and any earlier reports to the replication
     /// core, in order; what its full queue refuses waits for the next turn.
-    pub(crate) fn send_reports(&mut self) {
+    pub(crate) fn send_reports(&mut self, shard: &mut Shard) {
         // A single node makes no deltas, so this queues nothing there.
-        self.queue_deltas();
+        self.queue_deltas(shard);
         let Some(link) = &self.shared.cluster else { return };
         while let Some(report) = self.reports.pop_front() {
             if let Err(report) = link.report(report) {
@@ -277,7 +277,6 @@ impl EventLoop {
                 role,
                 active_address: None,
                 parked: Vec::new(),
-                deltas: Vec::new(),
                 reports: std::collections::VecDeque::new(),
             },
             shard,
@@ -325,7 +324,7 @@ impl EventLoop {
             }
             self.io.retry_accept();
             self.io.flush();
-            self.io.send_reports();
+            self.io.send_reports(&mut self.shard);
             self.buffers.publish();
             self.publish_stats();
 

@@ -10,7 +10,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
-use crossbeam_channel::{Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
 use ringlock_client::proto::Role;
 use ringlock_shards::{Delta, Key};
 
@@ -72,9 +72,22 @@ impl NodeStatus {
     }
 }
 
+/// Emptied delta buffers kept for reuse, at most this many.
+pub const SPARE_DELTA_BUFFERS_MAX: usize = 256;
+
+/// A buffer that grew beyond this many deltas (a burst) is freed rather than
+/// kept, so that a quiet node does not hold the memory of its busiest moment.
+const SPARE_DELTA_CAPACITY_MAX: usize = 16_384;
+
 /// What the shard cores share with the replication core.
 pub struct ClusterLink {
     reports: Sender<Report>,
+    /// Delta buffers the replication core has emptied, for the shards to fill
+    /// again: a shard then writes its deltas into memory that is already
+    /// mapped and sized, instead of growing a new buffer every turn and
+    /// leaving its free to another thread.
+    spare_sender: Sender<Vec<Delta>>,
+    spare: Receiver<Vec<Delta>>,
     /// Written by the replication core on every change of role, read by `P` and `S`.
     pub status: Mutex<NodeStatus>,
     /// Set on SIGINT/SIGTERM: the replication core hands the active role
@@ -89,8 +102,11 @@ pub struct ClusterLink {
 
 impl ClusterLink {
     pub fn new(reports: Sender<Report>) -> ClusterLink {
+        let (spare_sender, spare) = crossbeam_channel::bounded(SPARE_DELTA_BUFFERS_MAX);
         ClusterLink {
             reports,
+            spare_sender,
+            spare,
             status: Mutex::new(NodeStatus::default()),
             stop: AtomicBool::new(false),
             table_stream: AtomicU64::new(0),
@@ -108,7 +124,61 @@ impl ClusterLink {
         }
     }
 
+    /// An empty delta buffer to fill, reused if one is spare.
+    pub fn delta_buffer(&self) -> Vec<Delta> {
+        self.spare.try_recv().unwrap_or_default()
+    }
+
+    /// Gives an emptied delta buffer back for reuse; dropped if enough are spare.
+    pub fn recycle(&self, mut buffer: Vec<Delta>) {
+        if buffer.capacity() == 0 || buffer.capacity() > SPARE_DELTA_CAPACITY_MAX {
+            return;
+        }
+        buffer.clear();
+        let _ = self.spare_sender.try_send(buffer);
+    }
+
     pub fn status(&self) -> NodeStatus {
         self.status.lock().map(|status| status.clone()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link() -> ClusterLink {
+        let (reports, _) = crossbeam_channel::bounded(1);
+        ClusterLink::new(reports)
+    }
+
+    fn grant(token: u64) -> Delta {
+        Delta::Grant { key: Key::new(b"k"), token, lease_ms: 10 }
+    }
+
+    #[test]
+    fn a_recycled_delta_buffer_comes_back_empty_with_its_memory() {
+        let link = link();
+        let mut buffer = link.delta_buffer();
+        assert_eq!(buffer.capacity(), 0, "nothing to reuse yet");
+        buffer.extend((1..=100).map(grant));
+        let capacity = buffer.capacity();
+        link.recycle(buffer);
+        let reused = link.delta_buffer();
+        assert!(reused.is_empty());
+        assert_eq!(reused.capacity(), capacity);
+        assert_eq!(link.delta_buffer().capacity(), 0, "each buffer is handed out once");
+    }
+
+    #[test]
+    fn burst_sized_buffers_and_the_surplus_are_freed_not_kept() {
+        let link = link();
+        link.recycle(Vec::with_capacity(SPARE_DELTA_CAPACITY_MAX + 1));
+        assert_eq!(link.delta_buffer().capacity(), 0);
+        for _ in 0..SPARE_DELTA_BUFFERS_MAX + 10 {
+            link.recycle(Vec::with_capacity(8));
+        }
+        let kept = std::iter::from_fn(|| Some(link.delta_buffer())).take_while(|b| b.capacity() > 0).count();
+        assert_eq!(kept, SPARE_DELTA_BUFFERS_MAX);
     }
 }

@@ -134,8 +134,6 @@ pub enum Effect {
         /// What to answer.
         reply: ShardReply,
     },
-    /// Replicate a change to the standbys.
-    Delta(Delta),
     /// The shard is running low on tokens: fetch a [`crate::TokenRange`] and
     /// give it to [`crate::Shard::add_token_range`].
     NeedTokens,

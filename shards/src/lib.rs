@@ -5,7 +5,8 @@
 //! [`TimerWheel`] for lease and wait deadlines, and the fencing-token ranges
 //! it may issue from. It does no I/O, starts no thread and reads no clock:
 //! every input carries `now_ms`, and every output is an [`Effect`] (a reply
-//! addressed to a client, a replication [`Delta`], or a request for tokens).
+//! addressed to a client, or a request for tokens) or, when enabled, a
+//! replication [`Delta`] (taken apart with [`Shard::take_deltas`]).
 //! That is what lets the server's event loop drive it at full speed and lets
 //! tests drive it through thousands of seeded schedules.
 //!

@@ -168,6 +168,9 @@ pub struct Shard {
     /// Locks with waiters but no holder because tokens ran out.
     starved: Vec<u32>,
     effects: Vec<Effect>,
+    /// Changes for the standbys, in order (only with `config.deltas`). Kept
+    /// apart from the effects so that the caller takes them in one piece.
+    deltas: Vec<Delta>,
     stats: ShardStats,
     now_ms: u64,
 }
@@ -194,6 +197,7 @@ impl Shard {
             tokens: TokenSupply::new(config.tokens_low_water.max(1)),
             starved: Vec::new(),
             effects: Vec::new(),
+            deltas: Vec::new(),
             stats: ShardStats::default(),
             now_ms,
             config,
@@ -225,6 +229,18 @@ impl Shard {
     /// Takes the effects produced so far, in the order they happened.
     pub fn drain_effects(&mut self) -> std::vec::Drain<'_, Effect> {
         self.effects.drain(..)
+    }
+
+    /// Whether changes wait to be taken with [`Shard::take_deltas`].
+    pub fn has_deltas(&self) -> bool {
+        !self.deltas.is_empty()
+    }
+
+    /// Takes the replication deltas made so far, in the order they happened,
+    /// and goes on filling `empty` (a buffer handed back for reuse).
+    pub fn take_deltas(&mut self, empty: Vec<Delta>) -> Vec<Delta> {
+        debug_assert!(empty.is_empty());
+        std::mem::replace(&mut self.deltas, empty)
     }
 
     /// The earliest time at which [`Shard::advance`] may have work: the event
@@ -537,7 +553,7 @@ impl Shard {
         self.stats.held_keys += 1;
         if self.config.deltas {
             let key = self.locks[slot as usize].key.clone();
-            self.effects.push(Effect::Delta(Delta::Grant { key, token, lease_ms }));
+            self.deltas.push(Delta::Grant { key, token, lease_ms });
         }
     }
 
@@ -576,7 +592,7 @@ impl Shard {
         self.stats.held_keys -= 1;
         if self.config.deltas {
             let key = lock.key.clone();
-            self.effects.push(Effect::Delta(Delta::Expire { key, token }));
+            self.deltas.push(Delta::Expire { key, token });
         }
         self.hand_on(slot, true);
     }
@@ -666,7 +682,7 @@ impl Shard {
     #[inline]
     fn delta(&mut self, make: impl FnOnce() -> Delta) {
         if self.config.deltas {
-            self.effects.push(Effect::Delta(make()));
+            self.deltas.push(make());
         }
     }
 

@@ -259,16 +259,20 @@ impl ReplicationCore {
     /// A shard's report, in the order that shard made it.
     fn report(&mut self, now_ms: u64, report: Report) {
         match report {
-            Report::Deltas(deltas) => {
+            Report::Deltas(mut deltas) => {
                 // Deltas made before a Follow reach this loop after it: the
                 // table they change belongs to the new active now.
-                let Some(serving) = &mut self.serving else { return };
-                for chunk in deltas.chunks(ENTRIES_PER_FRAME_MAX) {
-                    wire::encode_deltas(serving.stream, serving.version + 1, chunk, &mut self.batch);
-                    serving.version += chunk.len() as u64;
+                if let Some(serving) = &mut self.serving {
+                    for chunk in deltas.chunks(ENTRIES_PER_FRAME_MAX) {
+                        wire::encode_deltas(serving.stream, serving.version + 1, chunk, &mut self.batch);
+                        serving.version += chunk.len() as u64;
+                    }
+                    for delta in deltas.drain(..) {
+                        self.mirror.apply(now_ms, delta);
+                    }
                 }
-                for delta in deltas {
-                    self.mirror.apply(now_ms, delta);
+                if let Some(link) = &self.shared.cluster {
+                    link.recycle(deltas);
                 }
             }
             Report::Held { core } => {

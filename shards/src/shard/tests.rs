@@ -344,18 +344,14 @@ fn deltas_follow_every_change_when_enabled() {
     let mut shard = shard_with(ShardConfig { deltas: true, ..config() });
     shard.acquire(0, C1, b"k", 100, 0);
     shard.acquire(0, C2, b"k", 100, 0);
-    let effects: Vec<Effect> = shard.drain_effects().collect();
-    let Effect::Delta(Delta::Grant { token: t1, lease_ms: 100, .. }) = effects[0] else { panic!("{effects:?}") };
+    let first = shard.take_deltas(Vec::new());
+    let [Delta::Grant { token: t1, lease_ms: 100, .. }] = first[..] else { panic!("{first:?}") };
+    assert!(!shard.has_deltas());
     shard.extend(10, C1, b"k", t1, 500);
     shard.release(20, C1, b"k", t1);
     shard.advance(120);
-    let deltas: Vec<Delta> = shard
-        .drain_effects()
-        .filter_map(|effect| match effect {
-            Effect::Delta(delta) => Some(delta),
-            _ => None,
-        })
-        .collect();
+    let deltas = shard.take_deltas(Vec::new());
+    assert_eq!(deltas.len(), 4, "{deltas:?}");
     let k = Key::new(b"k");
     assert_eq!(deltas[0], Delta::Extend { key: k.clone(), token: t1, lease_ms: 500 });
     assert_eq!(deltas[1], Delta::Release { key: k.clone(), token: t1 });
