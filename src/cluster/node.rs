@@ -393,6 +393,24 @@ impl Node {
         self.evaluate();
     }
 
+    /// A frame of the table stream from `from` arrived (deltas, or part of a
+    /// snapshot): the peer was alive to send it, as much as a heartbeat would
+    /// say. Heartbeats travel behind the stream on the same connection, so a
+    /// long snapshot, or a standby that reads slower than the active writes,
+    /// would otherwise see a sending active as silent and take over from it.
+    /// A peer not heard from before (no heartbeat yet) stays unknown.
+    pub fn stream_heard(&mut self, now_ms: u64, from: usize) {
+        self.advance(now_ms);
+        if from == self.config.me {
+            return;
+        }
+        if let Some(peer) = self.peers.get_mut(from)
+            && peer.last.is_some()
+        {
+            peer.heard_ms = Some(now_ms);
+        }
+    }
+
     /// The stream from `from` broke (a gap, a closed connection). The table
     /// stays complete as of its last version, and a new snapshot is asked for.
     pub fn replica_broken(&mut self, now_ms: u64, from: usize) {

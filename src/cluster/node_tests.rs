@@ -183,6 +183,35 @@ fn a_peer_is_live_only_within_the_failover_timeout() {
 }
 
 #[test]
+fn a_streaming_active_is_live_while_its_heartbeats_wait_behind_the_stream() {
+    let mut node = Node::new(config(2, 3), 0, 1, 0);
+    node.receive(0, 0, hb(active(1, 16)));
+    node.receive(0, 1, hb(follower(1, 0, None)));
+    drain(&mut node);
+    // Three failover periods of stream frames from the active and nothing
+    // else: its heartbeats are queued behind them.
+    let mut now_ms = 0;
+    while now_ms < 3 * FAILOVER_MS {
+        now_ms += HEARTBEAT_MS;
+        node.stream_heard(now_ms, 0);
+    }
+    assert_eq!(node.status().active_node, Some(0));
+    assert!(!others(&drain(&mut node)).contains(&Effect::Follow { active: None }));
+    // Once the stream stops too, the active is gone one failover period later.
+    tick_until(&mut node, now_ms, now_ms + FAILOVER_MS);
+    assert!(others(&drain(&mut node)).contains(&Effect::Follow { active: None }));
+}
+
+#[test]
+fn a_stream_frame_from_a_peer_never_heard_says_nothing_of_its_role() {
+    let mut node = Node::new(config(0, 3), 0, 1, 0);
+    drain(&mut node);
+    node.stream_heard(10, 2);
+    assert_eq!(node.status(), Status { active: false, epoch: 0, active_node: None });
+    assert!(others(&drain(&mut node)).is_empty());
+}
+
+#[test]
 fn the_highest_priority_caught_up_node_promotes_not_the_highest_priority() {
     // Node 1 holds the table of the dead active 2; node 0 restarted empty.
     let mut node = Node::new(config(1, 3), 0, 1, 0);

@@ -855,6 +855,8 @@ impl Sim {
     fn receive_stream(&mut self, from: usize, to: usize, item: StreamItem) {
         let now_ms = self.now_ms;
         let host = &mut self.hosts[to];
+        // As the replication core does: any stream frame shows its sender alive.
+        host.node.as_mut().expect("up").stream_heard(now_ms, from);
         match item {
             StreamItem::Snapshot(table) => {
                 if host.following != Some(from) || host.serving_epoch.is_some() {

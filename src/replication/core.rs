@@ -383,6 +383,12 @@ impl ReplicationCore {
     }
 
     fn frame(&mut self, now_ms: u64, from: usize, connection: u64, frame: Frame) {
+        if matches!(
+            frame,
+            Frame::SnapshotBegin { .. } | Frame::SnapshotChunk(_) | Frame::SnapshotEnd { .. } | Frame::Deltas { .. }
+        ) {
+            self.node.stream_heard(now_ms, from);
+        }
         match frame {
             Frame::Hello(_) => {}
             Frame::Message(message) => self.node.receive(now_ms, from, message),

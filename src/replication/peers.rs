@@ -39,6 +39,9 @@ const READ_CHUNK_BYTES: usize = 64 << 10;
 /// Inbound connections that have not said hello yet; more are closed at once.
 const UNINTRODUCED_MAX: usize = 64;
 
+/// Bytes written to a peer under one stall timeout.
+const WRITE_PIECE_BYTES: usize = 256 << 10;
+
 /// How long a new inbound connection may take to say who it is.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -177,7 +180,7 @@ async fn read(
         }
     };
     events.borrow_mut().push_back(PeerEvent::Opened { from, connection });
-    let mut buffer = Vec::with_capacity(READ_CHUNK_BYTES);
+    let mut buffer = ReadBuffer::new();
     loop {
         while events.borrow().len() >= EVENTS_QUEUED_MAX {
             glommio::timer::sleep(Duration::from_millis(1)).await;
@@ -222,30 +225,54 @@ async fn read_hello(stream: &mut TcpStream) -> Result<Hello, String> {
     }
 }
 
+/// What a connection read and has not decoded yet: `bytes[start..]`.
+/// Decoded frames only move `start`, so a read of many small frames costs one
+/// compaction (before the next read), not one shift of the buffer per frame.
+struct ReadBuffer {
+    bytes: Vec<u8>,
+    start: usize,
+}
+
+impl ReadBuffer {
+    fn new() -> ReadBuffer {
+        ReadBuffer { bytes: Vec::with_capacity(READ_CHUNK_BYTES), start: 0 }
+    }
+
+    /// Moves the undecoded bytes to the front.
+    fn compact(&mut self) {
+        if self.start > 0 {
+            self.bytes.drain(..self.start);
+            self.start = 0;
+        }
+    }
+}
+
 /// The next frame of a connection; `Ok(None)` when it closed cleanly.
-async fn next_frame(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Result<Option<Frame>, String> {
+async fn next_frame(stream: &mut TcpStream, buffer: &mut ReadBuffer) -> Result<Option<Frame>, String> {
     loop {
-        match wire::decode(buffer) {
+        match wire::decode(&buffer.bytes[buffer.start..]) {
             Ok(Some((frame, used))) => {
-                buffer.drain(..used);
+                buffer.start += used;
                 return Ok(Some(frame));
             }
             Ok(None) => {}
             Err(error) => return Err(format!("unreadable frame: {error}")),
         }
-        let filled = buffer.len();
+        buffer.compact();
+        let bytes = &mut buffer.bytes;
+        let filled = bytes.len();
         // Room for a good read; a frame is at most FRAME_LEN_MAX, so the
         // buffer never grows past about that much more.
-        buffer.resize(filled + READ_CHUNK_BYTES, 0);
-        let read = stream.read(&mut buffer[filled..]).await;
+        bytes.resize(filled + READ_CHUNK_BYTES, 0);
+        let read = stream.read(&mut bytes[filled..]).await;
         match read {
             Ok(0) => {
-                buffer.truncate(filled);
+                bytes.truncate(filled);
                 return if filled == 0 { Ok(None) } else { Err("closed in the middle of a frame".to_string()) };
             }
-            Ok(count) => buffer.truncate(filled + count),
+            Ok(count) => bytes.truncate(filled + count),
             Err(error) => {
-                buffer.truncate(filled);
+                bytes.truncate(filled);
                 return Err(format!("read failed: {error}"));
             }
         }
@@ -307,10 +334,19 @@ pub async fn write(
         loop {
             if !chunk.is_empty() {
                 outbox.borrow_mut().writing = true;
-                let written = glommio::timer::timeout(stall, async {
-                    stream.write_all(&chunk).await.map_err(glommio::GlommioError::from)
-                })
-                .await;
+                // The stall bound is on progress, piece by piece: a peer that
+                // reads steadily but slower than this node writes is slow,
+                // not gone (the outbox bound deals with slow).
+                let mut written = Ok(());
+                for piece in chunk.chunks(WRITE_PIECE_BYTES) {
+                    written = glommio::timer::timeout(stall, async {
+                        stream.write_all(piece).await.map_err(glommio::GlommioError::from)
+                    })
+                    .await;
+                    if written.is_err() {
+                        break;
+                    }
+                }
                 outbox.borrow_mut().writing = false;
                 if let Err(error) = written {
                     tracing::info!(peer = to, %error, "peer connection lost");
