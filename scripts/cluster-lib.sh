@@ -10,6 +10,9 @@
 #   CLUSTER_HEARTBEAT_MS  --heartbeat-ms (default: the server's, 100)
 #   CLUSTER_FAILOVER_MS   --failover-ms (default: the server's, 1000)
 #   CLUSTER_EXTRA_FLAGS   more ringlock flags for every node
+#   CLUSTER_NODE_FLAGS    an array: element i replaces node i's --no-pin
+#                         (e.g. "--cpus 1 --replication-cpu 0")
+#   CLUSTER_NODE_CPUS     an array: element i runs node i under taskset -c
 #   CARGO_TARGET_DIR      where cargo builds (default: target)
 
 RINGLOCK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,7 +45,11 @@ cluster_init() {
 cluster_start_node() {
     local i="$1"
     local flags=(--listen "${CLUSTER_ADDRS[$i]}" --peers "$CLUSTER_PEERS_FLAG" --node "$i"
-        --data-dir "$CLUSTER_DIR/data-$i" --shards 1 --no-pin)
+        --data-dir "$CLUSTER_DIR/data-$i" --shards 1)
+    # shellcheck disable=SC2206 # the node's flags are words on purpose
+    flags+=(${CLUSTER_NODE_FLAGS[$i]:---no-pin})
+    local launcher=()
+    [[ -n "${CLUSTER_NODE_CPUS[$i]:-}" ]] && launcher=(taskset -c "${CLUSTER_NODE_CPUS[$i]}")
     [[ -n "${CLUSTER_HEARTBEAT_MS:-}" ]] && flags+=(--heartbeat-ms "$CLUSTER_HEARTBEAT_MS")
     [[ -n "${CLUSTER_FAILOVER_MS:-}" ]] && flags+=(--failover-ms "$CLUSTER_FAILOVER_MS")
     # shellcheck disable=SC2206 # extra flags are words on purpose
@@ -51,7 +58,7 @@ cluster_start_node() {
     # A session of its own, so that a Ctrl+C in the terminal reaches only the
     # script, which then stops the nodes in order; setsid does not fork here
     # (a background job is no process group leader), so $! is the node.
-    setsid "$RINGLOCK_BIN" "${flags[@]}" >>"$CLUSTER_DIR/node-$i.log" 2>&1 &
+    setsid "${launcher[@]}" "$RINGLOCK_BIN" "${flags[@]}" >>"$CLUSTER_DIR/node-$i.log" 2>&1 &
     CLUSTER_PIDS[i]=$!
 }
 

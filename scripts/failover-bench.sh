@@ -9,7 +9,7 @@
 #     change existed on the active before a standby had applied it, sampled
 #     every 5 ms);
 #   - lock cycles/s of the active with 2 standbys attached against a
-#     standalone node (client/examples/throughput.rs).
+#     standalone node (scripts/cluster-throughput.sh, which says how).
 # Each failover run kills or stops node 0 under the load of
 # client/examples/failover_probe.rs, waits for node 1 to be active, then
 # restarts node 0, which catches up and takes the active role back.
@@ -37,14 +37,7 @@ EXAMPLES="${CARGO_TARGET_DIR:-$RINGLOCK_ROOT/target}/release/examples"
 cluster_init
 RESULTS="$CLUSTER_DIR/results.txt"
 : >"$RESULTS"
-STANDALONE_PID=""
-cleanup() {
-    if [[ -n "$STANDALONE_PID" ]]; then
-        kill -TERM "$STANDALONE_PID" 2>/dev/null || true
-    fi
-    cluster_stop
-}
-trap cleanup EXIT
+trap cluster_stop EXIT
 trap 'exit 130' INT TERM
 
 addr_flags() { printf -- '--addr %s ' "${CLUSTER_ADDRS[@]}"; }
@@ -72,30 +65,6 @@ summary() {
              printf "%s | %s | %.2f\n", v[int((NR + 1) / 2)], v[NR], sum / NR }'
 }
 
-if ((THROUGHPUT)); then
-    echo "throughput: the active with 2 standbys, then a standalone node (5 s each)"
-    # shellcheck disable=SC2046 # one word per flag
-    active_line="$("$EXAMPLES/throughput" $(addr_flags) --seconds 5)"
-    standalone_port=$((CLUSTER_BASE_PORT + 100))
-    setsid "$RINGLOCK_BIN" --listen "127.0.0.1:$standalone_port" --data-dir "$CLUSTER_DIR/data-standalone" --shards 1 \
-        --no-pin >"$CLUSTER_DIR/standalone.log" 2>&1 &
-    STANDALONE_PID=$!
-    deadline=$((SECONDS + 30))
-    until [[ "$(ringlock_ping "127.0.0.1:$standalone_port")" == "P active"* ]]; do
-        if ((SECONDS > deadline)); then
-            echo "the standalone node did not start; see $CLUSTER_DIR/standalone.log" >&2
-            exit 1
-        fi
-        sleep 0.05
-    done
-    standalone_line="$("$EXAMPLES/throughput" --addr "127.0.0.1:$standalone_port" --seconds 5)"
-    kill -TERM "$STANDALONE_PID"
-    wait "$STANDALONE_PID" || true
-    STANDALONE_PID=""
-    echo "cluster active: $active_line" | tee -a "$RESULTS"
-    echo "standalone:     $standalone_line" | tee -a "$RESULTS"
-fi
-
 echo
 echo "| measure ($RUNS runs each) | p50 | max | mean |"
 echo "|---|---|---|---|"
@@ -107,14 +76,13 @@ echo "| Ctrl+C: time with no active, last grant of the old → first of the new 
 echo "| Ctrl+C: grants lost per hand-off | $(summary INT lost) |"
 echo "| replication lag under load, p50 of each run's median (ms) | $(summary '[A-Z]*' lag_p50_ms) |"
 echo "| replication lag under load, each run's largest (ms) | $(summary '[A-Z]*' lag_max_ms) |"
-if ((THROUGHPUT)); then
-    rate() { sed -n 's/.* \([0-9]*\) cycles\/s.*/\1/p' <<<"$1"; }
-    active_rate="$(rate "$active_line")"
-    standalone_rate="$(rate "$standalone_line")"
-    echo
-    echo "lock cycles/s, 64 client threads: active with 2 standbys $active_rate, standalone $standalone_rate," \
-        "ratio $(awk -v a="$active_rate" -v s="$standalone_rate" 'BEGIN { printf "%.2f", a / s }')"
-fi
 echo
 echo "Ctrl+C runs whose node exited with a status other than 0:" \
     "$(grep '^signal=INT' "$RESULTS" | grep -c 'exit_status=[1-9]' || true) of $RUNS"
+
+if ((THROUGHPUT)); then
+    cluster_stop
+    echo
+    echo "throughput: the active with 2 standbys against a standalone node (scripts/cluster-throughput.sh)"
+    "$RINGLOCK_ROOT/scripts/cluster-throughput.sh" --base-port "$((CLUSTER_BASE_PORT + 200))"
+fi
