@@ -268,7 +268,11 @@ impl ReplicationCore {
                         serving.version += chunk.len() as u64;
                     }
                     for delta in deltas.drain(..) {
-                        self.mirror.apply(now_ms, delta);
+                        if let Err(error) = self.mirror.apply(now_ms, delta) {
+                            // The shards' own tokens only grow: this is a bug.
+                            tracing::error!(%error, "a shard reported a token out of order");
+                            debug_assert!(false, "a shard reported a token out of order: {error}");
+                        }
                     }
                 }
                 if let Some(link) = &self.shared.cluster {
@@ -434,7 +438,14 @@ impl ReplicationCore {
                 replica.table.version += deltas.len() as u64;
                 let table = replica.table;
                 for delta in deltas {
-                    self.mirror.apply(now_ms, delta);
+                    if let Err(error) = self.mirror.apply(now_ms, delta) {
+                        // Not an active's stream as it should be: start over
+                        // from a snapshot rather than trust the rest of it.
+                        tracing::warn!(peer = from, %error, "replication stream out of order; asking for a snapshot");
+                        self.replica = None;
+                        self.node.replica_broken(now_ms, from);
+                        return;
+                    }
                 }
                 self.node.replica_applied(now_ms, from, table, self.mirror.token_epoch_max());
             }
