@@ -927,6 +927,9 @@ impl Pair {
 
 /// A Hello frame of the peer protocol (src/cluster/wire.rs), spelled out here
 /// so that the test does not trust the codec it attacks.
+/// The peer protocol version the server speaks (src/cluster/wire.rs).
+const PEER_PROTOCOL: u32 = 2;
+
 fn hello(version: u32, nodes: u8, node: u8) -> Vec<u8> {
     let mut body = vec![1u8];
     body.extend_from_slice(b"RLKP");
@@ -984,29 +987,29 @@ fn garbage_on_the_peer_port_is_refused_with_a_reason_and_changes_nothing() {
         let from = send_and_expect_close(port, b"P\nP\nP\nP\n");
         pair.assert_refusal_logged(index, from, "bytes announced");
         // Hellos that are well-formed but wrong.
-        let mut bad_magic = hello(1, 2, other);
+        let mut bad_magic = hello(PEER_PROTOCOL, 2, other);
         bad_magic[5..9].copy_from_slice(b"RLKQ");
         let from = send_and_expect_close(port, &bad_magic);
         pair.assert_refusal_logged(index, from, "not a ringlock peer");
-        let from = send_and_expect_close(port, &hello(2, 2, other));
-        pair.assert_refusal_logged(index, from, "protocol version 2");
+        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL + 1, 2, other));
+        pair.assert_refusal_logged(index, from, &format!("protocol version {}", PEER_PROTOCOL + 1));
         let from = send_and_expect_close(port, &hello(0, 2, other));
         pair.assert_refusal_logged(index, from, "protocol version 0");
-        let from = send_and_expect_close(port, &hello(1, 3, 2));
+        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 3, 2));
         pair.assert_refusal_logged(index, from, "lists 3 nodes");
-        let from = send_and_expect_close(port, &hello(1, 0, 0));
+        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 0, 0));
         pair.assert_refusal_logged(index, from, "cluster size 0");
-        let from = send_and_expect_close(port, &hello(1, 17, 1));
+        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 17, 1));
         pair.assert_refusal_logged(index, from, "cluster size 17");
-        let from = send_and_expect_close(port, &hello(1, 2, 2));
+        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 2, 2));
         pair.assert_refusal_logged(index, from, "node index 2");
-        let from = send_and_expect_close(port, &hello(1, 2, index as u8));
+        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 2, index as u8));
         pair.assert_refusal_logged(index, from, &format!("it says it is node {index}, which is this node"));
         // A frame other than a hello first: a snapshot request.
         let from = send_and_expect_close(port, &[1, 0, 0, 0, 3]);
         pair.assert_refusal_logged(index, from, "did not start with a hello");
         // A hello cut short by the close.
-        let from = send_and_expect_close(port, &hello(1, 2, other)[..20]);
+        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 2, other)[..20]);
         pair.assert_refusal_logged(index, from, "closed in the middle of a frame");
         pair.assert_healthy();
     }
@@ -1027,7 +1030,7 @@ fn a_thousand_peer_connections_opened_and_dropped_change_nothing() {
                 // Some say nothing, some half a hello; some close, some reset.
                 let mut stream = stream;
                 if number % 3 == 0 {
-                    let _ = stream.write_all(&hello(1, 2, 1 - index as u8)[..9]);
+                    let _ = stream.write_all(&hello(PEER_PROTOCOL, 2, 1 - index as u8)[..9]);
                 }
                 if (number + round) % 2 == 0 {
                     reset(stream);
@@ -1049,7 +1052,7 @@ fn a_peer_connection_that_stalls_mid_frame_is_closed_and_harms_nobody() {
     for index in 0..2 {
         // Half a hello, an idle connection, and half of a large frame.
         let mut half_hello = TcpStream::connect(pair.peer[index]).unwrap();
-        half_hello.write_all(&hello(1, 2, 1 - index as u8)[..15]).unwrap();
+        half_hello.write_all(&hello(PEER_PROTOCOL, 2, 1 - index as u8)[..15]).unwrap();
         let idle = TcpStream::connect(pair.peer[index]).unwrap();
         let mut half_big = TcpStream::connect(pair.peer[index]).unwrap();
         let mut big = (1u32 << 20).to_le_bytes().to_vec();
@@ -1073,7 +1076,7 @@ fn a_peer_connection_that_never_says_hello_is_logged_when_dropped() {
     let pair = Pair::start(&[]);
     let mut stream = TcpStream::connect(pair.peer[0]).unwrap();
     let from = stream.local_addr().unwrap();
-    stream.write_all(&hello(1, 2, 1)[..15]).unwrap();
+    stream.write_all(&hello(PEER_PROTOCOL, 2, 1)[..15]).unwrap();
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
     let mut sink = [0u8; 16];
     assert!(matches!(stream.read(&mut sink), Ok(0) | Err(_)));
@@ -1109,7 +1112,7 @@ fn a_hello_that_impersonates_a_peer_and_leaves_does_not_cut_the_real_peer_off() 
     let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "500"]);
     for (to, claimed) in [(1, 0u8), (0, 1u8)] {
         let mut stream = TcpStream::connect(pair.peer[to]).unwrap();
-        stream.write_all(&hello(1, 2, claimed)).unwrap();
+        stream.write_all(&hello(PEER_PROTOCOL, 2, claimed)).unwrap();
         drop(stream);
         // Several failover periods: long enough for a node that stopped
         // hearing its peer to declare it dead.

@@ -411,6 +411,17 @@ impl Node {
         }
     }
 
+    /// Part of a snapshot from `from` arrived (entries, or deltas made while
+    /// it is sent): the snapshot asked for is on its way, so it is not
+    /// asked for again until it stalls for the retry period. A large table
+    /// takes longer than that to arrive.
+    pub fn snapshot_progress(&mut self, now_ms: u64, from: usize) {
+        self.advance(now_ms);
+        if self.following() == Some(from) && self.snapshot_requested_ms.is_some() {
+            self.snapshot_requested_ms = Some(now_ms);
+        }
+    }
+
     /// The stream from `from` broke (a gap, a closed connection). The table
     /// stays complete as of its last version, and a new snapshot is asked for.
     pub fn replica_broken(&mut self, now_ms: u64, from: usize) {

@@ -628,6 +628,33 @@ fn a_standby_asks_for_a_snapshot_again_when_its_stream_breaks() {
 }
 
 #[test]
+fn a_snapshot_that_keeps_arriving_is_not_asked_for_again() {
+    let mut node = Node::new(config(1, 2), 0, 1, 0);
+    node.receive(0, 0, hb(active(1, 16)));
+    assert!(others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: Message::SnapshotRequest }));
+    // Parts keep coming for three retry periods: no second request.
+    let mut now_ms = 0;
+    let mut sequence = 1;
+    while now_ms < 6 * FAILOVER_MS {
+        now_ms += HEARTBEAT_MS;
+        sequence += 1;
+        node.snapshot_progress(now_ms, 0);
+        node.receive(now_ms, 0, hb(active(sequence, 16)));
+        assert!(!others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: Message::SnapshotRequest }));
+    }
+    // Then it stalls: asked again one retry period after the last part.
+    let last_part_ms = now_ms;
+    while now_ms < last_part_ms + 2 * FAILOVER_MS - HEARTBEAT_MS {
+        now_ms += HEARTBEAT_MS;
+        sequence += 1;
+        node.receive(now_ms, 0, hb(active(sequence, 16)));
+        assert!(others(&drain(&mut node)).is_empty());
+    }
+    node.receive(last_part_ms + 2 * FAILOVER_MS, 0, hb(active(sequence + 1, 16)));
+    assert!(others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: Message::SnapshotRequest }));
+}
+
+#[test]
 fn an_active_whose_sequences_run_out_moves_to_a_new_epoch() {
     let (mut node, epoch) = active_alone(2, 3);
     node.epoch_exhausted(FAILOVER_MS + 1);

@@ -64,7 +64,9 @@ use crate::cluster::{Heartbeat, Message, PeerRole, TableVersion};
 use crate::epoch::NODES_MAX;
 
 /// The peer protocol version a node speaks; a Hello with another is refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version 2: a snapshot is sent in slices, with the deltas made meanwhile
+/// between them (version 1 sent it whole, with no delta inside).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Longest frame, in bytes after the 4-byte length prefix.
 pub const FRAME_LEN_MAX: usize = 1 << 20;
@@ -169,16 +171,20 @@ pub enum Frame {
     Hello(Hello),
     /// A control message of the cluster protocol.
     Message(Message),
-    /// A snapshot of `table` follows.
+    /// A snapshot starts at `table`. Chunks follow, and between them the
+    /// deltas made meanwhile, numbered on from `table`'s version, in the
+    /// order the active made both.
     SnapshotBegin {
-        /// The stream and version the snapshot is of.
+        /// The stream and version the snapshot starts at.
         table: TableVersion,
     },
-    /// Some entries of the snapshot under way.
+    /// Some entries of the snapshot under way, each the key's state when
+    /// the chunk was sent: it replaces what the receiver has for the key.
     SnapshotChunk(Vec<SnapshotEntry>),
-    /// The snapshot of `table` is complete.
+    /// The snapshot is complete, and with the deltas received since its
+    /// begin the table is at `table`.
     SnapshotEnd {
-        /// As in [`Frame::SnapshotBegin`].
+        /// The stream and version the table is at.
         table: TableVersion,
     },
     /// Deltas of the active's stream, numbered `first_version`,
@@ -924,8 +930,8 @@ mod tests {
         assert_eq!(decode(&bytes), Err(WireError::BadMagic(*b"XLKP")));
 
         let mut bytes = encoded(&hello());
-        bytes[PAYLOAD_AT + 4..PAYLOAD_AT + 8].copy_from_slice(&2u32.to_le_bytes());
-        assert_eq!(decode(&bytes), Err(WireError::BadVersion(2)));
+        bytes[PAYLOAD_AT + 4..PAYLOAD_AT + 8].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(decode(&bytes), Err(WireError::BadVersion(1)), "version 1 sends snapshots whole");
     }
 
     #[test]
@@ -1101,7 +1107,7 @@ mod tests {
             WireError::FrameTooLong { len: 5_000_000 }.to_string(),
             "frame of 5000000 bytes announced; the limit is 1048576"
         );
-        assert_eq!(WireError::BadVersion(2).to_string(), "peer speaks protocol version 2; this node speaks 1");
+        assert_eq!(WireError::BadVersion(1).to_string(), "peer speaks protocol version 1; this node speaks 2");
         assert_eq!(
             WireError::BadMagic(*b"GET ").to_string(),
             "hello starts with [47, 45, 54, 20], not [52, 4c, 4b, 50]: not a ringlock peer"

@@ -39,10 +39,27 @@ const EXIT_FLUSH: Duration = Duration::from_millis(500);
 /// How long to wait before trying again to persist an epoch that failed.
 const PERSIST_RETRY_MS: u64 = 100;
 
+/// Table entries (deltas, snapshot entries) a turn takes in from the peers,
+/// and again from the shards, before it goes on to heartbeats and sending:
+/// a backlog is worked off over several turns, so that it never holds the
+/// heartbeats back for long (at a few hundred ns an entry, some 20 ms).
+const ENTRIES_PER_TURN_MAX: usize = 65_536;
+
+/// Snapshot entries sent to one standby per turn: a slice of a few
+/// milliseconds' work, so that heartbeats and deltas keep flowing.
+const SNAPSHOT_SLICE_ENTRIES: usize = 32_768;
+
+/// A standby's snapshot gets its next slice only while fewer bytes than this
+/// wait in its outbox: the snapshot goes at the pace the standby reads.
+const SNAPSHOT_OUTBOX_BYTES_MAX: usize = 8 << 20;
+
 /// A stream of deltas to one standby, valid while its connection lasts.
 #[derive(Clone, Copy, Debug)]
 struct Stream {
     connection: u64,
+    /// While its snapshot is being sent: the mirror slot the next slice
+    /// starts at.
+    snapshot_next_slot: Option<usize>,
 }
 
 /// The stream this node applies as a standby.
@@ -79,6 +96,10 @@ pub struct ReplicationCore {
     /// already, so that each delta moves into the mirror without a copy.
     batch: Vec<u8>,
     streams: Vec<Option<Stream>>,
+    /// The last turn left events or reports for the next one.
+    backlog: bool,
+    /// The most grants a mirror is sized for.
+    grants_max: usize,
     replica: Option<Replica>,
     incoming: Option<Incoming>,
     /// Cores that still owe a [`Report::Held`] after a hold.
@@ -98,6 +119,7 @@ impl ReplicationCore {
         store: EpochStore,
         reports: Receiver<Report>,
         links: PeerLinks,
+        grants_max: usize,
     ) -> ReplicationCore {
         let PeerLinks { events, outboxes, hello } = links;
         let nodes = peers.len();
@@ -111,7 +133,9 @@ impl ReplicationCore {
             events,
             outboxes,
             hello,
-            mirror: Mirror::new(),
+            mirror: Mirror::with_capacity(grants_max),
+            backlog: false,
+            grants_max,
             serving: None,
             cores_active: false,
             batch: Vec::with_capacity(BATCH_BYTES_INITIAL),
@@ -134,22 +158,43 @@ impl ReplicationCore {
                 self.flush_outboxes().await;
                 return reason;
             }
-            glommio::timer::sleep(Duration::from_millis(TURN_MS)).await;
+            if self.backlog {
+                // Let the peer tasks move bytes, then go on at once.
+                futures_lite::future::yield_now().await;
+            } else {
+                glommio::timer::sleep(Duration::from_millis(TURN_MS)).await;
+            }
         }
     }
 
     /// One turn; `Some` once the node has exited.
     fn turn(&mut self, now_ms: u64) -> Option<ExitReason> {
-        loop {
+        self.backlog = false;
+        let mut entries = 0;
+        while entries < ENTRIES_PER_TURN_MAX {
             let event = self.events.borrow_mut().pop_front();
             let Some(event) = event else { break };
+            entries += match &event {
+                PeerEvent::Frame { frame: Frame::Deltas { deltas, .. }, .. } => deltas.len(),
+                PeerEvent::Frame { frame: Frame::SnapshotChunk(chunk), .. } => chunk.len(),
+                _ => 1,
+            };
             self.peer_event(now_ms, event);
         }
-        while let Ok(report) = self.reports.try_recv() {
+        self.backlog |= !self.events.borrow().is_empty();
+        let mut entries = 0;
+        while entries < ENTRIES_PER_TURN_MAX {
+            let Ok(report) = self.reports.try_recv() else { break };
+            entries += match &report {
+                Report::Deltas(deltas) => deltas.len(),
+                Report::Held { .. } => 1,
+            };
             self.report(now_ms, report);
         }
+        self.backlog |= !self.reports.is_empty();
         self.check_streams();
         self.send_batch(now_ms);
+        self.send_snapshot_slices(now_ms);
         if self.shared.authority.take_exhausted() {
             self.node.epoch_exhausted(now_ms);
         }
@@ -325,38 +370,68 @@ impl ReplicationCore {
         self.outboxes[to].borrow_mut().push(&bytes);
     }
 
-    /// A full copy of the table at its current version, then the stream.
+    /// Starts a snapshot for `to`: from here on the standby gets the deltas,
+    /// and between them, a slice per turn, the table's current entries
+    /// (see [`ReplicationCore::send_snapshot_slices`]).
     fn send_snapshot(&mut self, now_ms: u64, to: usize) {
         let Some(_) = self.serving else { return };
+        // Every delta so far goes to the standbys that stream already, not
+        // to this one, whose snapshot starts after them.
         self.send_batch(now_ms);
         let Some(serving) = self.serving else { return };
         let Some(connection) = self.outboxes[to].borrow().connection() else { return };
-        if self.streams[to].is_some_and(|stream| stream.connection == connection)
-            && !self.outboxes[to].borrow().is_flushed()
+        if let Some(stream) = self.streams[to]
+            && stream.connection == connection
+            && (stream.snapshot_next_slot.is_some() || !self.outboxes[to].borrow().is_flushed())
         {
             // The snapshot sent on this connection is still on its way.
             return;
         }
         let mut bytes = Vec::new();
         wire::encode(&Frame::SnapshotBegin { table: serving }, &mut bytes);
-        let mut chunk: Vec<SnapshotEntry> = Vec::with_capacity(ENTRIES_PER_FRAME_MAX);
-        let mut count = 0usize;
-        for entry in self.mirror.entries(now_ms) {
-            chunk.push(entry);
-            if chunk.len() == ENTRIES_PER_FRAME_MAX {
-                wire::encode_snapshot_chunk(&chunk, &mut bytes);
-                count += chunk.len();
-                chunk.clear();
-            }
-        }
-        if !chunk.is_empty() {
-            wire::encode_snapshot_chunk(&chunk, &mut bytes);
-            count += chunk.len();
-        }
-        wire::encode(&Frame::SnapshotEnd { table: serving }, &mut bytes);
         if self.outboxes[to].borrow_mut().push(&bytes) {
-            tracing::info!(peer = to, grants = count, version = serving.version, "snapshot sent");
-            self.streams[to] = Some(Stream { connection });
+            tracing::info!(peer = to, grants = self.mirror.len(), version = serving.version, "snapshot started");
+            self.streams[to] = Some(Stream { connection, snapshot_next_slot: Some(0) });
+        }
+    }
+
+    /// Sends the next slice of every snapshot under way, and the end of
+    /// those that are through the table.
+    ///
+    /// A slice holds each key's state as of now, after every delta already
+    /// sent, and the deltas made later follow it: the standby applies both
+    /// in that order, and a key changed or dropped while the walk goes on
+    /// ends up as on the active. Keys added behind the walk come as deltas.
+    fn send_snapshot_slices(&mut self, now_ms: u64) {
+        // The slices must not show a change before its delta is sent.
+        self.send_batch(now_ms);
+        let Some(serving) = self.serving else { return };
+        let mut entries: Vec<SnapshotEntry> = Vec::new();
+        let mut bytes = Vec::new();
+        for to in 0..self.streams.len() {
+            let Some(Stream { connection, snapshot_next_slot: Some(first_slot) }) = self.streams[to] else {
+                continue;
+            };
+            if self.outboxes[to].borrow().queued_bytes() > SNAPSHOT_OUTBOX_BYTES_MAX {
+                continue;
+            }
+            entries.clear();
+            bytes.clear();
+            let next_slot = self.mirror.entries_from(first_slot, now_ms, SNAPSHOT_SLICE_ENTRIES, &mut entries);
+            for chunk in entries.chunks(ENTRIES_PER_FRAME_MAX) {
+                wire::encode_snapshot_chunk(chunk, &mut bytes);
+            }
+            if next_slot.is_none() {
+                wire::encode(&Frame::SnapshotEnd { table: serving }, &mut bytes);
+            }
+            if !self.outboxes[to].borrow_mut().push(&bytes) {
+                self.streams[to] = None;
+                continue;
+            }
+            self.streams[to] = Some(Stream { connection, snapshot_next_slot: next_slot });
+            if next_slot.is_none() {
+                tracing::info!(peer = to, grants = self.mirror.len(), version = serving.version, "snapshot sent");
+            }
         }
     }
 
@@ -398,7 +473,13 @@ impl ReplicationCore {
             Frame::Message(message) => self.node.receive(now_ms, from, message),
             Frame::SnapshotBegin { table } => {
                 if self.serving.is_none() {
-                    self.incoming = Some(Incoming { from, connection, table, mirror: Mirror::new() });
+                    // The deltas on this connection belong to the new
+                    // snapshot from here on.
+                    if self.replica.is_some_and(|replica| replica.from == from && replica.connection == connection) {
+                        self.replica = None;
+                    }
+                    let mirror = Mirror::with_capacity(self.grants_max);
+                    self.incoming = Some(Incoming { from, connection, table, mirror });
                 }
             }
             Frame::SnapshotChunk(entries) => {
@@ -409,6 +490,7 @@ impl ReplicationCore {
                     for entry in entries {
                         incoming.mirror.insert(now_ms, entry);
                     }
+                    self.node.snapshot_progress(now_ms, from);
                 }
             }
             Frame::SnapshotEnd { table } => {
@@ -425,6 +507,29 @@ impl ReplicationCore {
                 self.node.snapshot_applied(now_ms, from, table, self.mirror.token_epoch_max());
             }
             Frame::Deltas { stream, first_version, deltas } => {
+                if let Some(incoming) = &mut self.incoming
+                    && incoming.from == from
+                    && incoming.connection == connection
+                {
+                    // Deltas made while the snapshot is sent, between its slices.
+                    let in_order = incoming.table.stream == stream && first_version == incoming.table.version + 1;
+                    incoming.table.version += deltas.len() as u64;
+                    let applied = in_order
+                        && deltas.into_iter().try_for_each(|delta| incoming.mirror.apply(now_ms, delta)).is_ok();
+                    if applied {
+                        self.node.snapshot_progress(now_ms, from);
+                    } else {
+                        tracing::warn!(
+                            peer = from,
+                            stream,
+                            first_version,
+                            "snapshot stream out of order; asking again"
+                        );
+                        self.incoming = None;
+                        self.node.replica_broken(now_ms, from);
+                    }
+                    return;
+                }
                 let Some(replica) = &mut self.replica else { return };
                 if replica.from != from || replica.connection != connection {
                     return;

@@ -9,16 +9,15 @@
 //! standby ends at most one replication lag later than on the active: late,
 //! never early, which is the safe side for mutual exclusion.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
-
+use hashbrown::HashTable;
 use ringlock_shards::{Delta, Key, shard_of, token_epoch};
 
 use crate::cluster::wire::SnapshotEntry;
 
 /// One held grant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Grant {
+    key: Key,
     token: u64,
     lease_end_ms: u64,
 }
@@ -38,28 +37,91 @@ impl std::fmt::Display for OutOfOrder {
 }
 
 /// The replicated table of one node.
+///
+/// Grants live in numbered slots, found by key through an index. A slot
+/// keeps its number for as long as its grant lives, and a freed slot is
+/// reused, so a walk over the slot numbers that spans many turns (a
+/// snapshot sent in slices) meets every grant that lives throughout it.
 #[derive(Debug)]
 pub struct Mirror {
-    grants: HashMap<Key, Grant, ahash::RandomState>,
+    slots: Vec<Option<Grant>>,
+    free: Vec<u32>,
+    /// Slot numbers, by the hash of their key.
+    index: HashTable<u32>,
+    hasher: ahash::RandomState,
     /// The highest epoch of any token applied, for the cluster logic.
     token_epoch_max: u64,
 }
 
 impl Mirror {
+    #[cfg(test)]
     pub fn new() -> Mirror {
+        Mirror::with_capacity(0)
+    }
+
+    /// A mirror that holds up to `grants_max` grants without growing. Growing
+    /// rehashes every grant at once, which at millions of them stops the
+    /// replication core (heartbeats included) for longer than a failover
+    /// timeout; sized at start it costs the index's control bytes (one per
+    /// bucket, about 2 bytes per grant) and address space for the rest.
+    pub fn with_capacity(grants_max: usize) -> Mirror {
         // Keys come from clients: a seeded hash keeps them from aiming at one bucket.
         let seed = crate::server::random_seed();
         let hasher = ahash::RandomState::with_seeds(seed, seed.rotate_left(17), seed ^ 0x9e37_79b9, 0x5bd1_e995);
-        Mirror { grants: HashMap::with_hasher(hasher), token_epoch_max: 0 }
+        Mirror {
+            slots: Vec::with_capacity(grants_max),
+            free: Vec::new(),
+            index: HashTable::with_capacity(grants_max),
+            hasher,
+            token_epoch_max: 0,
+        }
     }
 
     /// Held grants.
     pub fn len(&self) -> usize {
-        self.grants.len()
+        self.index.len()
     }
 
     pub fn token_epoch_max(&self) -> u64 {
         self.token_epoch_max
+    }
+
+    /// The slot holding `key`, if any.
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        let slots = &self.slots;
+        let hash = self.hasher.hash_one(key);
+        self.index
+            .find(hash, |&slot| slots[slot as usize].as_ref().is_some_and(|grant| grant.key.as_bytes() == key))
+            .copied()
+    }
+
+    /// Stores a grant for a key that has none.
+    fn add(&mut self, grant: Grant) {
+        let hash = self.hasher.hash_one(grant.key.as_bytes());
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(grant);
+                slot
+            }
+            None => {
+                self.slots.push(Some(grant));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index.insert_unique(hash, slot, |&other| {
+            hasher.hash_one(slots[other as usize].as_ref().map_or(&[][..], |grant| grant.key.as_bytes()))
+        });
+    }
+
+    /// Frees `slot` and its index entry.
+    fn remove(&mut self, slot: u32) {
+        let Some(grant) = self.slots[slot as usize].take() else { return };
+        let hash = self.hasher.hash_one(grant.key.as_bytes());
+        if let Ok(entry) = self.index.find_entry(hash, |&other| other == slot) {
+            entry.remove();
+        }
+        self.free.push(slot);
     }
 
     /// Applies one change made by the active's shards. A grant whose token
@@ -69,56 +131,94 @@ impl Mirror {
     pub fn apply(&mut self, now_ms: u64, delta: Delta) -> Result<(), OutOfOrder> {
         match delta {
             Delta::Grant { key, token, lease_ms } => {
-                self.token_epoch_max = self.token_epoch_max.max(token_epoch(token));
-                let grant = Grant { token, lease_end_ms: now_ms.saturating_add(lease_ms) };
-                match self.grants.entry(key) {
-                    Entry::Occupied(mut held) => {
-                        let previous = held.get().token;
-                        if token <= previous {
-                            return Err(OutOfOrder { key: held.key().clone(), token, previous });
+                let lease_end_ms = now_ms.saturating_add(lease_ms);
+                match self.find(key.as_bytes()) {
+                    Some(slot) => {
+                        let held = self.slots[slot as usize].as_mut().expect("an indexed slot holds a grant");
+                        if token <= held.token {
+                            return Err(OutOfOrder { key, token, previous: held.token });
                         }
-                        held.insert(grant);
+                        held.token = token;
+                        held.lease_end_ms = lease_end_ms;
                     }
-                    Entry::Vacant(free) => {
-                        free.insert(grant);
-                    }
+                    None => self.add(Grant { key, token, lease_end_ms }),
                 }
+                self.token_epoch_max = self.token_epoch_max.max(token_epoch(token));
             }
             Delta::Extend { key, token, lease_ms } => {
-                if let Some(grant) = self.grants.get_mut(&key)
+                if let Some(slot) = self.find(key.as_bytes())
+                    && let Some(grant) = self.slots[slot as usize].as_mut()
                     && grant.token == token
                 {
                     grant.lease_end_ms = now_ms.saturating_add(lease_ms);
                 }
             }
             Delta::Release { key, token } | Delta::Expire { key, token } => {
-                if self.grants.get(&key).is_some_and(|grant| grant.token == token) {
-                    self.grants.remove(&key);
+                if let Some(slot) = self.find(key.as_bytes())
+                    && self.slots[slot as usize].as_ref().is_some_and(|grant| grant.token == token)
+                {
+                    self.remove(slot);
                 }
             }
         }
         Ok(())
     }
 
-    /// Installs one entry of a snapshot.
+    /// Installs one entry of a snapshot, in place of what the key had: a
+    /// snapshot entry is the key's state when it was sent, which is newer
+    /// than anything received before it.
     pub fn insert(&mut self, now_ms: u64, entry: SnapshotEntry) {
         self.token_epoch_max = self.token_epoch_max.max(token_epoch(entry.token));
-        let grant = Grant { token: entry.token, lease_end_ms: now_ms.saturating_add(entry.lease_left_ms) };
-        self.grants.insert(entry.key, grant);
+        let lease_end_ms = now_ms.saturating_add(entry.lease_left_ms);
+        match self.find(entry.key.as_bytes()) {
+            Some(slot) => {
+                let held = self.slots[slot as usize].as_mut().expect("an indexed slot holds a grant");
+                held.token = entry.token;
+                held.lease_end_ms = lease_end_ms;
+            }
+            None => self.add(Grant { key: entry.key, token: entry.token, lease_end_ms }),
+        }
     }
 
     /// Drops the grants whose lease ran out by `now_ms`: the active's expiry
     /// deltas normally remove them, but a standby that becomes active, or a
     /// snapshot, must not carry a lease that is already over.
     pub fn drop_expired(&mut self, now_ms: u64) {
-        self.grants.retain(|_, grant| grant.lease_end_ms > now_ms);
+        for slot in 0..self.slots.len() as u32 {
+            if self.slots[slot as usize].as_ref().is_some_and(|grant| grant.lease_end_ms <= now_ms) {
+                self.remove(slot);
+            }
+        }
     }
 
     /// The live grants as snapshot entries with the lease left at `now_ms`.
     pub fn entries(&self, now_ms: u64) -> impl Iterator<Item = SnapshotEntry> + '_ {
-        self.grants.iter().filter(move |(_, grant)| grant.lease_end_ms > now_ms).map(move |(key, grant)| {
-            SnapshotEntry { key: key.clone(), token: grant.token, lease_left_ms: grant.lease_end_ms - now_ms }
-        })
+        self.slots.iter().flatten().filter_map(move |grant| entry_of(grant, now_ms))
+    }
+
+    /// One slice of a walk over the table: the live grants of the slots from
+    /// `first_slot` on, at most `count_max` of them, appended to `out`.
+    /// Returns the slot to go on from, or `None` once the walk is past the
+    /// last slot.
+    pub fn entries_from(
+        &self,
+        first_slot: usize,
+        now_ms: u64,
+        count_max: usize,
+        out: &mut Vec<SnapshotEntry>,
+    ) -> Option<usize> {
+        let end = out.len() + count_max;
+        let mut slot = first_slot;
+        while slot < self.slots.len() {
+            if out.len() >= end {
+                return Some(slot);
+            }
+            if let Some(entry) = self.slots[slot].as_ref().and_then(|grant| entry_of(grant, now_ms)) {
+                out.push(entry);
+            }
+            slot += 1;
+        }
+        None
     }
 
     /// The live grants split by the shard core that owns each key, as
@@ -130,6 +230,15 @@ impl Mirror {
         }
         lists
     }
+}
+
+/// A grant as a snapshot entry, if its lease has not run out by `now_ms`.
+fn entry_of(grant: &Grant, now_ms: u64) -> Option<SnapshotEntry> {
+    (grant.lease_end_ms > now_ms).then(|| SnapshotEntry {
+        key: grant.key.clone(),
+        token: grant.token,
+        lease_left_ms: grant.lease_end_ms - now_ms,
+    })
 }
 
 #[cfg(test)]
@@ -191,5 +300,89 @@ mod tests {
         }
         let entries: Vec<SnapshotEntry> = mirror.entries(300).collect();
         assert_eq!(entries, vec![SnapshotEntry { key: key("a"), token: 7, lease_left_ms: 800 }]);
+    }
+
+    /// Every live grant of `mirror`, sorted, as (key, token, lease end).
+    fn contents(mirror: &Mirror, now_ms: u64) -> Vec<(Vec<u8>, u64, u64)> {
+        let mut all: Vec<_> =
+            mirror.entries(now_ms).map(|e| (e.key.as_bytes().to_vec(), e.token, now_ms + e.lease_left_ms)).collect();
+        all.sort();
+        all
+    }
+
+    proptest::proptest! {
+        /// A snapshot sent in slices while the table keeps changing, with
+        /// the deltas in between, gives the standby the active's table.
+        #[test]
+        fn a_snapshot_sent_in_slices_between_deltas_ends_as_the_active_table(
+            before in proptest::collection::vec((0u8..40, 0u8..4), 0..200),
+            during in proptest::collection::vec((0u8..40, 0u8..4), 0..400),
+            slice in 1usize..20,
+        ) {
+            let mut active = Mirror::new();
+            let mut next_token = 1u64;
+            let mut change = |mirror: &mut Mirror, key_index: u8, kind: u8| -> Option<Delta> {
+                let key = key(&format!("k{key_index}"));
+                let held = mirror.find(key.as_bytes()).and_then(|slot| mirror.slots[slot as usize].clone());
+                let delta = match (kind, held) {
+                    (0 | 1, None) | (0, Some(_)) => {
+                        next_token += 1;
+                        Delta::Grant { key, token: next_token, lease_ms: 10_000 + u64::from(key_index) }
+                    }
+                    (1, Some(grant)) => Delta::Extend { key, token: grant.token, lease_ms: 20_000 },
+                    (2, Some(grant)) => Delta::Release { key, token: grant.token },
+                    (3, Some(grant)) => Delta::Expire { key, token: grant.token },
+                    _ => return None,
+                };
+                mirror.apply(0, delta.clone()).expect("the active's own deltas are in order");
+                Some(delta)
+            };
+            for (key_index, kind) in before {
+                change(&mut active, key_index, kind);
+            }
+            // The standby: a fresh mirror fed the slices and deltas in the
+            // order the active sends them.
+            let mut standby = Mirror::new();
+            let mut next_slot = Some(0);
+            let mut during = during.into_iter();
+            while let Some(first_slot) = next_slot {
+                let mut entries = Vec::new();
+                next_slot = active.entries_from(first_slot, 0, slice, &mut entries);
+                for entry in entries {
+                    standby.insert(0, entry);
+                }
+                for (key_index, kind) in during.by_ref().take(3) {
+                    if let Some(delta) = change(&mut active, key_index, kind) {
+                        standby.apply(0, delta).expect("deltas after a slice are in order for the standby");
+                    }
+                }
+            }
+            for (key_index, kind) in during {
+                if let Some(delta) = change(&mut active, key_index, kind) {
+                    standby.apply(0, delta).expect("in order");
+                }
+            }
+            proptest::prop_assert_eq!(contents(&standby, 0), contents(&active, 0));
+        }
+    }
+
+    #[test]
+    fn freed_slots_are_reused_and_a_walk_sees_each_live_grant_once() {
+        let mut mirror = Mirror::new();
+        for token in 1..=10 {
+            mirror.apply(0, Delta::Grant { key: key(&format!("k{token}")), token, lease_ms: 100 }).expect("in order");
+        }
+        mirror.apply(0, Delta::Release { key: key("k3"), token: 3 }).expect("in order");
+        mirror.apply(0, Delta::Grant { key: key("k11"), token: 11, lease_ms: 100 }).expect("in order");
+        assert_eq!(mirror.slots.len(), 10, "k11 took k3's slot");
+        let mut seen = Vec::new();
+        let mut next = Some(0);
+        while let Some(first) = next {
+            next = mirror.entries_from(first, 0, 3, &mut seen);
+        }
+        let mut tokens: Vec<u64> = seen.iter().map(|entry| entry.token).collect();
+        tokens.sort_unstable();
+        assert_eq!(tokens, vec![1, 2, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(mirror.len(), 10);
     }
 }

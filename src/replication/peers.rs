@@ -95,6 +95,11 @@ impl Outbox {
         true
     }
 
+    /// Bytes queued and not yet taken by the writer.
+    pub fn queued_bytes(&self) -> usize {
+        self.buffer.len()
+    }
+
     /// Nothing is left to send.
     pub fn is_flushed(&self) -> bool {
         !self.connected || (self.buffer.is_empty() && !self.writing)
