@@ -719,7 +719,7 @@ impl Shard {
     #[inline]
     fn find_hashed(&self, hash: u64, key: &[u8]) -> Option<u32> {
         let locks = &self.locks;
-        self.index.find(hash, |&slot| locks[slot as usize].key.as_bytes() == key).copied()
+        self.index.find(hash, |&slot| locks[slot as usize].key.is(key)).copied()
     }
 
     fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
