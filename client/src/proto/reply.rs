@@ -381,11 +381,12 @@ fn is_valid_json_field(json: &[u8]) -> bool {
 /// encode_reply(&Reply::Moved { op: Op::Acquire, key: b"k", active: None }, &mut out);
 /// assert_eq!(out, b"A k 7\nE R k not-holder\nM A k -\n");
 /// ```
-#[inline]
+#[inline(always)]
 pub fn encode_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
     // The answers to lock requests are most of what a server writes: with a
     // short key they go through one fixed-size line on the stack. This part
-    // is inlined, so a caller that builds the reply in place skips the match.
+    // is inlined, so a caller that builds the reply in place (the server's
+    // `ShardReply::to_wire`) has the match folded into its own.
     match *reply {
         Reply::Acquired { key, token } if key.len() <= SHORT_KEY_LEN_MAX => {
             encode_short_lock_reply(b'A', key, Some(token), out)
@@ -457,7 +458,9 @@ fn copy_short<const N: usize>(src: &[u8], dst: &mut [u8; N]) {
     }
 }
 
-/// [`encode_reply`] for any reply, field by field.
+/// [`encode_reply`] for any reply, field by field. Never inlined, so that
+/// `encode_reply` stays small where it is inlined.
+#[inline(never)]
 fn encode_any_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
     // Besides the key, address and JSON, a reply is at most a kind, an op,
     // a role or code, a 20-digit number and separators: well under 64 bytes.
