@@ -434,28 +434,31 @@ fn encode_short_lock_reply(kind: u8, key: &[u8], token: Option<u64>, out: &mut V
     out.truncate(end);
 }
 
-/// Copies `src`, at most `N` bytes, to the start of `dst` with at most two
-/// copies of a fixed size, which may overlap: a copy of a length known only
-/// at run time would call `memcpy`, which costs more than the key is long.
+/// Copies `src`, at most `N` bytes, to the start of `dst` with two copies
+/// of a fixed size (see `copy_ends`): a copy of a length known only at run
+/// time would call `memcpy`, which costs more than the key is long.
 #[inline(always)]
 fn copy_short<const N: usize>(src: &[u8], dst: &mut [u8; N]) {
-    let len = src.len();
-    debug_assert!(len <= N);
-    if len >= 16 {
-        dst[..16].copy_from_slice(&src[..16]);
-        dst[len - 16..len].copy_from_slice(&src[len - 16..]);
-    } else if len >= 8 {
-        dst[..8].copy_from_slice(&src[..8]);
-        dst[len - 8..len].copy_from_slice(&src[len - 8..]);
-    } else if len >= 4 {
-        dst[..4].copy_from_slice(&src[..4]);
-        dst[len - 4..len].copy_from_slice(&src[len - 4..]);
-    } else if len > 0 {
-        // One to three bytes: the first, the middle and the last cover them.
-        dst[0] = src[0];
-        dst[len / 2] = src[len / 2];
-        dst[len - 1] = src[len - 1];
+    debug_assert!(src.len() <= N && N <= 32);
+    match src.len() {
+        16.. => copy_ends::<16>(src, dst),
+        8.. => copy_ends::<8>(src, dst),
+        4.. => copy_ends::<4>(src, dst),
+        2.. => copy_ends::<2>(src, dst),
+        1 => copy_ends::<1>(src, dst),
+        0 => {}
     }
+}
+
+/// Copies `src`, of `N` to `2 * N` bytes, to the start of `dst` as its first
+/// `N` bytes and its last `N` bytes: two moves of a size known when compiling
+/// (a register or two each), which overlap when `src` is shorter than `2 * N`.
+#[inline(always)]
+fn copy_ends<const N: usize>(src: &[u8], dst: &mut [u8]) {
+    let len = src.len();
+    debug_assert!((N..=2 * N).contains(&len));
+    dst[..N].copy_from_slice(&src[..N]);
+    dst[len - N..len].copy_from_slice(&src[len - N..]);
 }
 
 /// [`encode_reply`] for any reply, field by field. Never inlined, so that
