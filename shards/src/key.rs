@@ -25,13 +25,48 @@ pub enum Key {
 
 impl Key {
     /// Copies `bytes` into a key.
+    #[inline]
     pub fn new(bytes: &[u8]) -> Key {
-        if bytes.len() <= KEY_INLINE_LEN_MAX {
-            let mut inline = [0u8; KEY_INLINE_LEN_MAX];
-            inline[..bytes.len()].copy_from_slice(bytes);
-            Key::Inline { len: bytes.len() as u8, bytes: inline }
-        } else {
-            Key::Heap(bytes.into())
+        let len = bytes.len();
+        if len > KEY_INLINE_LEN_MAX {
+            return Key::Heap(bytes.into());
+        }
+        // A key is copied a few times per request (into the table and into
+        // each reply), so a short one is copied by two moves of a fixed size
+        // (see `copy_ends`) rather than by a call to `memcpy` for `len`
+        // bytes. The bytes after the key stay zero, as equality needs.
+        let mut inline = [0u8; KEY_INLINE_LEN_MAX];
+        match len {
+            16.. => copy_ends::<16>(bytes, &mut inline),
+            8.. => copy_ends::<8>(bytes, &mut inline),
+            4.. => copy_ends::<4>(bytes, &mut inline),
+            2.. => copy_ends::<2>(bytes, &mut inline),
+            1 => copy_ends::<1>(bytes, &mut inline),
+            0 => {}
+        }
+        Key::Inline { len: len as u8, bytes: inline }
+    }
+
+    /// Whether the key's bytes are `bytes`. The table compares a key on
+    /// every lookup, so a short one is compared by two words of a fixed size
+    /// (see `copy_ends`) rather than by a call to `memcmp`.
+    #[inline]
+    pub fn is(&self, bytes: &[u8]) -> bool {
+        let Key::Inline { len, bytes: inline } = self else {
+            return self.as_bytes() == bytes;
+        };
+        let len = usize::from(*len);
+        if bytes.len() != len {
+            return false;
+        }
+        let stored = &inline[..len];
+        match len {
+            16.. => ends_equal::<16>(stored, bytes),
+            8.. => ends_equal::<8>(stored, bytes),
+            4.. => ends_equal::<4>(stored, bytes),
+            2.. => ends_equal::<2>(stored, bytes),
+            1 => ends_equal::<1>(stored, bytes),
+            0 => true,
         }
     }
 
@@ -43,6 +78,25 @@ impl Key {
             Key::Heap(bytes) => bytes,
         }
     }
+}
+
+/// Copies `src`, of `N` to `2 * N` bytes, to the start of `dst` as its first
+/// `N` bytes and its last `N` bytes: two moves of a size known when compiling
+/// (a register or two each), which overlap when `src` is shorter than `2 * N`.
+#[inline(always)]
+fn copy_ends<const N: usize>(src: &[u8], dst: &mut [u8]) {
+    let len = src.len();
+    debug_assert!((N..=2 * N).contains(&len));
+    dst[..N].copy_from_slice(&src[..N]);
+    dst[len - N..len].copy_from_slice(&src[len - N..]);
+}
+
+/// Whether `a` and `b`, of the same length of `N` to `2 * N` bytes, are
+/// equal: their first `N` and their last `N` bytes cover them.
+#[inline(always)]
+fn ends_equal<const N: usize>(a: &[u8], b: &[u8]) -> bool {
+    debug_assert!(a.len() == b.len() && (N..=2 * N).contains(&a.len()));
+    a.first_chunk::<N>() == b.first_chunk::<N>() && a.last_chunk::<N>() == b.last_chunk::<N>()
 }
 
 impl std::hash::Hash for Key {
@@ -73,6 +127,37 @@ mod tests {
         let long = Key::new(&[b'y'; KEY_INLINE_LEN_MAX + 1]);
         assert!(matches!(long, Key::Heap(_)));
         assert_eq!(long.as_bytes(), &[b'y'; KEY_INLINE_LEN_MAX + 1][..]);
+    }
+
+    #[test]
+    fn every_inline_length_copies_exactly_its_bytes() {
+        let source: Vec<u8> = (1..=KEY_INLINE_LEN_MAX as u8 + 1).collect();
+        for len in 0..=KEY_INLINE_LEN_MAX {
+            let key = Key::new(&source[..len]);
+            let mut expected = [0u8; KEY_INLINE_LEN_MAX];
+            expected[..len].copy_from_slice(&source[..len]);
+            assert_eq!(key, Key::Inline { len: len as u8, bytes: expected }, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn a_key_is_exactly_its_bytes() {
+        let source: Vec<u8> = (1..=KEY_INLINE_LEN_MAX as u8 + 2).collect();
+        for len in 0..=KEY_INLINE_LEN_MAX + 2 {
+            let key = Key::new(&source[..len]);
+            assert!(key.is(&source[..len]), "{len} bytes");
+            for other_len in 0..=KEY_INLINE_LEN_MAX + 2 {
+                if other_len != len {
+                    assert!(!key.is(&source[..other_len]), "{len} bytes against {other_len}");
+                }
+            }
+            // A change of any one byte is seen.
+            for at in 0..len {
+                let mut changed = source[..len].to_vec();
+                changed[at] ^= 0x40;
+                assert!(!key.is(&changed), "{len} bytes, byte {at} changed");
+            }
+        }
     }
 
     #[test]

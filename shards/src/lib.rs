@@ -50,19 +50,25 @@ pub use token::{TokenRange, TokenRangeError, TokenSupply, token, token_epoch, to
 /// The shard that owns `key` among `shards` shards. Every part of the server
 /// routes with this one function; the seeds are fixed so that the answer
 /// depends on the key alone.
-#[inline]
+#[inline(always)]
 pub fn shard_of(key: &[u8], shards: usize) -> usize {
+    debug_assert!(shards > 0);
+    if shards == 1 {
+        // One shard owns every key: no need to hash, nor to call anything,
+        // as this runs for every request.
+        return 0;
+    }
+    shard_of_hashed(key, shards)
+}
+
+/// [`shard_of`] among more than one shard.
+fn shard_of_hashed(key: &[u8], shards: usize) -> usize {
     const ROUTING: ahash::RandomState = ahash::RandomState::with_seeds(
         0x243f_6a88_85a3_08d3,
         0x1319_8a2e_0370_7344,
         0xa409_3822_299f_31d0,
         0x082e_fa98_ec4e_6c89,
     );
-    debug_assert!(shards > 0);
-    if shards == 1 {
-        // One shard owns every key: no need to hash.
-        return 0;
-    }
     // Multiply-shift maps the hash onto 0..shards without a division.
     ((u128::from(ROUTING.hash_one(key)) * shards as u128) >> 64) as usize
 }

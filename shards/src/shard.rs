@@ -309,7 +309,7 @@ impl Shard {
             }
             None => {
                 if self.stats.waiters >= u64::from(self.config.waiters_max) {
-                    self.remove_lock(slot);
+                    self.remove_lock_hashed(slot, hash);
                     return self.reply_error(client, Op::Acquire, key, ErrorCode::TooManyWaiters);
                 }
                 self.enqueue(client, slot, lease_ms, wait_ms);
@@ -322,17 +322,24 @@ impl Shard {
     /// the key to the first waiter.
     pub fn release(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64) {
         self.set_now(now_ms);
-        let Some(slot) = self.find_holder(key, token) else {
+        let hash = self.hash(key);
+        let Some(slot) = self.find_holder_hashed(hash, key, token) else {
             return self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
         };
         let lock = &mut self.locks[slot as usize];
         let timer = lock.lease_timer.take().expect("a holder has a lease timer");
+        let nobody_waits = lock.queue_head == NONE;
         self.timers.cancel(timer);
         self.stats.releases += 1;
         self.stats.held_keys -= 1;
         self.delta(|| Delta::Release { key: Key::new(key), token });
         self.reply(client, ShardReply::Released { key: Key::new(key) });
-        self.hand_on(slot, true);
+        if nobody_waits {
+            // What `hand_on` would do, with the key's hash already at hand.
+            self.remove_lock_hashed(slot, hash);
+        } else {
+            self.hand_on(slot, true);
+        }
     }
 
     /// `X key token lease`: if `token` holds `key` now, its lease ends
@@ -712,11 +719,16 @@ impl Shard {
     #[inline]
     fn find_hashed(&self, hash: u64, key: &[u8]) -> Option<u32> {
         let locks = &self.locks;
-        self.index.find(hash, |&slot| locks[slot as usize].key.as_bytes() == key).copied()
+        self.index.find(hash, |&slot| locks[slot as usize].key.is(key)).copied()
     }
 
     fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
-        let slot = self.find(key)?;
+        self.find_holder_hashed(self.hash(key), key, token)
+    }
+
+    #[inline]
+    fn find_holder_hashed(&self, hash: u64, key: &[u8], token: u64) -> Option<u32> {
+        let slot = self.find_hashed(hash, key)?;
         let lock = &self.locks[slot as usize];
         (lock.is_held() && lock.token == token).then_some(slot)
     }
@@ -764,15 +776,21 @@ impl Shard {
     }
 
     fn remove_lock(&mut self, slot: u32) {
+        let hash = self.hasher.hash_one(self.locks[slot as usize].key.as_bytes());
+        self.remove_lock_hashed(slot, hash);
+    }
+
+    /// [`Shard::remove_lock`] for a caller that has hashed the key already.
+    fn remove_lock_hashed(&mut self, slot: u32, hash: u64) {
         let lock = &mut self.locks[slot as usize];
         debug_assert!(!lock.is_held() && lock.queue_len == 0);
+        debug_assert_eq!(hash, self.hasher.hash_one(lock.key.as_bytes()));
         if lock.starved {
             // Only while tokens are missing, so the list is short and this rare.
             lock.starved = false;
             self.starved.retain(|&other| other != slot);
         }
         let lock = &mut self.locks[slot as usize];
-        let hash = self.hasher.hash_one(lock.key.as_bytes());
         // Dropping the key frees a boxed one now, not when the slot is reused.
         lock.key = Key::new(b"");
         lock.token = 0;

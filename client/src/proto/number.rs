@@ -142,12 +142,25 @@ fn eight_digits(digits: u64) -> u64 {
 /// assert_eq!(out, b"1234");
 /// ```
 pub fn write_u64(value: u64, out: &mut Vec<u8>) {
+    let (window, len) = decimal_window(value);
+    // The window is appended as a copy of a fixed size, with no call, then
+    // cut to `len`.
+    let end = out.len() + len;
+    out.extend_from_slice(&window);
+    out.truncate(end);
+}
+
+/// `value` in decimal at the start of a fixed-size window, and how many of
+/// its bytes that takes; the bytes after the number are zeros. Callers copy
+/// the whole window and keep `len` bytes of it, which costs a few moves where
+/// a copy of `len` bytes would call `memcpy`.
+#[inline(always)]
+pub(crate) fn decimal_window(value: u64) -> ([u8; DIGITS_WINDOW], usize) {
     let len = decimal_len(value);
     // The number is written right-aligned to end at `DIGITS_WINDOW`, eight
     // digits per word with no table and no division chain (the quotients by
-    // 10^8 do not depend on each other's digits). The zeros after it let the
-    // number be appended as a copy of a fixed size, with no call, then cut
-    // to `len`.
+    // 10^8 do not depend on each other's digits); the window starts at its
+    // first digit.
     let mut digits = [0u8; 2 * DIGITS_WINDOW];
     digits[16..24].copy_from_slice(&eight_digits_ascii((value % 100_000_000) as u32));
     if value >= 100_000_000 {
@@ -159,14 +172,12 @@ pub fn write_u64(value: u64, out: &mut Vec<u8>) {
         }
     }
     let start = DIGITS_WINDOW - len;
-    let window: &[u8; DIGITS_WINDOW] = digits[start..start + DIGITS_WINDOW].try_into().expect("within the buffer");
-    let end = out.len() + len;
-    out.extend_from_slice(window);
-    out.truncate(end);
+    let window: [u8; DIGITS_WINDOW] = digits[start..start + DIGITS_WINDOW].try_into().expect("within the buffer");
+    (window, len)
 }
 
 /// Three words of eight digits: room for the 20 digits of a `u64`.
-const DIGITS_WINDOW: usize = 24;
+pub(crate) const DIGITS_WINDOW: usize = 24;
 
 /// How many decimal digits `value` has (1 for 0).
 #[inline(always)]

@@ -4,7 +4,7 @@ use std::fmt;
 
 use super::key::{is_valid_address, is_valid_key};
 use super::line::{Decoded, key_field, line_ending_len, split_fields, split_line, token_field};
-use super::number::{parse_u64, write_u64};
+use super::number::{DIGITS_WINDOW, decimal_window, parse_u64, write_u64};
 use super::{ErrorCode, KEY_LEN_MAX, Op, REPLY_LINE_LEN_MAX};
 
 /// The role of a node in its cluster, as a `P` reply reports it.
@@ -381,7 +381,90 @@ fn is_valid_json_field(json: &[u8]) -> bool {
 /// encode_reply(&Reply::Moved { op: Op::Acquire, key: b"k", active: None }, &mut out);
 /// assert_eq!(out, b"A k 7\nE R k not-holder\nM A k -\n");
 /// ```
+#[inline(always)]
 pub fn encode_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
+    // The answers to lock requests are most of what a server writes: with a
+    // short key they go through one fixed-size line on the stack. This part
+    // is inlined, so a caller that builds the reply in place (the server's
+    // `ShardReply::to_wire`) has the match folded into its own.
+    match *reply {
+        Reply::Acquired { key, token } if key.len() <= SHORT_KEY_LEN_MAX => {
+            encode_short_lock_reply(b'A', key, Some(token), out)
+        }
+        Reply::Released { key } if key.len() <= SHORT_KEY_LEN_MAX => encode_short_lock_reply(b'R', key, None, out),
+        Reply::TimedOut { key } if key.len() <= SHORT_KEY_LEN_MAX => encode_short_lock_reply(b'T', key, None, out),
+        Reply::Extended { key, token } if key.len() <= SHORT_KEY_LEN_MAX => {
+            encode_short_lock_reply(b'X', key, Some(token), out)
+        }
+        _ => encode_any_reply(reply, out),
+    }
+}
+
+/// Keys up to this long take the fixed-size path of [`encode_reply`].
+const SHORT_KEY_LEN_MAX: usize = 32;
+
+/// Room for `<kind> <key> <token>\n` with a short key: the kind and a space,
+/// the key, a space, and the token's whole digit window (a token has at most
+/// 20 digits, so the newline fits in the window).
+const SHORT_LINE_LEN: usize = 2 + SHORT_KEY_LEN_MAX + 1 + DIGITS_WINDOW;
+
+/// Appends `<kind> <key>\n`, or `<kind> <key> <token>\n`, for a key of at
+/// most [`SHORT_KEY_LEN_MAX`] bytes. The line is built in a buffer of fixed
+/// size, which is then appended whole and cut to the line's length: every
+/// copy has a size known when compiling (a few moves each), where appending
+/// field by field checks the capacity each time and calls `memcpy` for the key.
+fn encode_short_lock_reply(kind: u8, key: &[u8], token: Option<u64>, out: &mut Vec<u8>) {
+    debug_assert!(is_valid_key(key), "encode_reply with an invalid key {key:?}");
+    let mut line = [0u8; SHORT_LINE_LEN];
+    line[0] = kind;
+    line[1] = b' ';
+    copy_short::<SHORT_KEY_LEN_MAX>(key, line[2..].first_chunk_mut().expect("the key's room"));
+    let mut len = 2 + key.len();
+    if let Some(token) = token {
+        line[len] = b' ';
+        len += 1;
+        let (window, digits) = decimal_window(token);
+        line[len..len + DIGITS_WINDOW].copy_from_slice(&window);
+        len += digits;
+    }
+    // A token has at most 20 digits, so the window leaves room for this.
+    line[len] = b'\n';
+    let end = out.len() + len + 1;
+    out.extend_from_slice(&line);
+    out.truncate(end);
+}
+
+/// Copies `src`, at most `N` bytes, to the start of `dst` with two copies
+/// of a fixed size (see `copy_ends`): a copy of a length known only at run
+/// time would call `memcpy`, which costs more than the key is long.
+#[inline(always)]
+fn copy_short<const N: usize>(src: &[u8], dst: &mut [u8; N]) {
+    debug_assert!(src.len() <= N && N <= 32);
+    match src.len() {
+        16.. => copy_ends::<16>(src, dst),
+        8.. => copy_ends::<8>(src, dst),
+        4.. => copy_ends::<4>(src, dst),
+        2.. => copy_ends::<2>(src, dst),
+        1 => copy_ends::<1>(src, dst),
+        0 => {}
+    }
+}
+
+/// Copies `src`, of `N` to `2 * N` bytes, to the start of `dst` as its first
+/// `N` bytes and its last `N` bytes: two moves of a size known when compiling
+/// (a register or two each), which overlap when `src` is shorter than `2 * N`.
+#[inline(always)]
+fn copy_ends<const N: usize>(src: &[u8], dst: &mut [u8]) {
+    let len = src.len();
+    debug_assert!((N..=2 * N).contains(&len));
+    dst[..N].copy_from_slice(&src[..N]);
+    dst[len - N..len].copy_from_slice(&src[len - N..]);
+}
+
+/// [`encode_reply`] for any reply, field by field. Never inlined, so that
+/// `encode_reply` stays small where it is inlined.
+#[inline(never)]
+fn encode_any_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
     // Besides the key, address and JSON, a reply is at most a kind, an op,
     // a role or code, a 20-digit number and separators: well under 64 bytes.
     let variable_len = match *reply {
@@ -479,6 +562,32 @@ mod tests {
         let mut out = Vec::new();
         encode_reply(reply, &mut out);
         out
+    }
+
+    #[test]
+    fn short_lock_replies_encode_as_any_reply_does() {
+        let mut tokens = vec![0, u64::MAX];
+        for power in 0..20 {
+            let ten = 10u64.pow(power);
+            tokens.extend([ten - 1, ten, ten + 1]);
+        }
+        for len in 1..=SHORT_KEY_LEN_MAX + 2 {
+            let key: Vec<u8> = (0..len).map(|at| b'a' + (at % 26) as u8).collect();
+            for &token in &tokens {
+                for reply in [
+                    Reply::Acquired { key: &key, token },
+                    Reply::Released { key: &key },
+                    Reply::TimedOut { key: &key },
+                    Reply::Extended { key: &key, token },
+                ] {
+                    let mut expected = b"prefix".to_vec();
+                    encode_any_reply(&reply, &mut expected);
+                    let mut out = b"prefix".to_vec();
+                    encode_reply(&reply, &mut out);
+                    assert_eq!(out, expected, "{reply:?}");
+                }
+            }
+        }
     }
 
     #[test]
