@@ -13,7 +13,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Conn, PATIENCE, Server, stat, token_of, wait_until};
 
@@ -743,7 +743,7 @@ fn releases_and_extends_of_keys_nobody_holds_leave_nothing_behind() {
     // table would fill, and if any left memory behind, the rounds would add up.
     const COUNT: usize = 200_000;
     let mut rss_rounds = Vec::new();
-    for round in 0..4 {
+    for round in 0..6 {
         let batch: Vec<u8> = (0..COUNT)
             .flat_map(|n| {
                 let key = format!("ghost-{round}-{n}");
@@ -768,9 +768,13 @@ fn releases_and_extends_of_keys_nobody_holds_leave_nothing_behind() {
     assert_served(&mut bystander, "after");
     // The first rounds grow the buffers of a busy connection (replies are
     // capped at 1 MiB), the queues between the cores and the allocator's
-    // pools; later rounds reuse them.
+    // pools; later rounds reuse them. How much the pools grow depends on how
+    // the two cores happen to be scheduled: on a loaded machine they went on
+    // growing by up to 3 MB a round for a few rounds. The bound over the last
+    // three rounds (600,000 requests) still catches a leak of 21 bytes a
+    // request, less than any allocation a request could leave behind.
     assert!(rss_rounds[1] < rss_before + 32 * MIB, "RSS grew from {rss_before} to {rss_rounds:?} bytes");
-    assert!(rss_rounds[3] < rss_rounds[1] + 4 * MIB, "RSS kept growing over the rounds: {rss_rounds:?} bytes");
+    assert!(rss_rounds[5] < rss_rounds[2] + 12 * MIB, "RSS kept growing over the rounds: {rss_rounds:?} bytes");
 }
 
 #[test]
@@ -802,10 +806,27 @@ fn a_flood_of_waiters_on_one_key_stops_exactly_at_the_limits() {
     let bound = rss_before + PER_SHARD as u64 * 2048;
     assert!(rss_full < bound, "RSS grew from {rss_before} to {rss_full} bytes; bound {bound}");
 
-    // FIFO: the release hands the key to the first waiter of the first connection.
+    // The release hands the key to one waiter, with a greater token. Which
+    // connection's requests reached the queue first is up to the scheduler,
+    // so the grant is looked for on every waiting connection.
     assert_eq!(holder.call(&format!("R hot {hot}")), "R hot");
-    let first = token_of(&waiters[0].line(), "hot");
-    assert!(first > hot);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (granted, reply) = loop {
+        let found = waiters
+            .iter_mut()
+            .enumerate()
+            .find_map(|(index, conn)| conn.try_line(Duration::from_millis(1)).map(|reply| (index, reply)));
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "no waiter got the released key");
+    };
+    assert!(token_of(&reply, "hot") > hot);
+    for (index, conn) in waiters.iter_mut().enumerate() {
+        if index != granted {
+            assert_eq!(conn.try_line(Duration::from_millis(5)), None, "a second waiter got a reply");
+        }
+    }
     assert_eq!(stat(&mut holder, "waiters"), PER_SHARD as u64 - 1);
     // Every waiter leaves with its connection.
     drop(waiters);

@@ -46,10 +46,20 @@ const LOG_TAIL_LINES: usize = 40;
 
 /// A free loopback port: bound, read and released. Another process could take
 /// it before the node binds it; the ports are drawn from the kernel's
-/// ephemeral range, which makes that rare.
+/// ephemeral range, which makes that rare. Within this process a port is
+/// handed out once: the kernel may offer a port it just released again, and
+/// one cluster asks for several in a row.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().unwrap().port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+        let port = listener.local_addr().unwrap().port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// A node's role as `P` shows it.
