@@ -106,7 +106,10 @@ pub fn run(config: Config) -> Result<(), String> {
                     return Err(error);
                 }
                 let started = build_ring().and_then(|(ring, defer)| {
-                    let shard = Shard::new(shard_config, shared.started.elapsed().as_millis() as u64);
+                    let mut shard = Shard::new(shard_config, shared.started.elapsed().as_millis() as u64);
+                    if let Err(error) = shard.reserve_keys_max() {
+                        tracing::warn!(core, "{error}; the table will grow as keys come");
+                    }
                     EventLoop::new(ring, core, shared.clone(), shard, listener, inbox).map(|event_loop| (event_loop, defer))
                 });
                 let event_loop = match started {
