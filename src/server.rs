@@ -106,10 +106,7 @@ pub fn run(config: Config) -> Result<(), String> {
                     return Err(error);
                 }
                 let started = build_ring().and_then(|(ring, defer)| {
-                    let mut shard = Shard::new(shard_config, shared.started.elapsed().as_millis() as u64);
-                    if let Err(error) = shard.reserve_keys_max() {
-                        tracing::warn!(core, "{error}; the table will grow as keys come");
-                    }
+                    let shard = Shard::new(shard_config, shared.started.elapsed().as_millis() as u64);
                     EventLoop::new(ring, core, shared.clone(), shard, listener, inbox).map(|event_loop| (event_loop, defer))
                 });
                 let event_loop = match started {

@@ -231,26 +231,6 @@ impl Shard {
         self.effects.drain(..)
     }
 
-    /// Sizes the lock table for `config.keys_max` keys now, so that it never
-    /// grows later: growing rehashes every key and copies every lock at
-    /// once, which stops the shard for hundreds of milliseconds at millions
-    /// of keys. It costs the index's control bytes (about 2 bytes a key,
-    /// touched now) and address space for the rest. Where the host refuses
-    /// that much address space, the table grows as needed instead; the
-    /// returned error says why.
-    pub fn reserve_keys_max(&mut self) -> Result<(), String> {
-        let keys = self.config.keys_max as usize;
-        self.locks
-            .try_reserve_exact(keys.saturating_sub(self.locks.len()))
-            .map_err(|error| format!("cannot reserve the lock table for {keys} keys: {error}"))?;
-        let (locks, hasher) = (&self.locks, &self.hasher);
-        self.index
-            .try_reserve(keys.saturating_sub(self.index.len()), |&slot| {
-                hasher.hash_one(locks[slot as usize].key.as_bytes())
-            })
-            .map_err(|error| format!("cannot reserve the lock index for {keys} keys: {error:?}"))
-    }
-
     /// Whether changes wait to be taken with [`Shard::take_deltas`].
     pub fn has_deltas(&self) -> bool {
         !self.deltas.is_empty()

@@ -474,18 +474,3 @@ fn a_freed_key_is_reused_without_growing_the_table() {
     assert_eq!(shard.locks.len(), 1, "one slot served every key in turn");
     assert_eq!(shard.stats().keys, 0);
 }
-
-#[test]
-fn a_table_sized_at_start_never_grows_up_to_its_key_limit() {
-    let mut shard = shard_with(ShardConfig { keys_max: 5000, ..config() });
-    shard.reserve_keys_max().expect("5000 keys fit");
-    let (index_capacity, locks_capacity) = (shard.index.capacity(), shard.locks.capacity());
-    assert!(index_capacity >= 5000 && locks_capacity >= 5000);
-    for n in 0..5000 {
-        shard.acquire(0, C1, format!("k{n}").as_bytes(), 1000, 0);
-    }
-    assert_eq!(shard.stats().keys, 5000);
-    assert_eq!((shard.index.capacity(), shard.locks.capacity()), (index_capacity, locks_capacity));
-    shard.acquire(0, C1, b"one-more", 1000, 0);
-    assert_eq!(shard.stats().keys, 5000, "the limit still holds");
-}
