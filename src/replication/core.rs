@@ -98,7 +98,7 @@ pub struct ReplicationCore {
     streams: Vec<Option<Stream>>,
     /// The last turn left events or reports for the next one.
     backlog: bool,
-    /// The most grants a mirror is sized for.
+    /// The most grants the node's shards may hold, for the mirrors.
     grants_max: usize,
     replica: Option<Replica>,
     incoming: Option<Incoming>,
@@ -133,7 +133,7 @@ impl ReplicationCore {
             events,
             outboxes,
             hello,
-            mirror: Mirror::with_capacity(grants_max),
+            mirror: Mirror::with_limit(grants_max),
             backlog: false,
             grants_max,
             serving: None,
@@ -478,7 +478,7 @@ impl ReplicationCore {
                     if self.replica.is_some_and(|replica| replica.from == from && replica.connection == connection) {
                         self.replica = None;
                     }
-                    let mirror = Mirror::with_capacity(self.grants_max);
+                    let mirror = Mirror::with_limit(self.grants_max);
                     self.incoming = Some(Incoming { from, connection, table, mirror });
                 }
             }

@@ -36,6 +36,9 @@ impl std::fmt::Display for OutOfOrder {
     }
 }
 
+/// Grants at which the mirror sizes itself for the node's key limit.
+const GROW_ONCE_AT: usize = 1 << 20;
+
 /// The replicated table of one node.
 ///
 /// Grants live in numbered slots, found by key through an index. A slot
@@ -49,6 +52,8 @@ pub struct Mirror {
     /// Slot numbers, by the hash of their key.
     index: HashTable<u32>,
     hasher: ahash::RandomState,
+    /// The most grants the node's shards may hold (`--max-keys`).
+    grants_max: usize,
     /// The highest epoch of any token applied, for the cluster logic.
     token_epoch_max: u64,
 }
@@ -56,25 +61,15 @@ pub struct Mirror {
 impl Mirror {
     #[cfg(test)]
     pub fn new() -> Mirror {
-        Mirror::with_capacity(0)
+        Mirror::with_limit(0)
     }
 
-    /// A mirror that holds up to `grants_max` grants without growing. Growing
-    /// rehashes every grant at once, which at millions of them stops the
-    /// replication core (heartbeats included) for longer than a failover
-    /// timeout; sized at start it costs the index's control bytes (one per
-    /// bucket, about 2 bytes per grant) and address space for the rest.
-    pub fn with_capacity(grants_max: usize) -> Mirror {
+    /// A mirror for a node whose shards hold at most `grants_max` keys.
+    pub fn with_limit(grants_max: usize) -> Mirror {
         // Keys come from clients: a seeded hash keeps them from aiming at one bucket.
         let seed = crate::server::random_seed();
         let hasher = ahash::RandomState::with_seeds(seed, seed.rotate_left(17), seed ^ 0x9e37_79b9, 0x5bd1_e995);
-        Mirror {
-            slots: Vec::with_capacity(grants_max),
-            free: Vec::new(),
-            index: HashTable::with_capacity(grants_max),
-            hasher,
-            token_epoch_max: 0,
-        }
+        Mirror { slots: Vec::new(), free: Vec::new(), index: HashTable::new(), hasher, grants_max, token_epoch_max: 0 }
     }
 
     /// Held grants.
@@ -97,6 +92,19 @@ impl Mirror {
 
     /// Stores a grant for a key that has none.
     fn add(&mut self, grant: Grant) {
+        if self.index.len() == GROW_ONCE_AT && self.grants_max > GROW_ONCE_AT {
+            // Growing rehashes every grant in one step: at millions of grants
+            // that stops the replication core, heartbeats included, for
+            // longer than a failover timeout. A table this large is sized
+            // for the node's key limit now, in one step of this size, and
+            // never grows again. A smaller one grows as usual, and costs
+            // memory by its size only.
+            let (slots, hasher) = (&self.slots, &self.hasher);
+            let _ = self.index.try_reserve(self.grants_max - GROW_ONCE_AT, |&slot| {
+                hasher.hash_one(slots[slot as usize].as_ref().map_or(&[][..], |grant| grant.key.as_bytes()))
+            });
+            let _ = self.slots.try_reserve_exact(self.grants_max.saturating_sub(self.slots.len()));
+        }
         let hash = self.hasher.hash_one(grant.key.as_bytes());
         let slot = match self.free.pop() {
             Some(slot) => {

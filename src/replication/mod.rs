@@ -56,8 +56,7 @@ pub struct Start {
     pub listener: std::net::TcpListener,
     pub cpu: Option<usize>,
     pub incarnation: u64,
-    /// The most keys the node's shards may hold (`--max-keys`): the mirror
-    /// is sized for them at start, so that it never stops to grow.
+    /// The most keys the node's shards may hold (`--max-keys`).
     pub grants_max: usize,
 }
 
