@@ -33,23 +33,17 @@ impl Key {
         }
         // A key is copied a few times per request (into the table and into
         // each reply), so a short one is copied by two moves of a fixed size
-        // (see `copy_ends`) rather than by a call to `memcpy` for `len`
+        // (see `ringlock_client::proto::copy_short`) rather than by a call to `memcpy` for `len`
         // bytes. The bytes after the key stay zero, as equality needs.
         let mut inline = [0u8; KEY_INLINE_LEN_MAX];
-        match len {
-            16.. => copy_ends::<16>(bytes, &mut inline),
-            8.. => copy_ends::<8>(bytes, &mut inline),
-            4.. => copy_ends::<4>(bytes, &mut inline),
-            2.. => copy_ends::<2>(bytes, &mut inline),
-            1 => copy_ends::<1>(bytes, &mut inline),
-            0 => {}
-        }
+        ringlock_client::proto::copy_short(bytes, &mut inline);
         Key::Inline { len: len as u8, bytes: inline }
     }
 
     /// Whether the key's bytes are `bytes`. The table compares a key on
     /// every lookup, so a short one is compared by two words of a fixed size
-    /// (see `copy_ends`) rather than by a call to `memcmp`.
+    /// (as `ringlock_client::proto::copy_short` copies it) rather than by a call
+    /// to `memcmp`.
     #[inline]
     pub fn is(&self, bytes: &[u8]) -> bool {
         let Key::Inline { len, bytes: inline } = self else {
@@ -78,17 +72,6 @@ impl Key {
             Key::Heap(bytes) => bytes,
         }
     }
-}
-
-/// Copies `src`, of `N` to `2 * N` bytes, to the start of `dst` as its first
-/// `N` bytes and its last `N` bytes: two moves of a size known when compiling
-/// (a register or two each), which overlap when `src` is shorter than `2 * N`.
-#[inline(always)]
-fn copy_ends<const N: usize>(src: &[u8], dst: &mut [u8]) {
-    let len = src.len();
-    debug_assert!((N..=2 * N).contains(&len));
-    dst[..N].copy_from_slice(&src[..N]);
-    dst[len - N..len].copy_from_slice(&src[len - N..]);
 }
 
 /// Whether `a` and `b`, of the same length of `N` to `2 * N` bytes, are

@@ -52,7 +52,7 @@ mod number;
 mod reply;
 mod request;
 
-pub use key::{is_valid_address, is_valid_key};
+pub use key::{copy_short, is_valid_address, is_valid_key};
 pub use line::Decoded;
 pub use number::{eight_digits_ascii, parse_seconds_ms, parse_u64, write_seconds, write_u64};
 pub use reply::{Reply, ReplyError, Role, decode_reply, encode_reply};

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::key::{is_valid_address, is_valid_key};
+use super::key::{copy_short, is_valid_address, is_valid_key};
 use super::line::{Decoded, key_field, line_ending_len, split_fields, split_line, token_field};
 use super::number::{DIGITS_WINDOW, decimal_window, parse_u64, write_u64};
 use super::{ErrorCode, KEY_LEN_MAX, Op, REPLY_LINE_LEN_MAX};
@@ -432,33 +432,6 @@ fn encode_short_lock_reply(kind: u8, key: &[u8], token: Option<u64>, out: &mut V
     let end = out.len() + len + 1;
     out.extend_from_slice(&line);
     out.truncate(end);
-}
-
-/// Copies `src`, at most `N` bytes, to the start of `dst` with two copies
-/// of a fixed size (see `copy_ends`): a copy of a length known only at run
-/// time would call `memcpy`, which costs more than the key is long.
-#[inline(always)]
-fn copy_short<const N: usize>(src: &[u8], dst: &mut [u8; N]) {
-    debug_assert!(src.len() <= N && N <= 32);
-    match src.len() {
-        16.. => copy_ends::<16>(src, dst),
-        8.. => copy_ends::<8>(src, dst),
-        4.. => copy_ends::<4>(src, dst),
-        2.. => copy_ends::<2>(src, dst),
-        1 => copy_ends::<1>(src, dst),
-        0 => {}
-    }
-}
-
-/// Copies `src`, of `N` to `2 * N` bytes, to the start of `dst` as its first
-/// `N` bytes and its last `N` bytes: two moves of a size known when compiling
-/// (a register or two each), which overlap when `src` is shorter than `2 * N`.
-#[inline(always)]
-fn copy_ends<const N: usize>(src: &[u8], dst: &mut [u8]) {
-    let len = src.len();
-    debug_assert!((N..=2 * N).contains(&len));
-    dst[..N].copy_from_slice(&src[..N]);
-    dst[len - N..len].copy_from_slice(&src[len - N..]);
 }
 
 /// [`encode_reply`] for any reply, field by field. Never inlined, so that
