@@ -9,8 +9,11 @@
 # (--shards 1 --cpus 1), Redis and the echo server, each pinned to CPU 1
 # with taskset, and runs the load generator pinned to CPU 0. For each
 # workload it drives the three servers one after the other, so that they
-# see the same machine. Then it restarts ringlock and Redis fresh and fills
-# each with HOLD_KEYS held locks to measure memory per lock.
+# see the same machine, in ROUNDS rounds (the order reversed every other
+# round); the table gives each target's median and, for each ratio, the
+# median of the rounds' ratios, since on a shared machine two runs minutes
+# apart can differ by 10 %. Then it restarts ringlock and Redis fresh and
+# fills each with HOLD_KEYS held locks to measure memory per lock.
 #
 # Output: the table on stdout (also bench/results/latest.md), every run and
 # the ratios in bench/results/latest.json, the chart in
@@ -23,14 +26,15 @@
 # disturbed try is kept. The pressure of each kept run is in the table.
 #
 # Settings (environment): DURATION (s, default 10), WARMUP (s, default 2),
-# HOLD_KEYS (default 10000000), SERVER_CPU (1), BENCH_CPU (0), RESULTS
-# (bench/results), MAX_PRESSURE (5), TRIES (4), SKIP_HOLD=1 to skip the
-# hold runs, SKIP_CHART=1.
+# ROUNDS (default 3), HOLD_KEYS (default 10000000), SERVER_CPU (1),
+# BENCH_CPU (0), RESULTS (bench/results), MAX_PRESSURE (5), TRIES (4),
+# SKIP_HOLD=1 to skip the hold runs, SKIP_CHART=1.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-2}
+ROUNDS=${ROUNDS:-3}
 HOLD_KEYS=${HOLD_KEYS:-10000000}
 SERVER_CPU=${SERVER_CPU:-1}
 BENCH_CPU=${BENCH_CPU:-0}
@@ -199,13 +203,21 @@ log "echo $ECHO_ADDR (pid $ECHO_PID), ringlock $RINGLOCK_ADDR (pid $RINGLOCK_PID
 TIMING=(--duration "$DURATION" --warmup "$WARMUP")
 for shape in "pipelined-16x64 16 64" "pipelined-64x64 64 64" "unpipelined-64x1 64 1"; do
     read -r label connections depth <<<"$shape"
-    for target in echo ringlock redis; do
-        case $target in
-            echo) addr=$ECHO_ADDR pid=$ECHO_PID ;;
-            ringlock) addr=$RINGLOCK_ADDR pid=$RINGLOCK_PID ;;
-            redis) addr=$REDIS_ADDR pid=$REDIS_PID ;;
-        esac
-        bench "$label" "$target" "$addr" "$pid" --workload uncontended -c "$connections" -d "$depth" "${TIMING[@]}"
+    for round in $(seq 1 "$ROUNDS"); do
+        # Every other round runs the targets in reverse, so that a machine
+        # getting slower or faster over a round favours none of them.
+        order="echo ringlock redis"
+        if [ $((round % 2)) -eq 0 ]; then
+            order="redis ringlock echo"
+        fi
+        for target in $order; do
+            case $target in
+                echo) addr=$ECHO_ADDR pid=$ECHO_PID ;;
+                ringlock) addr=$RINGLOCK_ADDR pid=$RINGLOCK_PID ;;
+                redis) addr=$REDIS_ADDR pid=$REDIS_PID ;;
+            esac
+            bench "$label" "$target" "$addr" "$pid" --workload uncontended -c "$connections" -d "$depth" "${TIMING[@]}"
+        done
     done
 done
 # 16 hot keys, 64 connections x 16 lanes: 64 clients queue on every key.
@@ -228,7 +240,7 @@ fi
 
 mkdir -p "$RESULTS"
 "$BIN/ringlock-bench" report --out "$RESULTS/latest.json" \
-    --command "DURATION=$DURATION WARMUP=$WARMUP HOLD_KEYS=$HOLD_KEYS scripts/bench.sh" "${RUN_FILES[@]}" |
+    --command "DURATION=$DURATION WARMUP=$WARMUP ROUNDS=$ROUNDS HOLD_KEYS=$HOLD_KEYS scripts/bench.sh" "${RUN_FILES[@]}" |
     tee "$RESULTS/latest.md"
 if [ "${SKIP_CHART:-0}" != 1 ]; then
     python3 bench/chart.py "$RESULTS/latest.json" "$RESULTS/latest.png"

@@ -282,6 +282,13 @@ fn goals(label: &str) -> Option<(f64, f64)> {
 const HOLD_BYTES_PER_LOCK_GOAL: f64 = 160.0;
 
 /// One line of the throughput comparison.
+///
+/// A label may have been run in several rounds, each target once per round
+/// (scripts/bench.sh alternates them). Round `i` pairs the `i`-th run of each
+/// target, in the order the runs are given; a ratio is the median of the
+/// rounds' ratios, and each ops/s the median of that target's runs. On a
+/// shared machine two runs minutes apart can differ by 10 %, so one pair
+/// says less than the median of several.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Comparison {
     pub label: String,
@@ -290,9 +297,74 @@ pub struct Comparison {
     pub redis_ops_per_s: Option<f64>,
     pub ringlock_vs_echo: Option<f64>,
     pub ringlock_vs_redis: Option<f64>,
+    /// The ratio of each round, in the order of the rounds.
+    #[serde(default)]
+    pub ringlock_vs_echo_by_round: Vec<f64>,
+    #[serde(default)]
+    pub ringlock_vs_redis_by_round: Vec<f64>,
     pub goal_vs_echo: Option<f64>,
     pub goal_vs_redis: Option<f64>,
     pub met: Option<bool>,
+}
+
+impl Comparison {
+    /// The comparison of the uncontended runs labelled `label`.
+    fn of(label: &str, runs: &[RunReport]) -> Comparison {
+        let ops = |target: Target| -> Vec<f64> {
+            runs.iter()
+                .filter(|run| run.label == label && run.target == target && run.workload == Workload::Uncontended)
+                .map(|run| run.ops_per_s)
+                .collect()
+        };
+        let (echo, ringlock, redis) = (ops(Target::Echo), ops(Target::Ringlock), ops(Target::Redis));
+        let by_round = |over: &[f64]| -> Vec<f64> {
+            ringlock.iter().zip(over).filter(|&(_, &base)| base > 0.0).map(|(ours, base)| ours / base).collect()
+        };
+        let (vs_echo_by_round, vs_redis_by_round) = (by_round(&echo), by_round(&redis));
+        let (vs_echo, vs_redis) = (median(&vs_echo_by_round), median(&vs_redis_by_round));
+        let goal = goals(label);
+        let met = goal.and_then(|(goal_echo, goal_redis)| Some(vs_echo? >= goal_echo && vs_redis? >= goal_redis));
+        Comparison {
+            label: label.to_string(),
+            echo_ops_per_s: median(&echo),
+            ringlock_ops_per_s: median(&ringlock),
+            redis_ops_per_s: median(&redis),
+            ringlock_vs_echo: vs_echo,
+            ringlock_vs_redis: vs_redis,
+            ringlock_vs_echo_by_round: vs_echo_by_round,
+            ringlock_vs_redis_by_round: vs_redis_by_round,
+            goal_vs_echo: goal.map(|goal| goal.0),
+            goal_vs_redis: goal.map(|goal| goal.1),
+            met,
+        }
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    match sorted.len() {
+        0 => None,
+        len if len % 2 == 1 => Some(sorted[middle]),
+        _ => Some((sorted[middle - 1] + sorted[middle]) / 2.0),
+    }
+}
+
+/// Whether `run` is shown in the latency table: every run of the other
+/// workloads, and of the uncontended rounds of one label and target the one
+/// with the median ops/s (the lower of the middle two for an even count).
+fn is_shown(run: &RunReport, runs: &[RunReport]) -> bool {
+    if run.workload != Workload::Uncontended {
+        return true;
+    }
+    let mut same: Vec<&RunReport> = runs
+        .iter()
+        .filter(|other| other.workload == run.workload && other.label == run.label && other.target == run.target)
+        .collect();
+    same.sort_by(|a, b| a.ops_per_s.total_cmp(&b.ops_per_s));
+    std::ptr::eq(same[(same.len() - 1) / 2], run)
 }
 
 /// Everything one run of scripts/bench.sh measured.
@@ -318,30 +390,7 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
             labels.push(run.label.clone());
         }
     }
-    let find = |label: &str, target: Target| runs.iter().find(|run| run.label == label && run.target == target);
-    let mut comparisons = Vec::new();
-    for label in &labels {
-        let ops = |target| find(label, target).map(|run| run.ops_per_s);
-        let (echo, ringlock, redis) = (ops(Target::Echo), ops(Target::Ringlock), ops(Target::Redis));
-        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-            _ => None,
-        };
-        let (vs_echo, vs_redis) = (ratio(ringlock, echo), ratio(ringlock, redis));
-        let goal = goals(label);
-        let met = goal.and_then(|(goal_echo, goal_redis)| Some(vs_echo? >= goal_echo && vs_redis? >= goal_redis));
-        comparisons.push(Comparison {
-            label: label.clone(),
-            echo_ops_per_s: echo,
-            ringlock_ops_per_s: ringlock,
-            redis_ops_per_s: redis,
-            ringlock_vs_echo: vs_echo,
-            ringlock_vs_redis: vs_redis,
-            goal_vs_echo: goal.map(|goal| goal.0),
-            goal_vs_redis: goal.map(|goal| goal.1),
-            met,
-        });
-    }
+    let comparisons: Vec<Comparison> = labels.iter().map(|label| Comparison::of(label, &runs)).collect();
 
     let mut out = String::new();
     let ratio_text = |ratio: Option<f64>, goal: Option<f64>| match (ratio, goal) {
@@ -350,29 +399,41 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
         _ => "-".into(),
     };
     let ops_text = |ops: Option<f64>| ops.map_or("-".into(), thousands);
-    out.push_str("Uncontended acquire+release, lock ops/s (acquires + releases per second)\n\n");
+    let rounds_text = |ratios: &[f64]| ratios.iter().map(|ratio| format!("{ratio:.3}")).collect::<Vec<_>>().join(", ");
+    let rounds = comparisons.iter().map(|comparison| comparison.ringlock_vs_echo_by_round.len()).max().unwrap_or(0);
+    out.push_str("Uncontended acquire+release, lock ops/s (acquires + releases per second)");
+    if rounds > 1 {
+        out.push_str(": medians of the rounds, each ratio the median of the rounds' ratios");
+    }
+    out.push_str("\n\n");
     out.push_str(
-        "| run | echo ceiling | ringlock | redis | ringlock/echo | ringlock/redis |\n|---|---:|---:|---:|---:|---:|\n",
+        "| run | echo ceiling | ringlock | redis | ringlock/echo | ringlock/redis | ringlock/echo by round |\n\
+         |---|---:|---:|---:|---:|---:|---|\n",
     );
     for comparison in &comparisons {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             comparison.label,
             ops_text(comparison.echo_ops_per_s),
             ops_text(comparison.ringlock_ops_per_s),
             ops_text(comparison.redis_ops_per_s),
             ratio_text(comparison.ringlock_vs_echo, comparison.goal_vs_echo),
             ratio_text(comparison.ringlock_vs_redis, comparison.goal_vs_redis),
+            rounds_text(&comparison.ringlock_vs_echo_by_round),
         );
     }
 
-    out.push_str("\nLatency (us) and CPU\n\n");
+    out.push_str("\nLatency (us) and CPU");
+    if rounds > 1 {
+        out.push_str(": of the uncontended rounds, the one with the median ops/s");
+    }
+    out.push_str("\n\n");
     out.push_str(
         "| run | target | acquire p50 | p90 | p99 | p99.9 | max | release p50 | p99 | p99.9 | server cpu | bench cpu | cpu pressure | errors, timeouts |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
-    for run in &runs {
+    for run in runs.iter().filter(|run| is_shown(run, &runs)) {
         let (a, r) = (&run.acquire_latency_us, &run.release_latency_us);
         let cpu = |cpu: Option<f64>| cpu.map_or("-".into(), |cpu| format!("{cpu:.0}%"));
         let mut problems: Vec<String> = run.errors.iter().map(|(kind, count)| format!("{kind} {count}")).collect();
@@ -495,6 +556,91 @@ fn host_facts() -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run(label: &str, target: Target, ops_per_s: f64) -> RunReport {
+        RunReport {
+            label: label.into(),
+            target,
+            workload: Workload::Uncontended,
+            connections: 16,
+            depth: 64,
+            threads: 1,
+            warmup_s: 0.0,
+            duration_s: 1.0,
+            key_space: 1 << 20,
+            key_len: 16,
+            hot_keys: 0,
+            lease_s: 30.0,
+            wait_s: 0.0,
+            acquires: 0,
+            releases: 0,
+            cycles: 0,
+            ops_per_s,
+            acquires_per_s: ops_per_s / 2.0,
+            releases_per_s: ops_per_s / 2.0,
+            cycles_per_s: ops_per_s / 2.0,
+            acquire_latency_us: Latency::default(),
+            release_latency_us: Latency::default(),
+            errors: BTreeMap::new(),
+            timeouts: BTreeMap::new(),
+            replies_per_turn: 0.0,
+            generator_cpu_percent: None,
+            server: None,
+            server_handoffs: None,
+            server_handoffs_per_s: None,
+            hold: None,
+            cpu_pressure_percent: None,
+            cpu_steal_percent: 0.0,
+        }
+    }
+
+    #[test]
+    fn median_of_odd_even_and_no_values() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn rounds_pair_runs_in_order_and_report_the_median_ratio() {
+        let label = "pipelined-16x64";
+        // Ran as: echo, ringlock, redis, then redis, ringlock, echo, then again.
+        let runs = vec![
+            run(label, Target::Echo, 10.0),
+            run(label, Target::Ringlock, 7.0),
+            run(label, Target::Redis, 1.0),
+            run(label, Target::Redis, 1.2),
+            run(label, Target::Ringlock, 7.2),
+            run(label, Target::Echo, 8.0),
+            run(label, Target::Echo, 9.0),
+            run(label, Target::Ringlock, 6.0),
+            run(label, Target::Redis, 1.1),
+        ];
+        let comparison = Comparison::of(label, &runs);
+        // Round ratios 0.7, 0.9 and 0.667: the median is the first round's,
+        // not the ratio of the medians (7.0 / 9.0).
+        let by_round = &comparison.ringlock_vs_echo_by_round;
+        assert_eq!(by_round.len(), 3);
+        assert!((by_round[0] - 0.7).abs() < 1e-9 && (by_round[1] - 0.9).abs() < 1e-9);
+        assert_eq!(comparison.ringlock_vs_echo, Some(by_round[0]));
+        assert_eq!(comparison.echo_ops_per_s, Some(9.0));
+        assert_eq!(comparison.ringlock_ops_per_s, Some(7.0));
+        assert_eq!(comparison.ringlock_vs_redis, Some(6.0));
+        assert_eq!(comparison.met, Some(false));
+        // The latency table shows each target's median run only.
+        let shown: Vec<f64> = runs.iter().filter(|run| is_shown(run, &runs)).map(|run| run.ops_per_s).collect();
+        assert_eq!(shown, vec![7.0, 9.0, 1.1]);
+    }
+
+    #[test]
+    fn one_round_is_the_plain_ratio() {
+        let label = "unpipelined-64x1";
+        let runs = vec![run(label, Target::Echo, 200.0), run(label, Target::Ringlock, 190.0)];
+        let comparison = Comparison::of(label, &runs);
+        assert_eq!(comparison.ringlock_vs_echo, Some(0.95));
+        assert_eq!(comparison.ringlock_vs_redis, None);
+        assert_eq!(comparison.met, None);
+    }
 
     #[test]
     fn thousands_groups_digits() {
