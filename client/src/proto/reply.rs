@@ -409,13 +409,18 @@ const SHORT_KEY_LEN_MAX: usize = 32;
 const SHORT_LINE_LEN: usize = 2 + SHORT_KEY_LEN_MAX + 1 + DIGITS_WINDOW;
 
 /// Appends `<kind> <key>\n`, or `<kind> <key> <token>\n`, for a key of at
-/// most [`SHORT_KEY_LEN_MAX`] bytes. The line is built in a buffer of fixed
-/// size, which is then appended whole and cut to the line's length: every
-/// copy has a size known when compiling (a few moves each), where appending
-/// field by field checks the capacity each time and calls `memcpy` for the key.
+/// most [`SHORT_KEY_LEN_MAX`] bytes. Room of a fixed size is appended from a
+/// constant, the fields are stored into it, and it is cut to the line's
+/// length: every copy has a size known when compiling (a few moves each),
+/// where appending field by field checks the capacity each time and calls
+/// `memcpy` for the key. The line is stored in place, not built on the stack
+/// and copied, since a copy would read back in whole words bytes just stored
+/// in pieces, which stalls (see `DecimalWindow`).
 fn encode_short_lock_reply(kind: u8, key: &[u8], token: Option<u64>, out: &mut Vec<u8>) {
     debug_assert!(is_valid_key(key), "encode_reply with an invalid key {key:?}");
-    let mut line = [0u8; SHORT_LINE_LEN];
+    let start = out.len();
+    out.extend_from_slice(&[0; SHORT_LINE_LEN]);
+    let line: &mut [u8; SHORT_LINE_LEN] = out[start..].first_chunk_mut().expect("room was appended");
     line[0] = kind;
     line[1] = b' ';
     copy_short::<SHORT_KEY_LEN_MAX>(key, line[2..].first_chunk_mut().expect("the key's room"));
@@ -423,15 +428,13 @@ fn encode_short_lock_reply(kind: u8, key: &[u8], token: Option<u64>, out: &mut V
     if let Some(token) = token {
         line[len] = b' ';
         len += 1;
-        let (window, digits) = decimal_window(token);
-        line[len..len + DIGITS_WINDOW].copy_from_slice(&window);
-        len += digits;
+        let window = decimal_window(token);
+        window.store((&mut line[len..]).first_chunk_mut().expect("the token's room"));
+        len += window.len;
     }
     // A token has at most 20 digits, so the window leaves room for this.
     line[len] = b'\n';
-    let end = out.len() + len + 1;
-    out.extend_from_slice(&line);
-    out.truncate(end);
+    out.truncate(start + len + 1);
 }
 
 /// [`encode_reply`] for any reply, field by field. Never inlined, so that
