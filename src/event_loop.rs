@@ -33,6 +33,7 @@ use ringlock_shards::{ClientId, Shard, ShardStats};
 
 use crate::buf_ring::BufRing;
 use crate::connection::Connection;
+use crate::ring_poll::poll_before_sleep;
 use crate::role::{ClusterLink, CoreRole, Report};
 use crate::router::{Inbox, Mailbox, Message, RoutedRequest};
 use crate::stats;
@@ -376,11 +377,9 @@ impl EventLoop {
     /// Submits and sleeps until a completion, the next deadline, or a wake-up.
     fn wait(&mut self, stopping: bool) -> io::Result<()> {
         // How long an idle loop keeps asking for completions before it
-        // sleeps. Under load the next requests arrive within microseconds of
-        // the last replies, and a loop that is awake when they do spares
-        // their sender the wake-up: the kernel wakes a sleeping ring's task
-        // from inside the sender's `send`, on the sender's CPU. The cost is
-        // at most this much spinning before each sleep.
+        // sleeps (see `ring_poll`): under load the next requests arrive
+        // within microseconds of the last replies. The cost is at most this
+        // much spinning before each sleep.
         const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(30);
         let asleep = &self.inbox.asleep;
         asleep.store(true, Ordering::SeqCst);
@@ -389,29 +388,19 @@ impl EventLoop {
             || self.io.refused.iter().any(|batch| !batch.is_empty())
             || !self.io.reports.is_empty();
         if !busy && !stopping {
-            // The sends of this turn go out first; then each enter with
-            // GETEVENTS and no wait runs the ring's deferred work (received
-            // data, finished sends) into completions, or finds none.
-            let mut result = self.io.ring.submit().map(drop);
-            let poll_end = Instant::now() + POLL_BEFORE_SLEEP;
-            while result.is_ok() && Instant::now() < poll_end {
-                // SAFETY: no submissions, no completions to wait for and no
-                // argument: the kernel touches nothing but the ring itself.
-                result = unsafe {
-                    self.io.ring.submitter().enter::<libc::sigset_t>(0, 0, io_uring::EnterFlags::GETEVENTS.bits(), None)
-                }
-                .map(drop);
-                if !self.io.ring.completion().is_empty() || !self.inbox.receiver.is_empty() {
+            // The sends of this turn go out first.
+            let receiver = &self.inbox.receiver;
+            match poll_before_sleep(&mut self.io.ring, POLL_BEFORE_SLEEP, || !receiver.is_empty()) {
+                Ok(true) => {
                     asleep.store(false, Ordering::SeqCst);
                     return Ok(());
                 }
-            }
-            match result {
-                Err(error) if !matches!(error.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {
+                Ok(false) => {}
+                Err(error) if matches!(error.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
+                Err(error) => {
                     asleep.store(false, Ordering::SeqCst);
                     return Err(error);
                 }
-                _ => {}
             }
         }
         let mut wait = if busy { Duration::ZERO } else { IDLE_WAIT_MAX };

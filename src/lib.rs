@@ -10,6 +10,7 @@
 //! - `dispatch`: parsing requests, routing them to their shard, delivering replies.
 //! - `connection`: one client connection's buffers and I/O state.
 //! - `buf_ring`: the provided receive buffers of a ring.
+//! - `ring_poll`: polling a ring for a moment before sleeping on it.
 //! - `replication`: the replication core of a cluster node (glommio): peer
 //!   connections, snapshots and delta streams, driving the cluster logic.
 //! - `role`: a shard core's role in a cluster (serve, hold, redirect) and its reports.
@@ -26,6 +27,7 @@ mod dispatch;
 pub mod epoch;
 mod event_loop;
 mod replication;
+pub mod ring_poll;
 mod role;
 mod router;
 pub mod server;

@@ -161,6 +161,16 @@ pub struct RunArgs {
     #[arg(long, default_value = "3", value_parser = parse_decimal)]
     pub drain_timeout: f64,
 
+    /// Microseconds each loop keeps polling for replies before it sleeps
+    /// (default 0: it sleeps at once). A sleeping generator makes the server
+    /// wake it from inside each send of replies, on the server's CPU, which
+    /// a client on another host never costs it; polling spares the server
+    /// that. It also makes the generator read replies in smaller batches,
+    /// which lowers what it drives when it is the bottleneck (the echo
+    /// target), so scripts/bench.sh leaves it off.
+    #[arg(long, default_value_t = 0)]
+    pub poll_us: u64,
+
     /// A name for this run in reports, such as `pipelined-16x64`; runs of
     /// different targets with the same label are compared.
     #[arg(long)]

@@ -3,26 +3,28 @@
 //! A server that does the least a line server can: one io_uring loop on one
 //! thread, multishot accept, multishot receive into provided buffers,
 //! `SINGLE_ISSUER | DEFER_TASKRUN` (the fastest setup measured in
-//! shared/MEASURED.md), and for every newline received one fixed reply line,
-//! sent with one `send` per connection per turn, and the same short poll
-//! before sleeping as ringlock's loop (`--poll-us`). It reads no request: what
-//! is left of ringlock's work once parsing, the lock table and tokens are
-//! taken away. The same load generator drives it, so its figures are the
-//! ceiling of this machine's loopback for this client.
+//! shared/MEASURED.md), every byte received sent back as it came, with one
+//! `send` per connection per turn, and the same short poll before sleeping as
+//! ringlock's loop (`--poll-us`). It reads no request: what is left of
+//! ringlock's work once parsing, the lock table and tokens are taken away.
+//! The same load generator drives it, so its figures are the ceiling of this
+//! machine's loopback for this client.
+//!
+//! Its replies are the requests themselves, so they are as long as
+//! ringlock's: with 16-byte keys, `A <key> 30 10` (25 bytes with the newline)
+//! and `R <key> <14-digit token>` (34) against ringlock's `A <key> <token>`
+//! (34) and `R <key>` (19), 59 bytes per acquire and release against 53.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use io_uring::types::{Fd, SubmitArgs, Timespec};
-use io_uring::{EnterFlags, IoUring, cqueue, opcode, squeue};
+use io_uring::{IoUring, cqueue, opcode, squeue};
 
 use ringlock::buf_ring::BufRing;
-
-/// The reply to every request line: 20 bytes with its newline, the size of
-/// ringlock's `R <16-byte key>\n` reply (plus one).
-pub const ECHO_REPLY: &[u8; 20] = b"OK 0123456789abcdef\n";
+use ringlock::ring_poll::poll_before_sleep;
 
 const RECV_BUFFERS: u16 = 512;
 const RECV_BUFFER_LEN: usize = 16 << 10;
@@ -101,25 +103,7 @@ impl EchoServer {
     /// Submits, then asks for completions for up to `poll` before the loop
     /// sleeps, as ringlock's shard loop does; true once there are some.
     fn poll(&mut self) -> bool {
-        if self.poll.is_zero() || self.ring.submit().is_err() {
-            return false;
-        }
-        let poll_end = Instant::now() + self.poll;
-        loop {
-            // SAFETY: no submissions, no completions to wait for and no
-            // argument: the kernel touches nothing but the ring itself.
-            let result =
-                unsafe { self.ring.submitter().enter::<libc::sigset_t>(0, 0, EnterFlags::GETEVENTS.bits(), None) };
-            if result.is_err() {
-                return false;
-            }
-            if !self.ring.completion().is_empty() {
-                return true;
-            }
-            if Instant::now() >= poll_end {
-                return false;
-            }
-        }
+        !self.poll.is_zero() && poll_before_sleep(&mut self.ring, self.poll, || false).unwrap_or(false)
     }
 
     /// Handles the completions in the ring, then sends what they produced.
@@ -214,13 +198,12 @@ impl EchoServer {
         let buffer = cqueue::buffer_select(flags);
         if result > 0 {
             let id = buffer.expect("a multishot recv result names its buffer");
-            let lines = self.buffers.get(id, result as usize).iter().filter(|&&byte| byte == b'\n').count();
-            self.buffers.push(id);
             let connection = &mut self.connections[index];
-            for _ in 0..lines {
-                connection.out.extend_from_slice(ECHO_REPLY);
-            }
-            if lines > 0 && !connection.dirty {
+            // Every byte goes back as it came, a part of a line included:
+            // the client reads the same lines, in order.
+            connection.out.extend_from_slice(self.buffers.get(id, result as usize));
+            self.buffers.push(id);
+            if !connection.dirty {
                 connection.dirty = true;
                 self.dirty.push(index as u32);
             }

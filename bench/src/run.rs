@@ -75,6 +75,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
         hot_keys: args.hot_keys,
         retry_delay: Duration::from_secs_f64(args.retry_delay_ms / 1000.0),
         drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+        poll: Duration::from_micros(args.poll_us),
     };
 
     let server_pid = args.server_pid.map(|pid| pid.to_string());

@@ -429,7 +429,7 @@ fn encode_short_lock_reply(kind: u8, key: &[u8], token: Option<u64>, out: &mut V
         line[len] = b' ';
         len += 1;
         let window = decimal_window(token);
-        window.store((&mut line[len..]).first_chunk_mut().expect("the token's room"));
+        window.store(line[len..].first_chunk_mut().expect("the token's room"));
         len += window.len;
     }
     // A token has at most 20 digits, so the window leaves room for this.
