@@ -25,16 +25,16 @@
 # again, after waiting for a quieter moment, up to TRIES times; the least
 # disturbed try is kept. The pressure of each kept run is in the table.
 #
-# Settings (environment): DURATION (s, default 10), WARMUP (s, default 2),
-# ROUNDS (default 3), HOLD_KEYS (default 10000000), SERVER_CPU (1),
+# Settings (environment): DURATION (s, default 6), WARMUP (s, default 2),
+# ROUNDS (default 5), HOLD_KEYS (default 10000000), SERVER_CPU (1),
 # BENCH_CPU (0), RESULTS (bench/results), MAX_PRESSURE (5), TRIES (4),
 # SKIP_HOLD=1 to skip the hold runs, SKIP_CHART=1.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-DURATION=${DURATION:-10}
+DURATION=${DURATION:-6}
 WARMUP=${WARMUP:-2}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 HOLD_KEYS=${HOLD_KEYS:-10000000}
 SERVER_CPU=${SERVER_CPU:-1}
 BENCH_CPU=${BENCH_CPU:-0}

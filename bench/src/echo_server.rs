@@ -3,17 +3,19 @@
 //! A server that does the least a line server can: one io_uring loop on one
 //! thread, multishot accept, multishot receive into provided buffers,
 //! `SINGLE_ISSUER | DEFER_TASKRUN` (the fastest setup measured in
-//! shared/MEASURED.md), every byte received sent back as it came, with one
-//! `send` per connection per turn, and the same short poll before sleeping as
-//! ringlock's loop (`--poll-us`). It reads no request: what is left of
-//! ringlock's work once parsing, the lock table and tokens are taken away.
+//! shared/MEASURED.md), one fixed reply line for each request line, sent with
+//! one `send` per connection per turn, and the same short poll before
+//! sleeping as ringlock's loop (`--poll-us`). It parses nothing and keeps no
+//! locks: what is left of ringlock's work once parsing, the lock table and
+//! tokens are taken away.
 //! The same load generator drives it, so its figures are the ceiling of this
 //! machine's loopback for this client.
 //!
-//! Its replies are the requests themselves, so they are as long as
-//! ringlock's: with 16-byte keys, `A <key> 30 10` (25 bytes with the newline)
-//! and `R <key> <14-digit token>` (34) against ringlock's `A <key> <token>`
-//! (34) and `R <key>` (19), 59 bytes per acquire and release against 53.
+//! Its replies are as long as ringlock's, so that both targets move the same
+//! bytes: to a line that starts with `A` a fixed line as long as ringlock's
+//! `A <key> <token>` with a 16-byte key (34 bytes), to one that starts with
+//! `R` one as long as `R <key>` (19), and to any other a fixed error line. It
+//! reads no more of a line than its first byte and its end.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -34,6 +36,8 @@ const KIND_SEND: u64 = 3;
 
 struct Connection {
     fd: RawFd,
+    /// The first byte of a line whose end has not arrived yet.
+    line_op: Option<u8>,
     out: Vec<u8>,
     sending: Vec<u8>,
     sent: usize,
@@ -172,6 +176,7 @@ impl EchoServer {
         }
         let connection = Connection {
             fd,
+            line_op: None,
             out: Vec::with_capacity(64 << 10),
             sending: Vec::with_capacity(64 << 10),
             sent: 0,
@@ -199,11 +204,9 @@ impl EchoServer {
         if result > 0 {
             let id = buffer.expect("a multishot recv result names its buffer");
             let connection = &mut self.connections[index];
-            // Every byte goes back as it came, a part of a line included:
-            // the client reads the same lines, in order.
-            connection.out.extend_from_slice(self.buffers.get(id, result as usize));
+            answer(self.buffers.get(id, result as usize), &mut connection.line_op, &mut connection.out);
             self.buffers.push(id);
-            if !connection.dirty {
+            if !connection.out.is_empty() && !connection.dirty {
                 connection.dirty = true;
                 self.dirty.push(index as u32);
             }
@@ -281,6 +284,70 @@ impl EchoServer {
         } else if connection.closing && connection.recv_armed && connection.fd >= 0 {
             // SAFETY: ends the multishot receive so the slot can be freed.
             unsafe { libc::shutdown(connection.fd, libc::SHUT_RDWR) };
+        }
+    }
+}
+
+/// Appends one reply for every line that `data` ends (see the module
+/// documentation). `op` is the first byte of the line in progress, if it has
+/// one: a line may start in one read and end in another.
+fn answer(data: &[u8], op: &mut Option<u8>, out: &mut Vec<u8>) {
+    let mut start = 0;
+    while let Some(len) = data[start..].iter().position(|&byte| byte == b'\n') {
+        let line_op = op.take().or_else(|| data.get(start).copied().filter(|&byte| byte != b'\n'));
+        out.extend_from_slice(match line_op {
+            Some(b'A') => ACQUIRED_REPLY,
+            Some(b'R') => RELEASED_REPLY,
+            _ => OTHER_REPLY,
+        });
+        start += len + 1;
+    }
+    if start < data.len() && op.is_none() {
+        *op = Some(data[start]);
+    }
+}
+
+/// The replies, as long as ringlock's with the 16-byte keys of
+/// scripts/bench.sh and a token of a ringlock in its first epoch (2^44 and
+/// up, 14 digits): `A <key> <token>` and `R <key>`.
+const ACQUIRED_REPLY: &[u8] = b"A k000000000000001 17592186044539\n";
+const RELEASED_REPLY: &[u8] = b"R k000000000000001\n";
+const OTHER_REPLY: &[u8] = b"E - - bad-op\n";
+
+/// The token the load generator takes an `A` reply of the echo server to grant.
+pub const ECHO_TOKEN: u64 = 17_592_186_044_539;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_as_long_as_ringlocks() {
+        let mut out = Vec::new();
+        answer(b"A k1 30 10\nR key2 17592186044539\nP\nA k3 3", &mut None, &mut out);
+        assert_eq!(out, [ACQUIRED_REPLY, RELEASED_REPLY, OTHER_REPLY].concat());
+        assert_eq!(ACQUIRED_REPLY.len(), "A  \n".len() + 16 + ECHO_TOKEN.to_string().len());
+        assert_eq!(RELEASED_REPLY.len(), "R \n".len() + 16);
+    }
+
+    #[test]
+    fn lines_split_across_reads_are_answered_once_whole() {
+        let stream = b"A key1 30 10\nR key1 17592186044539\n\nS\nA key2 30 10\nR key2 17592186044539\n";
+        let mut whole = Vec::new();
+        answer(stream, &mut None, &mut whole);
+        assert_eq!(
+            whole,
+            [ACQUIRED_REPLY, RELEASED_REPLY, OTHER_REPLY, OTHER_REPLY, ACQUIRED_REPLY, RELEASED_REPLY].concat()
+        );
+        for first in 0..stream.len() {
+            for second in first..stream.len() {
+                let (mut op, mut out) = (None, Vec::new());
+                for piece in [&stream[..first], &stream[first..second], &stream[second..]] {
+                    answer(piece, &mut op, &mut out);
+                }
+                assert_eq!(out, whole, "split at {first} and {second}");
+                assert_eq!(op, None);
+            }
         }
     }
 }

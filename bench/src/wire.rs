@@ -5,6 +5,7 @@
 
 use ringlock_client::proto::{Decoded, ErrorCode, Op, Reply, Request, decode_reply, encode_request};
 
+use crate::echo_server::ECHO_TOKEN;
 use crate::keys::KeyFormat;
 use crate::pending::PendingOp;
 use crate::resp::{self, RespValue};
@@ -12,11 +13,6 @@ use crate::resp::{self, RespValue};
 /// The compare-and-delete release every Redis lock recipe uses.
 pub const REDIS_RELEASE_SCRIPT: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
-
-/// The token the echo target pretends to be granted: as long as the tokens
-/// of a ringlock in its first epoch (2^44 and up, 14 digits), so that release
-/// lines are as long as they are against ringlock.
-const ECHO_TOKEN: u64 = 17_592_186_044_539;
 
 /// How Redis releases a lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
