@@ -6,9 +6,11 @@
 //!
 //! # Storage
 //! Locks and waiters live in two slabs addressed by `u32` slot numbers; the
-//! table index is a `hashbrown::HashTable<u32>` of lock slots, so a held lock
-//! costs one slab entry, one timer and a few bytes of index, with no heap
+//! table index (`LockIndex`) maps a key's hash to its lock's slot, so a held
+//! lock costs one slab entry, one timer and a few bytes of index, with no heap
 //! allocation of its own for keys up to [`crate::KEY_INLINE_LEN_MAX`] bytes.
+//! The index grows in small steps, a few hundred requests apart, so that a
+//! shard filling up with millions of keys never stops its core for long.
 //! A key that is neither held nor waited on has no slot: its state is gone.
 //!
 //! # Reply order
@@ -21,12 +23,13 @@
 //! when every request ahead of it in the chain has been answered.
 
 use ahash::RandomState;
-use hashbrown::{HashMap, HashTable};
+use hashbrown::HashMap;
 use ringlock_client::proto::{ErrorCode, Op};
 
 use crate::effect::{ClientId, Delta, Effect, ShardReply};
 use crate::key::Key;
 use crate::limits::{LEASE_MS_LIMIT, ShardConfig};
+use crate::lock_index::LockIndex;
 use crate::timer_wheel::{TimerHandle, TimerWheel};
 use crate::token::{TokenRange, TokenRangeError, TokenSupply};
 
@@ -153,7 +156,7 @@ fn error_index(code: ErrorCode) -> Option<usize> {
 pub struct Shard {
     config: ShardConfig,
     hasher: RandomState,
-    index: HashTable<u32>,
+    index: LockIndex,
     locks: Vec<Lock>,
     locks_free: Vec<u32>,
     waiters: Vec<Waiter>,
@@ -185,7 +188,7 @@ impl Shard {
         let seed = config.hash_seed;
         let mut shard = Shard {
             hasher: RandomState::with_seeds(seed, seed ^ 0x9e37_79b9_7f4a_7c15, 0x2545_f491_4f6c_dd1d, !seed),
-            index: HashTable::new(),
+            index: LockIndex::new(),
             locks: Vec::new(),
             locks_free: Vec::new(),
             waiters: Vec::new(),
@@ -719,7 +722,7 @@ impl Shard {
     #[inline]
     fn find_hashed(&self, hash: u64, key: &[u8]) -> Option<u32> {
         let locks = &self.locks;
-        self.index.find(hash, |&slot| locks[slot as usize].key.is(key)).copied()
+        self.index.find(hash, |slot| locks[slot as usize].key.is(key))
     }
 
     fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
@@ -753,8 +756,7 @@ impl Shard {
                 (self.locks.len() - 1) as u32
             }
         };
-        let (locks, hasher) = (&self.locks, &self.hasher);
-        self.index.insert_unique(hash, slot, |&other| hasher.hash_one(locks[other as usize].key.as_bytes()));
+        self.index.insert(hash, slot);
         self.stats.keys += 1;
         slot
     }
@@ -794,12 +796,8 @@ impl Shard {
         // Dropping the key frees a boxed one now, not when the slot is reused.
         lock.key = Key::new(b"");
         lock.token = 0;
-        match self.index.find_entry(hash, |&other| other == slot) {
-            Ok(entry) => {
-                entry.remove();
-            }
-            Err(_) => unreachable!("a lock in the slab is in the index"),
-        }
+        let removed = self.index.remove(hash, slot);
+        assert!(removed, "a lock in the slab is in the index");
         self.locks_free.push(slot);
         self.stats.keys -= 1;
     }
