@@ -21,11 +21,12 @@
 //!   within the core's caches.
 //!
 //! The price is 4 bytes more per bucket (9 with hashbrown's control byte,
-//! against 5 for a bare slot), about 7 bytes per held lock, and one shift
-//! and one load per lookup to pick the sub-table. Sizing a single table for
-//! the key limit at start also avoids growth, but it costs its pages before
-//! any key comes.
+//! against 5 for a bare slot), about 7 bytes per held lock, and a few
+//! instructions per request to split the hash, done once per request in
+//! [`KeyHash`]. Sizing a single table for the key limit at start also avoids
+//! growth, but it costs its pages before any key comes.
 
+use ahash::RandomState;
 use hashbrown::HashTable;
 
 /// Top bits of a key's hash that choose its sub-table.
@@ -33,6 +34,33 @@ const SUB_TABLE_BITS: u32 = 8;
 
 /// How many sub-tables the index is split into.
 pub(crate) const SUB_TABLES: usize = 1 << SUB_TABLE_BITS;
+
+/// A key's hash, split once into the two parts the index uses, so that a
+/// request that looks its key up and then adds or removes it splits it once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyHash {
+    /// The hash the key's sub-table files it under (see [`place_hash`]).
+    place: u64,
+    /// The key's sub-table. As a `u8` it indexes the array of 256 with no
+    /// bounds check.
+    sub_table: u8,
+}
+
+impl KeyHash {
+    /// Splits a 64-bit hash: its top bits choose the sub-table, its low 32
+    /// bits place the key within it.
+    #[inline]
+    pub(crate) fn from_hash(hash: u64) -> KeyHash {
+        const _: () = assert!(SUB_TABLE_BITS == u8::BITS, "a sub-table number is a u8");
+        KeyHash { place: place_hash(hash as u32), sub_table: (hash >> (u64::BITS - SUB_TABLE_BITS)) as u8 }
+    }
+
+    /// The bits of the hash that an entry keeps.
+    #[inline]
+    fn low(self) -> u32 {
+        self.place as u32
+    }
+}
 
 /// One key's entry: its lock's slot, and enough of its hash to place it in
 /// its sub-table without reading the key.
@@ -42,43 +70,53 @@ struct Entry {
     hash_low: u32,
 }
 
-/// A map from a key's 64-bit hash to the slot of its lock. It holds no keys:
-/// a lookup confirms a candidate slot through the caller's `is_key`, since
+/// A map from a key's hash to the slot of its lock. It holds no keys: a
+/// lookup confirms a candidate slot through the caller's `is_key`, since
 /// different keys may share a hash.
 pub(crate) struct LockIndex {
+    /// Seeded per shard, so that clients cannot aim keys at one place.
+    hasher: RandomState,
     sub_tables: Box<[HashTable<Entry>; SUB_TABLES]>,
 }
 
 impl LockIndex {
-    /// An empty index; sub-tables allocate when their first key comes.
-    pub(crate) fn new() -> LockIndex {
-        LockIndex { sub_tables: Box::new(std::array::from_fn(|_| HashTable::new())) }
+    /// An empty index that hashes keys with `hasher`. Sub-tables allocate
+    /// when their first key comes.
+    pub(crate) fn new(hasher: RandomState) -> LockIndex {
+        LockIndex { hasher, sub_tables: Box::new(std::array::from_fn(|_| HashTable::new())) }
+    }
+
+    /// The hash of `key`, for the other methods. Every request hashes its
+    /// key once, and a call here would cost more than the work it wraps.
+    #[inline(always)]
+    pub(crate) fn hash(&self, key: &[u8]) -> KeyHash {
+        KeyHash::from_hash(self.hasher.hash_one(key))
     }
 
     /// The slot of the key with this `hash`, for which `is_key(slot)` holds.
     #[inline]
-    pub(crate) fn find(&self, hash: u64, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
-        let hash_low = hash as u32;
+    pub(crate) fn find(&self, hash: KeyHash, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
+        let hash_low = hash.low();
         // The stored bits are compared first, which spares a slab read for
         // most keys that only share the control byte's seven bits.
-        self.sub_table(hash)
-            .find(place_hash(hash_low), |entry| entry.hash_low == hash_low && is_key(entry.slot))
+        self.sub_tables[usize::from(hash.sub_table)]
+            .find(hash.place, |entry| entry.hash_low == hash_low && is_key(entry.slot))
             .map(|entry| entry.slot)
     }
 
     /// Adds `slot` for a key with this `hash` that the index does not hold.
     #[inline]
-    pub(crate) fn insert(&mut self, hash: u64, slot: u32) {
-        let hash_low = hash as u32;
-        self.sub_table_mut(hash)
-            .insert_unique(place_hash(hash_low), Entry { slot, hash_low }, |entry| place_hash(entry.hash_low));
+    pub(crate) fn insert(&mut self, hash: KeyHash, slot: u32) {
+        let entry = Entry { slot, hash_low: hash.low() };
+        self.sub_tables[usize::from(hash.sub_table)]
+            .insert_unique(hash.place, entry, |entry| place_hash(entry.hash_low));
     }
 
     /// Removes `slot`, filed under `hash`; false if it is not there.
     #[inline]
-    pub(crate) fn remove(&mut self, hash: u64, slot: u32) -> bool {
+    pub(crate) fn remove(&mut self, hash: KeyHash, slot: u32) -> bool {
         // A slot is in the index at most once, so it alone names the entry.
-        match self.sub_table_mut(hash).find_entry(place_hash(hash as u32), |entry| entry.slot == slot) {
+        match self.sub_tables[usize::from(hash.sub_table)].find_entry(hash.place, |entry| entry.slot == slot) {
             Ok(entry) => {
                 entry.remove();
                 true
@@ -104,30 +142,16 @@ impl LockIndex {
     pub(crate) fn sub_table_capacities(&self) -> Vec<usize> {
         self.sub_tables.iter().map(HashTable::capacity).collect()
     }
-
-    #[inline]
-    fn sub_table(&self, hash: u64) -> &HashTable<Entry> {
-        &self.sub_tables[sub_table_of(hash)]
-    }
-
-    #[inline]
-    fn sub_table_mut(&mut self, hash: u64) -> &mut HashTable<Entry> {
-        &mut self.sub_tables[sub_table_of(hash)]
-    }
-}
-
-#[inline]
-fn sub_table_of(hash: u64) -> usize {
-    (hash >> (u64::BITS - SUB_TABLE_BITS)) as usize
 }
 
 /// The hash a sub-table files an entry under, made of the stored bits alone
 /// so that growing needs nothing else. hashbrown takes the bucket from the
 /// hash's low bits and the control byte from its top seven, so both halves
 /// carry the stored bits: a sub-table would need 2^25 buckets (2^33 keys in
-/// all, beyond `SLOTS_MAX`) before the two uses overlap. The sub-table's own
-/// choice comes from the hash's top bits, which are not among these, so
-/// within a sub-table the entries still spread evenly.
+/// all, beyond `SLOTS_MAX`) before the two uses overlap, and even then only
+/// the control byte would filter less. The sub-table's own choice comes from
+/// the hash's top bits, which are not among these, so within a sub-table the
+/// entries still spread evenly.
 #[inline]
 fn place_hash(hash_low: u32) -> u64 {
     let wide = u64::from(hash_low);
@@ -137,10 +161,9 @@ fn place_hash(hash_low: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ahash::RandomState;
 
-    fn hasher() -> RandomState {
-        RandomState::with_seeds(1, 2, 3, 4)
+    fn index() -> LockIndex {
+        LockIndex::new(RandomState::with_seeds(1, 2, 3, 4))
     }
 
     /// Keys `key-0`, `key-1`... with their slot equal to their number.
@@ -148,19 +171,18 @@ mod tests {
         (0..count).map(|number| format!("key-{number}").into_bytes()).collect()
     }
 
-    fn find(index: &LockIndex, hasher: &RandomState, keys: &[Vec<u8>], key: &[u8]) -> Option<u32> {
-        index.find(hasher.hash_one(key), |slot| keys[slot as usize] == key)
+    fn find(index: &LockIndex, keys: &[Vec<u8>], key: &[u8]) -> Option<u32> {
+        index.find(index.hash(key), |slot| keys[slot as usize] == key)
     }
 
     #[test]
     fn every_key_is_found_across_growth_and_removed_keys_are_gone() {
-        let hasher = hasher();
         let keys = keys(100_000);
-        let mut index = LockIndex::new();
+        let mut index = index();
         let mut growths = 0;
         let mut capacity_before = 0;
         for (slot, key) in keys.iter().enumerate() {
-            index.insert(hasher.hash_one(key), slot as u32);
+            index.insert(index.hash(key), slot as u32);
             let capacity: usize = index.sub_table_capacities().iter().sum();
             growths += usize::from(capacity != capacity_before);
             capacity_before = capacity;
@@ -170,28 +192,27 @@ mod tests {
         assert!(growths >= 8 * SUB_TABLES, "only {growths} growths");
         assert_eq!(index.len(), keys.len());
         for (slot, key) in keys.iter().enumerate() {
-            assert_eq!(find(&index, &hasher, &keys, key), Some(slot as u32), "{key:?}");
+            assert_eq!(find(&index, &keys, key), Some(slot as u32), "{key:?}");
         }
 
         for (slot, key) in keys.iter().enumerate().filter(|(slot, _)| slot % 3 != 0) {
-            assert!(index.remove(hasher.hash_one(key), slot as u32));
+            assert!(index.remove(index.hash(key), slot as u32));
         }
         assert_eq!(index.len(), keys.len().div_ceil(3));
         for (slot, key) in keys.iter().enumerate() {
             let expected = (slot % 3 == 0).then_some(slot as u32);
-            assert_eq!(find(&index, &hasher, &keys, key), expected, "{key:?}");
+            assert_eq!(find(&index, &keys, key), expected, "{key:?}");
         }
-        assert_eq!(find(&index, &hasher, &keys, b"never-inserted"), None);
+        assert_eq!(find(&index, &keys, b"never-inserted"), None);
     }
 
     #[test]
     fn one_insert_grows_at_most_one_sub_table() {
-        let hasher = hasher();
         let keys = keys(20_000);
-        let mut index = LockIndex::new();
+        let mut index = index();
         let mut before = index.sub_table_capacities();
         for (slot, key) in keys.iter().enumerate() {
-            index.insert(hasher.hash_one(key), slot as u32);
+            index.insert(index.hash(key), slot as u32);
             let after = index.sub_table_capacities();
             let grown = before.iter().zip(&after).filter(|(old, new)| old != new).count();
             assert!(grown <= 1, "insert {slot} grew {grown} sub-tables");
@@ -202,8 +223,8 @@ mod tests {
     #[test]
     fn keys_with_one_hash_are_told_apart_by_the_caller() {
         // Three slots under one hash, as three keys that collide would be.
-        let hash = 0xdead_beef_0123_4567;
-        let mut index = LockIndex::new();
+        let hash = KeyHash::from_hash(0xdead_beef_0123_4567);
+        let mut index = index();
         for slot in [4, 9, 2] {
             index.insert(hash, slot);
         }
@@ -222,8 +243,11 @@ mod tests {
     fn hashes_that_differ_only_in_the_sub_table_bits_stay_apart() {
         // Same low 32 bits, so the same place within a sub-table, but two
         // sub-tables: neither lookup sees the other's entry.
-        let (first, second) = (0x0100_0000_1234_5678_u64, 0x0200_0000_1234_5678_u64);
-        let mut index = LockIndex::new();
+        let first = KeyHash::from_hash(0x0100_0000_1234_5678);
+        let second = KeyHash::from_hash(0x0200_0000_1234_5678);
+        assert_ne!(first.sub_table, second.sub_table);
+        assert_eq!(first.place, second.place);
+        let mut index = index();
         index.insert(first, 1);
         assert_eq!(index.find(second, |_| true), None);
         index.insert(second, 2);
@@ -232,5 +256,17 @@ mod tests {
         assert!(!index.remove(second, 1), "slot 1 is filed under the other hash");
         assert!(index.remove(first, 1));
         assert_eq!(index.find(second, |_| true), Some(2));
+    }
+
+    #[test]
+    fn an_entry_is_placed_again_by_its_stored_bits_alone() {
+        // What growing relies on: the stored bits rebuild the hash a lookup
+        // uses, in every bit hashbrown reads (all of them, here).
+        for hash in [0, 1, u64::MAX, 0xdead_beef_0123_4567, 0x8000_0000_ffff_0000] {
+            let key_hash = KeyHash::from_hash(hash);
+            assert_eq!(place_hash(key_hash.low()), key_hash.place);
+            assert_eq!(key_hash.low(), hash as u32);
+            assert_eq!(u64::from(key_hash.sub_table), hash >> 56);
+        }
     }
 }

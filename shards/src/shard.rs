@@ -29,7 +29,7 @@ use ringlock_client::proto::{ErrorCode, Op};
 use crate::effect::{ClientId, Delta, Effect, ShardReply};
 use crate::key::Key;
 use crate::limits::{LEASE_MS_LIMIT, ShardConfig};
-use crate::lock_index::LockIndex;
+use crate::lock_index::{KeyHash, LockIndex};
 use crate::timer_wheel::{TimerHandle, TimerWheel};
 use crate::token::{TokenRange, TokenRangeError, TokenSupply};
 
@@ -155,7 +155,6 @@ fn error_index(code: ErrorCode) -> Option<usize> {
 /// One lock shard. See the module documentation.
 pub struct Shard {
     config: ShardConfig,
-    hasher: RandomState,
     index: LockIndex,
     locks: Vec<Lock>,
     locks_free: Vec<u32>,
@@ -187,8 +186,12 @@ impl Shard {
         }
         let seed = config.hash_seed;
         let mut shard = Shard {
-            hasher: RandomState::with_seeds(seed, seed ^ 0x9e37_79b9_7f4a_7c15, 0x2545_f491_4f6c_dd1d, !seed),
-            index: LockIndex::new(),
+            index: LockIndex::new(RandomState::with_seeds(
+                seed,
+                seed ^ 0x9e37_79b9_7f4a_7c15,
+                0x2545_f491_4f6c_dd1d,
+                !seed,
+            )),
             locks: Vec::new(),
             locks_free: Vec::new(),
             waiters: Vec::new(),
@@ -710,8 +713,8 @@ impl Shard {
     }
 
     #[inline]
-    fn hash(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
+    fn hash(&self, key: &[u8]) -> KeyHash {
+        self.index.hash(key)
     }
 
     #[inline]
@@ -720,7 +723,7 @@ impl Shard {
     }
 
     #[inline]
-    fn find_hashed(&self, hash: u64, key: &[u8]) -> Option<u32> {
+    fn find_hashed(&self, hash: KeyHash, key: &[u8]) -> Option<u32> {
         let locks = &self.locks;
         self.index.find(hash, |slot| locks[slot as usize].key.is(key))
     }
@@ -730,13 +733,13 @@ impl Shard {
     }
 
     #[inline]
-    fn find_holder_hashed(&self, hash: u64, key: &[u8], token: u64) -> Option<u32> {
+    fn find_holder_hashed(&self, hash: KeyHash, key: &[u8], token: u64) -> Option<u32> {
         let slot = self.find_hashed(hash, key)?;
         let lock = &self.locks[slot as usize];
         (lock.is_held() && lock.token == token).then_some(slot)
     }
 
-    fn insert_lock(&mut self, hash: u64, key: &[u8]) -> u32 {
+    fn insert_lock(&mut self, hash: KeyHash, key: &[u8]) -> u32 {
         let lock = Lock {
             key: Key::new(key),
             token: 0,
@@ -778,15 +781,15 @@ impl Shard {
     }
 
     fn remove_lock(&mut self, slot: u32) {
-        let hash = self.hasher.hash_one(self.locks[slot as usize].key.as_bytes());
+        let hash = self.hash(self.locks[slot as usize].key.as_bytes());
         self.remove_lock_hashed(slot, hash);
     }
 
     /// [`Shard::remove_lock`] for a caller that has hashed the key already.
-    fn remove_lock_hashed(&mut self, slot: u32, hash: u64) {
+    fn remove_lock_hashed(&mut self, slot: u32, hash: KeyHash) {
         let lock = &mut self.locks[slot as usize];
         debug_assert!(!lock.is_held() && lock.queue_len == 0);
-        debug_assert_eq!(hash, self.hasher.hash_one(lock.key.as_bytes()));
+        debug_assert_eq!(hash, self.index.hash(lock.key.as_bytes()));
         if lock.starved {
             // Only while tokens are missing, so the list is short and this rare.
             lock.starved = false;
