@@ -28,6 +28,7 @@
 
 use ahash::RandomState;
 use hashbrown::HashTable;
+use hashbrown::hash_table::OccupiedEntry;
 
 /// Top bits of a key's hash that choose its sub-table.
 const SUB_TABLE_BITS: u32 = 8;
@@ -70,6 +71,26 @@ struct Entry {
     hash_low: u32,
 }
 
+/// A key found by [`LockIndex::find_mut`], which can leave the index without
+/// a second search.
+pub(crate) struct Found<'index> {
+    entry: OccupiedEntry<'index, Entry>,
+}
+
+impl Found<'_> {
+    /// The slot of the key's lock.
+    #[inline]
+    pub(crate) fn slot(&self) -> u32 {
+        self.entry.get().slot
+    }
+
+    /// Takes the key out of the index.
+    #[inline]
+    pub(crate) fn remove(self) {
+        self.entry.remove();
+    }
+}
+
 /// A map from a key's hash to the slot of its lock. It holds no keys: a
 /// lookup confirms a candidate slot through the caller's `is_key`, since
 /// different keys may share a hash.
@@ -102,6 +123,16 @@ impl LockIndex {
         self.sub_tables[usize::from(hash.sub_table)]
             .find(hash.place, |entry| entry.hash_low == hash_low && is_key(entry.slot))
             .map(|entry| entry.slot)
+    }
+
+    /// [`LockIndex::find`], for a caller that may then remove the key.
+    #[inline]
+    pub(crate) fn find_mut(&mut self, hash: KeyHash, mut is_key: impl FnMut(u32) -> bool) -> Option<Found<'_>> {
+        let hash_low = hash.low();
+        self.sub_tables[usize::from(hash.sub_table)]
+            .find_entry(hash.place, |entry| entry.hash_low == hash_low && is_key(entry.slot))
+            .ok()
+            .map(|entry| Found { entry })
     }
 
     /// Adds `slot` for a key with this `hash` that the index does not hold.
@@ -217,6 +248,25 @@ mod tests {
             let grown = before.iter().zip(&after).filter(|(old, new)| old != new).count();
             assert!(grown <= 1, "insert {slot} grew {grown} sub-tables");
             before = after;
+        }
+    }
+
+    #[test]
+    fn a_key_found_for_change_is_removed_by_its_handle() {
+        let keys = keys(1000);
+        let mut index = index();
+        for (slot, key) in keys.iter().enumerate() {
+            index.insert(index.hash(key), slot as u32);
+        }
+        let hash = index.hash(&keys[500]);
+        let found = index.find_mut(hash, |slot| keys[slot as usize] == keys[500]).expect("key 500 is there");
+        assert_eq!(found.slot(), 500);
+        found.remove();
+        assert_eq!(find(&index, &keys, &keys[500]), None);
+        assert!(index.find_mut(hash, |slot| keys[slot as usize] == keys[500]).is_none());
+        assert_eq!(index.len(), 999);
+        for (slot, key) in keys.iter().enumerate().filter(|(slot, _)| *slot != 500) {
+            assert_eq!(find(&index, &keys, key), Some(slot as u32));
         }
     }
 

@@ -329,20 +329,31 @@ impl Shard {
     pub fn release(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64) {
         self.set_now(now_ms);
         let hash = self.hash(key);
-        let Some(slot) = self.find_holder_hashed(hash, key, token) else {
+        let locks = &self.locks;
+        let Some(found) = self.index.find_mut(hash, |slot| locks[slot as usize].key.is(key)) else {
             return self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
         };
+        let slot = found.slot();
+        let lock = &locks[slot as usize];
+        if !lock.is_held() || lock.token != token {
+            return self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
+        }
+        let nobody_waits = lock.queue_head == NONE;
+        if nobody_waits {
+            // The key keeps no state once released: it leaves the index now,
+            // through the search that found it, rather than by a second one.
+            found.remove();
+        }
         let lock = &mut self.locks[slot as usize];
         let timer = lock.lease_timer.take().expect("a holder has a lease timer");
-        let nobody_waits = lock.queue_head == NONE;
         self.timers.cancel(timer);
         self.stats.releases += 1;
         self.stats.held_keys -= 1;
         self.delta(|| Delta::Release { key: Key::new(key), token });
         self.reply(client, ShardReply::Released { key: Key::new(key) });
         if nobody_waits {
-            // What `hand_on` would do, with the key's hash already at hand.
-            self.remove_lock_hashed(slot, hash);
+            // What `hand_on` would do, for a key already out of the index.
+            self.free_lock(slot);
         } else {
             self.hand_on(slot, true);
         }
@@ -729,12 +740,7 @@ impl Shard {
     }
 
     fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
-        self.find_holder_hashed(self.hash(key), key, token)
-    }
-
-    #[inline]
-    fn find_holder_hashed(&self, hash: KeyHash, key: &[u8], token: u64) -> Option<u32> {
-        let slot = self.find_hashed(hash, key)?;
+        let slot = self.find(key)?;
         let lock = &self.locks[slot as usize];
         (lock.is_held() && lock.token == token).then_some(slot)
     }
@@ -787,9 +793,16 @@ impl Shard {
 
     /// [`Shard::remove_lock`] for a caller that has hashed the key already.
     fn remove_lock_hashed(&mut self, slot: u32, hash: KeyHash) {
+        debug_assert_eq!(hash, self.index.hash(self.locks[slot as usize].key.as_bytes()));
+        let removed = self.index.remove(hash, slot);
+        assert!(removed, "a lock in the slab is in the index");
+        self.free_lock(slot);
+    }
+
+    /// Frees the slab slot of a lock that has left the index.
+    fn free_lock(&mut self, slot: u32) {
         let lock = &mut self.locks[slot as usize];
         debug_assert!(!lock.is_held() && lock.queue_len == 0);
-        debug_assert_eq!(hash, self.index.hash(lock.key.as_bytes()));
         if lock.starved {
             // Only while tokens are missing, so the list is short and this rare.
             lock.starved = false;
@@ -799,8 +812,6 @@ impl Shard {
         // Dropping the key frees a boxed one now, not when the slot is reused.
         lock.key = Key::new(b"");
         lock.token = 0;
-        let removed = self.index.remove(hash, slot);
-        assert!(removed, "a lock in the slab is in the index");
         self.locks_free.push(slot);
         self.stats.keys -= 1;
     }
