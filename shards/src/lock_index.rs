@@ -9,10 +9,11 @@
 //!
 //! - **Many small tables.** The index is [`SUB_TABLES`] sub-tables, one
 //!   chosen by the top bits of the key's hash, each growing on its own. One
-//!   growth moves about 1/256 of the keys. Keys spread evenly but not
-//!   exactly, so the sub-tables reach their growth points at slightly
-//!   different key counts, and the growths of one doubling happen a few
-//!   hundred requests apart rather than within one request.
+//!   growth moves about 1/256 of the keys: near 7.3 M keys, about 29 K
+//!   entries, which took 0.6–1.1 ms on the test machine. Keys spread evenly
+//!   but not exactly, so the sub-tables reach their growth points at
+//!   slightly different key counts, and the growths of one doubling happen
+//!   hundreds of requests apart on average rather than within one request.
 //! - **No slab reads while growing.** Each entry keeps the low 32 bits of
 //!   its key's hash beside the slot, and a sub-table places entries by those
 //!   bits alone. Growing reads the entries and nothing else: rehashing by the
