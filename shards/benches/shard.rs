@@ -1,6 +1,6 @@
 //! Micro-benchmark of one shard, with no I/O: how many acquire+release cycles
-//! and hand-offs per second one core can do, and how many bytes a held lock and
-//! a waiter cost.
+//! and hand-offs per second one core can do, how many bytes a held lock and
+//! a waiter cost, and the longest single acquire while the shard's tables grow.
 //!
 //! Run with `cargo bench -p ringlock-shards --bench shard` (add `-- --quick`
 //! for a short run). Pin it with `taskset -c 1` for steadier figures.
@@ -8,7 +8,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ringlock_shards::{ClientId, Effect, Shard, ShardConfig, TokenRange};
 
@@ -123,6 +123,22 @@ fn bytes_per_held_lock(locks: u64) -> f64 {
     bytes as f64 / locks as f64
 }
 
+/// The longest single acquire while `keys` new keys fill an empty shard:
+/// what the worst growth of its tables costs the one request that meets it.
+fn longest_acquire_while_filling(keys: u64) -> Duration {
+    let mut shard = shard();
+    let mut longest = Duration::ZERO;
+    for index in 0..keys {
+        let key = key(index);
+        let start = Instant::now();
+        shard.acquire(0, CLIENT, &key, 30_000, 0);
+        longest = longest.max(start.elapsed());
+        shard.drain_effects().for_each(drop);
+    }
+    black_box(&shard);
+    longest
+}
+
 fn bytes_per_waiter(waiters: u64) -> f64 {
     let mut shard = shard();
     // Waiters spread over 1 Ki held keys, each from its own connection, with a wait limit.
@@ -152,6 +168,9 @@ fn main() {
     println!("contended hand-offs, 1 key, 64 waiters: {:.2} M hand-offs/s", rate / 1e6);
     let locks = 1 << 20;
     println!("memory per held lock ({locks} locks, 16-byte keys): {:.1} B", bytes_per_held_lock(locks));
+    let keys = 10_000_000 / scale;
+    let longest = longest_acquire_while_filling(keys);
+    println!("longest acquire while filling {keys} keys: {:.2} ms", longest.as_secs_f64() * 1e3);
     let waiters = 1 << 20;
     println!("memory per waiter ({waiters} waiters on 1024 keys): {:.1} B", bytes_per_waiter(waiters));
 }

@@ -20,12 +20,15 @@
 //! - [`effect`]: what the shard asks its caller to do.
 //! - [`key`]: keys stored inline up to 22 bytes.
 //! - [`limits`]: named limits and settings with their defaults.
+//! - `lock_index`: the table's index from a key's hash to its lock's slot,
+//!   split into sub-tables so that it grows in small steps.
 //!
 //! # Memory
 //! Measured with a counting allocator by `cargo bench -p ringlock-shards
 //! --bench shard` (1 Mi entries, 16-byte keys, so every key is inline):
-//! - **90 B per held lock**: a 56-byte slab entry, a 24-byte timer node and
-//!   about 10 bytes of index (a `u32` slot and a control byte per bucket).
+//! - **98 B per held lock**: a 56-byte slab entry, a 24-byte timer node and
+//!   about 18 bytes of index (per bucket a `u32` slot, 32 bits of the key's
+//!   hash so that the index grows without reading keys, and a control byte).
 //! - **180 B per waiter** when every waiter comes from its own connection: a
 //!   48-byte node, a 24-byte timer, and one entry in each of the per-client
 //!   and per-(client, key) maps; waiters of one connection share those entries.
@@ -36,6 +39,7 @@
 pub mod effect;
 pub mod key;
 pub mod limits;
+mod lock_index;
 pub mod shard;
 pub mod timer_wheel;
 pub mod token;

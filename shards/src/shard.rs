@@ -6,9 +6,11 @@
 //!
 //! # Storage
 //! Locks and waiters live in two slabs addressed by `u32` slot numbers; the
-//! table index is a `hashbrown::HashTable<u32>` of lock slots, so a held lock
-//! costs one slab entry, one timer and a few bytes of index, with no heap
+//! table index (`LockIndex`) maps a key's hash to its lock's slot, so a held
+//! lock costs one slab entry, one timer and a few bytes of index, with no heap
 //! allocation of its own for keys up to [`crate::KEY_INLINE_LEN_MAX`] bytes.
+//! The index grows in small steps, a few hundred requests apart, so that a
+//! shard filling up with millions of keys never stops its core for long.
 //! A key that is neither held nor waited on has no slot: its state is gone.
 //!
 //! # Reply order
@@ -21,12 +23,13 @@
 //! when every request ahead of it in the chain has been answered.
 
 use ahash::RandomState;
-use hashbrown::{HashMap, HashTable};
+use hashbrown::HashMap;
 use ringlock_client::proto::{ErrorCode, Op};
 
 use crate::effect::{ClientId, Delta, Effect, ShardReply};
 use crate::key::Key;
 use crate::limits::{LEASE_MS_LIMIT, ShardConfig};
+use crate::lock_index::{KeyHash, LockIndex};
 use crate::timer_wheel::{TimerHandle, TimerWheel};
 use crate::token::{TokenRange, TokenRangeError, TokenSupply};
 
@@ -152,8 +155,7 @@ fn error_index(code: ErrorCode) -> Option<usize> {
 /// One lock shard. See the module documentation.
 pub struct Shard {
     config: ShardConfig,
-    hasher: RandomState,
-    index: HashTable<u32>,
+    index: LockIndex,
     locks: Vec<Lock>,
     locks_free: Vec<u32>,
     waiters: Vec<Waiter>,
@@ -184,8 +186,12 @@ impl Shard {
         }
         let seed = config.hash_seed;
         let mut shard = Shard {
-            hasher: RandomState::with_seeds(seed, seed ^ 0x9e37_79b9_7f4a_7c15, 0x2545_f491_4f6c_dd1d, !seed),
-            index: HashTable::new(),
+            index: LockIndex::new(RandomState::with_seeds(
+                seed,
+                seed ^ 0x9e37_79b9_7f4a_7c15,
+                0x2545_f491_4f6c_dd1d,
+                !seed,
+            )),
             locks: Vec::new(),
             locks_free: Vec::new(),
             waiters: Vec::new(),
@@ -323,20 +329,31 @@ impl Shard {
     pub fn release(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64) {
         self.set_now(now_ms);
         let hash = self.hash(key);
-        let Some(slot) = self.find_holder_hashed(hash, key, token) else {
+        let locks = &self.locks;
+        let Some(found) = self.index.find_mut(hash, |slot| locks[slot as usize].key.is(key)) else {
             return self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
         };
+        let slot = found.slot();
+        let lock = &locks[slot as usize];
+        if !lock.is_held() || lock.token != token {
+            return self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
+        }
+        let nobody_waits = lock.queue_head == NONE;
+        if nobody_waits {
+            // The key keeps no state once released: it leaves the index now,
+            // through the search that found it, rather than by a second one.
+            found.remove();
+        }
         let lock = &mut self.locks[slot as usize];
         let timer = lock.lease_timer.take().expect("a holder has a lease timer");
-        let nobody_waits = lock.queue_head == NONE;
         self.timers.cancel(timer);
         self.stats.releases += 1;
         self.stats.held_keys -= 1;
         self.delta(|| Delta::Release { key: Key::new(key), token });
         self.reply(client, ShardReply::Released { key: Key::new(key) });
         if nobody_waits {
-            // What `hand_on` would do, with the key's hash already at hand.
-            self.remove_lock_hashed(slot, hash);
+            // What `hand_on` would do, for a key already out of the index.
+            self.free_lock(slot);
         } else {
             self.hand_on(slot, true);
         }
@@ -707,8 +724,8 @@ impl Shard {
     }
 
     #[inline]
-    fn hash(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
+    fn hash(&self, key: &[u8]) -> KeyHash {
+        self.index.hash(key)
     }
 
     #[inline]
@@ -717,23 +734,18 @@ impl Shard {
     }
 
     #[inline]
-    fn find_hashed(&self, hash: u64, key: &[u8]) -> Option<u32> {
+    fn find_hashed(&self, hash: KeyHash, key: &[u8]) -> Option<u32> {
         let locks = &self.locks;
-        self.index.find(hash, |&slot| locks[slot as usize].key.is(key)).copied()
+        self.index.find(hash, |slot| locks[slot as usize].key.is(key))
     }
 
     fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
-        self.find_holder_hashed(self.hash(key), key, token)
-    }
-
-    #[inline]
-    fn find_holder_hashed(&self, hash: u64, key: &[u8], token: u64) -> Option<u32> {
-        let slot = self.find_hashed(hash, key)?;
+        let slot = self.find(key)?;
         let lock = &self.locks[slot as usize];
         (lock.is_held() && lock.token == token).then_some(slot)
     }
 
-    fn insert_lock(&mut self, hash: u64, key: &[u8]) -> u32 {
+    fn insert_lock(&mut self, hash: KeyHash, key: &[u8]) -> u32 {
         let lock = Lock {
             key: Key::new(key),
             token: 0,
@@ -753,8 +765,7 @@ impl Shard {
                 (self.locks.len() - 1) as u32
             }
         };
-        let (locks, hasher) = (&self.locks, &self.hasher);
-        self.index.insert_unique(hash, slot, |&other| hasher.hash_one(locks[other as usize].key.as_bytes()));
+        self.index.insert(hash, slot);
         self.stats.keys += 1;
         slot
     }
@@ -776,15 +787,22 @@ impl Shard {
     }
 
     fn remove_lock(&mut self, slot: u32) {
-        let hash = self.hasher.hash_one(self.locks[slot as usize].key.as_bytes());
+        let hash = self.hash(self.locks[slot as usize].key.as_bytes());
         self.remove_lock_hashed(slot, hash);
     }
 
     /// [`Shard::remove_lock`] for a caller that has hashed the key already.
-    fn remove_lock_hashed(&mut self, slot: u32, hash: u64) {
+    fn remove_lock_hashed(&mut self, slot: u32, hash: KeyHash) {
+        debug_assert_eq!(hash, self.index.hash(self.locks[slot as usize].key.as_bytes()));
+        let removed = self.index.remove(hash, slot);
+        assert!(removed, "a lock in the slab is in the index");
+        self.free_lock(slot);
+    }
+
+    /// Frees the slab slot of a lock that has left the index.
+    fn free_lock(&mut self, slot: u32) {
         let lock = &mut self.locks[slot as usize];
         debug_assert!(!lock.is_held() && lock.queue_len == 0);
-        debug_assert_eq!(hash, self.hasher.hash_one(lock.key.as_bytes()));
         if lock.starved {
             // Only while tokens are missing, so the list is short and this rare.
             lock.starved = false;
@@ -794,12 +812,6 @@ impl Shard {
         // Dropping the key frees a boxed one now, not when the slot is reused.
         lock.key = Key::new(b"");
         lock.token = 0;
-        match self.index.find_entry(hash, |&other| other == slot) {
-            Ok(entry) => {
-                entry.remove();
-            }
-            Err(_) => unreachable!("a lock in the slab is in the index"),
-        }
         self.locks_free.push(slot);
         self.stats.keys -= 1;
     }

@@ -474,3 +474,48 @@ fn a_freed_key_is_reused_without_growing_the_table() {
     assert_eq!(shard.locks.len(), 1, "one slot served every key in turn");
     assert_eq!(shard.stats().keys, 0);
 }
+
+#[test]
+fn the_table_stays_exact_while_its_index_grows() {
+    // 30,000 keys take every sub-table of the index through several growths
+    // (about 117 keys each: growths at 3, 7, 14, 28, 56 and 112).
+    const KEYS: u64 = 30_000;
+    let key = |number: u64| format!("grow-{number}").into_bytes();
+    let mut shard = shard();
+    let mut tokens = Vec::new();
+    let mut capacities = shard.index.sub_table_capacities();
+    let mut growths = 0;
+    for number in 0..KEYS {
+        shard.acquire(number, C1, &key(number), 1_000_000, 0);
+        tokens.push(acquired(&mut shard, C1, &key(number)));
+        let now = shard.index.sub_table_capacities();
+        growths += capacities.iter().zip(&now).filter(|(old, new)| old != new).count();
+        capacities = now;
+    }
+    assert!(growths >= 6 * crate::lock_index::SUB_TABLES, "only {growths} growths of a sub-table");
+    assert_eq!(shard.stats().keys, KEYS);
+    for number in 0..KEYS {
+        assert_eq!(shard.holder_token(&key(number)), Some(tokens[number as usize]), "key {number}");
+    }
+
+    // Release two keys in three; the rest stay exactly as they were.
+    for number in (0..KEYS).filter(|number| number % 3 != 0) {
+        shard.release(KEYS, C1, &key(number), tokens[number as usize]);
+    }
+    replies(&mut shard);
+    assert_eq!(shard.stats().keys, KEYS / 3);
+    assert_eq!(shard.index.len(), (KEYS / 3) as usize);
+    for number in 0..KEYS {
+        let expected = (number % 3 == 0).then(|| tokens[number as usize]);
+        assert_eq!(shard.holder_token(&key(number)), expected, "key {number}");
+    }
+
+    // Released keys are free again: a new acquire is granted at once, and
+    // a queued one on a kept key still waits.
+    shard.acquire(KEYS, C2, &key(1), 1000, 0);
+    assert!(acquired(&mut shard, C2, &key(1)) > tokens[1]);
+    shard.acquire(KEYS, C2, &key(3), 1000, 0);
+    assert!(replies(&mut shard).is_empty(), "a held key queues");
+    assert_eq!(shard.queue_len(&key(3)), 1);
+    assert_eq!(shard.stats().keys, KEYS / 3 + 1);
+}
