@@ -430,8 +430,8 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
     }
     out.push_str("\n\n");
     out.push_str(
-        "| run | target | acquire p50 | p90 | p99 | p99.9 | max | release p50 | p99 | p99.9 | server cpu | bench cpu | cpu pressure | errors, timeouts |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| run | target | acquire p50 | p90 | p99 | p99.9 | max | release p50 | p99 | p99.9 | server cpu | bench cpu | cpu pressure | cpu steal | errors, timeouts |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for run in runs.iter().filter(|run| is_shown(run, &runs)) {
         let (a, r) = (&run.acquire_latency_us, &run.release_latency_us);
@@ -440,7 +440,7 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
         problems.extend(run.timeouts.iter().map(|(kind, count)| format!("{kind} {count}")));
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.1}% | {} |",
             run.label,
             run.target.name(),
             a.p50,
@@ -454,6 +454,7 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
             cpu(run.server.as_ref().map(|server| server.cpu_percent)),
             cpu(run.generator_cpu_percent),
             run.cpu_pressure_percent.map_or("-".into(), |pressure| format!("{pressure:.1}%")),
+            run.cpu_steal_percent,
             if problems.is_empty() { "none".into() } else { problems.join(", ") }
         );
     }
