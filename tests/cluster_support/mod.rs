@@ -332,7 +332,14 @@ impl Cluster {
         let peers: Vec<SocketAddr> = (0..count).map(|_| SocketAddr::from(([127, 0, 0, 1], free_port()))).collect();
         let links: Vec<Vec<Option<Proxy>>> = (0..count)
             .map(|from| {
-                (0..count).map(|to| (options.partitionable && from != to).then(|| Proxy::start(peers[to]))).collect()
+                // The nodes bind their ports only once started: a proxy on a
+                // port the system picks could be given one of them meanwhile.
+                (0..count)
+                    .map(|to| {
+                        (options.partitionable && from != to)
+                            .then(|| Proxy::start_on(SocketAddr::from(([127, 0, 0, 1], free_port())), peers[to]))
+                    })
+                    .collect()
             })
             .collect();
         let mut nodes = Vec::with_capacity(count);

@@ -98,7 +98,14 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy to `target` on a free loopback port.
     pub fn start(target: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        Proxy::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), target)
+    }
+
+    /// A proxy to `target` listening on `listen`. A caller that hands out
+    /// ports to servers it starts later names the proxy's port itself, so
+    /// that the system does not give the proxy one of those ports meanwhile.
+    pub fn start_on(listen: SocketAddr, target: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind(listen).expect("bind the proxy");
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
             target: Mutex::new(target),
