@@ -472,6 +472,14 @@ mod tests {
     }
 
     #[test]
+    fn parse_seconds_prefix_needs_a_digit_after_the_dot() {
+        assert_eq!(parse_seconds_prefix(b"00."), None);
+        assert_eq!(parse_seconds_prefix(b"00. "), None);
+        assert_eq!(parse_seconds_prefix(b"00.5 "), Some((500, 4)));
+        assert_eq!(parse_seconds_prefix(b"30 10"), Some((30_000, 2)));
+    }
+
+    #[test]
     fn decimal_window_is_the_digits_then_zeros() {
         for power in POWERS_OF_TEN_U64 {
             for value in [power - 1, power, power + 1, power.saturating_mul(9).saturating_add(power - 1), u64::MAX] {
@@ -650,11 +658,14 @@ mod tests {
                     prop_assert_eq!(parse_seconds_ms(&bytes[..len]), Some(ms));
                 }
                 // Only no digit, or a `.` with no digit after it, is nothing.
+                // The digits are counted in the bytes, not in `whole`: the
+                // suffix may go on with more of them (`0` then `0.`).
                 None => {
-                    let dot_alone = whole.len() <= SECONDS_DIGITS_MAX
-                        && bytes.get(whole.len()) == Some(&b'.')
-                        && !bytes.get(whole.len() + 1).is_some_and(u8::is_ascii_digit);
-                    prop_assert!(whole.is_empty() || dot_alone);
+                    let digits = bytes.iter().take_while(|byte| byte.is_ascii_digit()).count();
+                    let dot_alone = digits <= SECONDS_DIGITS_MAX
+                        && bytes.get(digits) == Some(&b'.')
+                        && !bytes.get(digits + 1).is_some_and(u8::is_ascii_digit);
+                    prop_assert!(digits == 0 || dot_alone);
                 }
             }
             // It reads every well-formed field of at most 16 whole digits.
