@@ -861,8 +861,12 @@ fn a_flood_of_waiters_that_time_out_each_get_exactly_one_t() {
 // The peer port of a cluster node
 
 /// A loopback address free at the time of the call.
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+/// `count` free loopback addresses, all different: every probing socket
+/// stays open until all are picked, since the system may hand a port that
+/// was just let go to the next probe.
+fn free_addrs(count: usize) -> Vec<SocketAddr> {
+    let probes: Vec<TcpListener> = (0..count).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    probes.iter().map(|probe| probe.local_addr().unwrap()).collect()
 }
 
 /// Two cluster nodes on loopback: node 0 active, node 1 its standby.
@@ -877,8 +881,9 @@ struct Pair {
 
 impl Pair {
     fn start(extra: &[&str]) -> Pair {
-        let client = vec![free_addr(), free_addr()];
-        let peer = vec![free_addr(), free_addr()];
+        let mut addresses = free_addrs(4);
+        let peer = addresses.split_off(2);
+        let client = addresses;
         let peers = format!("{}@{},{}@{}", client[0], peer[0], client[1], peer[1]);
         let nodes: Vec<Server> = (0..2)
             .map(|index| {
