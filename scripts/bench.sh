@@ -24,8 +24,8 @@
 # (/proc/pressure/cpu, the share of time some task waited for a CPU) and the
 # CPU the hypervisor stole (/proc/stat), and a run with either above
 # MAX_PRESSURE percent is done again, after waiting for a quieter moment, up
-# to TRIES times; the least disturbed try is kept. Both are in the JSON, the
-# pressure also in the table.
+# to TRIES times; the least disturbed try is kept. Both are in the JSON and
+# in the latency table.
 #
 # Settings (environment): DURATION (s, default 6), WARMUP (s, default 2),
 # ROUNDS (default 5), HOLD_KEYS (default 10000000), SERVER_CPU (1),

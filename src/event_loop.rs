@@ -396,7 +396,6 @@ impl EventLoop {
                     return Ok(());
                 }
                 Ok(false) => {}
-                Err(error) if matches!(error.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
                 Err(error) => {
                     asleep.store(false, Ordering::SeqCst);
                     return Err(error);

@@ -7,9 +7,8 @@
 //! one `send` per connection per turn, and the same short poll before
 //! sleeping as ringlock's loop (`--poll-us`). It parses nothing and keeps no
 //! locks: what is left of ringlock's work once parsing, the lock table and
-//! tokens are taken away.
-//! The same load generator drives it, so its figures are the ceiling of this
-//! machine's loopback for this client.
+//! tokens are taken away. The same load generator drives it, so its figures
+//! are the ceiling of this machine's loopback for this client.
 //!
 //! Its replies are as long as ringlock's, so that both targets move the same
 //! bytes: to a line that starts with `A` a fixed line as long as ringlock's

@@ -385,13 +385,8 @@ impl Worker {
         // `send` of replies, on the server's CPU; awake, it spares the
         // server that work, as an echo server that polls spares it.
         let poll = self.clients.settings.poll.min(wait);
-        if !poll.is_zero() {
-            match poll_before_sleep(&mut self.ring, poll, || false) {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(error) if matches!(error.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
-                Err(error) => return Err(error),
-            }
+        if !poll.is_zero() && poll_before_sleep(&mut self.ring, poll, || false)? {
+            return Ok(());
         }
         let timespec = Timespec::from(wait);
         let args = SubmitArgs::new().timespec(&timespec);

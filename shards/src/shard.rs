@@ -60,6 +60,12 @@ impl Lock {
     fn is_held(&self) -> bool {
         self.lease_timer.is_some()
     }
+
+    /// Whether the key is held under `token`: what a release or an extend
+    /// must show.
+    fn is_held_by(&self, token: u64) -> bool {
+        self.is_held() && self.token == token
+    }
 }
 
 /// What a waiter node stands for.
@@ -335,7 +341,7 @@ impl Shard {
         };
         let slot = found.slot();
         let lock = &locks[slot as usize];
-        if !lock.is_held() || lock.token != token {
+        if !lock.is_held_by(token) {
             return self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
         }
         let nobody_waits = lock.queue_head == NONE;
@@ -742,7 +748,7 @@ impl Shard {
     fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
         let slot = self.find(key)?;
         let lock = &self.locks[slot as usize];
-        (lock.is_held() && lock.token == token).then_some(slot)
+        lock.is_held_by(token).then_some(slot)
     }
 
     fn insert_lock(&mut self, hash: KeyHash, key: &[u8]) -> u32 {
