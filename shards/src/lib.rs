@@ -20,8 +20,9 @@
 //! - [`effect`]: what the shard asks its caller to do.
 //! - [`key`]: keys stored inline up to 22 bytes.
 //! - [`limits`]: named limits and settings with their defaults.
-//! - `lock_index`: the table's index from a key's hash to its lock's slot,
-//!   split into sub-tables so that it grows in small steps.
+//! - [`lock_index`]: the table's index from a key's hash to its lock's slot,
+//!   split into sub-tables so that it grows in small steps (the replication
+//!   core's table uses it too).
 //!
 //! # Memory
 //! Measured with a counting allocator by `cargo bench -p ringlock-shards
@@ -39,7 +40,7 @@
 pub mod effect;
 pub mod key;
 pub mod limits;
-mod lock_index;
+pub mod lock_index;
 pub mod shard;
 pub mod timer_wheel;
 pub mod token;

@@ -35,12 +35,12 @@ use hashbrown::hash_table::OccupiedEntry;
 const SUB_TABLE_BITS: u32 = 8;
 
 /// How many sub-tables the index is split into.
-pub(crate) const SUB_TABLES: usize = 1 << SUB_TABLE_BITS;
+pub const SUB_TABLES: usize = 1 << SUB_TABLE_BITS;
 
 /// A key's hash, split once into the two parts the index uses, so that a
 /// request that looks its key up and then adds or removes it splits it once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct KeyHash {
+pub struct KeyHash {
     /// The hash the key's sub-table files it under (see [`place_hash`]).
     place: u64,
     /// The key's sub-table. As a `u8` it indexes the array of 256 with no
@@ -52,7 +52,7 @@ impl KeyHash {
     /// Splits a 64-bit hash: its top bits choose the sub-table, its low 32
     /// bits place the key within it.
     #[inline]
-    pub(crate) fn from_hash(hash: u64) -> KeyHash {
+    pub fn from_hash(hash: u64) -> KeyHash {
         const _: () = assert!(SUB_TABLE_BITS == u8::BITS, "a sub-table number is a u8");
         KeyHash { place: place_hash(hash as u32), sub_table: (hash >> (u64::BITS - SUB_TABLE_BITS)) as u8 }
     }
@@ -74,20 +74,20 @@ struct Entry {
 
 /// A key found by [`LockIndex::find_mut`], which can leave the index without
 /// a second search.
-pub(crate) struct Found<'index> {
+pub struct Found<'index> {
     entry: OccupiedEntry<'index, Entry>,
 }
 
 impl Found<'_> {
     /// The slot of the key's lock.
     #[inline]
-    pub(crate) fn slot(&self) -> u32 {
+    pub fn slot(&self) -> u32 {
         self.entry.get().slot
     }
 
     /// Takes the key out of the index.
     #[inline]
-    pub(crate) fn remove(self) {
+    pub fn remove(self) {
         self.entry.remove();
     }
 }
@@ -95,7 +95,8 @@ impl Found<'_> {
 /// A map from a key's hash to the slot of its lock. It holds no keys: a
 /// lookup confirms a candidate slot through the caller's `is_key`, since
 /// different keys may share a hash.
-pub(crate) struct LockIndex {
+#[derive(Debug)]
+pub struct LockIndex {
     /// Seeded per shard, so that clients cannot aim keys at one place.
     hasher: RandomState,
     sub_tables: Box<[HashTable<Entry>; SUB_TABLES]>,
@@ -104,20 +105,20 @@ pub(crate) struct LockIndex {
 impl LockIndex {
     /// An empty index that hashes keys with `hasher`. Sub-tables allocate
     /// when their first key comes.
-    pub(crate) fn new(hasher: RandomState) -> LockIndex {
+    pub fn new(hasher: RandomState) -> LockIndex {
         LockIndex { hasher, sub_tables: Box::new(std::array::from_fn(|_| HashTable::new())) }
     }
 
     /// The hash of `key`, for the other methods. Every request hashes its
     /// key once, and a call here would cost more than the work it wraps.
     #[inline(always)]
-    pub(crate) fn hash(&self, key: &[u8]) -> KeyHash {
+    pub fn hash(&self, key: &[u8]) -> KeyHash {
         KeyHash::from_hash(self.hasher.hash_one(key))
     }
 
     /// The slot of the key with this `hash`, for which `is_key(slot)` holds.
     #[inline]
-    pub(crate) fn find(&self, hash: KeyHash, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
+    pub fn find(&self, hash: KeyHash, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
         let hash_low = hash.low();
         // The stored bits are compared first, which spares a slab read for
         // most keys that only share the control byte's seven bits.
@@ -128,7 +129,7 @@ impl LockIndex {
 
     /// [`LockIndex::find`], for a caller that may then remove the key.
     #[inline]
-    pub(crate) fn find_mut(&mut self, hash: KeyHash, mut is_key: impl FnMut(u32) -> bool) -> Option<Found<'_>> {
+    pub fn find_mut(&mut self, hash: KeyHash, mut is_key: impl FnMut(u32) -> bool) -> Option<Found<'_>> {
         let hash_low = hash.low();
         self.sub_tables[usize::from(hash.sub_table)]
             .find_entry(hash.place, |entry| entry.hash_low == hash_low && is_key(entry.slot))
@@ -138,7 +139,7 @@ impl LockIndex {
 
     /// Adds `slot` for a key with this `hash` that the index does not hold.
     #[inline]
-    pub(crate) fn insert(&mut self, hash: KeyHash, slot: u32) {
+    pub fn insert(&mut self, hash: KeyHash, slot: u32) {
         let entry = Entry { slot, hash_low: hash.low() };
         self.sub_tables[usize::from(hash.sub_table)]
             .insert_unique(hash.place, entry, |entry| place_hash(entry.hash_low));
@@ -146,7 +147,7 @@ impl LockIndex {
 
     /// Removes `slot`, filed under `hash`; false if it is not there.
     #[inline]
-    pub(crate) fn remove(&mut self, hash: KeyHash, slot: u32) -> bool {
+    pub fn remove(&mut self, hash: KeyHash, slot: u32) -> bool {
         // A slot is in the index at most once, so it alone names the entry.
         match self.sub_tables[usize::from(hash.sub_table)].find_entry(hash.place, |entry| entry.slot == slot) {
             Ok(entry) => {
@@ -158,7 +159,7 @@ impl LockIndex {
     }
 
     /// Heap bytes of the index, for memory measurements.
-    pub(crate) fn allocation_size(&self) -> usize {
+    pub fn allocation_size(&self) -> usize {
         size_of::<[HashTable<Entry>; SUB_TABLES]>()
             + self.sub_tables.iter().map(HashTable::allocation_size).sum::<usize>()
     }

@@ -98,8 +98,6 @@ pub struct ReplicationCore {
     streams: Vec<Option<Stream>>,
     /// The last turn left events or reports for the next one.
     backlog: bool,
-    /// The most grants the node's shards may hold, for the mirrors.
-    grants_max: usize,
     replica: Option<Replica>,
     incoming: Option<Incoming>,
     /// Cores that still owe a [`Report::Held`] after a hold.
@@ -119,7 +117,6 @@ impl ReplicationCore {
         store: EpochStore,
         reports: Receiver<Report>,
         links: PeerLinks,
-        grants_max: usize,
     ) -> ReplicationCore {
         let PeerLinks { events, outboxes, hello } = links;
         let nodes = peers.len();
@@ -133,9 +130,8 @@ impl ReplicationCore {
             events,
             outboxes,
             hello,
-            mirror: Mirror::with_limit(grants_max),
+            mirror: Mirror::new(),
             backlog: false,
-            grants_max,
             serving: None,
             cores_active: false,
             batch: Vec::with_capacity(BATCH_BYTES_INITIAL),
@@ -478,7 +474,7 @@ impl ReplicationCore {
                     if self.replica.is_some_and(|replica| replica.from == from && replica.connection == connection) {
                         self.replica = None;
                     }
-                    let mirror = Mirror::with_limit(self.grants_max);
+                    let mirror = Mirror::new();
                     self.incoming = Some(Incoming { from, connection, table, mirror });
                 }
             }

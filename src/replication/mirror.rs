@@ -9,7 +9,7 @@
 //! standby ends at most one replication lag later than on the active: late,
 //! never early, which is the safe side for mutual exclusion.
 
-use hashbrown::HashTable;
+use ringlock_shards::lock_index::LockIndex;
 use ringlock_shards::{Delta, Key, shard_of, token_epoch};
 
 use crate::cluster::wire::SnapshotEntry;
@@ -36,45 +36,38 @@ impl std::fmt::Display for OutOfOrder {
     }
 }
 
-/// Grants at which the mirror sizes itself for the node's key limit.
-const GROW_ONCE_AT: usize = 1 << 20;
-
 /// The replicated table of one node.
 ///
 /// Grants live in numbered slots, found by key through an index. A slot
 /// keeps its number for as long as its grant lives, and a freed slot is
 /// reused, so a walk over the slot numbers that spans many turns (a
 /// snapshot sent in slices) meets every grant that lives throughout it.
+///
+/// The index is the shards' own [`LockIndex`]: it grows a small sub-table at
+/// a time, so millions of grants never stop the replication core (and its
+/// heartbeats) for a rehash of them all.
 #[derive(Debug)]
 pub struct Mirror {
     slots: Vec<Option<Grant>>,
     free: Vec<u32>,
     /// Slot numbers, by the hash of their key.
-    index: HashTable<u32>,
-    hasher: ahash::RandomState,
-    /// The most grants the node's shards may hold (`--max-keys`).
-    grants_max: usize,
+    index: LockIndex,
     /// The highest epoch of any token applied, for the cluster logic.
     token_epoch_max: u64,
 }
 
 impl Mirror {
-    #[cfg(test)]
+    /// An empty mirror.
     pub fn new() -> Mirror {
-        Mirror::with_limit(0)
-    }
-
-    /// A mirror for a node whose shards hold at most `grants_max` keys.
-    pub fn with_limit(grants_max: usize) -> Mirror {
         // Keys come from clients: a seeded hash keeps them from aiming at one bucket.
         let seed = crate::server::random_seed();
         let hasher = ahash::RandomState::with_seeds(seed, seed.rotate_left(17), seed ^ 0x9e37_79b9, 0x5bd1_e995);
-        Mirror { slots: Vec::new(), free: Vec::new(), index: HashTable::new(), hasher, grants_max, token_epoch_max: 0 }
+        Mirror { slots: Vec::new(), free: Vec::new(), index: LockIndex::new(hasher), token_epoch_max: 0 }
     }
 
-    /// Held grants.
+    /// Held grants: every slot but the free ones.
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.slots.len() - self.free.len()
     }
 
     pub fn token_epoch_max(&self) -> u64 {
@@ -84,28 +77,14 @@ impl Mirror {
     /// The slot holding `key`, if any.
     fn find(&self, key: &[u8]) -> Option<u32> {
         let slots = &self.slots;
-        let hash = self.hasher.hash_one(key);
-        self.index
-            .find(hash, |&slot| slots[slot as usize].as_ref().is_some_and(|grant| grant.key.as_bytes() == key))
-            .copied()
+        self.index.find(self.index.hash(key), |slot| {
+            slots[slot as usize].as_ref().is_some_and(|grant| grant.key.as_bytes() == key)
+        })
     }
 
     /// Stores a grant for a key that has none.
     fn add(&mut self, grant: Grant) {
-        if self.index.len() == GROW_ONCE_AT && self.grants_max > GROW_ONCE_AT {
-            // Growing rehashes every grant in one step: at millions of grants
-            // that stops the replication core, heartbeats included, for
-            // longer than a failover timeout. A table this large is sized
-            // for the node's key limit now, in one step of this size, and
-            // never grows again. A smaller one grows as usual, and costs
-            // memory by its size only.
-            let (slots, hasher) = (&self.slots, &self.hasher);
-            let _ = self.index.try_reserve(self.grants_max - GROW_ONCE_AT, |&slot| {
-                hasher.hash_one(slots[slot as usize].as_ref().map_or(&[][..], |grant| grant.key.as_bytes()))
-            });
-            let _ = self.slots.try_reserve_exact(self.grants_max.saturating_sub(self.slots.len()));
-        }
-        let hash = self.hasher.hash_one(grant.key.as_bytes());
+        let hash = self.index.hash(grant.key.as_bytes());
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(grant);
@@ -116,19 +95,13 @@ impl Mirror {
                 (self.slots.len() - 1) as u32
             }
         };
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        self.index.insert_unique(hash, slot, |&other| {
-            hasher.hash_one(slots[other as usize].as_ref().map_or(&[][..], |grant| grant.key.as_bytes()))
-        });
+        self.index.insert(hash, slot);
     }
 
     /// Frees `slot` and its index entry.
     fn remove(&mut self, slot: u32) {
         let Some(grant) = self.slots[slot as usize].take() else { return };
-        let hash = self.hasher.hash_one(grant.key.as_bytes());
-        if let Ok(entry) = self.index.find_entry(hash, |&other| other == slot) {
-            entry.remove();
-        }
+        self.index.remove(self.index.hash(grant.key.as_bytes()), slot);
         self.free.push(slot);
     }
 

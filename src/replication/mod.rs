@@ -56,8 +56,6 @@ pub struct Start {
     pub listener: std::net::TcpListener,
     pub cpu: Option<usize>,
     pub incarnation: u64,
-    /// The most keys the node's shards may hold (`--max-keys`).
-    pub grants_max: usize,
 }
 
 /// Starts the replication thread; it returns once the node has left the
@@ -103,7 +101,7 @@ pub fn start(start: Start) -> Result<JoinHandle<Result<ExitReason, String>>, Str
 }
 
 async fn run(start: Start) -> ExitReason {
-    let Start { settings, store, shared, reports, listener, incarnation, grants_max, .. } = start;
+    let Start { settings, store, shared, reports, listener, incarnation, .. } = start;
     let config = settings.cluster;
     let (me, nodes) = (config.me, config.nodes);
     let started = std::time::Instant::now();
@@ -129,6 +127,6 @@ async fn run(start: Start) -> ExitReason {
     }
     tracing::info!(node = me, nodes, peer_listen = %settings.listen, "replication core started; standby until the cluster decides");
     let links = PeerLinks { events, outboxes, hello };
-    let core = ReplicationCore::new(node, settings.peers, shared, store, reports, links, grants_max);
+    let core = ReplicationCore::new(node, settings.peers, shared, store, reports, links);
     core.run(now_ms).await
 }
