@@ -26,9 +26,10 @@ pub struct Cli {
 pub enum Command {
     /// Runs one workload against one server and prints what it measured.
     Run(RunArgs),
-    /// Runs the echo server: one io_uring thread answering every request
-    /// line with one fixed 20-byte line, the loopback ceiling for `run
-    /// --target echo`. Prints `listening on <addr>` on stderr.
+    /// Runs the echo server: one io_uring thread answering each request line
+    /// with a fixed line as long as ringlock's reply to it (34 bytes to an
+    /// `A`, 19 to an `R`, for 16-byte keys), without parsing it: the loopback
+    /// ceiling for `run --target echo`. Prints `listening on <addr>` on stderr.
     EchoServer(EchoArgs),
     /// Reads the JSON of several `run --json` results and prints them side by
     /// side with the ratios ringlock/echo and ringlock/redis.

@@ -18,7 +18,7 @@
 //! - [`token`]: the token layout (epoch and sequence) and the ranges a shard
 //!   issues from.
 //! - [`effect`]: what the shard asks its caller to do.
-//! - [`key`]: keys stored inline up to 22 bytes.
+//! - [`key`]: keys stored inline up to 24 bytes.
 //! - [`limits`]: named limits and settings with their defaults.
 //! - [`lock_index`]: the table's index from a key's hash to its lock's slot,
 //!   split into sub-tables so that it grows in small steps (the replication
@@ -27,7 +27,7 @@
 //! # Memory
 //! Measured with a counting allocator by `cargo bench -p ringlock-shards
 //! --bench shard` (1 Mi entries, 16-byte keys, so every key is inline):
-//! - **98 B per held lock**: a 56-byte slab entry, a 24-byte timer node and
+//! - **106 B per held lock**: a 64-byte slab entry, a 24-byte timer node and
 //!   about 18 bytes of index (per bucket a `u32` slot, 32 bits of the key's
 //!   hash so that the index grows without reading keys, and a control byte).
 //! - **180 B per waiter** when every waiter comes from its own connection: a

@@ -104,7 +104,7 @@ const KEY_BYTES: [bool; 256] = {
 /// Copies `src`, at most `N` bytes, to the start of `dst` with two copies
 /// of a fixed size (see `copy_ends`): a copy of a length known only at run
 /// time would call `memcpy`, which costs more than the key is long. Keys are
-/// copied like this into replies and into the server's table.
+/// copied like this into replies.
 #[inline(always)]
 pub fn copy_short<const N: usize>(src: &[u8], dst: &mut [u8; N]) {
     debug_assert!(src.len() <= N && N <= 32);
