@@ -82,7 +82,7 @@ impl EventLoop {
                     Message::Request { client, request } => {
                         self.io.run_keyed(&mut self.shard, client, Keyed::of(&request))
                     }
-                    Message::Reply { client, reply } => self.io.deliver(client, reply),
+                    Message::Reply { client, reply } => self.io.deliver(client, &reply),
                     Message::ClientGone(client) => {
                         let removed = self.shard.client_gone(self.io.now_ms, client);
                         let (core, ..) = split_client_id(client);
@@ -101,12 +101,7 @@ impl EventLoop {
     /// core, token requests to the authority.
     pub(crate) fn handle_effects(&mut self) {
         loop {
-            for effect in self.shard.drain_effects() {
-                match effect {
-                    Effect::Reply { client, reply } => self.io.deliver(client, reply),
-                    Effect::NeedTokens => self.io.need_tokens = true,
-                }
-            }
+            self.io.handle_effects(&mut self.shard);
             // Tokens come only while active: a shortage found meanwhile
             // waits for the role to come back.
             if !self.io.need_tokens || self.io.role != CoreRole::Active {
@@ -327,12 +322,20 @@ impl Io {
             return;
         }
         self.run_keyed(shard, client, request);
-        for effect in shard.drain_effects() {
+        self.handle_effects(shard);
+    }
+
+    /// Delivers the shard's replies and notes a call for tokens. The effects
+    /// are read where the shard put them (see [`Shard::effects`]).
+    #[inline]
+    fn handle_effects(&mut self, shard: &mut Shard) {
+        for effect in shard.effects() {
             match effect {
-                Effect::Reply { client, reply } => self.deliver(client, reply),
+                Effect::Reply { client, reply } => self.deliver(*client, reply),
                 Effect::NeedTokens => self.need_tokens = true,
             }
         }
+        shard.clear_effects();
     }
 
     /// A request for one of this core's keys, as the core's role says:
@@ -343,17 +346,17 @@ impl Io {
             (CoreRole::Held, request) => self.parked.push((client, request.to_routed())),
             (CoreRole::Standby, Keyed::Reject { op, key, code }) => shard.reject(self.now_ms, client, op, key, code),
             (CoreRole::Standby, request) => {
-                self.deliver(client, ShardReply::Moved { op: request.op(), key: Key::new(request.key()) })
+                self.deliver(client, &ShardReply::Moved { op: request.op(), key: Key::new(request.key()) })
             }
         }
     }
 
     /// A reply for `client`: written to its connection if it lives here and
     /// its socket still works, else queued for its core.
-    pub(crate) fn deliver(&mut self, client: ClientId, reply: ShardReply) {
+    pub(crate) fn deliver(&mut self, client: ClientId, reply: &ShardReply) {
         let (core, slot, generation) = split_client_id(client);
         if core != self.core {
-            self.outgoing[core].push(Message::Reply { client, reply });
+            self.outgoing[core].push(Message::Reply { client, reply: reply.clone() });
             return;
         }
         let Some(connection) = live_connection(&mut self.connections, slot, generation) else { return };

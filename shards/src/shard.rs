@@ -243,6 +243,21 @@ impl Shard {
         self.effects.drain(..)
     }
 
+    /// The effects produced so far, in the order they happened, for a caller
+    /// that handles them where they lie and then calls
+    /// [`Shard::clear_effects`]. Moving each effect out, as
+    /// [`Shard::drain_effects`] does, copies it whole right after the shard
+    /// stored it in parts, and that copy waits for the stores to reach the
+    /// cache.
+    pub fn effects(&self) -> &[Effect] {
+        &self.effects
+    }
+
+    /// Forgets the effects produced so far (see [`Shard::effects`]).
+    pub fn clear_effects(&mut self) {
+        self.effects.clear();
+    }
+
     /// Whether changes wait to be taken with [`Shard::take_deltas`].
     pub fn has_deltas(&self) -> bool {
         !self.deltas.is_empty()
