@@ -2,7 +2,8 @@
 //! fencing tokens, as a state machine with no I/O and no clock.
 //!
 //! Every input takes `now_ms`; every output is an [`Effect`] queued in the
-//! shard until the caller drains it with [`Shard::drain_effects`].
+//! shard until the caller takes it with [`Shard::drain_effects`] (or reads
+//! it with [`Shard::effects`] and then calls [`Shard::clear_effects`]).
 //!
 //! # Storage
 //! Locks and waiters live in two slabs addressed by `u32` slot numbers; the
