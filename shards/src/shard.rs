@@ -250,11 +250,13 @@ impl Shard {
     /// [`Shard::drain_effects`] does, copies it whole right after the shard
     /// stored it in parts, and that copy waits for the stores to reach the
     /// cache.
+    #[inline]
     pub fn effects(&self) -> &[Effect] {
         &self.effects
     }
 
     /// Forgets the effects produced so far (see [`Shard::effects`]).
+    #[inline]
     pub fn clear_effects(&mut self) {
         self.effects.clear();
     }
