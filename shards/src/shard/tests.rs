@@ -519,3 +519,27 @@ fn the_table_stays_exact_while_its_index_grows() {
     assert_eq!(shard.queue_len(&key(3)), 1);
     assert_eq!(shard.stats().keys, KEYS / 3 + 1);
 }
+
+#[test]
+fn effects_read_in_place_are_those_drain_would_take_and_clear_forgets_them() {
+    let mut shard = shard();
+    let long_key = [b'k'; crate::KEY_INLINE_LEN_MAX + 1];
+    shard.acquire(0, C1, b"a", 1000, 0);
+    shard.acquire(0, C2, &long_key, 1000, 0);
+    let read: Vec<Effect> = shard.effects().to_vec();
+    assert_eq!(read.len(), 2);
+    assert!(
+        matches!(&read[1], Effect::Reply { client: C2, reply: ShardReply::Acquired { key, .. } } if key.as_bytes() == long_key),
+        "{read:?}"
+    );
+    shard.clear_effects();
+    assert!(shard.effects().is_empty());
+    assert_eq!(shard.drain_effects().count(), 0, "cleared effects are not taken again");
+    // Effects made after a clear are read as before.
+    shard.acquire(1, C3, b"b", 1000, 0);
+    let token = shard.holder_token(b"b").expect("granted");
+    assert_eq!(
+        shard.effects(),
+        [Effect::Reply { client: C3, reply: ShardReply::Acquired { key: Key::new(b"b"), token } }]
+    );
+}
