@@ -18,22 +18,24 @@ use io_uring::{EnterFlags, IoUring};
 /// Returns whether the loop has something to do: `false` means it may sleep.
 /// An interrupted or busy `io_uring_enter` (`EINTR`, `EBUSY`) ends the poll
 /// as if nothing came, since the sleep after it asks again.
-pub fn poll_before_sleep(ring: &mut IoUring, poll: Duration, mut ready: impl FnMut() -> bool) -> io::Result<bool> {
-    let polled: io::Result<bool> = (|| {
-        ring.submit()?;
-        let poll_end = Instant::now() + poll;
-        while Instant::now() < poll_end {
-            // SAFETY: no submissions, no completions to wait for and no
-            // argument: the kernel touches nothing but the ring itself.
-            unsafe { ring.submitter().enter::<libc::sigset_t>(0, 0, EnterFlags::GETEVENTS.bits(), None) }?;
-            if !ring.completion().is_empty() || ready() {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    })();
-    match polled {
+pub fn poll_before_sleep(ring: &mut IoUring, poll: Duration, ready: impl FnMut() -> bool) -> io::Result<bool> {
+    match poll_until_ready(ring, poll, ready) {
         Err(error) if matches!(error.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => Ok(false),
         polled => polled,
     }
+}
+
+/// [`poll_before_sleep`] with every error of `io_uring_enter` passed on.
+fn poll_until_ready(ring: &mut IoUring, poll: Duration, mut ready: impl FnMut() -> bool) -> io::Result<bool> {
+    ring.submit()?;
+    let poll_end = Instant::now() + poll;
+    while Instant::now() < poll_end {
+        // SAFETY: no submissions, no completions to wait for and no argument:
+        // the kernel touches nothing but the ring itself.
+        unsafe { ring.submitter().enter::<libc::sigset_t>(0, 0, EnterFlags::GETEVENTS.bits(), None) }?;
+        if !ring.completion().is_empty() || ready() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }

@@ -860,7 +860,6 @@ fn a_flood_of_waiters_that_time_out_each_get_exactly_one_t() {
 // ---------------------------------------------------------------------------
 // The peer port of a cluster node
 
-/// A loopback address free at the time of the call.
 /// `count` free loopback addresses, all different: every probing socket
 /// stays open until all are picked, since the system may hand a port that
 /// was just let go to the next probe.

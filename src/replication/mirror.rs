@@ -77,9 +77,8 @@ impl Mirror {
     /// The slot holding `key`, if any.
     fn find(&self, key: &[u8]) -> Option<u32> {
         let slots = &self.slots;
-        self.index.find(self.index.hash(key), |slot| {
-            slots[slot as usize].as_ref().is_some_and(|grant| grant.key.as_bytes() == key)
-        })
+        self.index
+            .find(self.index.hash(key), |slot| slots[slot as usize].as_ref().is_some_and(|grant| grant.key.is(key)))
     }
 
     /// Stores a grant for a key that has none.
