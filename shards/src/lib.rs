@@ -21,8 +21,8 @@
 //! - [`key`]: keys stored inline up to 24 bytes.
 //! - [`limits`]: named limits and settings with their defaults.
 //! - [`lock_index`]: the table's index from a key's hash to its lock's slot,
-//!   split into sub-tables so that it grows in small steps (the replication
-//!   core's table uses it too).
+//!   one cache line per lookup, growing a few buckets at a time (the
+//!   replication core's table uses it too).
 //!
 //! # Memory
 //! Measured with a counting allocator by `cargo bench -p ringlock-shards

@@ -1,112 +1,221 @@
 //! The lock table's index: from a key's hash to its lock's slot in the slab.
 //!
-//! # Why it is not one hash table
-//! A hash table grows by moving every entry into a table twice as large, all
-//! in one step. With one table per shard, that step moved millions of
-//! entries at once and stopped the shard's core for more than half a second
-//! near 7 M keys, with every client of the core waiting. Two choices bound
-//! the step instead:
+//! # Shape
+//! One open-addressing table of 8-byte entries, probed linearly. An entry
+//! holds its lock's slot and 32 bits of its key's hash, the *tag*, side by
+//! side, and the tag alone places it: its low bits are its home bucket. So
+//! a lookup reads the table's header (kept in the shard, beside its other
+//! hot fields) and then, nearly always, one cache line of entries, where the
+//! tags rule out every other key before the lock slab is read. A lookup in
+//! a general-purpose table reads a line of control bytes and then another of
+//! entries; a request that finds its index cold in the cache (the kernel's
+//! network work between two batches evicts much of the core's L1) pays one
+//! miss here where it paid two, and one dependent miss fewer before the
+//! lock's own line.
 //!
-//! - **Many small tables.** The index is [`SUB_TABLES`] sub-tables, one
-//!   chosen by the top bits of the key's hash, each growing on its own. One
-//!   growth moves about 1/256 of the keys: near 7.3 M keys, about 29 K
-//!   entries, which took 0.6–1.1 ms on the test machine. Keys spread evenly
-//!   but not exactly, so the sub-tables reach their growth points at
-//!   slightly different key counts, and the growths of one doubling happen
-//!   hundreds of requests apart on average rather than within one request.
-//! - **No slab reads while growing.** Each entry keeps the low 32 bits of
-//!   its key's hash beside the slot, and a sub-table places entries by those
-//!   bits alone. Growing reads the entries and nothing else: rehashing by the
-//!   key would read the lock slab at a random place for every entry, a cache
-//!   miss each, while a sub-table of tens of thousands of entries moves
-//!   within the core's caches.
+//! # Growing a step at a time
+//! A table grows by moving every entry into one twice as large. All in one
+//! step, that stopped a shard's core for more than half a second near 7 M
+//! keys, with every client of the core waiting. Here the larger table is
+//! allocated zeroed (untouched pages cost nothing until written) and the
+//! entries move [`MOVES_PER_CHANGE`] buckets at a time, with each insert and
+//! each removal, while lookups search both tables. The move reads the old
+//! entries and nothing else: the tag gives an entry's place in the new table,
+//! so no key is read from the slab and hashed again. Inserts go to the new
+//! table; a key removed from the old one leaves a *tombstone* there, so that
+//! the probe sequences of the keys behind it stay whole until they move.
+//! Since a growth starts at three quarters full and moves eight buckets per
+//! insert, it ends long before the new table is three quarters full itself.
 //!
-//! The price is 4 bytes more per bucket (9 with hashbrown's control byte,
-//! against 5 for a bare slot), about 7 bytes per held lock, and a few
-//! instructions per request to split the hash, done once per request in
-//! [`KeyHash`]. Sizing a single table for the key limit at start also avoids
-//! growth, but it costs its pages before any key comes.
+//! # Costs
+//! At most three quarters of the buckets are used, so a table of `n` keys
+//! takes between 10.7 and 21.3 bytes per key (about 13 at 10 M keys). While
+//! a growth runs, the old table is kept too. Removal in the current table
+//! shifts the entries behind the removed one back (no tombstones), so a
+//! table with keys coming and going keeps its probe sequences short.
 
 use ahash::RandomState;
-use hashbrown::HashTable;
-use hashbrown::hash_table::OccupiedEntry;
 
-/// Top bits of a key's hash that choose its sub-table.
-const SUB_TABLE_BITS: u32 = 8;
+/// An empty bucket.
+const EMPTY: u64 = 0;
 
-/// How many sub-tables the index is split into.
-pub const SUB_TABLES: usize = 1 << SUB_TABLE_BITS;
+/// The slot field of a tombstone: a key removed from the old table while
+/// it grows. It is above every slot + 1 (`SLOTS_MAX` is 2^31 - 1).
+const TOMBSTONE_SLOT: u32 = u32::MAX;
 
-/// A key's hash, split once into the two parts the index uses, so that a
-/// request that looks its key up and then adds or removes it splits it once.
+/// A tombstone entry.
+const TOMBSTONE: u64 = (TOMBSTONE_SLOT as u64) << 32;
+
+/// Buckets of the first table.
+const BUCKETS_MIN: usize = 16;
+
+/// Old buckets moved by each insert and each removal while the table grows.
+pub const MOVES_PER_CHANGE: usize = 8;
+
+/// A key's hash as the index uses it: the tag its entry keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyHash {
-    /// The hash the key's sub-table files it under (see [`place_hash`]).
-    place: u64,
-    /// The key's sub-table. As a `u8` it indexes the array of 256 with no
-    /// bounds check.
-    sub_table: u8,
+    tag: u32,
 }
 
 impl KeyHash {
-    /// Splits a 64-bit hash: its top bits choose the sub-table, its low 32
-    /// bits place the key within it.
+    /// The index's part of a 64-bit hash.
     #[inline]
     pub fn from_hash(hash: u64) -> KeyHash {
-        const _: () = assert!(SUB_TABLE_BITS == u8::BITS, "a sub-table number is a u8");
-        KeyHash { place: place_hash(hash as u32), sub_table: (hash >> (u64::BITS - SUB_TABLE_BITS)) as u8 }
-    }
-
-    /// The bits of the hash that an entry keeps.
-    #[inline]
-    fn low(self) -> u32 {
-        self.place as u32
+        KeyHash { tag: hash as u32 }
     }
 }
 
-/// One key's entry: its lock's slot, and enough of its hash to place it in
-/// its sub-table without reading the key.
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    slot: u32,
-    hash_low: u32,
+/// One bucket: the tag in the low 32 bits, the slot + 1 in the high 32 (so
+/// that an all-zero bucket is empty and a table can be allocated zeroed).
+#[inline]
+fn entry(tag: u32, slot: u32) -> u64 {
+    debug_assert!(slot < TOMBSTONE_SLOT - 1);
+    u64::from(tag) | (u64::from(slot + 1) << 32)
+}
+
+#[inline]
+fn entry_tag(entry: u64) -> u32 {
+    entry as u32
+}
+
+/// The slot + 1 of a bucket: 0 if empty, [`TOMBSTONE_SLOT`] for a tombstone.
+#[inline]
+fn entry_slot_field(entry: u64) -> u32 {
+    (entry >> 32) as u32
+}
+
+/// One open-addressing table; its length is a power of two.
+#[derive(Debug, Default)]
+struct Table {
+    buckets: Box<[u64]>,
+}
+
+impl Table {
+    /// A table of `len` empty buckets, allocated zeroed.
+    fn with_buckets(len: usize) -> Table {
+        debug_assert!(len.is_power_of_two());
+        Table { buckets: vec![EMPTY; len].into_boxed_slice() }
+    }
+
+    #[inline]
+    fn mask(&self) -> usize {
+        self.buckets.len().wrapping_sub(1)
+    }
+
+    /// The bucket of the live entry with `tag` for which `is_key(slot)`
+    /// holds. Tombstones are passed over; an empty bucket ends the search.
+    #[inline(always)]
+    fn find(&self, tag: u32, mut is_key: impl FnMut(u32) -> bool) -> Option<usize> {
+        if self.buckets.is_empty() {
+            return None;
+        }
+        let mask = self.mask();
+        let mut at = tag as usize & mask;
+        loop {
+            let entry = self.buckets[at];
+            let slot_field = entry_slot_field(entry);
+            if slot_field == 0 {
+                return None;
+            }
+            if entry_tag(entry) == tag && slot_field != TOMBSTONE_SLOT && is_key(slot_field - 1) {
+                return Some(at);
+            }
+            at = (at + 1) & mask;
+        }
+    }
+
+    /// Puts `entry` in the first free bucket from its home. The caller keeps
+    /// the table under three quarters full, so there is one.
+    #[inline]
+    fn put(&mut self, entry: u64) {
+        let mask = self.mask();
+        let mut at = entry_tag(entry) as usize & mask;
+        while self.buckets[at] != EMPTY {
+            at = (at + 1) & mask;
+        }
+        self.buckets[at] = entry;
+    }
+
+    /// Empties bucket `at` and shifts back the entries behind it that may
+    /// move, so that every probe sequence stays unbroken without tombstones.
+    fn remove_shifting(&mut self, mut hole: usize) {
+        let mask = self.mask();
+        let mut at = hole;
+        loop {
+            at = (at + 1) & mask;
+            let entry = self.buckets[at];
+            if entry == EMPTY {
+                break;
+            }
+            // The entry may fill the hole if the hole lies between its home
+            // and where it is now, going forward.
+            let home = entry_tag(entry) as usize & mask;
+            if at.wrapping_sub(home) & mask >= at.wrapping_sub(hole) & mask {
+                self.buckets[hole] = entry;
+                hole = at;
+            }
+        }
+        self.buckets[hole] = EMPTY;
+    }
+
+    fn allocation_size(&self) -> usize {
+        size_of_val(&*self.buckets)
+    }
+}
+
+/// Which table a found key is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Current(usize),
+    Old(usize),
 }
 
 /// A key found by [`LockIndex::find_mut`], which can leave the index without
 /// a second search.
 pub struct Found<'index> {
-    entry: OccupiedEntry<'index, Entry>,
+    index: &'index mut LockIndex,
+    place: Place,
+    slot: u32,
 }
 
 impl Found<'_> {
     /// The slot of the key's lock.
     #[inline]
     pub fn slot(&self) -> u32 {
-        self.entry.get().slot
+        self.slot
     }
 
     /// Takes the key out of the index.
     #[inline]
     pub fn remove(self) {
-        self.entry.remove();
+        self.index.remove_at(self.place);
     }
 }
 
 /// A map from a key's hash to the slot of its lock. It holds no keys: a
 /// lookup confirms a candidate slot through the caller's `is_key`, since
-/// different keys may share a hash.
+/// different keys may share a tag.
 #[derive(Debug)]
 pub struct LockIndex {
     /// Seeded per shard, so that clients cannot aim keys at one place.
     hasher: RandomState,
-    sub_tables: Box<[HashTable<Entry>; SUB_TABLES]>,
+    /// Where inserts go.
+    current: Table,
+    /// The table being moved into `current`, while a growth runs; empty
+    /// otherwise.
+    old: Table,
+    /// Old buckets before this one have moved.
+    moved: usize,
+    /// Keys in both tables.
+    len: usize,
 }
 
 impl LockIndex {
-    /// An empty index that hashes keys with `hasher`. Sub-tables allocate
-    /// when their first key comes.
+    /// An empty index that hashes keys with `hasher`. It allocates when its
+    /// first key comes.
     pub fn new(hasher: RandomState) -> LockIndex {
-        LockIndex { hasher, sub_tables: Box::new(std::array::from_fn(|_| HashTable::new())) }
+        LockIndex { hasher, current: Table::default(), old: Table::default(), moved: 0, len: 0 }
     }
 
     /// The hash of `key`, for the other methods. Every request hashes its
@@ -118,77 +227,132 @@ impl LockIndex {
 
     /// The slot of the key with this `hash`, for which `is_key(slot)` holds.
     #[inline]
-    pub fn find(&self, hash: KeyHash, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
-        let hash_low = hash.low();
-        // The stored bits are compared first, which spares a slab read for
-        // most keys that only share the control byte's seven bits.
-        self.sub_tables[usize::from(hash.sub_table)]
-            .find(hash.place, |entry| entry.hash_low == hash_low && is_key(entry.slot))
-            .map(|entry| entry.slot)
+    pub fn find(&self, hash: KeyHash, is_key: impl FnMut(u32) -> bool) -> Option<u32> {
+        self.locate(hash, is_key).map(|(_, slot)| slot)
     }
 
     /// [`LockIndex::find`], for a caller that may then remove the key.
     #[inline]
-    pub fn find_mut(&mut self, hash: KeyHash, mut is_key: impl FnMut(u32) -> bool) -> Option<Found<'_>> {
-        let hash_low = hash.low();
-        self.sub_tables[usize::from(hash.sub_table)]
-            .find_entry(hash.place, |entry| entry.hash_low == hash_low && is_key(entry.slot))
-            .ok()
-            .map(|entry| Found { entry })
+    pub fn find_mut(&mut self, hash: KeyHash, is_key: impl FnMut(u32) -> bool) -> Option<Found<'_>> {
+        let (place, slot) = self.locate(hash, is_key)?;
+        Some(Found { index: self, place, slot })
     }
 
     /// Adds `slot` for a key with this `hash` that the index does not hold.
     #[inline]
     pub fn insert(&mut self, hash: KeyHash, slot: u32) {
-        let entry = Entry { slot, hash_low: hash.low() };
-        self.sub_tables[usize::from(hash.sub_table)]
-            .insert_unique(hash.place, entry, |entry| place_hash(entry.hash_low));
+        if (self.len + 1) * 4 > self.current.buckets.len() * 3 {
+            self.grow();
+        }
+        self.current.put(entry(hash.tag, slot));
+        self.len += 1;
+        self.move_some();
     }
 
     /// Removes `slot`, filed under `hash`; false if it is not there.
     #[inline]
     pub fn remove(&mut self, hash: KeyHash, slot: u32) -> bool {
         // A slot is in the index at most once, so it alone names the entry.
-        match self.sub_tables[usize::from(hash.sub_table)].find_entry(hash.place, |entry| entry.slot == slot) {
-            Ok(entry) => {
-                entry.remove();
+        match self.locate(hash, |candidate| candidate == slot) {
+            Some((place, _)) => {
+                self.remove_at(place);
                 true
             }
-            Err(_) => false,
+            None => false,
         }
     }
 
     /// Heap bytes of the index, for memory measurements.
     pub fn allocation_size(&self) -> usize {
-        size_of::<[HashTable<Entry>; SUB_TABLES]>()
-            + self.sub_tables.iter().map(HashTable::allocation_size).sum::<usize>()
+        self.current.allocation_size() + self.old.allocation_size()
     }
 
-    /// Entries in the index.
+    /// Keys in the index.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the index holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Buckets of the table inserts go to, to watch it grow.
     #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.sub_tables.iter().map(HashTable::len).sum()
+    pub(crate) fn buckets(&self) -> usize {
+        self.current.buckets.len()
     }
 
-    /// Each sub-table's capacity, to watch them grow.
+    /// Whether a growth is still moving entries.
     #[cfg(test)]
-    pub(crate) fn sub_table_capacities(&self) -> Vec<usize> {
-        self.sub_tables.iter().map(HashTable::capacity).collect()
+    pub(crate) fn is_growing(&self) -> bool {
+        !self.old.buckets.is_empty()
     }
-}
 
-/// The hash a sub-table files an entry under, made of the stored bits alone
-/// so that growing needs nothing else. hashbrown takes the bucket from the
-/// hash's low bits and the control byte from its top seven, so both halves
-/// carry the stored bits: a sub-table would need 2^25 buckets (2^33 keys in
-/// all, beyond `SLOTS_MAX`) before the two uses overlap, and even then only
-/// the control byte would filter less. The sub-table's own choice comes from
-/// the hash's top bits, which are not among these, so within a sub-table the
-/// entries still spread evenly.
-#[inline]
-fn place_hash(hash_low: u32) -> u64 {
-    let wide = u64::from(hash_low);
-    (wide << 32) | wide
+    /// Where the key is, searching the current table first. Inlined into
+    /// each caller, so that the request path makes no call to find a key.
+    #[inline(always)]
+    fn locate(&self, hash: KeyHash, mut is_key: impl FnMut(u32) -> bool) -> Option<(Place, u32)> {
+        let slot_of = |table: &Table, at: usize| entry_slot_field(table.buckets[at]) - 1;
+        if let Some(at) = self.current.find(hash.tag, &mut is_key) {
+            return Some((Place::Current(at), slot_of(&self.current, at)));
+        }
+        let at = self.old.find(hash.tag, is_key)?;
+        Some((Place::Old(at), slot_of(&self.old, at)))
+    }
+
+    #[inline]
+    fn remove_at(&mut self, place: Place) {
+        match place {
+            Place::Current(at) => self.current.remove_shifting(at),
+            Place::Old(at) => self.old.buckets[at] = TOMBSTONE,
+        }
+        self.len -= 1;
+        self.move_some();
+    }
+
+    /// Starts moving into a table twice as large. A growth still running
+    /// (which the move rate rules out) is finished first.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        while !self.old.buckets.is_empty() {
+            self.move_some();
+        }
+        let buckets = (self.current.buckets.len() * 2).max(BUCKETS_MIN);
+        self.old = std::mem::replace(&mut self.current, Table::with_buckets(buckets));
+        self.moved = 0;
+    }
+
+    /// Moves the next [`MOVES_PER_CHANGE`] old buckets, if a growth runs.
+    #[inline]
+    fn move_some(&mut self) {
+        if self.old.buckets.is_empty() {
+            return;
+        }
+        self.move_buckets();
+    }
+
+    #[inline(never)]
+    fn move_buckets(&mut self) {
+        let end = (self.moved + MOVES_PER_CHANGE).min(self.old.buckets.len());
+        for at in self.moved..end {
+            let entry = self.old.buckets[at];
+            let slot_field = entry_slot_field(entry);
+            if slot_field != 0 && slot_field != TOMBSTONE_SLOT {
+                self.current.put(entry);
+                // Keys behind it, not moved yet, may probe through this
+                // bucket. An empty bucket stays empty: no probe crossed it,
+                // and the empty quarter of the table ends every search.
+                self.old.buckets[at] = TOMBSTONE;
+            }
+        }
+        self.moved = end;
+        if end == self.old.buckets.len() {
+            self.old = Table::default();
+            self.moved = 0;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -213,16 +377,15 @@ mod tests {
         let keys = keys(100_000);
         let mut index = index();
         let mut growths = 0;
-        let mut capacity_before = 0;
+        let mut buckets_before = 0;
         for (slot, key) in keys.iter().enumerate() {
             index.insert(index.hash(key), slot as u32);
-            let capacity: usize = index.sub_table_capacities().iter().sum();
-            growths += usize::from(capacity != capacity_before);
-            capacity_before = capacity;
+            growths += usize::from(index.buckets() != buckets_before);
+            buckets_before = index.buckets();
         }
-        // 390 keys per sub-table on average: each grew from nothing through
-        // 3, 7, 14, 28, 56, 112, 224 and 448 entries.
-        assert!(growths >= 8 * SUB_TABLES, "only {growths} growths");
+        // 16, 32, ... 262,144 buckets (three quarters of 131,072 is less
+        // than 100,000): 15 tables.
+        assert_eq!(growths, 15);
         assert_eq!(index.len(), keys.len());
         for (slot, key) in keys.iter().enumerate() {
             assert_eq!(find(&index, &keys, key), Some(slot as u32), "{key:?}");
@@ -240,16 +403,50 @@ mod tests {
     }
 
     #[test]
-    fn one_insert_grows_at_most_one_sub_table() {
-        let keys = keys(20_000);
+    fn keys_stay_found_while_a_growth_moves_them_and_keys_come_and_go() {
+        // Inserts, removals and lookups in every phase of several growths:
+        // before, while and after each move, keys in both tables.
+        let keys = keys(40_000);
         let mut index = index();
-        let mut before = index.sub_table_capacities();
+        let mut present = vec![false; keys.len()];
+        let mut seen_growing = 0;
         for (slot, key) in keys.iter().enumerate() {
             index.insert(index.hash(key), slot as u32);
-            let after = index.sub_table_capacities();
-            let grown = before.iter().zip(&after).filter(|(old, new)| old != new).count();
-            assert!(grown <= 1, "insert {slot} grew {grown} sub-tables");
-            before = after;
+            present[slot] = true;
+            // Remove an earlier key now and then, from either table.
+            if slot % 5 == 4 {
+                let gone = slot / 2;
+                if present[gone] {
+                    assert!(index.remove(index.hash(&keys[gone]), gone as u32));
+                    present[gone] = false;
+                }
+            }
+            if index.is_growing() {
+                seen_growing += 1;
+                // Check a spread of keys while both tables hold some.
+                for probe in (0..=slot).step_by(997) {
+                    let expected = present[probe].then_some(probe as u32);
+                    assert_eq!(find(&index, &keys, &keys[probe]), expected, "key {probe} at insert {slot}");
+                }
+            }
+        }
+        assert!(seen_growing > 1000, "growths ran over {seen_growing} inserts");
+        assert_eq!(index.len(), present.iter().filter(|&&here| here).count());
+        for (slot, key) in keys.iter().enumerate() {
+            assert_eq!(find(&index, &keys, key), present[slot].then_some(slot as u32), "{key:?}");
+        }
+    }
+
+    #[test]
+    fn a_growth_ends_before_the_new_table_needs_one() {
+        let keys = keys(50_000);
+        let mut index = index();
+        for (slot, key) in keys.iter().enumerate() {
+            let (buckets, growing) = (index.buckets(), index.is_growing());
+            index.insert(index.hash(key), slot as u32);
+            if index.buckets() != buckets {
+                assert!(!growing, "insert {slot} grew a table that was still growing");
+            }
         }
     }
 
@@ -292,33 +489,36 @@ mod tests {
     }
 
     #[test]
-    fn hashes_that_differ_only_in_the_sub_table_bits_stay_apart() {
-        // Same low 32 bits, so the same place within a sub-table, but two
-        // sub-tables: neither lookup sees the other's entry.
-        let first = KeyHash::from_hash(0x0100_0000_1234_5678);
-        let second = KeyHash::from_hash(0x0200_0000_1234_5678);
-        assert_ne!(first.sub_table, second.sub_table);
-        assert_eq!(first.place, second.place);
+    fn removal_shifts_back_entries_across_the_end_of_the_table() {
+        // Tags whose home is the last buckets: their probe sequences wrap
+        // to the front. Removing from the middle of the run must leave every
+        // other one reachable.
         let mut index = index();
-        index.insert(first, 1);
-        assert_eq!(index.find(second, |_| true), None);
-        index.insert(second, 2);
-        assert_eq!(index.find(first, |_| true), Some(1));
-        assert_eq!(index.find(second, |_| true), Some(2));
-        assert!(!index.remove(second, 1), "slot 1 is filed under the other hash");
-        assert!(index.remove(first, 1));
-        assert_eq!(index.find(second, |_| true), Some(2));
+        index.insert(KeyHash::from_hash(0), 0);
+        let buckets = index.buckets();
+        let last = (buckets - 1) as u64;
+        let hashes = [last, last, last - 1, last, 0, 1, last - 1];
+        for (slot, &hash) in hashes.iter().enumerate() {
+            index.insert(KeyHash::from_hash(hash), slot as u32 + 1);
+        }
+        assert_eq!(index.buckets(), buckets, "the run stays in one table");
+        let mut left: Vec<u32> = (1..=hashes.len() as u32).collect();
+        for removed in [2, 4, 1] {
+            assert!(index.remove(KeyHash::from_hash(hashes[removed as usize - 1]), removed));
+            left.retain(|&slot| slot != removed);
+            for (slot, &hash) in (1..).zip(&hashes) {
+                let expected = left.contains(&slot).then_some(slot);
+                assert_eq!(index.find(KeyHash::from_hash(hash), |candidate| candidate == slot), expected);
+            }
+        }
+        assert_eq!(index.find(KeyHash::from_hash(0), |candidate| candidate == 0), Some(0));
     }
 
     #[test]
-    fn an_entry_is_placed_again_by_its_stored_bits_alone() {
-        // What growing relies on: the stored bits rebuild the hash a lookup
-        // uses, in every bit hashbrown reads (all of them, here).
-        for hash in [0, 1, u64::MAX, 0xdead_beef_0123_4567, 0x8000_0000_ffff_0000] {
-            let key_hash = KeyHash::from_hash(hash);
-            assert_eq!(place_hash(key_hash.low()), key_hash.place);
-            assert_eq!(key_hash.low(), hash as u32);
-            assert_eq!(u64::from(key_hash.sub_table), hash >> 56);
-        }
+    fn a_new_table_is_allocated_zeroed_and_empty() {
+        let table = Table::with_buckets(64);
+        assert!(table.buckets.iter().all(|&bucket| entry_slot_field(bucket) == 0));
+        assert_eq!(table.find(0, |_| true), None);
+        assert_eq!(entry_slot_field(entry(7, 0)), 1, "slot 0 is not an empty bucket");
     }
 }

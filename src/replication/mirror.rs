@@ -43,8 +43,8 @@ impl std::fmt::Display for OutOfOrder {
 /// reused, so a walk over the slot numbers that spans many turns (a
 /// snapshot sent in slices) meets every grant that lives throughout it.
 ///
-/// The index is the shards' own [`LockIndex`]: it grows a small sub-table at
-/// a time, so millions of grants never stop the replication core (and its
+/// The index is the shards' own [`LockIndex`]: it grows a few buckets at a
+/// time, so millions of grants never stop the replication core (and its
 /// heartbeats) for a rehash of them all.
 #[derive(Debug)]
 pub struct Mirror {
