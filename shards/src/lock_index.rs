@@ -514,6 +514,39 @@ mod tests {
         assert_eq!(index.find(KeyHash::from_hash(0), |candidate| candidate == 0), Some(0));
     }
 
+    proptest::proptest! {
+        /// Any mix of inserts and removals, with lookups after each, agrees
+        /// with a map of the same keys. Tags come from a small range, so
+        /// that keys share buckets and tags, runs wrap around the end of a
+        /// table, and the caller's `is_key` has to tell keys apart.
+        #[test]
+        fn the_index_agrees_with_a_map_through_growths(
+            ops in proptest::collection::vec((0u32..3000, 0u64..512, proptest::bool::ANY), 1..3000),
+        ) {
+            // Key `k` has hash `hashes[k]`; a key's slot is its number.
+            let mut hashes = std::collections::HashMap::new();
+            let mut present = std::collections::BTreeSet::new();
+            let mut index = index();
+            for (key, hash, insert) in ops {
+                let hash = *hashes.entry(key).or_insert(hash);
+                let key_hash = KeyHash::from_hash(hash);
+                if insert && !present.contains(&key) {
+                    index.insert(key_hash, key);
+                    present.insert(key);
+                } else if !insert {
+                    proptest::prop_assert_eq!(index.remove(key_hash, key), present.remove(&key));
+                }
+                proptest::prop_assert_eq!(index.len(), present.len());
+                let found = index.find(key_hash, |slot| slot == key);
+                proptest::prop_assert_eq!(found, present.contains(&key).then_some(key));
+            }
+            for (&key, &hash) in &hashes {
+                let found = index.find(KeyHash::from_hash(hash), |slot| slot == key);
+                proptest::prop_assert_eq!(found, present.contains(&key).then_some(key));
+            }
+        }
+    }
+
     #[test]
     fn a_new_table_is_allocated_zeroed_and_empty() {
         let table = Table::with_buckets(64);
