@@ -5,8 +5,11 @@
 //! holds its lock's slot and 32 bits of its key's hash, the *tag*, side by
 //! side, and the tag alone places it: its low bits are its home bucket. So
 //! a lookup reads the table's header (kept in the shard, beside its other
-//! hot fields) and then, nearly always, one cache line of entries, where the
-//! tags rule out every other key before the lock slab is read. A lookup in
+//! hot fields) and then, for a key that is there, usually one cache line of
+//! entries, where the tags rule out every other key before the lock slab is
+//! read. (A key that is not there is searched for up to the next empty
+//! bucket, a few lines away at worst near full load, and while the table
+//! grows, in the old table too.) A lookup in
 //! a general-purpose table reads a line of control bytes and then another of
 //! entries; a request that finds its index cold in the cache (the kernel's
 //! network work between two batches evicts much of the core's L1) pays one
@@ -17,7 +20,9 @@
 //! A table grows by moving every entry into one twice as large. All in one
 //! step, that stopped a shard's core for more than half a second near 7 M
 //! keys, with every client of the core waiting. Here the larger table is
-//! allocated zeroed (untouched pages cost nothing until written) and the
+//! allocated zeroed (a large one from fresh pages, which cost nothing until
+//! written; a smaller one, up to tens of MiB, may be cleared first, a few
+//! milliseconds at most) and the
 //! entries move [`MOVES_PER_CHANGE`] buckets at a time, with each insert and
 //! each removal, while lookups search both tables. The move reads the old
 //! entries and nothing else: the tag gives an entry's place in the new table,
@@ -28,9 +33,11 @@
 //! insert, it ends long before the new table is three quarters full itself.
 //!
 //! # Costs
-//! At most three quarters of the buckets are used, so a table of `n` keys
+//! At most three quarters of the buckets are used, so a table filling up
 //! takes between 10.7 and 21.3 bytes per key (about 13 at 10 M keys). While
-//! a growth runs, the old table is kept too. Removal in the current table
+//! a growth runs, the old table is kept too: up to 32 bytes per key. The
+//! table never shrinks, so after many removals it keeps the size of its
+//! peak, as the lock slab does. Removal in the current table
 //! shifts the entries behind the removed one back (no tombstones), so a
 //! table with keys coming and going keeps its probe sequences short.
 
@@ -66,11 +73,17 @@ impl KeyHash {
     }
 }
 
+/// The highest slot an entry can hold: slot + 1 must be neither 0 (empty)
+/// nor [`TOMBSTONE_SLOT`]. Above `SLOTS_MAX`, so a shard never reaches it;
+/// the replication core's mirror, which holds every shard's grants, would
+/// need billions.
+pub const SLOT_MAX: u32 = TOMBSTONE_SLOT - 2;
+
 /// One bucket: the tag in the low 32 bits, the slot + 1 in the high 32 (so
 /// that an all-zero bucket is empty and a table can be allocated zeroed).
 #[inline]
 fn entry(tag: u32, slot: u32) -> u64 {
-    debug_assert!(slot < TOMBSTONE_SLOT - 1);
+    assert!(slot <= SLOT_MAX, "slot {slot} is beyond what the index holds");
     u64::from(tag) | (u64::from(slot + 1) << 32)
 }
 
@@ -523,25 +536,39 @@ mod tests {
         fn the_index_agrees_with_a_map_through_growths(
             ops in proptest::collection::vec((0u32..3000, 0u64..512, proptest::bool::ANY), 1..3000),
         ) {
-            // Key `k` has hash `hashes[k]`; a key's slot is its number.
+            // Key `k` has hash `hashes[k]`; a key's slot is its number. The
+            // caller's check fails on a slot that no key was given, as the
+            // shard's would (it indexes the lock slab).
+            let is = |key: u32| move |slot: u32| {
+                assert!(slot < 3000, "is_key asked about slot {slot}");
+                slot == key
+            };
             let mut hashes = std::collections::HashMap::new();
             let mut present = std::collections::BTreeSet::new();
             let mut index = index();
-            for (key, hash, insert) in ops {
+            for (step, (key, hash, insert)) in ops.into_iter().enumerate() {
                 let hash = *hashes.entry(key).or_insert(hash);
                 let key_hash = KeyHash::from_hash(hash);
                 if insert && !present.contains(&key) {
                     index.insert(key_hash, key);
                     present.insert(key);
-                } else if !insert {
+                } else if !insert && step % 2 == 0 {
                     proptest::prop_assert_eq!(index.remove(key_hash, key), present.remove(&key));
+                } else if !insert {
+                    // Removed through the handle of a search, as a release does.
+                    let found = index.find_mut(key_hash, is(key));
+                    proptest::prop_assert_eq!(found.as_ref().map(Found::slot), present.contains(&key).then_some(key));
+                    if let Some(found) = found {
+                        found.remove();
+                        present.remove(&key);
+                    }
                 }
                 proptest::prop_assert_eq!(index.len(), present.len());
-                let found = index.find(key_hash, |slot| slot == key);
+                let found = index.find(key_hash, is(key));
                 proptest::prop_assert_eq!(found, present.contains(&key).then_some(key));
             }
             for (&key, &hash) in &hashes {
-                let found = index.find(KeyHash::from_hash(hash), |slot| slot == key);
+                let found = index.find(KeyHash::from_hash(hash), is(key));
                 proptest::prop_assert_eq!(found, present.contains(&key).then_some(key));
             }
         }

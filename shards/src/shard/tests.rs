@@ -477,7 +477,7 @@ fn a_freed_key_is_reused_without_growing_the_table() {
 
 #[test]
 fn the_table_stays_exact_while_its_index_grows() {
-    // 30,000 keys take the index through eleven growths (16 to 65,536
+    // 30,000 keys take the index through thirteen tables (16 to 65,536
     // buckets), and many of the acquires below come while one is moving
     // its entries, with keys in both of its tables.
     const KEYS: u64 = 30_000;
