@@ -281,13 +281,9 @@ impl LockIndex {
     }
 
     /// Keys in the index.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether the index holds no key.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Buckets of the table inserts go to, to watch it grow.
@@ -572,6 +568,29 @@ mod tests {
                 proptest::prop_assert_eq!(found, present.contains(&key).then_some(key));
             }
         }
+    }
+
+    #[test]
+    fn a_search_passes_over_tombstones_without_asking_about_them() {
+        // Tags 0 to 24: the 25th insert starts the growth from 32 buckets
+        // to 64, which moves old buckets 0 to 7 and leaves tombstones there,
+        // whose tag bits are 0. Removing slot 20, still in the old table,
+        // leaves another, and moves buckets 8 to 15; 16 to 31 remain.
+        let mut index = index();
+        for slot in 0..25 {
+            index.insert(KeyHash::from_hash(u64::from(slot)), slot);
+        }
+        assert!(index.remove(KeyHash::from_hash(20), 20));
+        assert!(index.is_growing());
+        // A search for tag 0 that matches no key reaches the old table and
+        // its tombstones; the caller is only asked about real slots.
+        let asked_about_real_slots = |slot: u32| {
+            assert!(slot < 25, "asked about slot {slot}");
+            false
+        };
+        assert_eq!(index.find(KeyHash::from_hash(0), asked_about_real_slots), None);
+        assert_eq!(index.find(KeyHash::from_hash(20), |slot| slot == 20), None);
+        assert_eq!(index.find(KeyHash::from_hash(21), |slot| slot == 21), Some(21));
     }
 
     #[test]

@@ -525,6 +525,7 @@ fn the_table_stays_exact_while_its_index_grows() {
 
 #[test]
 fn effects_read_in_place_are_those_drain_would_take_and_clear_forgets_them() {
+    let mut twin = shard();
     let mut shard = shard();
     let long_key = [b'k'; crate::KEY_INLINE_LEN_MAX + 1];
     shard.acquire(0, C1, b"a", 1000, 0);
@@ -535,6 +536,10 @@ fn effects_read_in_place_are_those_drain_would_take_and_clear_forgets_them() {
         matches!(&read[1], Effect::Reply { client: C2, reply: ShardReply::Acquired { key, .. } } if key.as_bytes() == long_key),
         "{read:?}"
     );
+    // A shard given the same inputs drains the same effects.
+    twin.acquire(0, C1, b"a", 1000, 0);
+    twin.acquire(0, C2, &long_key, 1000, 0);
+    assert_eq!(twin.drain_effects().collect::<Vec<_>>(), read, "drain takes what effects() reads");
     shard.clear_effects();
     assert!(shard.effects().is_empty());
     assert_eq!(shard.drain_effects().count(), 0, "cleared effects are not taken again");
