@@ -64,6 +64,7 @@ impl<'a> Keyed<'a> {
     }
 
     /// Runs the request on the shard that owns its key.
+    #[inline(always)]
     fn apply(self, shard: &mut Shard, now_ms: u64, client: ClientId) {
         match self {
             Keyed::Acquire { key, lease_ms, wait_ms } => shard.acquire(now_ms, client, key, lease_ms, wait_ms),
@@ -321,17 +322,34 @@ impl Io {
             self.outgoing[target].push(Message::Request { client, request: request.to_routed() });
             return;
         }
-        self.run_keyed(shard, client, request);
-        self.handle_effects(shard);
+        if self.role != CoreRole::Active {
+            self.run_keyed(shard, client, request);
+            self.handle_effects(shard);
+            return;
+        }
+        // Served here and now, the common case.
+        request.apply(shard, self.now_ms, client);
+        self.handle_effects_asked_by(shard, Some((slot, client)));
     }
 
     /// Delivers the shard's replies and notes a call for tokens. The effects
     /// are read where the shard put them (see [`Shard::effects`]).
     #[inline]
     fn handle_effects(&mut self, shard: &mut Shard) {
+        self.handle_effects_asked_by(shard, None);
+    }
+
+    /// [`Io::handle_effects`] right after the shard ran a request of the
+    /// connection at `slot`, known as `client`: a reply to it goes straight
+    /// to that connection, which is live, as its input is being read.
+    #[inline(always)]
+    fn handle_effects_asked_by(&mut self, shard: &mut Shard, asker: Option<(u32, ClientId)>) {
         for effect in shard.effects() {
             match effect {
-                Effect::Reply { client, reply } => self.deliver(*client, reply),
+                Effect::Reply { client, reply } => match asker {
+                    Some((slot, asker)) if asker == *client => self.answer(slot, reply),
+                    _ => self.deliver(*client, reply),
+                },
                 Effect::NeedTokens => self.need_tokens = true,
             }
         }
@@ -359,7 +377,15 @@ impl Io {
             self.outgoing[core].push(Message::Reply { client, reply: reply.clone() });
             return;
         }
-        let Some(connection) = live_connection(&mut self.connections, slot, generation) else { return };
+        if live_connection(&mut self.connections, slot, generation).is_some() {
+            self.answer(slot, reply);
+        }
+    }
+
+    /// A reply for the live connection at `slot`.
+    #[inline(always)]
+    fn answer(&mut self, slot: u32, reply: &ShardReply) {
+        let connection = &mut self.connections[slot as usize];
         debug_assert!(connection.in_flight > 0, "a reply answers a request in flight");
         connection.in_flight = connection.in_flight.saturating_sub(1);
         if connection.closing {

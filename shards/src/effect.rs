@@ -61,7 +61,7 @@ pub enum ShardReply {
 impl ShardReply {
     /// The reply as the wire protocol writes it; `active` is the address a
     /// [`ShardReply::Moved`] names (`None`: no active is known).
-    #[inline]
+    #[inline(always)]
     pub fn to_wire<'a>(&'a self, active: Option<&'a [u8]>) -> Reply<'a> {
         match self {
             ShardReply::Moved { op, key } => Reply::Moved { op: *op, key: key.as_bytes(), active },
