@@ -591,6 +591,7 @@ impl Shard {
     // ----- grants and hand-offs -----
 
     /// Marks `slot` held by `token` for `lease_ms` and replicates the grant.
+    #[inline(always)]
     fn grant(&mut self, slot: u32, token: u64, lease_ms: u64) {
         let lock = &mut self.locks[slot as usize];
         assert!(token > lock.token, "a key's tokens strictly increase");
@@ -769,6 +770,7 @@ impl Shard {
         lock.is_held_by(token).then_some(slot)
     }
 
+    #[inline(always)]
     fn insert_lock(&mut self, hash: KeyHash, key: &[u8]) -> u32 {
         let lock = Lock {
             key: Key::new(key),
@@ -824,6 +826,7 @@ impl Shard {
     }
 
     /// Frees the slab slot of a lock that has left the index.
+    #[inline(always)]
     fn free_lock(&mut self, slot: u32) {
         let lock = &mut self.locks[slot as usize];
         debug_assert!(!lock.is_held() && lock.queue_len == 0);
