@@ -386,6 +386,7 @@ impl Io {
     #[inline(always)]
     fn answer(&mut self, slot: u32, reply: &ShardReply) {
         let connection = &mut self.connections[slot as usize];
+        debug_assert!(connection.fd >= 0, "a reply is written to an open connection");
         debug_assert!(connection.in_flight > 0, "a reply answers a request in flight");
         connection.in_flight = connection.in_flight.saturating_sub(1);
         if connection.closing {
