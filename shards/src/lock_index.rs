@@ -329,8 +329,9 @@ impl LockIndex {
             self.move_some();
         }
         let buckets = (self.current.buckets.len() * 2).max(BUCKETS_MIN);
+        // The growth that ended reset `moved` as it emptied the old table.
+        debug_assert_eq!(self.moved, 0);
         self.old = std::mem::replace(&mut self.current, Table::with_buckets(buckets));
-        self.moved = 0;
     }
 
     /// Moves the next [`MOVES_PER_CHANGE`] old buckets, if a growth runs.
