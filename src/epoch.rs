@@ -45,14 +45,30 @@ impl EpochStore {
         }
         let path = dir.join("epoch");
         let highest = match fs::read_to_string(&path) {
-            Ok(text) => text.trim().parse::<u64>().map_err(|_| {
-                format!(
-                    "{} does not hold an epoch number ({:?}); restore it or remove it only if no token of this node is in use",
-                    path.display(),
-                    text.trim()
-                )
-            })?,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => 0,
+            Ok(text) => match text.trim().parse::<u64>() {
+                Ok(epoch) if epoch <= EPOCH_MAX => epoch,
+                _ => {
+                    return Err(format!(
+                        "{} does not hold an epoch number from 0 to {EPOCH_MAX} ({:?}); restore it, or see \
+                         \"When the epoch space runs out\" in the README",
+                        path.display(),
+                        text.trim()
+                    ));
+                }
+            },
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                // A new epoch file starts the node's tokens from scratch: if
+                // this node ran before from another directory (the default
+                // --data-dir is relative to the working directory), its new
+                // tokens may be below those it issued there.
+                let absolute = fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+                tracing::warn!(
+                    path = %absolute.join("epoch").display(),
+                    "no epoch file in the data directory: starting a new one; if this node ran before with \
+                     another --data-dir, point --data-dir at that one instead, or its tokens go below earlier ones"
+                );
+                0
+            }
             Err(error) => return Err(format!("cannot read {}: {error}", path.display())),
         };
         let mut store = EpochStore { dir: dir.to_path_buf(), highest, _lock: lock };
@@ -71,6 +87,10 @@ impl EpochStore {
     /// Persists `epoch` (if above the highest so far) with fsync of the file
     /// and of the directory, so the rename itself survives a crash.
     pub fn persist(&mut self, epoch: u64) -> io::Result<()> {
+        if epoch > EPOCH_MAX {
+            // No token can carry it, and a file holding it could not be opened again.
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("epoch {epoch} is above {EPOCH_MAX}")));
+        }
         let epoch = epoch.max(self.highest);
         let temporary = self.dir.join("epoch.tmp");
         let mut file = File::create(&temporary)?;
@@ -95,11 +115,14 @@ impl EpochStore {
 /// The first epoch of `node` in a round above `highest`.
 pub fn next_epoch(highest: u64, node: u64) -> Result<u64, String> {
     assert!(node < NODES_MAX);
-    let epoch = (highest / NODES_MAX + 1) * NODES_MAX + node;
-    if epoch > EPOCH_MAX {
-        return Err(format!("the epoch space is exhausted (epoch {epoch} > {EPOCH_MAX})"));
+    let epoch = (highest / NODES_MAX + 1).checked_mul(NODES_MAX).and_then(|round| round.checked_add(node));
+    match epoch {
+        Some(epoch) if epoch <= EPOCH_MAX => Ok(epoch),
+        _ => Err(format!(
+            "the epoch space is exhausted (no epoch of node {node} above {highest} is at most {EPOCH_MAX}); \
+             see \"When the epoch space runs out\" in the README"
+        )),
     }
-    Ok(epoch)
 }
 
 #[cfg(test)]
@@ -119,6 +142,15 @@ mod tests {
         assert_eq!(next_epoch(16, 3), Ok(35));
         assert_eq!(next_epoch(35, 1), Ok(49));
         assert!(next_epoch(EPOCH_MAX, 0).is_err());
+        assert_eq!(next_epoch(EPOCH_MAX - 16, 15), Ok(EPOCH_MAX));
+        assert!(next_epoch(EPOCH_MAX - 15, 0).is_err());
+        // Numbers a broken peer or file could hold never wrap to a small epoch.
+        for highest in [u64::MAX, u64::MAX - 15, 1 << 60, (1 << 60) - 1] {
+            for node in [0, 15] {
+                let error = next_epoch(highest, node).unwrap_err();
+                assert!(error.contains("exhausted"), "{highest}, {node}: {error}");
+            }
+        }
     }
 
     #[test]
@@ -153,6 +185,27 @@ mod tests {
         fs::write(dir.join("epoch"), "not a number").unwrap();
         let error = EpochStore::open(&dir).unwrap_err();
         assert!(error.contains("does not hold an epoch"), "{error}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_epoch_file_above_the_epoch_space_is_refused_and_none_is_written() {
+        let dir = temp_dir("range");
+        fs::create_dir_all(&dir).unwrap();
+        for text in [u64::MAX.to_string(), (EPOCH_MAX + 1).to_string(), "-1".to_string()] {
+            fs::write(dir.join("epoch"), &text).unwrap();
+            let error = EpochStore::open(&dir).unwrap_err();
+            assert!(error.contains(&format!("from 0 to {EPOCH_MAX}")), "{text}: {error}");
+            assert!(error.contains("epoch space runs out"), "the error names the recovery: {error}");
+        }
+        fs::write(dir.join("epoch"), EPOCH_MAX.to_string()).unwrap();
+        let mut store = EpochStore::open(&dir).unwrap();
+        assert_eq!(store.highest(), EPOCH_MAX);
+        assert!(store.advance(0, 0).unwrap_err().contains("exhausted"));
+        assert!(store.persist(EPOCH_MAX + 1).is_err());
+        assert!(store.persist(u64::MAX).is_err());
+        drop(store);
+        assert_eq!(fs::read_to_string(dir.join("epoch")).unwrap().trim(), EPOCH_MAX.to_string());
         fs::remove_dir_all(&dir).unwrap();
     }
 }
