@@ -156,6 +156,7 @@ pub fn run(config: Config) -> Result<(), String> {
                 listener,
                 cpu: if config.no_pin { None } else { config.replication_cpu },
                 incarnation: wall_clock_micros(),
+                keys_max: usize::try_from(config.max_keys).unwrap_or(usize::MAX),
             });
             match started {
                 Ok(thread) => Some(thread),

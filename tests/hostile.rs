@@ -2,7 +2,10 @@
 //! sockets: each case is answered exactly as SPEC §3 says, the server's memory
 //! stays within what its limits allow, and another connection is served
 //! correctly during and after the abuse. The peer port of a cluster node gets
-//! the same treatment: garbage there is refused, logged, and changes nothing.
+//! the same treatment: garbage there is refused, logged, and changes nothing;
+//! floods of well-formed frames, epochs out of range and oversized snapshots
+//! abort nothing and grow nothing; and nodes whose settings disagree refuse
+//! each other and never both serve.
 //!
 //! `tests/server_errors.rs` holds the first cases of this kind (every error
 //! code, one megabyte without a newline, one connection that never reads, ten
@@ -876,6 +879,8 @@ struct Pair {
     conns: Vec<Conn>,
     epoch: u64,
     probes: usize,
+    /// The fingerprint of the pair's `--peers`, which a hello must carry.
+    fingerprint: u64,
 }
 
 impl Pair {
@@ -906,9 +911,22 @@ impl Pair {
             epoch = active_epoch.parse().unwrap();
             standby == format!("P standby {epoch} {}", client[0])
         });
-        let mut pair = Pair { nodes, client, peer, conns, epoch, probes: 0 };
+        let fingerprint = fingerprint(&client);
+        let mut pair = Pair { nodes, client, peer, conns, epoch, probes: 0, fingerprint };
         pair.assert_healthy();
         pair
+    }
+
+    /// A valid hello of node `node` of the pair, in life `incarnation`.
+    fn hello(&self, node: u8, incarnation: u64) -> Vec<u8> {
+        hello_with(PEER_PROTOCOL, 2, node, incarnation, self.fingerprint)
+    }
+
+    /// A connection to node `to`'s peer port that said hello as node `node`.
+    fn impersonate(&self, to: usize, node: u8) -> TcpStream {
+        let mut stream = TcpStream::connect(self.peer[to]).unwrap();
+        stream.write_all(&self.hello(node, 1)).unwrap();
+        stream
     }
 
     /// The roles and the epoch are those of the start (no failover, no
@@ -950,37 +968,135 @@ impl Pair {
     }
 }
 
-/// A Hello frame of the peer protocol (src/cluster/wire.rs), spelled out here
-/// so that the test does not trust the codec it attacks.
-/// The peer protocol version the server speaks (src/cluster/wire.rs).
-const PEER_PROTOCOL: u32 = 2;
+// Frames of the peer protocol (src/cluster/wire.rs), spelled out here so
+// that the tests do not trust the codec they attack.
 
-fn hello(version: u32, nodes: u8, node: u8) -> Vec<u8> {
-    let mut body = vec![1u8];
-    body.extend_from_slice(b"RLKP");
-    body.extend_from_slice(&version.to_le_bytes());
-    body.push(nodes);
-    body.push(node);
-    body.extend_from_slice(&1u64.to_le_bytes());
-    body.extend_from_slice(&0u64.to_le_bytes());
-    body.push(2);
-    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-    frame.extend_from_slice(&body);
+/// The peer protocol version the server speaks.
+const PEER_PROTOCOL: u32 = 3;
+
+/// The largest epoch a token can carry (24 bits).
+const EPOCH_MAX: u64 = (1 << 24) - 1;
+
+/// A frame: its length, its type byte, its payload.
+fn frame(type_byte: u8, payload: &[u8]) -> Vec<u8> {
+    let mut frame = ((1 + payload.len()) as u32).to_le_bytes().to_vec();
+    frame.push(type_byte);
+    frame.extend_from_slice(payload);
     frame
 }
 
+/// The fingerprint of a `--peers` list as nodes put it in their hellos:
+/// FNV-1a (64 bits) of its client addresses, joined by `,`.
+fn fingerprint(clients: &[SocketAddr]) -> u64 {
+    let text: Vec<String> = clients.iter().map(ToString::to_string).collect();
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for byte in text.join(",").bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x100_0000_01b3);
+    }
+    hash
+}
+
+fn hello_with(version: u32, nodes: u8, node: u8, incarnation: u64, fingerprint: u64) -> Vec<u8> {
+    let mut body = b"RLKP".to_vec();
+    body.extend_from_slice(&version.to_le_bytes());
+    body.push(nodes);
+    body.push(node);
+    body.extend_from_slice(&incarnation.to_le_bytes());
+    body.extend_from_slice(&0u64.to_le_bytes());
+    body.push(2);
+    body.extend_from_slice(&fingerprint.to_le_bytes());
+    frame(1, &body)
+}
+
+/// A hello with no valid fingerprint: refused by its checks, or for that.
+fn hello(version: u32, nodes: u8, node: u8) -> Vec<u8> {
+    hello_with(version, nodes, node, 1, 0)
+}
+
+const ACTIVE: u8 = 1;
+const STANDBY: u8 = 2;
+const NONE: u8 = 0xFF;
+
+/// A heartbeat: `role`, `epoch` and `epoch_seen`; a table (stream, version)
+/// and caught up if `table` is given; following nobody, handing off to nobody.
+fn heartbeat(
+    incarnation: u64,
+    sequence: u64,
+    role: u8,
+    epoch: u64,
+    epoch_seen: u64,
+    table: Option<(u64, u64)>,
+) -> Vec<u8> {
+    let mut body = incarnation.to_le_bytes().to_vec();
+    body.extend_from_slice(&sequence.to_le_bytes());
+    body.push(role);
+    body.extend_from_slice(&epoch.to_le_bytes());
+    body.extend_from_slice(&epoch_seen.to_le_bytes());
+    body.push(NONE);
+    body.push(u8::from(table.is_some()));
+    body.push(u8::from(table.is_some()));
+    let (stream, version) = table.unwrap_or((0, 0));
+    body.extend_from_slice(&stream.to_le_bytes());
+    body.extend_from_slice(&version.to_le_bytes());
+    body.push(NONE);
+    frame(2, &body)
+}
+
+fn snapshot_request() -> Vec<u8> {
+    frame(3, &[])
+}
+
+fn hand_off(stream: u64, version: u64, epoch_seen: u64) -> Vec<u8> {
+    let mut body = stream.to_le_bytes().to_vec();
+    body.extend_from_slice(&version.to_le_bytes());
+    body.extend_from_slice(&epoch_seen.to_le_bytes());
+    frame(4, &body)
+}
+
+fn snapshot_begin(stream: u64, version: u64) -> Vec<u8> {
+    let mut body = stream.to_le_bytes().to_vec();
+    body.extend_from_slice(&version.to_le_bytes());
+    frame(7, &body)
+}
+
+/// A snapshot chunk of `keys`, each held with `token` and 60 s of lease left.
+fn snapshot_chunk(keys: &[Vec<u8>], token: u64) -> Vec<u8> {
+    let mut body = (keys.len() as u32).to_le_bytes().to_vec();
+    for key in keys {
+        body.push(key.len() as u8);
+        body.extend_from_slice(key);
+        body.extend_from_slice(&token.to_le_bytes());
+        body.extend_from_slice(&60_000u64.to_le_bytes());
+    }
+    frame(8, &body)
+}
+
+/// What a node answers a hello it refuses for `reason` (1: cluster size,
+/// 2: its own index, 3: another `--peers`) before it closes.
+fn hello_refused(reason: u8) -> Vec<u8> {
+    frame(11, &[reason])
+}
+
 /// Sends `bytes` and the end of the stream to a peer port, and waits for the
-/// node to close the connection.
-fn send_and_expect_close(to: SocketAddr, bytes: &[u8]) -> SocketAddr {
+/// node to close the connection; returns what the node sent before (at most
+/// a refusal of the hello).
+fn send_and_expect_close(to: SocketAddr, bytes: &[u8]) -> (SocketAddr, Vec<u8>) {
     let mut stream = TcpStream::connect(to).unwrap();
     let local = stream.local_addr().unwrap();
     let _ = stream.write_all(bytes);
     let _ = stream.shutdown(std::net::Shutdown::Write);
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut answer = Vec::new();
     let mut sink = [0u8; 64];
-    let closed = matches!(stream.read(&mut sink), Ok(0) | Err(_));
-    assert!(closed, "the node closes a connection that sent {:?}", show(&bytes[..bytes.len().min(40)]));
-    local
+    loop {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(count) => answer.extend_from_slice(&sink[..count]),
+        }
+        assert!(answer.len() <= 6, "the node sends no more than a refusal: {:?}", show(&answer));
+    }
+    (local, answer)
 }
 
 #[test]
@@ -991,51 +1107,46 @@ fn garbage_on_the_peer_port_is_refused_with_a_reason_and_changes_nothing() {
     for index in 0..2 {
         let port = pair.peer[index];
         let other = (1 - index) as u8;
+        // Sends `bytes`, waits for the close, and checks what the node
+        // answered (a refusal of a well-formed hello, or nothing) and logged.
+        let refused = |bytes: &[u8], logged: &str, answer: &[u8]| {
+            let (from, answered) = send_and_expect_close(port, bytes);
+            assert_eq!(answered, answer, "after {:?}", show(&bytes[..bytes.len().min(40)]));
+            pair.assert_refusal_logged(index, from, logged);
+        };
         // Random bytes: the first four are read as a length far above the limit.
         let random: Vec<u8> = (0..65536).map(|_| bytes.byte()).collect();
-        let from = send_and_expect_close(port, &random);
-        pair.assert_refusal_logged(index, from, "peer connection refused: unreadable frame");
+        refused(&random, "peer connection refused: unreadable frame", b"");
         // A length of 4 GB, then nothing: refused at once, nothing buffered.
-        let from = send_and_expect_close(port, &u32::MAX.to_le_bytes());
-        pair.assert_refusal_logged(index, from, "frame of 4294967295 bytes announced");
+        refused(&u32::MAX.to_le_bytes(), "frame of 4294967295 bytes announced", b"");
         // A valid length and random bytes in it.
         for _ in 0..20 {
             let len = 1 + bytes.below(64);
             let mut frame = (len as u32).to_le_bytes().to_vec();
             frame.extend((0..len).map(|_| bytes.byte()));
-            let from = send_and_expect_close(port, &frame);
-            pair.assert_refusal_logged(index, from, "peer connection refused");
+            refused(&frame, "peer connection refused", b"");
         }
         // Something else speaking first: an HTTP request, a text ping.
-        let from = send_and_expect_close(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
-        pair.assert_refusal_logged(index, from, "bytes announced");
-        let from = send_and_expect_close(port, b"P\nP\nP\nP\n");
-        pair.assert_refusal_logged(index, from, "bytes announced");
-        // Hellos that are well-formed but wrong.
+        refused(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "bytes announced", b"");
+        refused(b"P\nP\nP\nP\n", "bytes announced", b"");
+        // Hellos that are not of this protocol version.
         let mut bad_magic = hello(PEER_PROTOCOL, 2, other);
         bad_magic[5..9].copy_from_slice(b"RLKQ");
-        let from = send_and_expect_close(port, &bad_magic);
-        pair.assert_refusal_logged(index, from, "not a ringlock peer");
-        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL + 1, 2, other));
-        pair.assert_refusal_logged(index, from, &format!("protocol version {}", PEER_PROTOCOL + 1));
-        let from = send_and_expect_close(port, &hello(0, 2, other));
-        pair.assert_refusal_logged(index, from, "protocol version 0");
-        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 3, 2));
-        pair.assert_refusal_logged(index, from, "lists 3 nodes");
-        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 0, 0));
-        pair.assert_refusal_logged(index, from, "cluster size 0");
-        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 17, 1));
-        pair.assert_refusal_logged(index, from, "cluster size 17");
-        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 2, 2));
-        pair.assert_refusal_logged(index, from, "node index 2");
-        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 2, index as u8));
-        pair.assert_refusal_logged(index, from, &format!("it says it is node {index}, which is this node"));
+        refused(&bad_magic, "not a ringlock peer", b"");
+        refused(&hello(PEER_PROTOCOL + 1, 2, other), &format!("protocol version {}", PEER_PROTOCOL + 1), b"");
+        refused(&hello(0, 2, other), "protocol version 0", b"");
+        refused(&hello(PEER_PROTOCOL, 0, 0), "cluster size 0", b"");
+        refused(&hello(PEER_PROTOCOL, 17, 1), "cluster size 17", b"");
+        refused(&hello(PEER_PROTOCOL, 2, 2), "node index 2", b"");
+        // Well-formed hellos of a node with other settings: told why.
+        refused(&hello(PEER_PROTOCOL, 3, 2), "lists 3 nodes", &hello_refused(1));
+        let own = format!("it says it is node {index}, which is this node");
+        refused(&hello_with(PEER_PROTOCOL, 2, index as u8, 1, pair.fingerprint), &own, &hello_refused(2));
+        refused(&hello(PEER_PROTOCOL, 2, other), "another --peers list", &hello_refused(3));
         // A frame other than a hello first: a snapshot request.
-        let from = send_and_expect_close(port, &[1, 0, 0, 0, 3]);
-        pair.assert_refusal_logged(index, from, "did not start with a hello");
+        refused(&[1, 0, 0, 0, 3], "did not start with a hello", b"");
         // A hello cut short by the close.
-        let from = send_and_expect_close(port, &hello(PEER_PROTOCOL, 2, other)[..20]);
-        pair.assert_refusal_logged(index, from, "closed in the middle of a frame");
+        refused(&pair.hello(other, 1)[..20], "closed in the middle of a frame", b"");
         pair.assert_healthy();
     }
     for (index, node) in pair.nodes.iter().enumerate() {
@@ -1055,7 +1166,7 @@ fn a_thousand_peer_connections_opened_and_dropped_change_nothing() {
                 // Some say nothing, some half a hello; some close, some reset.
                 let mut stream = stream;
                 if number % 3 == 0 {
-                    let _ = stream.write_all(&hello(PEER_PROTOCOL, 2, 1 - index as u8)[..9]);
+                    let _ = stream.write_all(&pair.hello(1 - index as u8, 1)[..9]);
                 }
                 if (number + round) % 2 == 0 {
                     reset(stream);
@@ -1077,7 +1188,7 @@ fn a_peer_connection_that_stalls_mid_frame_is_closed_and_harms_nobody() {
     for index in 0..2 {
         // Half a hello, an idle connection, and half of a large frame.
         let mut half_hello = TcpStream::connect(pair.peer[index]).unwrap();
-        half_hello.write_all(&hello(PEER_PROTOCOL, 2, 1 - index as u8)[..15]).unwrap();
+        half_hello.write_all(&pair.hello(1 - index as u8, 1)[..15]).unwrap();
         let idle = TcpStream::connect(pair.peer[index]).unwrap();
         let mut half_big = TcpStream::connect(pair.peer[index]).unwrap();
         let mut big = (1u32 << 20).to_le_bytes().to_vec();
@@ -1101,7 +1212,7 @@ fn a_peer_connection_that_never_says_hello_is_logged_when_dropped() {
     let pair = Pair::start(&[]);
     let mut stream = TcpStream::connect(pair.peer[0]).unwrap();
     let from = stream.local_addr().unwrap();
-    stream.write_all(&hello(PEER_PROTOCOL, 2, 1)[..15]).unwrap();
+    stream.write_all(&pair.hello(1, 1)[..15]).unwrap();
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
     let mut sink = [0u8; 16];
     assert!(matches!(stream.read(&mut sink), Ok(0) | Err(_)));
@@ -1136,12 +1247,199 @@ fn peer_connections_that_never_say_hello_cannot_make_the_node_buffer_megabytes()
 fn a_hello_that_impersonates_a_peer_and_leaves_does_not_cut_the_real_peer_off() {
     let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "500"]);
     for (to, claimed) in [(1, 0u8), (0, 1u8)] {
-        let mut stream = TcpStream::connect(pair.peer[to]).unwrap();
-        stream.write_all(&hello(PEER_PROTOCOL, 2, claimed)).unwrap();
-        drop(stream);
+        drop(pair.impersonate(to, claimed));
         // Several failover periods: long enough for a node that stopped
         // hearing its peer to declare it dead.
         std::thread::sleep(Duration::from_millis(2000));
         pair.assert_healthy();
     }
+}
+
+// ---------------------------------------------------------------------------
+// Valid but abusive peer traffic: well-formed frames in floods, extreme
+// numbers, and nodes whose settings disagree
+
+#[test]
+fn floods_of_well_formed_control_frames_from_a_peer_abort_nobody() {
+    let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "1000"]);
+    // To the active, as its standby: snapshot requests, 200 a write (about
+    // 1 KB), many times over.
+    let mut to_active = pair.impersonate(0, 1);
+    let requests: Vec<u8> = (0..200).flat_map(|_| snapshot_request()).collect();
+    for _ in 0..50 {
+        to_active.write_all(&requests).unwrap();
+    }
+    pair.assert_healthy();
+    // To the standby, as its active: hand-offs of tables it will never hold,
+    // each a new offer that replaces (and refuses) the one before.
+    let mut to_standby = pair.impersonate(1, 0);
+    for round in 0..20u64 {
+        let offers: Vec<u8> =
+            (0..150).flat_map(|offer| hand_off(pair.epoch, 1 << 40 | round << 8 | offer, pair.epoch)).collect();
+        to_standby.write_all(&offers).unwrap();
+    }
+    pair.assert_healthy();
+    for (index, node) in pair.nodes.iter().enumerate() {
+        assert!(!node.log().contains("panicked"), "node {index} panicked:\n{}", node.log());
+    }
+}
+
+#[test]
+fn epochs_beyond_what_a_token_can_carry_are_refused_and_never_reach_the_disk() {
+    let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "1000"]);
+    let cases: [(usize, u8, Vec<u8>, u64); 4] = [
+        (0, 1, heartbeat(1, 1 << 40, STANDBY, 0, u64::MAX, None), u64::MAX),
+        (0, 1, heartbeat(1, 1 << 40, STANDBY, 0, EPOCH_MAX + 1, None), EPOCH_MAX + 1),
+        (1, 0, heartbeat(1, 1 << 40, ACTIVE, u64::MAX, 0, Some((pair.epoch, 0))), u64::MAX),
+        (1, 0, hand_off(pair.epoch, 0, 1 << 32), 1 << 32),
+    ];
+    for (to, claimed, frame, epoch) in cases {
+        let mut stream = pair.impersonate(to, claimed);
+        let from = stream.local_addr().unwrap();
+        stream.write_all(&frame).unwrap();
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut sink = [0u8; 16];
+        assert!(matches!(stream.read(&mut sink), Ok(0) | Err(_)), "the node drops the connection");
+        pair.assert_refusal_logged(to, from, &format!("epoch {epoch} out of range"));
+        pair.assert_healthy();
+    }
+    // What each node persisted is its own epoch still: a restart goes on from it.
+    for node in &pair.nodes {
+        let persisted = std::fs::read_to_string(node.data_dir().0.join("epoch")).unwrap();
+        assert_eq!(persisted.trim(), pair.epoch.to_string());
+    }
+}
+
+/// Heartbeat and failover periods of the nodes the next tests start.
+const FAST: [&str; 4] = ["--heartbeat-ms", "50", "--failover-ms", "300"];
+const FAILOVER: Duration = Duration::from_millis(300);
+
+/// Starts one node of a two-node cluster described by `peers` (as in
+/// `--peers`), listening on `listen`.
+fn start_node(listen: SocketAddr, peers: &str, node: &str) -> Server {
+    let listen = listen.to_string();
+    let mut args = vec!["--listen", &listen, "--peers", peers, "--node", node];
+    args.extend_from_slice(&FAST);
+    Server::start(&args)
+}
+
+/// Checks that `server` serves nobody: no active is known, and an acquire
+/// is redirected nowhere.
+fn assert_not_serving(server: &Server, name: &str) {
+    let mut conn = server.connect();
+    assert_eq!(conn.call("P"), "P standby 0 -", "{name}");
+    assert_eq!(conn.call("A mismatched 30 0"), "M A mismatched -", "{name}");
+}
+
+/// Starts node `first` alone until it is active, then node `second`, whose
+/// settings disagree with it. The active steps down once the newcomer
+/// refuses it, and the newcomer, past the point where it would decide to
+/// promote (one failover period after its start), stays a standby too.
+fn start_disagreeing(first: (SocketAddr, &str, &str), second: (SocketAddr, &str, &str)) -> (Server, Server) {
+    let first = start_node(first.0, first.1, first.2);
+    let mut conn = first.connect();
+    wait_until("the first node to serve alone", || conn.call("P").starts_with("P active "));
+    let started = Instant::now();
+    let second = start_node(second.0, second.1, second.2);
+    for (server, name) in [(&first, "the first node"), (&second, "the second node")] {
+        wait_until(&format!("{name} to log that its peer refuses it"), || {
+            server.log().contains("peer refuses this node")
+        });
+    }
+    wait_until("the first node to step down", || conn.call("P") == "P standby 0 -");
+    assert_not_serving(&first, "the first node");
+    // Waiting for a deadline of the rules, not for things to settle: the
+    // newcomer decides whether to promote one failover period after start.
+    std::thread::sleep((started + 3 * FAILOVER).saturating_duration_since(Instant::now()));
+    assert_not_serving(&second, "the second node");
+    assert!(!second.log().contains("role=\"active\""), "the newcomer was never active:\n{}", second.log());
+    (first, second)
+}
+
+#[test]
+fn nodes_given_the_same_peers_in_another_order_refuse_each_other_and_neither_serves() {
+    let addresses = free_addrs(4);
+    let (a, b, peer_a, peer_b) = (addresses[0], addresses[1], addresses[2], addresses[3]);
+    // Node b has the list the other way round, so each believes it is node 0.
+    let (first, _second) = start_disagreeing(
+        (a, &format!("{a}@{peer_a},{b}@{peer_b}"), "0"),
+        (b, &format!("{b}@{peer_b},{a}@{peer_a}"), "0"),
+    );
+    assert!(first.log().contains("it says it is node 0, which is this node"), "{}", first.log());
+}
+
+#[test]
+fn nodes_whose_peer_lists_differ_only_in_an_address_refuse_each_other_and_neither_serves() {
+    let addresses = free_addrs(5);
+    let (a, b, elsewhere, peer_a, peer_b) = (addresses[0], addresses[1], addresses[2], addresses[3], addresses[4]);
+    // Same size, same indexes, same peer ports: only node a's client address
+    // differs, which would send node b's clients to the wrong place.
+    let (first, _second) = start_disagreeing(
+        (a, &format!("{a}@{peer_a},{b}@{peer_b}"), "0"),
+        (b, &format!("{elsewhere}@{peer_a},{b}@{peer_b}"), "1"),
+    );
+    assert!(first.log().contains("another --peers list"), "{}", first.log());
+}
+
+#[test]
+fn a_peer_that_restarts_with_its_clock_stepped_back_is_heard_again() {
+    // The test plays node 0 of two; the real server is node 1.
+    let addresses = free_addrs(4);
+    let (client_0, client_1, peer_0, peer_1) = (addresses[0], addresses[1], addresses[2], addresses[3]);
+    let peers = format!("{client_0}@{peer_0},{client_1}@{peer_1}");
+    let fingerprint = fingerprint(&[client_0, client_1]);
+    let server = start_node(client_1, &peers, "1");
+    let mut conn = server.connect();
+    // Node 0's first life: active in epoch 16, with a late clock.
+    let mut first_life = TcpStream::connect(peer_1).unwrap();
+    first_life.write_all(&hello_with(PEER_PROTOCOL, 2, 0, 1_000_000, fingerprint)).unwrap();
+    let mut sequence = 0;
+    wait_until("node 1 to follow node 0", || {
+        sequence += 1;
+        first_life.write_all(&heartbeat(1_000_000, sequence, ACTIVE, 16, 16, Some((16, 0)))).unwrap();
+        conn.call("P") == format!("P standby 16 {client_0}")
+    });
+    // Node 0 dies; node 1 takes over.
+    drop(first_life);
+    wait_until("node 1 to take over", || conn.call("P").starts_with("P active "));
+    // Node 0 comes back with its clock stepped back (a smaller incarnation),
+    // active in a higher epoch: node 1 must see it and step down.
+    let mut second_life = TcpStream::connect(peer_1).unwrap();
+    second_life.write_all(&hello_with(PEER_PROTOCOL, 2, 0, 500_000, fingerprint)).unwrap();
+    let mut sequence = 0;
+    wait_until("node 1 to hear the restarted node 0 and follow it", || {
+        sequence += 1;
+        second_life.write_all(&heartbeat(500_000, sequence, ACTIVE, 64, 64, Some((64, 0)))).unwrap();
+        conn.call("P") == format!("P standby 64 {client_0}")
+    });
+}
+
+#[test]
+fn a_snapshot_beyond_max_keys_is_dropped_and_memory_stays_bounded() {
+    let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "1000", "--max-keys", "1000"]);
+    let before = pair.nodes[1].rss_bytes();
+    // As node 0, a snapshot of 204,800 locks with 200-byte keys (about 45 MB).
+    let mut stream = pair.impersonate(1, 0);
+    stream.write_all(&snapshot_begin(pair.epoch, 0)).unwrap();
+    let token = pair.epoch << 40 | 1;
+    for chunk in 0..100u32 {
+        let keys: Vec<Vec<u8>> = (0..2048u32)
+            .map(|entry| {
+                let mut key = format!("flood-{chunk}-{entry}-").into_bytes();
+                key.resize(200, b'k');
+                key
+            })
+            .collect();
+        stream.write_all(&snapshot_chunk(&keys, token)).unwrap();
+    }
+    // A last frame the node drops the connection for: once that is logged,
+    // it has read everything before it.
+    let from = stream.local_addr().unwrap();
+    stream.write_all(&snapshot_begin(EPOCH_MAX + 1, 0)).unwrap();
+    pair.assert_refusal_logged(1, from, "out of range");
+    let after = pair.nodes[1].rss_bytes();
+    assert!(after < before + 32 * MIB, "RSS grew from {before} to {after} bytes");
+    assert!(pair.nodes[1].log().contains("holds more locks than --max-keys"), "the snapshot was dropped");
+    drop(stream);
+    pair.assert_healthy();
 }

@@ -94,6 +94,20 @@ pub enum Message {
 }
 
 impl Message {
+    /// Every epoch the message carries (a table's stream names one).
+    pub fn epochs(&self) -> [Option<u64>; 3] {
+        let stream = |table: &TableVersion| Some(table.stream);
+        match self {
+            Message::Heartbeat(heartbeat) => {
+                [Some(heartbeat.epoch), Some(heartbeat.epoch_seen), heartbeat.table.as_ref().and_then(stream)]
+            }
+            Message::SnapshotRequest => [None; 3],
+            Message::HandOff { table, epoch_seen } => [stream(table), Some(*epoch_seen), None],
+            Message::HandOffDone { table, epoch } => [stream(table), Some(*epoch), None],
+            Message::HandOffRefused { table } => [stream(table), None, None],
+        }
+    }
+
     /// The highest epoch the message tells of.
     pub fn epoch_max(&self) -> u64 {
         match self {

@@ -19,6 +19,8 @@
 
 use std::collections::VecDeque;
 
+use ringlock_shards::token::EPOCH_MAX;
+
 use crate::epoch::next_epoch;
 
 use super::config::ClusterConfig;
@@ -135,6 +137,9 @@ pub struct Node {
     stream_from: Option<usize>,
     snapshot_requested_ms: Option<u64>,
     next_heartbeat_ms: u64,
+    /// When a peer last refused this node's hello (its `--peers` differs):
+    /// the node does not serve for a while after that.
+    refused_ms: Option<u64>,
     effects: VecDeque<Effect>,
 }
 
@@ -164,10 +169,16 @@ impl Node {
             stream_from: None,
             snapshot_requested_ms: None,
             next_heartbeat_ms: now_ms,
+            refused_ms: None,
             effects: VecDeque::with_capacity(EFFECTS_QUEUED_MAX),
         };
         node.evaluate();
         node
+    }
+
+    /// The settings the node was made with.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
     }
 
     /// The next queued effect, in the order they were decided.
@@ -184,6 +195,9 @@ impl Node {
         let mut deadline_ms = self.next_heartbeat_ms;
         if self.deciding {
             deadline_ms = deadline_ms.min(self.started_ms + failover_ms);
+        }
+        if self.is_refused() {
+            deadline_ms = deadline_ms.min(self.refused_until_ms());
         }
         for peer in &self.peers {
             if peer.is_live(self.now_ms, failover_ms)
@@ -228,6 +242,12 @@ impl Node {
             return;
         }
         self.advance(now_ms);
+        // An epoch no token can carry is a broken peer's, not one to learn:
+        // taking it would leave no epoch to move above it. (The transport's
+        // decoder refuses such frames already.)
+        if !message.epochs().into_iter().flatten().all(|epoch| epoch <= EPOCH_MAX) {
+            return;
+        }
         self.learn_epoch(message.epoch_max());
         if self.is_gone() {
             return;
@@ -255,7 +275,7 @@ impl Node {
                         last.handing_off_to = None;
                         peer.heard_ms = Some(now_ms);
                     }
-                    self.become_standby(from, ExitReason::HandedOff);
+                    self.become_standby(Some(from), ExitReason::HandedOff);
                 }
             }
             Message::HandOffRefused { table } => {
@@ -265,6 +285,34 @@ impl Node {
             }
         }
         self.evaluate();
+    }
+
+    /// Peer `from` refused this node's hello: the two were started with
+    /// different `--peers`. Until no refusal has come for two failover
+    /// periods, this node does not serve: an active steps down, a standby
+    /// does not promote. Two nodes that disagree on who is who could
+    /// otherwise both be active and grant the same key.
+    pub fn refused_by(&mut self, now_ms: u64, from: usize) {
+        self.advance(now_ms);
+        if from >= self.config.nodes || from == self.config.me {
+            return;
+        }
+        self.refused_ms = Some(now_ms);
+        self.evaluate();
+    }
+
+    /// Heartbeats of peer `from` now come on a new connection: it restarted
+    /// or reconnected. Its next heartbeat is taken whatever its incarnation,
+    /// so that a node whose clock stepped back across a restart (a smaller
+    /// incarnation) is not ignored. The transport makes sure no heartbeat of
+    /// an older connection follows.
+    pub fn peer_reconnected(&mut self, now_ms: u64, from: usize) {
+        self.advance(now_ms);
+        if let Some(peer) = self.peers.get_mut(from)
+            && from != self.config.me
+        {
+            peer.reconnected = true;
+        }
     }
 
     /// Ctrl+C or SIGTERM: hand the active role over if this node has it, then exit.
@@ -494,7 +542,7 @@ impl Node {
             self.check_incoming_handoff();
             return;
         }
-        if self.deciding || self.stopping || self.live_peer_follows_another() {
+        if self.deciding || self.stopping || self.is_refused() || self.live_peer_follows_another() {
             return;
         }
         if self.election_winner() == Some(self.config.me) {
@@ -504,6 +552,14 @@ impl Node {
 
     fn evaluate_promoting(&mut self) {
         let Role::Promoting { handoff, .. } = self.role else { unreachable!() };
+        if self.is_refused() {
+            if let Some(handoff) = handoff {
+                self.refuse(handoff);
+            }
+            self.role = Role::Standby { following: None, incoming: None };
+            self.evaluate_standby();
+            return;
+        }
         if handoff.is_some() {
             // Taking over from an active that is holding its clients for us.
             return;
@@ -523,13 +579,17 @@ impl Node {
         let me = self.config.me;
         let failover_ms = self.config.failover_ms;
         let Role::Active(active) = self.role else { unreachable!() };
+        if self.is_refused() {
+            self.become_standby(None, ExitReason::Standby);
+            return;
+        }
         // A successor active in a higher epoch has taken over, even if its answer was lost.
         if let Some(handoff) = active.handoff
             && let Some(heartbeat) = self.peers[handoff.to].live(self.now_ms, failover_ms)
             && heartbeat.role == PeerRole::Active
             && heartbeat.epoch > active.epoch
         {
-            self.become_standby(handoff.to, ExitReason::HandedOff);
+            self.become_standby(Some(handoff.to), ExitReason::HandedOff);
             return;
         }
         // Two actives: the lower-priority one steps down and re-syncs; the
@@ -544,7 +604,7 @@ impl Node {
         };
         let higher_rival = self.live_peers().find(|(index, heartbeat)| *index < me && is_rival(*index, heartbeat));
         if let Some((higher, _)) = higher_rival {
-            self.become_standby(higher, ExitReason::Standby);
+            self.become_standby(Some(higher), ExitReason::Standby);
             return;
         }
         // Any epoch above its own (a rival's, or one a peer has seen) means
@@ -610,7 +670,7 @@ impl Node {
 
     fn check_incoming_handoff(&mut self) {
         let Role::Standby { following, incoming: Some(handoff) } = self.role else { return };
-        if following != Some(handoff.from) || self.stopping || self.now_ms >= handoff.deadline_ms {
+        if following != Some(handoff.from) || self.stopping || self.is_refused() || self.now_ms >= handoff.deadline_ms {
             self.refuse(handoff);
             self.role = Role::Standby { following, incoming: None };
             if following == Some(handoff.from) && self.now_ms >= handoff.deadline_ms {
@@ -748,16 +808,16 @@ impl Node {
     }
 
     /// The active steps down to follow `active` (after a hand-off to it, or
-    /// because it is a higher-priority active). Its table stays complete; it
-    /// will ask `active` for a snapshot.
-    fn become_standby(&mut self, active: usize, reason_if_stopping: ExitReason) {
+    /// because it is a higher-priority active), or none (a peer refuses it).
+    /// Its table stays complete; it will ask the active for a snapshot.
+    fn become_standby(&mut self, active: Option<usize>, reason_if_stopping: ExitReason) {
         if let Role::Active(state) = self.role {
             self.table = Some(TableVersion { stream: state.stream, version: state.version });
         }
         self.stream_from = None;
         self.snapshot_requested_ms = None;
-        self.role = Role::Standby { following: Some(active), incoming: None };
-        self.push(Effect::Follow { active: Some(active) });
+        self.role = Role::Standby { following: active, incoming: None };
+        self.push(Effect::Follow { active });
         if self.stopping {
             self.exit(reason_if_stopping);
         } else {
@@ -808,10 +868,22 @@ impl Node {
     /// Notes an epoch seen. A node on its way out still persists what it
     /// learns until it exits.
     fn learn_epoch(&mut self, epoch: u64) {
+        if epoch > EPOCH_MAX {
+            return;
+        }
         self.epoch_seen = self.epoch_seen.max(epoch);
         if matches!(self.role, Role::Exiting(_)) && self.epoch_seen > self.epoch_requested {
             self.request_persist(self.epoch_seen);
         }
+    }
+
+    /// A peer refused this node recently.
+    fn is_refused(&self) -> bool {
+        self.refused_ms.is_some() && self.now_ms < self.refused_until_ms()
+    }
+
+    fn refused_until_ms(&self) -> u64 {
+        self.refused_ms.map_or(0, |refused_ms| refused_ms + 2 * self.config.failover_ms)
     }
 
     /// Stopped, or stopping once its epoch is persisted: it ignores every

@@ -697,3 +697,85 @@ fn an_epoch_move_during_a_hand_off_that_fails_resumes_in_the_new_epoch() {
     node.receive(now + 3, 0, Message::HandOffRefused { table: TableVersion { stream: epoch, version: 2 } });
     assert_eq!(others(&drain(&mut node)), vec![Effect::Activate { epoch: 49, stream: epoch }]);
 }
+
+#[test]
+fn an_active_that_a_peer_refuses_steps_down_and_serves_again_once_refusals_stop() {
+    let (mut node, epoch) = active_alone(0, 2);
+    let now = FAILOVER_MS + 10;
+    node.refused_by(now, 1);
+    assert_eq!(others(&drain(&mut node)), vec![Effect::Follow { active: None }]);
+    assert_eq!(node.status(), Status { active: false, epoch: 0, active_node: None });
+    // Refusals keep coming (the peer refuses every reconnection): no promotion.
+    let mut now_ms = now;
+    for _ in 0..10 {
+        tick_until(&mut node, now_ms, now_ms + 300);
+        now_ms += 300;
+        node.refused_by(now_ms, 1);
+        assert!(!others(&drain(&mut node)).iter().any(|effect| matches!(effect, Effect::PersistEpoch { .. })));
+        assert!(!node.status().active);
+    }
+    // The settings are fixed: after two failover periods without a refusal,
+    // the node is elected again, in a new epoch.
+    tick_until(&mut node, now_ms, now_ms + 2 * FAILOVER_MS + HEARTBEAT_MS);
+    let next = crate::epoch::next_epoch(epoch, 0).unwrap();
+    assert_eq!(others(&drain(&mut node)), vec![Effect::PersistEpoch { epoch: next }]);
+}
+
+#[test]
+fn a_refused_standby_refuses_a_hand_off_offered_to_it() {
+    let mut node = Node::new(config(1, 2), 0, 1, 0);
+    node.receive(10, 0, hb(active(1, 16)));
+    drain(&mut node);
+    let table = TableVersion { stream: 16, version: 0 };
+    node.refused_by(20, 0);
+    node.receive(30, 0, Message::HandOff { table, epoch_seen: 16 });
+    assert_eq!(others(&drain(&mut node)), vec![Effect::Send { to: 0, message: Message::HandOffRefused { table } }]);
+}
+
+#[test]
+fn refusals_from_out_of_range_or_own_indexes_change_nothing() {
+    let (mut node, epoch) = active_alone(0, 2);
+    node.refused_by(FAILOVER_MS + 1, 0);
+    node.refused_by(FAILOVER_MS + 2, 5);
+    assert!(others(&drain(&mut node)).is_empty());
+    assert_eq!(node.status(), Status { active: true, epoch, active_node: Some(0) });
+}
+
+#[test]
+fn a_restarted_peer_with_a_smaller_incarnation_is_heard_once_it_reconnects() {
+    let mut node = Node::new(config(1, 2), 0, 1, 0);
+    node.receive(10, 0, hb(Heartbeat { incarnation: 1_000, ..active(5, 16) }));
+    drain(&mut node);
+    assert_eq!(node.status().active_node, Some(0));
+    // Node 0 restarts with its clock stepped back, as an active of a new
+    // epoch: without a reconnection its heartbeats read as an older life.
+    let restarted = Heartbeat { incarnation: 500, ..active(1, 32) };
+    node.receive(20, 0, hb(restarted));
+    drain(&mut node);
+    assert_eq!(node.status().epoch, 16, "a late heartbeat of an older life is not taken");
+    node.peer_reconnected(30, 0);
+    node.receive(30, 0, hb(restarted));
+    drain(&mut node);
+    assert_eq!(node.status(), Status { active: false, epoch: 32, active_node: Some(0) });
+    // From then on the order within the new life counts again.
+    node.receive(40, 0, hb(Heartbeat { incarnation: 500, ..active(0, 48) }));
+    assert_eq!(node.status().epoch, 32);
+}
+
+#[test]
+fn messages_with_an_epoch_no_token_can_carry_are_ignored_whole() {
+    let (mut node, epoch) = active_alone(0, 2);
+    let now = FAILOVER_MS + 10;
+    let too_high = ringlock_shards::token::EPOCH_MAX + 1;
+    for message in [
+        hb(Heartbeat { epoch_seen: too_high, ..follower(1, 0, None) }),
+        hb(Heartbeat { epoch_seen: u64::MAX, ..follower(1, 0, None) }),
+        hb(Heartbeat { epoch: u64::MAX, ..active(1, 17) }),
+        Message::HandOff { table: TableVersion { stream: 1, version: 0 }, epoch_seen: u64::MAX },
+        Message::HandOffDone { table: TableVersion { stream: u64::MAX, version: 0 }, epoch: 17 },
+    ] {
+        node.receive(now, 1, message);
+        assert!(others(&drain(&mut node)).is_empty(), "{message:?}");
+        assert_eq!(node.status(), Status { active: true, epoch, active_node: Some(0) });
+    }
+}

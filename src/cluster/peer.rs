@@ -9,6 +9,9 @@ pub struct PeerView {
     pub heard_ms: Option<u64>,
     /// Its last accepted heartbeat.
     pub last: Option<Heartbeat>,
+    /// It reconnected since: its next heartbeat is taken whatever its
+    /// incarnation and sequence (see [`super::Node::peer_reconnected`]).
+    pub reconnected: bool,
 }
 
 impl PeerView {
@@ -17,7 +20,8 @@ impl PeerView {
     /// incarnation). Returns whether it was taken. A late heartbeat of the
     /// same incarnation still shows that the peer is live: it arrived now.
     pub fn accept(&mut self, now_ms: u64, heartbeat: Heartbeat) -> bool {
-        if let Some(last) = self.last
+        if !std::mem::take(&mut self.reconnected)
+            && let Some(last) = self.last
             && (heartbeat.incarnation, heartbeat.sequence) <= (last.incarnation, last.sequence)
         {
             if heartbeat.incarnation == last.incarnation {

@@ -20,6 +20,7 @@
 //!
 //! type  frame                 payload
 //!  1    Hello                 magic "RLKP"  version:u32  nodes:u8  node:u8  incarnation:u64  epoch:u64  role
+//!                             peers_fingerprint:u64
 //!  2    Heartbeat             incarnation:u64  sequence:u64  role  epoch:u64  epoch_seen:u64
 //!                             following:index  caught_up:flag  has_table:flag  table  handing_off_to:index
 //!  3    SnapshotRequest       (empty)
@@ -30,6 +31,7 @@
 //!  8    SnapshotChunk         count:u32  count × (key  token:u64  lease_left_ms:u64)
 //!  9    SnapshotEnd           table
 //! 10    Deltas                stream:u64  first_version:u64  count:u32  count × delta
+//! 11    HelloRefused          reason:u8          (acceptor to connector, then it closes)
 //!
 //! delta = 1 key token:u64 lease_ms:u64     Grant
 //!       | 2 key token:u64                  Release
@@ -43,6 +45,12 @@
 //!   more than a megabyte. `len` 0 (no type byte) is [`WireError::Truncated`].
 //! - Hello: the magic, `version` = [`PROTOCOL_VERSION`], `nodes` in
 //!   `1..=NODES_MAX`, `node < nodes`.
+//! - Every epoch (a Hello's or a heartbeat's `epoch` and `epoch_seen`, a
+//!   HandOff's `epoch_seen`, a HandOffDone's `epoch`, and the `stream` of
+//!   every table and deltas frame, which names an epoch) is at most
+//!   `EPOCH_MAX` (2^24 - 1): no token can carry a larger one, and a node
+//!   that learned one could never move above it.
+//! - A HelloRefused reason is one of the four [`Refusal`]s.
 //! - Heartbeat: `following` and `handing_off_to` below `NODES_MAX` or `0xFF`;
 //!   a table that is absent (`has_table` 0) is sent as zeros, and zeros are
 //!   required, so that the heartbeat keeps its fixed size and one encoding.
@@ -58,6 +66,7 @@ use std::fmt;
 
 use ringlock_client::proto::{KEY_LEN_MAX, is_valid_key};
 use ringlock_shards::limits::LEASE_MS_LIMIT;
+use ringlock_shards::token::EPOCH_MAX;
 use ringlock_shards::{Delta, Key};
 
 use crate::cluster::{Heartbeat, Message, PeerRole, TableVersion};
@@ -66,7 +75,10 @@ use crate::epoch::NODES_MAX;
 /// The peer protocol version a node speaks; a Hello with another is refused.
 /// Version 2: a snapshot is sent in slices, with the deltas made meanwhile
 /// between them (version 1 sent it whole, with no delta inside).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Version 3: a Hello carries the fingerprint of the sender's `--peers`, an
+/// acceptor answers a Hello it refuses with HelloRefused, and epochs are
+/// range-checked.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Longest frame, in bytes after the 4-byte length prefix.
 pub const FRAME_LEN_MAX: usize = 1 << 20;
@@ -80,7 +92,10 @@ pub const HELLO_MAGIC: [u8; 4] = *b"RLKP";
 
 /// The bytes of a whole Hello frame, length prefix included: all a peer
 /// connection may send before it has said who it is.
-pub const HELLO_FRAME_BYTES: usize = 32;
+pub const HELLO_FRAME_BYTES: usize = 40;
+
+/// The bytes of a whole HelloRefused frame, length prefix included.
+pub const HELLO_REFUSED_FRAME_BYTES: usize = 6;
 
 /// The bytes of the length prefix.
 const LEN_PREFIX_BYTES: usize = 4;
@@ -105,6 +120,7 @@ mod frame_type {
     pub const SNAPSHOT_CHUNK: u8 = 8;
     pub const SNAPSHOT_END: u8 = 9;
     pub const DELTAS: u8 = 10;
+    pub const HELLO_REFUSED: u8 = 11;
 }
 
 /// Delta kind bytes.
@@ -151,6 +167,64 @@ pub struct Hello {
     pub epoch: u64,
     /// The sender's role.
     pub role: PeerRole,
+    /// [`peers_fingerprint`] of the sender's `--peers`: nodes given
+    /// different lists (another order, another client address) refuse each
+    /// other.
+    pub peers_fingerprint: u64,
+}
+
+/// Why an acceptor refused a well-formed Hello. The connector is told, so
+/// that a node whose peers refuse it knows its settings disagree with theirs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The Hello names another cluster size.
+    Nodes,
+    /// The Hello names the acceptor's own index.
+    SameNode,
+    /// The Hello's `--peers` fingerprint differs from the acceptor's.
+    PeerList,
+}
+
+impl Refusal {
+    fn to_byte(self) -> u8 {
+        match self {
+            Refusal::Nodes => 1,
+            Refusal::SameNode => 2,
+            Refusal::PeerList => 3,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<Refusal> {
+        match byte {
+            1 => Some(Refusal::Nodes),
+            2 => Some(Refusal::SameNode),
+            3 => Some(Refusal::PeerList),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Refusal::Nodes => "its --peers lists another number of nodes",
+            Refusal::SameNode => "it has the same --node index",
+            Refusal::PeerList => "its --peers differs (other client addresses or another order)",
+        })
+    }
+}
+
+/// A fingerprint of the ordered peer list: FNV-1a (64 bits) over the
+/// entries' client addresses, separated by `,`. Those are what every node
+/// must agree on (the order is the priority, and `P` and `M` name them);
+/// the peer addresses are each node's own way to reach the others, which
+/// may differ (a proxy, another network). It needs no secrecy, only to
+/// differ when the lists do, and to be the same on every build and host.
+pub fn peers_fingerprint<'a>(clients: impl IntoIterator<Item = &'a std::net::SocketAddr>) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let text: Vec<String> = clients.into_iter().map(ToString::to_string).collect();
+    text.join(",").bytes().fold(OFFSET, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(PRIME))
 }
 
 /// One held lock of a snapshot.
@@ -197,6 +271,9 @@ pub enum Frame {
         /// The deltas in order.
         deltas: Vec<Delta>,
     },
+    /// The acceptor refused the connector's Hello, for this reason, and
+    /// closes the connection (the only frame an acceptor ever sends).
+    HelloRefused(Refusal),
 }
 
 /// Why a peer's bytes are not a frame. Any of them means the peer is broken
@@ -239,6 +316,10 @@ pub enum WireError {
     TooManyEntries(u32),
     /// A deltas frame numbers deltas past `u64::MAX`.
     VersionOverflow,
+    /// An epoch above `EPOCH_MAX`.
+    BadEpoch(u64),
+    /// A HelloRefused reason byte is not one of the known reasons.
+    BadRefusal(u8),
 }
 
 impl fmt::Display for WireError {
@@ -270,6 +351,8 @@ impl fmt::Display for WireError {
                 write!(f, "{count} entries in one frame; the limit is {ENTRIES_PER_FRAME_MAX}")
             }
             WireError::VersionOverflow => write!(f, "delta versions run past the largest u64"),
+            WireError::BadEpoch(epoch) => write!(f, "epoch {epoch} out of range (the largest is {EPOCH_MAX})"),
+            WireError::BadRefusal(byte) => write!(f, "unknown refusal reason {byte}"),
         }
     }
 }
@@ -294,6 +377,11 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         Frame::SnapshotChunk(entries) => encode_snapshot_chunk(entries, out),
         Frame::SnapshotEnd { table } => encode_table_frame(frame_type::SNAPSHOT_END, *table, out),
         Frame::Deltas { stream, first_version, deltas } => encode_deltas(*stream, *first_version, deltas, out),
+        Frame::HelloRefused(refusal) => {
+            let start = begin_frame(frame_type::HELLO_REFUSED, out);
+            out.push(refusal.to_byte());
+            end_frame(start, out);
+        }
     }
 }
 
@@ -379,6 +467,7 @@ fn encode_hello(hello: &Hello, out: &mut Vec<u8>) {
     put_u64(hello.incarnation, out);
     put_u64(hello.epoch, out);
     out.push(role_to_byte(hello.role));
+    put_u64(hello.peers_fingerprint, out);
     end_frame(start, out);
 }
 
@@ -497,15 +586,21 @@ pub fn decode(input: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
         frame_type::HELLO => Frame::Hello(read_hello(&mut reader)?),
         frame_type::HEARTBEAT => Frame::Message(Message::Heartbeat(read_heartbeat(&mut reader)?)),
         frame_type::SNAPSHOT_REQUEST => Frame::Message(Message::SnapshotRequest),
-        frame_type::HAND_OFF => Frame::Message(Message::HandOff { table: reader.table()?, epoch_seen: reader.u64()? }),
+        frame_type::HAND_OFF => {
+            Frame::Message(Message::HandOff { table: reader.table()?, epoch_seen: reader.epoch()? })
+        }
         frame_type::HAND_OFF_DONE => {
-            Frame::Message(Message::HandOffDone { table: reader.table()?, epoch: reader.u64()? })
+            Frame::Message(Message::HandOffDone { table: reader.table()?, epoch: reader.epoch()? })
         }
         frame_type::HAND_OFF_REFUSED => Frame::Message(Message::HandOffRefused { table: reader.table()? }),
         frame_type::SNAPSHOT_BEGIN => Frame::SnapshotBegin { table: reader.table()? },
         frame_type::SNAPSHOT_CHUNK => Frame::SnapshotChunk(read_snapshot_chunk(&mut reader)?),
         frame_type::SNAPSHOT_END => Frame::SnapshotEnd { table: reader.table()? },
         frame_type::DELTAS => read_deltas(&mut reader)?,
+        frame_type::HELLO_REFUSED => {
+            let byte = reader.u8()?;
+            Frame::HelloRefused(Refusal::from_byte(byte).ok_or(WireError::BadRefusal(byte))?)
+        }
         other => return Err(WireError::UnknownType(other)),
     };
     if !reader.bytes.is_empty() {
@@ -536,8 +631,9 @@ fn read_hello(reader: &mut Reader<'_>) -> Result<Hello, WireError> {
         nodes: usize::from(nodes),
         node: usize::from(node),
         incarnation: reader.u64()?,
-        epoch: reader.u64()?,
+        epoch: reader.epoch()?,
         role: reader.role()?,
+        peers_fingerprint: reader.u64()?,
     })
 }
 
@@ -545,8 +641,8 @@ fn read_heartbeat(reader: &mut Reader<'_>) -> Result<Heartbeat, WireError> {
     let incarnation = reader.u64()?;
     let sequence = reader.u64()?;
     let role = reader.role()?;
-    let epoch = reader.u64()?;
-    let epoch_seen = reader.u64()?;
+    let epoch = reader.epoch()?;
+    let epoch_seen = reader.epoch()?;
     let following = reader.index()?;
     let caught_up = reader.flag()?;
     let has_table = reader.flag()?;
@@ -578,7 +674,7 @@ fn read_snapshot_chunk(reader: &mut Reader<'_>) -> Result<Vec<SnapshotEntry>, Wi
 }
 
 fn read_deltas(reader: &mut Reader<'_>) -> Result<Frame, WireError> {
-    let stream = reader.u64()?;
+    let stream = reader.epoch()?;
     let first_version = reader.u64()?;
     let count = reader.count()?;
     if first_version.checked_add(count as u64).is_none() {
@@ -627,8 +723,17 @@ impl Reader<'_> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 
+    /// A table: its stream is named by an epoch.
     fn table(&mut self) -> Result<TableVersion, WireError> {
-        Ok(TableVersion { stream: self.u64()?, version: self.u64()? })
+        Ok(TableVersion { stream: self.epoch()?, version: self.u64()? })
+    }
+
+    fn epoch(&mut self) -> Result<u64, WireError> {
+        let epoch = self.u64()?;
+        if epoch > EPOCH_MAX {
+            return Err(WireError::BadEpoch(epoch));
+        }
+        Ok(epoch)
     }
 
     fn flag(&mut self) -> Result<bool, WireError> {
@@ -728,8 +833,9 @@ mod tests {
             nodes: 3,
             node: 2,
             incarnation: 7,
-            epoch: 0x1234_5678_9abc_def0,
+            epoch: 0x00ab_cdef,
             role: PeerRole::Standby,
+            peers_fingerprint: 0x1234_5678_9abc_def0,
         })
     }
 
@@ -783,6 +889,10 @@ mod tests {
                 ],
             },
             Frame::Deltas { stream: 0, first_version: u64::MAX, deltas: Vec::new() },
+            Frame::Deltas { stream: EPOCH_MAX, first_version: 1, deltas: Vec::new() },
+            Frame::HelloRefused(Refusal::Nodes),
+            Frame::HelloRefused(Refusal::SameNode),
+            Frame::HelloRefused(Refusal::PeerList),
         ]
     }
 
@@ -814,7 +924,8 @@ mod tests {
 
     #[test]
     fn fixed_size_frames_have_the_documented_sizes() {
-        assert_eq!(encoded(&hello()).len(), PAYLOAD_AT + 27);
+        assert_eq!(encoded(&hello()).len(), PAYLOAD_AT + 35);
+        assert_eq!(encoded(&Frame::HelloRefused(Refusal::PeerList)).len(), HELLO_REFUSED_FRAME_BYTES);
         assert_eq!(encoded(&hello()).len(), HELLO_FRAME_BYTES);
         assert_eq!(encoded(&Frame::Message(Message::Heartbeat(heartbeat()))).len(), PAYLOAD_AT + 53);
         assert_eq!(encoded(&Frame::Message(Message::SnapshotRequest)).len(), PAYLOAD_AT);
@@ -891,7 +1002,7 @@ mod tests {
 
     #[test]
     fn unknown_frame_types_are_refused() {
-        for type_byte in [0, 11, 0x80, 0xFF] {
+        for type_byte in [0, 12, 0x80, 0xFF] {
             assert_eq!(decode(&raw_frame(type_byte, &[])), Err(WireError::UnknownType(type_byte)));
         }
     }
@@ -963,6 +1074,69 @@ mod tests {
                 assert_eq!(decode(&bytes), Err(WireError::BadIndex(index)), "byte {at}");
             }
         }
+    }
+
+    /// Every epoch field, by the byte it starts at in its frame.
+    fn epoch_fields() -> Vec<(Frame, usize)> {
+        vec![
+            (hello(), PAYLOAD_AT + 18),
+            (Frame::Message(Message::Heartbeat(heartbeat())), PAYLOAD_AT + 17),
+            (Frame::Message(Message::Heartbeat(heartbeat())), PAYLOAD_AT + 25),
+            (Frame::Message(Message::Heartbeat(heartbeat())), PAYLOAD_AT + 36),
+            (Frame::Message(Message::HandOff { table: table(17, 5), epoch_seen: 50 }), PAYLOAD_AT),
+            (Frame::Message(Message::HandOff { table: table(17, 5), epoch_seen: 50 }), PAYLOAD_AT + 16),
+            (Frame::Message(Message::HandOffDone { table: table(17, 5), epoch: 66 }), PAYLOAD_AT),
+            (Frame::Message(Message::HandOffDone { table: table(17, 5), epoch: 66 }), PAYLOAD_AT + 16),
+            (Frame::Message(Message::HandOffRefused { table: table(17, 5) }), PAYLOAD_AT),
+            (Frame::SnapshotBegin { table: table(17, 0) }, PAYLOAD_AT),
+            (Frame::SnapshotEnd { table: table(17, 0) }, PAYLOAD_AT),
+            (deltas_frame(vec![grant(b"k", 1)]), PAYLOAD_AT),
+        ]
+    }
+
+    #[test]
+    fn epochs_above_the_largest_a_token_can_carry_are_refused() {
+        for (frame, at) in epoch_fields() {
+            for epoch in [EPOCH_MAX + 1, 1 << 40, u64::MAX] {
+                let mut bytes = encoded(&frame);
+                bytes[at..at + 8].copy_from_slice(&epoch.to_le_bytes());
+                assert_eq!(decode(&bytes), Err(WireError::BadEpoch(epoch)), "{frame:?} at byte {at}");
+            }
+            let mut bytes = encoded(&frame);
+            bytes[at..at + 8].copy_from_slice(&EPOCH_MAX.to_le_bytes());
+            assert!(decode(&bytes).is_ok(), "the largest epoch itself is fine: {frame:?} at byte {at}");
+        }
+    }
+
+    #[test]
+    fn refusal_reasons_must_be_known() {
+        for reason in [0, 4, 0xFF] {
+            let bytes = raw_frame(frame_type::HELLO_REFUSED, &[reason]);
+            assert_eq!(decode(&bytes), Err(WireError::BadRefusal(reason)));
+        }
+    }
+
+    #[test]
+    fn the_peers_fingerprint_changes_with_the_order_and_the_client_addresses() {
+        let address = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let (a, b) = (address(7700), address(7701));
+        let ab = peers_fingerprint([&a, &b]);
+        assert_eq!(ab, peers_fingerprint([&a, &b]), "the same list, the same fingerprint");
+        assert_ne!(ab, peers_fingerprint([&b, &a]), "another order");
+        assert_ne!(ab, peers_fingerprint([&a, &address(7702)]), "another address");
+        assert_ne!(ab, peers_fingerprint([&a]), "fewer nodes");
+        // The value is part of the protocol: nodes of any build must agree.
+        assert_eq!(ab, fnv1a(b"127.0.0.1:7700,127.0.0.1:7701"));
+    }
+
+    /// FNV-1a 64 written out byte by byte, as the protocol defines it.
+    fn fnv1a(bytes: &[u8]) -> u64 {
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        for byte in bytes {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x100_0000_01b3);
+        }
+        hash
     }
 
     #[test]
@@ -1107,12 +1281,16 @@ mod tests {
             WireError::FrameTooLong { len: 5_000_000 }.to_string(),
             "frame of 5000000 bytes announced; the limit is 1048576"
         );
-        assert_eq!(WireError::BadVersion(1).to_string(), "peer speaks protocol version 1; this node speaks 2");
+        assert_eq!(WireError::BadVersion(1).to_string(), "peer speaks protocol version 1; this node speaks 3");
         assert_eq!(
             WireError::BadMagic(*b"GET ").to_string(),
             "hello starts with [47, 45, 54, 20], not [52, 4c, 4b, 50]: not a ringlock peer"
         );
         assert_eq!(WireError::TooManyEntries(3000).to_string(), "3000 entries in one frame; the limit is 2048");
+        assert_eq!(
+            WireError::BadEpoch(u64::MAX).to_string(),
+            "epoch 18446744073709551615 out of range (the largest is 16777215)"
+        );
     }
 
     /// Writes one valid frame of each type, and all of them as one stream, to
@@ -1135,6 +1313,10 @@ mod tests {
             "snapshot_end",
             "deltas",
             "deltas_empty",
+            "deltas_last_epoch",
+            "hello_refused_nodes",
+            "hello_refused_same_node",
+            "hello_refused_peer_list",
         ];
         let frames = one_of_each();
         assert_eq!(names.len(), frames.len());
@@ -1168,6 +1350,10 @@ mod tests {
         prop_oneof![Just(0), Just(u64::MAX), 0..1000u64, any::<u64>()]
     }
 
+    fn epoch_strategy() -> impl Strategy<Value = u64> {
+        prop_oneof![Just(0), Just(EPOCH_MAX), 0..1000u64, 0..=EPOCH_MAX]
+    }
+
     fn lease_strategy() -> impl Strategy<Value = u64> {
         prop_oneof![Just(1), Just(LEASE_MS_LIMIT), 1..=LEASE_MS_LIMIT]
     }
@@ -1177,7 +1363,7 @@ mod tests {
     }
 
     fn table_strategy() -> impl Strategy<Value = TableVersion> {
-        (u64_strategy(), u64_strategy()).prop_map(|(stream, version)| TableVersion { stream, version })
+        (epoch_strategy(), u64_strategy()).prop_map(|(stream, version)| TableVersion { stream, version })
     }
 
     fn index_strategy() -> impl Strategy<Value = Option<usize>> {
@@ -1186,20 +1372,23 @@ mod tests {
 
     fn hello_strategy() -> impl Strategy<Value = Hello> {
         (1..=NODES_MAX_USIZE).prop_flat_map(|nodes| (Just(nodes), 0..nodes)).prop_flat_map(|(nodes, node)| {
-            (u64_strategy(), u64_strategy(), role_strategy()).prop_map(move |(incarnation, epoch, role)| Hello {
-                version: PROTOCOL_VERSION,
-                nodes,
-                node,
-                incarnation,
-                epoch,
-                role,
-            })
+            (u64_strategy(), epoch_strategy(), role_strategy(), u64_strategy()).prop_map(
+                move |(incarnation, epoch, role, peers_fingerprint)| Hello {
+                    version: PROTOCOL_VERSION,
+                    nodes,
+                    node,
+                    incarnation,
+                    epoch,
+                    role,
+                    peers_fingerprint,
+                },
+            )
         })
     }
 
     fn heartbeat_strategy() -> impl Strategy<Value = Heartbeat> {
         (
-            (u64_strategy(), u64_strategy(), role_strategy(), u64_strategy(), u64_strategy()),
+            (u64_strategy(), u64_strategy(), role_strategy(), epoch_strategy(), epoch_strategy()),
             (index_strategy(), any::<bool>(), proptest::option::of(table_strategy()), index_strategy()),
         )
             .prop_map(
@@ -1223,8 +1412,8 @@ mod tests {
         prop_oneof![
             heartbeat_strategy().prop_map(Message::Heartbeat),
             Just(Message::SnapshotRequest),
-            (table_strategy(), u64_strategy()).prop_map(|(table, epoch_seen)| Message::HandOff { table, epoch_seen }),
-            (table_strategy(), u64_strategy()).prop_map(|(table, epoch)| Message::HandOffDone { table, epoch }),
+            (table_strategy(), epoch_strategy()).prop_map(|(table, epoch_seen)| Message::HandOff { table, epoch_seen }),
+            (table_strategy(), epoch_strategy()).prop_map(|(table, epoch)| Message::HandOffDone { table, epoch }),
             table_strategy().prop_map(|table| Message::HandOffRefused { table }),
         ]
     }
@@ -1258,13 +1447,15 @@ mod tests {
             table_strategy().prop_map(|table| Frame::SnapshotBegin { table }),
             proptest::collection::vec(entry_strategy(), 0..12).prop_map(Frame::SnapshotChunk),
             table_strategy().prop_map(|table| Frame::SnapshotEnd { table }),
-            (u64_strategy(), u64_strategy(), proptest::collection::vec(delta_strategy(), 0..12)).prop_map(
+            (epoch_strategy(), u64_strategy(), proptest::collection::vec(delta_strategy(), 0..12)).prop_map(
                 |(stream, first_version, deltas)| {
                     // Keep the last delta's version within a u64, as the decoder requires.
                     let first_version = first_version.min(u64::MAX - deltas.len() as u64);
                     Frame::Deltas { stream, first_version, deltas }
                 }
             ),
+            prop_oneof![Just(Refusal::Nodes), Just(Refusal::SameNode), Just(Refusal::PeerList)]
+                .prop_map(Frame::HelloRefused),
         ]
     }
 

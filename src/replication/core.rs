@@ -53,6 +53,9 @@ const SNAPSHOT_SLICE_ENTRIES: usize = 32_768;
 /// wait in its outbox: the snapshot goes at the pace the standby reads.
 const SNAPSHOT_OUTBOX_BYTES_MAX: usize = 8 << 20;
 
+/// A peer that keeps refusing this node is named in the log at most this often.
+const REFUSAL_LOG_INTERVAL_MS: u64 = 10_000;
+
 /// A stream of deltas to one standby, valid while its connection lasts.
 #[derive(Clone, Copy, Debug)]
 struct Stream {
@@ -107,6 +110,21 @@ pub struct ReplicationCore {
     persist_retry: Option<(u64, u64)>,
     status: NodeStatus,
     stop_asked: bool,
+    /// `--max-keys`: a snapshot or stream that would make the table hold
+    /// more is dropped (a peer cannot make this node hold more than its
+    /// shards could).
+    keys_max: usize,
+    /// Per peer: the connection its last heartbeat came on. Heartbeats of
+    /// older connections are late messages of a previous life, dropped.
+    heartbeat_connections: Vec<u64>,
+    /// Per peer: when its refusal of this node was last logged.
+    refusal_logged_ms: Vec<Option<u64>>,
+    /// Since when the cores hold their clients (a hand-off or an epoch
+    /// move), and whether that was logged as too long.
+    held_since_ms: Option<u64>,
+    held_logged: bool,
+    /// How long a hold may last before it is logged: the hand-off timeout.
+    hold_warn_ms: u64,
 }
 
 impl ReplicationCore {
@@ -117,10 +135,12 @@ impl ReplicationCore {
         store: EpochStore,
         reports: Receiver<Report>,
         links: PeerLinks,
+        keys_max: usize,
     ) -> ReplicationCore {
         let PeerLinks { events, outboxes, hello } = links;
         let nodes = peers.len();
         let cores = shared.mailboxes.len();
+        let hold_warn_ms = node.config().handoff_timeout_ms();
         ReplicationCore {
             node,
             peers,
@@ -143,6 +163,12 @@ impl ReplicationCore {
             persist_retry: None,
             status: NodeStatus::default(),
             stop_asked: false,
+            keys_max,
+            heartbeat_connections: vec![0; nodes],
+            refusal_logged_ms: vec![None; nodes],
+            held_since_ms: None,
+            held_logged: false,
+            hold_warn_ms,
         }
     }
 
@@ -164,18 +190,23 @@ impl ReplicationCore {
     }
 
     /// One turn; `Some` once the node has exited.
+    ///
+    /// The cluster logic's effects are carried out after every input, so
+    /// that no number of peer frames in one turn can pile them up.
     fn turn(&mut self, now_ms: u64) -> Option<ExitReason> {
         self.backlog = false;
+        let mut exit = None;
         let mut entries = 0;
         while entries < ENTRIES_PER_TURN_MAX {
-            let event = self.events.borrow_mut().pop_front();
+            let event = self.events.borrow_mut().pop();
             let Some(event) = event else { break };
             entries += match &event {
-                PeerEvent::Frame { frame: Frame::Deltas { deltas, .. }, .. } => deltas.len(),
-                PeerEvent::Frame { frame: Frame::SnapshotChunk(chunk), .. } => chunk.len(),
+                PeerEvent::Frame { frame: Frame::Deltas { deltas, .. }, .. } => deltas.len().max(1),
+                PeerEvent::Frame { frame: Frame::SnapshotChunk(chunk), .. } => chunk.len().max(1),
                 _ => 1,
             };
             self.peer_event(now_ms, event);
+            exit = exit.or(self.effects(now_ms));
         }
         self.backlog |= !self.events.borrow().is_empty();
         let mut entries = 0;
@@ -186,6 +217,7 @@ impl ReplicationCore {
                 Report::Held { .. } => 1,
             };
             self.report(now_ms, report);
+            exit = exit.or(self.effects(now_ms));
         }
         self.backlog |= !self.reports.is_empty();
         self.check_streams();
@@ -193,24 +225,54 @@ impl ReplicationCore {
         self.send_snapshot_slices(now_ms);
         if self.shared.authority.take_exhausted() {
             self.node.epoch_exhausted(now_ms);
+            exit = exit.or(self.effects(now_ms));
         }
         if !self.stop_asked && self.shared.cluster.as_ref().is_some_and(|link| link.stop.load(Ordering::SeqCst)) {
             self.stop_asked = true;
             self.node.stop_requested(now_ms);
+            exit = exit.or(self.effects(now_ms));
         }
         if let Some((epoch, at_ms)) = self.persist_retry
             && now_ms >= at_ms
         {
             self.persist_retry = None;
             self.persist(now_ms, epoch);
+            exit = exit.or(self.effects(now_ms));
         }
         if now_ms >= self.node.next_deadline_ms() {
             self.node.tick(now_ms);
+            exit = exit.or(self.effects(now_ms));
         }
-        let exit = self.effects(now_ms);
+        self.check_hold(now_ms);
         self.send_controls();
         self.publish_status();
         exit
+    }
+
+    /// Logs a hold of the clients that lasts past the hand-off timeout: the
+    /// node is active but answers nobody until it ends.
+    fn check_hold(&mut self, now_ms: u64) {
+        if let Some(since_ms) = self.held_since_ms
+            && !self.held_logged
+            && now_ms >= since_ms + self.hold_warn_ms
+        {
+            self.held_logged = true;
+            tracing::warn!(
+                held_ms = now_ms - since_ms,
+                status = ?self.node.status(),
+                "the cores have held client requests for longer than the hand-off timeout; they wait for a \
+                 hand-off's answer or for a new epoch to be persisted"
+            );
+        }
+    }
+
+    fn set_held(&mut self, held: bool, now_ms: u64) {
+        if held {
+            self.held_since_ms = self.held_since_ms.or(Some(now_ms));
+        } else {
+            self.held_since_ms = None;
+            self.held_logged = false;
+        }
     }
 
     fn effects(&mut self, now_ms: u64) -> Option<ExitReason> {
@@ -218,14 +280,24 @@ impl ReplicationCore {
             match effect {
                 Effect::Send { to, message } => self.send_message(to, &message),
                 Effect::PersistEpoch { epoch } => self.persist(now_ms, epoch),
-                Effect::Activate { epoch, stream } => self.activate(now_ms, epoch, stream),
-                Effect::Follow { active } => self.follow(active),
+                Effect::Activate { epoch, stream } => {
+                    self.set_held(false, now_ms);
+                    self.activate(now_ms, epoch, stream);
+                }
+                Effect::Follow { active } => {
+                    self.set_held(false, now_ms);
+                    self.follow(active);
+                }
                 Effect::SendSnapshot { to } => self.send_snapshot(now_ms, to),
                 Effect::Hold => {
+                    self.set_held(true, now_ms);
                     self.holding = Some(vec![true; self.controls.len()]);
                     self.control_every_core(|| Control::Hold);
                 }
-                Effect::Resume => self.control_every_core(|| Control::Resume),
+                Effect::Resume => {
+                    self.set_held(false, now_ms);
+                    self.control_every_core(|| Control::Resume);
+                }
                 Effect::Exit { reason } => {
                     tracing::info!(?reason, "leaving the cluster");
                     return Some(reason);
@@ -444,6 +516,20 @@ impl ReplicationCore {
             }
             PeerEvent::Closed { from, connection } => self.connection_closed(now_ms, from, connection),
             PeerEvent::Frame { from, connection, frame } => self.frame(now_ms, from, connection, frame),
+            PeerEvent::Refused { from, refusal } => {
+                let log =
+                    self.refusal_logged_ms[from].is_none_or(|logged_ms| now_ms >= logged_ms + REFUSAL_LOG_INTERVAL_MS);
+                if log {
+                    self.refusal_logged_ms[from] = Some(now_ms);
+                    tracing::error!(
+                        peer = from,
+                        address = %self.peers[from].peer,
+                        "peer refuses this node: {refusal}; this node does not serve while a peer refuses it; \
+                         give every node the same --peers, in the same order, and its own --node"
+                    );
+                }
+                self.node.refused_by(now_ms, from);
+            }
         }
     }
 
@@ -465,8 +551,22 @@ impl ReplicationCore {
             self.node.stream_heard(now_ms, from);
         }
         match frame {
-            Frame::Hello(_) => {}
-            Frame::Message(message) => self.node.receive(now_ms, from, message),
+            // A hello comes only first, and a refusal only to the connector:
+            // the transport takes both.
+            Frame::Hello(_) | Frame::HelloRefused(_) => {}
+            Frame::Message(message) => {
+                if let Message::Heartbeat(_) = message {
+                    let latest = &mut self.heartbeat_connections[from];
+                    if connection < *latest {
+                        return;
+                    }
+                    if connection > *latest {
+                        *latest = connection;
+                        self.node.peer_reconnected(now_ms, from);
+                    }
+                }
+                self.node.receive(now_ms, from, message)
+            }
             Frame::SnapshotBegin { table } => {
                 if self.serving.is_none() {
                     // The deltas on this connection belong to the new
@@ -485,6 +585,10 @@ impl ReplicationCore {
                 {
                     for entry in entries {
                         incoming.mirror.insert(now_ms, entry);
+                    }
+                    if incoming.mirror.len() > self.keys_max {
+                        self.table_overflow(now_ms, from, "snapshot");
+                        return;
                     }
                     self.node.snapshot_progress(now_ms, from);
                 }
@@ -512,7 +616,9 @@ impl ReplicationCore {
                     incoming.table.version += deltas.len() as u64;
                     let applied = in_order
                         && deltas.into_iter().try_for_each(|delta| incoming.mirror.apply(now_ms, delta)).is_ok();
-                    if applied {
+                    if incoming.mirror.len() > self.keys_max {
+                        self.table_overflow(now_ms, from, "snapshot");
+                    } else if applied {
                         self.node.snapshot_progress(now_ms, from);
                     } else {
                         tracing::warn!(
@@ -548,9 +654,27 @@ impl ReplicationCore {
                         return;
                     }
                 }
+                if self.mirror.len() > self.keys_max {
+                    self.table_overflow(now_ms, from, "replication stream");
+                    return;
+                }
                 self.node.replica_applied(now_ms, from, table, self.mirror.token_epoch_max());
             }
         }
+    }
+
+    /// A snapshot or stream from `from` would make the table hold more than
+    /// `--max-keys` locks: it is dropped (and a new snapshot asked for).
+    fn table_overflow(&mut self, now_ms: u64, from: usize, what: &str) {
+        tracing::warn!(
+            peer = from,
+            keys_max = self.keys_max,
+            "the {what} from this peer holds more locks than --max-keys; dropping it (give every node the same \
+             --max-keys)"
+        );
+        self.incoming = None;
+        self.replica = None;
+        self.node.replica_broken(now_ms, from);
     }
 
     fn control_every_core(&mut self, control: impl Fn() -> Control) {
@@ -621,6 +745,14 @@ impl ReplicationCore {
 }
 
 /// The hello this node sends on every new peer connection.
-pub fn hello(me: usize, nodes: usize, incarnation: u64) -> Hello {
-    Hello { version: PROTOCOL_VERSION, nodes, node: me, incarnation, epoch: 0, role: PeerRole::Standby }
+pub fn hello(me: usize, nodes: usize, incarnation: u64, peers_fingerprint: u64) -> Hello {
+    Hello {
+        version: PROTOCOL_VERSION,
+        nodes,
+        node: me,
+        incarnation,
+        epoch: 0,
+        role: PeerRole::Standby,
+        peers_fingerprint,
+    }
 }

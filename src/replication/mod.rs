@@ -19,7 +19,6 @@ mod mirror;
 mod peers;
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::os::fd::IntoRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -29,14 +28,14 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 use glommio::{LocalExecutorBuilder, Placement};
 
-use crate::cluster::{ExitReason, Node};
+use crate::cluster::{ExitReason, Node, wire};
 use crate::config::ClusterSettings;
 use crate::epoch::EpochStore;
 use crate::event_loop::Shared;
 use crate::role::Report;
 
 use self::core::ReplicationCore;
-use self::peers::{Identity, Outbox, PeerLinks};
+use self::peers::{EventQueue, Identity, Outbox, PeerLinks};
 
 /// Memory glommio registers for its own I/O buffers. The peer sockets do
 /// not use them, and locked memory is scarce (8 MiB on some hosts).
@@ -56,6 +55,8 @@ pub struct Start {
     pub listener: std::net::TcpListener,
     pub cpu: Option<usize>,
     pub incarnation: u64,
+    /// `--max-keys`: the most held locks a replicated table may hold.
+    pub keys_max: usize,
 }
 
 /// Starts the replication thread; it returns once the node has left the
@@ -101,32 +102,33 @@ pub fn start(start: Start) -> Result<JoinHandle<Result<ExitReason, String>>, Str
 }
 
 async fn run(start: Start) -> ExitReason {
-    let Start { settings, store, shared, reports, listener, incarnation, .. } = start;
+    let Start { settings, store, shared, reports, listener, incarnation, keys_max, .. } = start;
     let config = settings.cluster;
     let (me, nodes) = (config.me, config.nodes);
     let started = std::time::Instant::now();
     let now_ms = move || started.elapsed().as_millis() as u64;
     let node = Node::new(config, store.highest(), incarnation, now_ms());
 
-    let events = Rc::new(RefCell::new(VecDeque::new()));
+    let events = Rc::new(RefCell::new(EventQueue::default()));
     let outboxes: Rc<Vec<RefCell<Outbox>>> = Rc::new((0..nodes).map(|_| RefCell::new(Outbox::default())).collect());
-    let hello = Rc::new(Cell::new(self::core::hello(me, nodes, incarnation)));
-    let identity = Identity { me, nodes };
+    let peers_fingerprint = wire::peers_fingerprint(settings.peers.iter().map(|peer| &peer.client));
+    let hello = Rc::new(Cell::new(self::core::hello(me, nodes, incarnation, peers_fingerprint)));
+    let identity = Identity { me, nodes, peers_fingerprint };
+    let links = PeerLinks { events, outboxes, hello };
     // SAFETY: the descriptor comes from a bound, listening std listener whose
     // ownership moves here.
     let listener =
         unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(listener.into_raw_fd()) };
-    glommio::spawn_local(peers::accept(listener, identity, events.clone())).detach();
+    glommio::spawn_local(peers::accept(listener, identity, links.events.clone())).detach();
     let retry = Duration::from_millis(config.heartbeat_ms.clamp(20, 500));
     let stall = Duration::from_millis(config.failover_ms.max(1000));
     for (to, peer) in settings.peers.iter().enumerate() {
         if to != me {
-            let task = peers::write(to, peer.peer, outboxes.clone(), hello.clone(), retry, stall);
+            let task = peers::write(to, peer.peer, links.clone(), retry, stall);
             glommio::spawn_local(task).detach();
         }
     }
     tracing::info!(node = me, nodes, peer_listen = %settings.listen, "replication core started; standby until the cluster decides");
-    let links = PeerLinks { events, outboxes, hello };
-    let core = ReplicationCore::new(node, settings.peers, shared, store, reports, links);
+    let core = ReplicationCore::new(node, settings.peers, shared, store, reports, links, keys_max);
     core.run(now_ms).await
 }

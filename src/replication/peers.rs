@@ -22,7 +22,9 @@ use std::time::Duration;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 
-use crate::cluster::wire::{self, Frame, HELLO_FRAME_BYTES, Hello, PROTOCOL_VERSION};
+use crate::cluster::wire::{
+    self, Frame, HELLO_FRAME_BYTES, HELLO_REFUSED_FRAME_BYTES, Hello, PROTOCOL_VERSION, Refusal,
+};
 
 /// Bytes waiting for one peer before its connection is dropped: a peer that
 /// reads nothing for this long is paused or gone, and will start over from a
@@ -32,6 +34,12 @@ pub const OUTBOX_BYTES_MAX: usize = 512 << 20;
 /// Events read and not yet handled by the replication loop, before readers
 /// wait for it (the sockets then push back on the senders).
 pub const EVENTS_QUEUED_MAX: usize = 65_536;
+
+/// Frame bytes read and not yet handled by the replication loop, before
+/// readers wait for it: frames go up to a megabyte, so a count alone would
+/// let peers queue gigabytes. A busy stream brings a few hundred kilobytes
+/// a turn.
+pub const EVENTS_BYTES_MAX: usize = 8 << 20;
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK_BYTES: usize = 64 << 10;
@@ -55,6 +63,41 @@ pub enum PeerEvent {
     Frame { from: usize, connection: u64, frame: Frame },
     /// The connection ended (closed, reset, or a frame that could not be read).
     Closed { from: usize, connection: u64 },
+    /// Peer `from` refused this node's hello on the connection this node
+    /// opened to it: their settings disagree.
+    Refused { from: usize, refusal: Refusal },
+}
+
+/// Events from every inbound connection, in arrival order, with the bytes
+/// of their frames counted so that readers wait while too many are queued.
+#[derive(Debug, Default)]
+pub struct EventQueue {
+    events: VecDeque<(PeerEvent, usize)>,
+    bytes: usize,
+}
+
+impl EventQueue {
+    /// Queues `event`, which took `bytes` of the wire.
+    pub fn push(&mut self, event: PeerEvent, bytes: usize) {
+        self.bytes += bytes;
+        self.events.push_back((event, bytes));
+    }
+
+    /// The oldest event.
+    pub fn pop(&mut self) -> Option<PeerEvent> {
+        let (event, bytes) = self.events.pop_front()?;
+        self.bytes -= bytes;
+        Some(event)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Readers wait before they queue more.
+    pub fn is_full(&self) -> bool {
+        self.events.len() >= EVENTS_QUEUED_MAX || self.bytes >= EVENTS_BYTES_MAX
+    }
 }
 
 /// What the replication loop queued for one peer.
@@ -115,10 +158,11 @@ impl Outbox {
 /// The peers' outboxes, by index (this node's own entry stays unused).
 pub type Outboxes = Rc<Vec<RefCell<Outbox>>>;
 
-/// Events from every inbound connection, in arrival order.
-pub type Events = Rc<RefCell<VecDeque<PeerEvent>>>;
+/// The events of every peer connection, shared by the tasks and the loop.
+pub type Events = Rc<RefCell<EventQueue>>;
 
 /// What the replication loop shares with the peer tasks.
+#[derive(Clone)]
 pub struct PeerLinks {
     pub events: Events,
     pub outboxes: Outboxes,
@@ -131,6 +175,8 @@ pub struct PeerLinks {
 pub struct Identity {
     pub me: usize,
     pub nodes: usize,
+    /// [`wire::peers_fingerprint`] of this node's `--peers`.
+    pub peers_fingerprint: u64,
 }
 
 /// Accepts peer connections for as long as the executor runs.
@@ -174,32 +220,53 @@ async fn read(
     unintroduced.set(unintroduced.get() - 1);
     let checked = match hello {
         Ok(Ok(hello)) => check_hello(&hello, identity),
-        Ok(Err(reason)) => Err(reason),
-        Err(_) => Err(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())),
+        Ok(Err(reason)) => Err(HelloError::Unreadable(reason)),
+        Err(_) => Err(HelloError::Unreadable(format!("no hello within {} s", HELLO_TIMEOUT.as_secs()))),
     };
     let from = match checked {
         Ok(from) => from,
-        Err(reason) => {
+        Err(HelloError::Unreadable(reason)) => {
             tracing::warn!(peer = ?peer_address, "peer connection refused: {reason}");
             return;
         }
+        Err(HelloError::Refused(refusal, reason)) => {
+            // A ringlock node of this version with other settings: say so
+            // loudly here, and tell it, so that neither serves as active.
+            tracing::error!(peer = ?peer_address, "peer connection refused: {reason}");
+            let mut bytes = Vec::with_capacity(HELLO_REFUSED_FRAME_BYTES);
+            wire::encode(&Frame::HelloRefused(refusal), &mut bytes);
+            let _ = glommio::timer::timeout(HELLO_TIMEOUT, async {
+                stream.write_all(&bytes).await.map_err(glommio::GlommioError::from)
+            })
+            .await;
+            let _ = stream.shutdown(std::net::Shutdown::Write).await;
+            return;
+        }
     };
-    events.borrow_mut().push_back(PeerEvent::Opened { from, connection });
+    events.borrow_mut().push(PeerEvent::Opened { from, connection }, 0);
     let mut buffer = ReadBuffer::new();
     loop {
-        while events.borrow().len() >= EVENTS_QUEUED_MAX {
+        while events.borrow().is_full() {
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
         match next_frame(&mut stream, &mut buffer).await {
-            Ok(Some(frame)) => events.borrow_mut().push_back(PeerEvent::Frame { from, connection, frame }),
+            Ok(Some((frame, bytes))) => events.borrow_mut().push(PeerEvent::Frame { from, connection, frame }, bytes),
             Ok(None) => break,
             Err(reason) => {
-                tracing::warn!(peer = from, "peer connection dropped: {reason}");
+                tracing::warn!(peer = from, address = ?peer_address, "peer connection dropped: {reason}");
                 break;
             }
         }
     }
-    events.borrow_mut().push_back(PeerEvent::Closed { from, connection });
+    events.borrow_mut().push(PeerEvent::Closed { from, connection }, 0);
+}
+
+/// Why a hello was not taken.
+enum HelloError {
+    /// Not a hello of this protocol version: the connection is just closed.
+    Unreadable(String),
+    /// A well-formed hello of a node with other settings, which is told why.
+    Refused(Refusal, String),
 }
 
 /// Reads exactly one hello frame: a connection that has not said who it is
@@ -252,13 +319,13 @@ impl ReadBuffer {
     }
 }
 
-/// The next frame of a connection; `Ok(None)` when it closed cleanly.
-async fn next_frame(stream: &mut TcpStream, buffer: &mut ReadBuffer) -> Result<Option<Frame>, String> {
+/// The next frame of a connection and its bytes; `Ok(None)` when it closed cleanly.
+async fn next_frame(stream: &mut TcpStream, buffer: &mut ReadBuffer) -> Result<Option<(Frame, usize)>, String> {
     loop {
         match wire::decode(&buffer.bytes[buffer.start..]) {
             Ok(Some((frame, used))) => {
                 buffer.start += used;
-                return Ok(Some(frame));
+                return Ok(Some((frame, used)));
             }
             Ok(None) => {}
             Err(error) => return Err(format!("unreadable frame: {error}")),
@@ -284,32 +351,48 @@ async fn next_frame(stream: &mut TcpStream, buffer: &mut ReadBuffer) -> Result<O
     }
 }
 
-fn check_hello(hello: &Hello, identity: Identity) -> Result<usize, String> {
+fn check_hello(hello: &Hello, identity: Identity) -> Result<usize, HelloError> {
     if hello.version != PROTOCOL_VERSION {
-        return Err(format!("it speaks peer protocol {}, this node {PROTOCOL_VERSION}", hello.version));
+        return Err(HelloError::Unreadable(format!(
+            "it speaks peer protocol {}, this node {PROTOCOL_VERSION}",
+            hello.version
+        )));
     }
     if hello.nodes != identity.nodes {
-        return Err(format!(
-            "its --peers lists {} nodes, this node's {}; give every node the same --peers",
-            hello.nodes, identity.nodes
+        return Err(HelloError::Refused(
+            Refusal::Nodes,
+            format!(
+                "its --peers lists {} nodes, this node's {}; give every node the same --peers",
+                hello.nodes, identity.nodes
+            ),
         ));
     }
     if hello.node == identity.me {
-        return Err(format!("it says it is node {}, which is this node; check --node", hello.node));
+        return Err(HelloError::Refused(
+            Refusal::SameNode,
+            format!(
+                "it says it is node {}, which is this node; check --node, and give every node the same --peers",
+                hello.node
+            ),
+        ));
+    }
+    if hello.peers_fingerprint != identity.peers_fingerprint {
+        return Err(HelloError::Refused(
+            Refusal::PeerList,
+            format!(
+                "node {} was started with another --peers list (other client addresses or another order); give every \
+                 node the same --peers, in the same order",
+                hello.node
+            ),
+        ));
     }
     Ok(hello.node)
 }
 
 /// Keeps a connection to peer `to` open and sends what its outbox gets.
 /// `hello` is read at each connection, so it carries the node's latest role.
-pub async fn write(
-    to: usize,
-    address: SocketAddr,
-    outboxes: Outboxes,
-    hello: Rc<Cell<Hello>>,
-    retry: Duration,
-    stall: Duration,
-) {
+pub async fn write(to: usize, address: SocketAddr, links: PeerLinks, retry: Duration, stall: Duration) {
+    let PeerLinks { events, outboxes, hello } = links;
     let outbox = &outboxes[to];
     let mut logged_down = false;
     loop {
@@ -326,6 +409,7 @@ pub async fn write(
         };
         logged_down = false;
         let _ = stream.set_nodelay(true);
+        watch_for_refusal(&stream, to, events.clone());
         let mut chunk = Vec::new();
         wire::encode(&Frame::Hello(hello.get()), &mut chunk);
         {
@@ -383,7 +467,42 @@ pub async fn write(
             outbox.reset = false;
             outbox.buffer = Vec::new();
         }
+        // Shutting the socket down also ends the refusal watcher's read
+        // on its duplicate descriptor.
+        let _ = stream.shutdown(std::net::Shutdown::Both).await;
         let _ = stream.close().await;
         glommio::timer::sleep(retry).await;
     }
+}
+
+/// Watches a connection this node opened for the one frame the peer may
+/// send on it, a refusal of this node's hello, and reports it. The writer
+/// keeps the stream; the watcher reads a duplicate of its descriptor.
+fn watch_for_refusal(stream: &TcpStream, to: usize, events: Events) {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: duplicating a descriptor the stream owns; the copy is owned
+    // by the watcher's stream, which closes it.
+    let fd = unsafe { libc::dup(stream.as_raw_fd()) };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: `fd` is a fresh descriptor of a connected TCP socket.
+    let mut watched = unsafe { TcpStream::from_raw_fd(fd) };
+    glommio::spawn_local(async move {
+        let mut bytes = [0u8; HELLO_REFUSED_FRAME_BYTES];
+        let mut filled = 0;
+        while filled < bytes.len() {
+            match watched.read(&mut bytes[filled..]).await {
+                Ok(0) | Err(_) => return,
+                Ok(count) => filled += count,
+            }
+        }
+        match wire::decode(&bytes) {
+            Ok(Some((Frame::HelloRefused(refusal), _))) => {
+                events.borrow_mut().push(PeerEvent::Refused { from: to, refusal }, 0)
+            }
+            _ => tracing::warn!(peer = to, "a peer sent something other than a refusal on this node's connection"),
+        }
+    })
+    .detach();
 }
