@@ -240,3 +240,28 @@ fn requests_sent_before_end_of_input_are_all_answered() {
         assert!(reply.starts_with("A half-"), "reply {index}: {reply}");
     }
 }
+
+#[test]
+fn a_new_epoch_file_is_logged_with_its_absolute_path_and_an_existing_one_is_not() {
+    let data_dir = Arc::new(DataDir::new());
+    let mut server = Server::start_in(data_dir.clone(), &[]);
+    let path = std::fs::canonicalize(&data_dir.0).unwrap().join("epoch");
+    let warning = server.log().lines().find(|line| line.contains("no epoch file")).map(str::to_string);
+    let warning = warning.unwrap_or_else(|| panic!("a new epoch file is logged:\n{}", server.log()));
+    assert!(warning.contains("WARN") && warning.contains(&path.display().to_string()), "{warning}");
+    assert!(server.stop("TERM").success());
+    let server = Server::start_in(data_dir, &[]);
+    assert!(!server.log().contains("no epoch file"), "the same directory again:\n{}", server.log());
+}
+
+#[test]
+fn an_epoch_file_out_of_range_stops_the_start_with_the_recovery_named() {
+    for (text, expected) in [("18446744073709551615", "from 0 to 16777215"), ("16777215", "epoch space is exhausted")] {
+        let data_dir = Arc::new(DataDir::new());
+        std::fs::create_dir_all(&data_dir.0).unwrap();
+        std::fs::write(data_dir.0.join("epoch"), text).unwrap();
+        let log = Server::try_start_in(data_dir.clone(), &[]).err().expect("the server refuses to start");
+        assert!(log.contains(expected) && log.contains("When the epoch space runs out"), "{text}:\n{log}");
+        assert_eq!(std::fs::read_to_string(data_dir.0.join("epoch")).unwrap().trim(), text, "the epoch is kept");
+    }
+}
