@@ -14,8 +14,10 @@ use ringlock_client::proto::{LEASE_MS_MAX_DEFAULT, parse_seconds_ms};
 #[derive(Parser, Debug, Clone)]
 #[command(name = "ringlock", version, about, long_about)]
 pub struct Config {
-    /// Address to accept clients on. Every shard core listens on it with
-    /// SO_REUSEPORT, so the kernel spreads connections over the cores.
+    /// Address to accept clients on. One listening socket serves every shard
+    /// core, each connection going to one of them. The address is never
+    /// shared: if another process listens there (tried again for up to 2 s,
+    /// for a server killed a moment ago), the start fails.
     /// Default: 127.0.0.1:7700, or in a cluster this node's entry in --peers.
     #[arg(long, env = "RINGLOCK_LISTEN")]
     pub listen: Option<SocketAddr>,

@@ -7,7 +7,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ringlock_shards::{Shard, ShardConfig};
 
@@ -50,12 +50,12 @@ pub fn run(config: Config) -> Result<(), String> {
     // the start before clients can connect.
     let peer_listener = match &cluster {
         None => None,
-        Some(settings) => Some(std::net::TcpListener::bind(settings.listen).map_err(|error| {
-            format!(
-                "cannot listen for peers on {}: {error}; pick another --cluster-listen or --peers entry",
-                settings.listen
-            )
-        })?),
+        Some(settings) => Some(
+            bind_retrying(settings.listen, "--cluster-listen", || std::net::TcpListener::bind(settings.listen))
+                .map_err(|error| {
+                    listen_error("for peers ", settings.listen, "--cluster-listen or --peers entry", &error)
+                })?,
+        ),
     };
     let (report_sender, reports) = crossbeam_channel::bounded(crate::replication::REPORTS_QUEUED_MAX);
 
@@ -285,25 +285,72 @@ pub(crate) fn random_seed() -> u64 {
     }
 }
 
-/// One listening socket per shard core, all on the same address with
-/// SO_REUSEPORT. Port 0 picks a free port (the first socket's), which the log
-/// line and `P` then name.
-fn bind_listeners(address: SocketAddr, count: usize) -> Result<(Vec<RawFd>, SocketAddr), String> {
-    let mut listeners = Vec::with_capacity(count);
-    let mut local = address;
-    for _ in 0..count {
-        let fd = listen_on(local).map_err(|error| {
-            let hint = if error.kind() == io::ErrorKind::AddrInUse {
-                "address in use; pick another --listen"
-            } else {
-                "check --listen"
-            };
-            format!("cannot listen on {local}: {error}; {hint}")
-        })?;
-        if local.port() == 0 {
-            local = local_address(fd).map_err(|error| format!("cannot read the listening address: {error}"))?;
+/// How long a start keeps trying an address that another socket holds. A
+/// server killed a moment ago keeps its listener until the kernel has torn
+/// down its io_uring rings, which takes milliseconds; a live server holds it
+/// for good, and the start fails once this has passed.
+const BIND_RETRY_FOR: Duration = Duration::from_secs(2);
+/// Pause between two tries of a held address.
+const BIND_RETRY_PAUSE: Duration = Duration::from_millis(10);
+
+/// Calls `bind` until it succeeds, fails otherwise than "address in use", or
+/// [`BIND_RETRY_FOR`] has passed. `flag` names the flag that chose the address.
+pub(crate) fn bind_retrying<T>(
+    address: SocketAddr,
+    flag: &str,
+    mut bind: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
+    let deadline = Instant::now() + BIND_RETRY_FOR;
+    let mut warned = false;
+    loop {
+        match bind() {
+            Err(error) if error.kind() == io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                if !warned {
+                    tracing::warn!(
+                        %address,
+                        "{address} ({flag}) is in use; trying again for up to {BIND_RETRY_FOR:?}, since a server \
+                         killed a moment ago may still hold it"
+                    );
+                    warned = true;
+                }
+                std::thread::sleep(BIND_RETRY_PAUSE);
+            }
+            result => return result,
         }
-        listeners.push(fd);
+    }
+}
+
+/// The operator's message for a socket that could not listen on `address`.
+pub(crate) fn listen_error(what: &str, address: SocketAddr, flag: &str, error: &io::Error) -> String {
+    if error.kind() == io::ErrorKind::AddrInUse {
+        format!(
+            "cannot listen {what}on {address}: address in use; pick another {flag} (another process listens \
+             there, and ringlock never shares a port)"
+        )
+    } else {
+        format!("cannot listen {what}on {address}: {error}; check {flag}")
+    }
+}
+
+/// One listening socket for every shard core, and a duplicate descriptor of
+/// it per core, on which that core arms its multishot accept. io_uring hands
+/// each new connection to one waiting accept only, so each connection lives
+/// on one core. The socket has no SO_REUSEPORT: a second server started on
+/// the same address fails to bind, rather than splitting the clients with
+/// this one and granting the same keys. Port 0 picks a free port, which the
+/// log line and `P` then name.
+fn bind_listeners(address: SocketAddr, count: usize) -> Result<(Vec<RawFd>, SocketAddr), String> {
+    let fd = bind_retrying(address, "--listen", || listen_on(address))
+        .map_err(|error| listen_error("", address, "--listen", &error))?;
+    let local = local_address(fd).map_err(|error| format!("cannot read the listening address: {error}"))?;
+    let mut listeners = vec![fd];
+    for _ in 1..count {
+        // SAFETY: duplicating a descriptor we own.
+        let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if copy < 0 {
+            return Err(format!("cannot duplicate the listening socket: {}", io::Error::last_os_error()));
+        }
+        listeners.push(copy);
     }
     Ok((listeners, local))
 }
@@ -316,16 +363,17 @@ fn listen_on(address: SocketAddr) -> io::Result<RawFd> {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
+        // SO_REUSEADDR lets a restart bind while connections of the last run
+        // are in TIME_WAIT; unlike SO_REUSEPORT, it never lets two listening
+        // sockets share the address.
         let one: libc::c_int = 1;
-        for option in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                option,
-                (&one as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        );
         let (storage, len) = socket_address(address);
         if libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) != 0 || libc::listen(fd, 4096) != 0 {
             let error = io::Error::last_os_error();
