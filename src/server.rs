@@ -82,9 +82,9 @@ pub fn run(config: Config) -> Result<(), String> {
         cluster: cluster.as_ref().map(|_| ClusterLink::new(report_sender)),
     });
 
-    // The loops must not take the stop signals: block them before the
-    // threads start (they inherit the mask) and wait for them here.
-    let signals = stop_signals();
+    // The loops must not take the signals: block them before the threads
+    // start (they inherit the mask) and wait for them here.
+    let signals = handled_signals();
     // SAFETY: changing this thread's signal mask with a valid set.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
 
@@ -190,7 +190,7 @@ pub fn run(config: Config) -> Result<(), String> {
 
 /// Waits for SIGINT or SIGTERM, or for a thread that ended on its own. In a
 /// cluster, a stop signal first lets the replication core hand the active
-/// role over; a second signal stops at once.
+/// role over; a second signal stops at once. SIGHUP is logged and ignored.
 fn wait_for_stop(
     signals: &libc::sigset_t,
     threads: &[JoinHandle<Result<(), String>>],
@@ -202,6 +202,15 @@ fn wait_for_stop(
     loop {
         // SAFETY: waiting for signals this thread has blocked.
         let signal = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &timeout) };
+        if signal == libc::SIGHUP {
+            // A hang-up of the terminal or session that started the server
+            // must not drop every lock and waiter, and there is no
+            // configuration to reload: the server keeps serving.
+            tracing::warn!(
+                signal,
+                "SIGHUP ignored: ringlock keeps serving (it has nothing to reload); stop it with SIGTERM or SIGINT"
+            );
+        }
         if signal == libc::SIGINT || signal == libc::SIGTERM {
             match (&shared.cluster, stopping) {
                 (Some(link), false) => {
@@ -245,13 +254,16 @@ fn stop(shared: &Shared) {
     }
 }
 
-fn stop_signals() -> libc::sigset_t {
+/// The signals the main thread waits for: SIGINT and SIGTERM stop the
+/// server, SIGHUP is only logged.
+fn handled_signals() -> libc::sigset_t {
     // SAFETY: building a signal set in a zeroed value.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         set
     }
 }

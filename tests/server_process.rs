@@ -1,5 +1,5 @@
-//! The server as a process among others: one server per address, and
-//! restarts after kill -9.
+//! The server as a process among others: one server per address, restarts
+//! after kill -9, and signals.
 
 mod common;
 
@@ -8,7 +8,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Conn, DataDir, PATIENCE, Server, token_of};
+use common::{Conn, DataDir, PATIENCE, Server, stat, token_of, wait_until};
 
 /// Loopback addresses that were free a moment ago.
 fn free_addrs(count: usize) -> Vec<SocketAddr> {
@@ -45,6 +45,12 @@ fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
         std::thread::sleep(Duration::from_millis(10));
     };
     (status, reader.join().unwrap())
+}
+
+fn assert_pong(conn: &mut Conn, what: &str) {
+    conn.request("P");
+    let reply = conn.try_line(PATIENCE);
+    assert!(reply.as_deref().is_some_and(|reply| reply.starts_with("P active ")), "{what}: got {reply:?}");
 }
 
 // ---------------------------------------------------------------------------
@@ -123,4 +129,24 @@ fn a_cluster_node_restarted_right_after_kill_9_gets_its_peer_address_back() {
         node = Server::try_start_in(data_dir.clone(), &args)
             .unwrap_or_else(|log| panic!("incarnation {}: the node did not start:\n{log}", incarnation + 1));
     }
+}
+
+// ---------------------------------------------------------------------------
+// Signals
+
+#[test]
+fn sighup_is_logged_and_the_server_keeps_serving_with_its_locks() {
+    let mut server = Server::start(&["--shards", "2"]);
+    let mut conn = server.connect();
+    let token = conn.acquire("k", "30", "0");
+    let mut waiter = server.connect();
+    waiter.request("A k 30 0");
+    wait_until("the waiter to queue", || stat(&mut conn, "waiters") == 1);
+    server.signal("HUP");
+    wait_until("the SIGHUP to be logged", || server.log().contains("SIGHUP ignored"));
+    assert_pong(&mut server.connect(), "a new connection after SIGHUP");
+    assert_eq!(conn.call(&format!("R k {token}")), "R k", "the lock held before SIGHUP is still held");
+    let next = token_of(&waiter.line(), "k");
+    assert!(next > token);
+    assert!(server.stop("TERM").success(), "SIGTERM still stops the server with status 0");
 }
