@@ -7,6 +7,7 @@
 //! acknowledged and every reply is sent. When the socket fails, the loop
 //! drops what it had for it and closes at once.
 
+use std::net::IpAddr;
 use std::os::fd::RawFd;
 
 /// Replies a connection may have waiting before the loop stops reading its
@@ -48,10 +49,12 @@ pub struct Connection {
     pub closing: bool,
     /// Listed in the loop's set of connections with output to send.
     pub dirty: bool,
+    /// The client's address, if counted for `--max-connections-per-ip`.
+    pub peer_ip: Option<IpAddr>,
 }
 
 impl Connection {
-    pub fn new(fd: RawFd, generation: u32) -> Connection {
+    pub fn new(fd: RawFd, generation: u32, peer_ip: Option<IpAddr>) -> Connection {
         Connection {
             fd,
             generation,
@@ -68,6 +71,7 @@ impl Connection {
             gone_acks: 0,
             closing: false,
             dirty: false,
+            peer_ip,
         }
     }
 

@@ -33,6 +33,7 @@ use ringlock_shards::{ClientId, Shard, ShardStats};
 
 use crate::buf_ring::BufRing;
 use crate::connection::Connection;
+use crate::per_ip::PerIpConnections;
 use crate::ring_poll::poll_before_sleep;
 use crate::role::{ClusterLink, CoreRole, Report};
 use crate::router::{Inbox, Mailbox, Message, RoutedRequest};
@@ -95,6 +96,8 @@ pub struct Shared {
     pub lease_ms_max: u64,
     pub max_connections: u32,
     pub connections: AtomicU32,
+    /// Connections open from each client address, for `--max-connections-per-ip`.
+    pub per_ip: PerIpConnections,
     pub stop: AtomicBool,
     /// Cores that read no more requests since the stop began.
     pub stopped_reading: AtomicUsize,
@@ -176,6 +179,8 @@ pub(crate) struct Io {
     pub(crate) stopping: bool,
     /// Counters of errors found before a request reaches a shard.
     pub(crate) errors: [u64; ErrorCode::ALL.len()],
+    /// Connections refused by `--max-connections-per-ip`.
+    pub(crate) refused_per_ip: u64,
     pub(crate) eventfd: RawFd,
     pub(crate) wake_buffer: Box<u64>,
     pub(crate) wake_armed: bool,
@@ -272,6 +277,7 @@ impl EventLoop {
                 accept_retry_at_ms: None,
                 stopping: false,
                 errors: [0; ErrorCode::ALL.len()],
+                refused_per_ip: 0,
                 eventfd,
                 wake_buffer: Box::new(0),
                 wake_armed: false,
@@ -542,6 +548,7 @@ impl EventLoop {
         if let Ok(mut published) = self.io.shared.stats[self.io.core].lock() {
             published.shard = stats;
             published.connections = self.io.open;
+            published.refused_per_ip = self.io.refused_per_ip;
         }
     }
 }

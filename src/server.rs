@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use ringlock_shards::{Shard, ShardConfig};
 
 use crate::cluster::ExitReason;
-use crate::config::Config;
+use crate::config::{Config, Keepalive};
 use crate::epoch::EpochStore;
 use crate::event_loop::{EventLoop, Shared, build_ring, ring_mode_name};
+use crate::per_ip::PerIpConnections;
 use crate::replication;
 use crate::role::ClusterLink;
 use crate::router;
@@ -59,7 +60,7 @@ pub fn run(config: Config) -> Result<(), String> {
     };
     let (report_sender, reports) = crossbeam_channel::bounded(crate::replication::REPORTS_QUEUED_MAX);
 
-    let (listeners, local) = bind_listeners(config.listen_address()?, shards)?;
+    let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.keepalive())?;
     let mut mailboxes = Vec::with_capacity(shards);
     let mut inboxes = Vec::with_capacity(shards);
     for _ in 0..shards {
@@ -74,6 +75,7 @@ pub fn run(config: Config) -> Result<(), String> {
         lease_ms_max: config.max_lease.0,
         max_connections: config.max_connections,
         connections: AtomicU32::new(0),
+        per_ip: PerIpConnections::new(config.max_connections_per_ip),
         stop: AtomicBool::new(false),
         stopped_reading: AtomicUsize::new(0),
         drained: AtomicUsize::new(0),
@@ -351,9 +353,17 @@ pub(crate) fn listen_error(what: &str, address: SocketAddr, flag: &str, error: &
 /// the same address fails to bind, rather than splitting the clients with
 /// this one and granting the same keys. Port 0 picks a free port, which the
 /// log line and `P` then name.
-fn bind_listeners(address: SocketAddr, count: usize) -> Result<(Vec<RawFd>, SocketAddr), String> {
+fn bind_listeners(
+    address: SocketAddr,
+    count: usize,
+    keepalive: &Keepalive,
+) -> Result<(Vec<RawFd>, SocketAddr), String> {
     let fd = bind_retrying(address, "--listen", || listen_on(address))
         .map_err(|error| listen_error("", address, "--listen", &error))?;
+    // Accepted sockets inherit these options from the listening socket, so
+    // setting them here costs no system call per connection.
+    set_keepalive(fd, keepalive)
+        .map_err(|error| format!("cannot set TCP keepalive on {address}: {error}; check --keepalive-*"))?;
     let local = local_address(fd).map_err(|error| format!("cannot read the listening address: {error}"))?;
     let mut listeners = vec![fd];
     for _ in 1..count {
@@ -365,6 +375,38 @@ fn bind_listeners(address: SocketAddr, count: usize) -> Result<(Vec<RawFd>, Sock
         listeners.push(copy);
     }
     Ok((listeners, local))
+}
+
+/// Sets TCP keepalive and the user timeout on a socket, so that the
+/// connections of a client host that vanished without a reset end, and their
+/// queued acquires with them.
+fn set_keepalive(fd: RawFd, keepalive: &Keepalive) -> io::Result<()> {
+    let mut options = vec![(libc::SOL_SOCKET, libc::SO_KEEPALIVE, i32::from(keepalive.idle_s > 0))];
+    if keepalive.idle_s > 0 {
+        options.extend([
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, keepalive.idle_s as i32),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, keepalive.interval_s as i32),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, keepalive.probes as i32),
+        ]);
+    }
+    options.push((libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, keepalive.user_timeout_ms as i32));
+    for (level, option, value) in options {
+        let value: libc::c_int = value;
+        // SAFETY: setting an integer option on a socket we own.
+        let result = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                option,
+                (&value as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if result != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 fn listen_on(address: SocketAddr) -> io::Result<RawFd> {
@@ -430,16 +472,24 @@ fn local_address(fd: RawFd) -> io::Result<SocketAddr> {
         if libc::getsockname(fd, (&mut storage as *mut libc::sockaddr_storage).cast(), &mut len) != 0 {
             return Err(io::Error::last_os_error());
         }
+        Ok(socket_address_of(&storage))
+    }
+}
+
+/// The IPv4 or IPv6 address a socket call wrote into `storage`.
+pub(crate) fn socket_address_of(storage: &libc::sockaddr_storage) -> SocketAddr {
+    // SAFETY: the family field says which sockaddr type the storage holds.
+    unsafe {
         match i32::from(storage.ss_family) {
             libc::AF_INET => {
-                let v4 = &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                let v4 = &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>();
                 let ip = std::net::Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
-                Ok(SocketAddr::from((ip, u16::from_be(v4.sin_port))))
+                SocketAddr::from((ip, u16::from_be(v4.sin_port)))
             }
             _ => {
-                let v6 = &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                let v6 = &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
                 let ip = std::net::Ipv6Addr::from(v6.sin6_addr.s6_addr);
-                Ok(SocketAddr::from((ip, u16::from_be(v6.sin6_port))))
+                SocketAddr::from((ip, u16::from_be(v6.sin6_port)))
             }
         }
     }

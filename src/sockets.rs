@@ -106,6 +106,19 @@ impl Io {
             refuse(fd, code);
             return;
         }
+        // The per-address count is taken only when a limit is set; a peer
+        // that already left has no address and is not counted (its socket
+        // fails at once).
+        let peer_ip = if self.shared.per_ip.limited() { peer_ip(fd) } else { None };
+        if let Some(ip) = peer_ip
+            && !self.shared.per_ip.admit(ip)
+        {
+            self.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            self.count_error(ErrorCode::TooManyConnections);
+            self.refused_per_ip += 1;
+            refuse(fd, ErrorCode::TooManyConnections);
+            return;
+        }
         let one: libc::c_int = 1;
         // SAFETY: setting an option on a socket we own; failure is harmless.
         unsafe {
@@ -120,11 +133,11 @@ impl Io {
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 let generation = self.connections[slot as usize].generation;
-                self.connections[slot as usize] = Connection::new(fd, generation);
+                self.connections[slot as usize] = Connection::new(fd, generation, peer_ip);
                 slot
             }
             None => {
-                self.connections.push(Connection::new(fd, 0));
+                self.connections.push(Connection::new(fd, 0, peer_ip));
                 (self.connections.len() - 1) as u32
             }
         };
@@ -233,6 +246,9 @@ impl Io {
             connection.sending = Vec::new();
             self.free_slots.push(slot);
             self.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            if let Some(ip) = connection.peer_ip.take() {
+                self.shared.per_ip.release(ip);
+            }
         }
     }
 
@@ -288,6 +304,23 @@ impl Io {
         // SAFETY: our listening socket.
         unsafe { libc::close(self.listener) };
     }
+}
+
+/// The address of the client at the other end of `fd`, or `None` if it
+/// already left.
+fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
+    // SAFETY: getpeername writes at most `len` bytes into the storage.
+    let storage = unsafe {
+        let mut storage: libc::sockaddr_storage = std::mem::zeroed();
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        if libc::getpeername(fd, (&mut storage as *mut libc::sockaddr_storage).cast(), &mut len) != 0 {
+            return None;
+        }
+        storage
+    };
+    // A client that reaches an IPv6 listener over IPv4 counts as its IPv4
+    // address, so both ways of reaching the server share one count.
+    Some(crate::server::socket_address_of(&storage).ip().to_canonical())
 }
 
 /// Answers a connection the server cannot take, and closes it.
