@@ -347,7 +347,7 @@ pub(crate) fn listen_error(what: &str, address: SocketAddr, flag: &str, error: &
 }
 
 /// One listening socket for every shard core, and a duplicate descriptor of
-/// it per core, on which that core arms its multishot accept. io_uring hands
+/// it per core, on which that core arms its accept. io_uring hands
 /// each new connection to one waiting accept only, so each connection lives
 /// on one core. The socket has no SO_REUSEPORT: a second server started on
 /// the same address fails to bind, rather than splitting the clients with

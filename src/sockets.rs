@@ -45,15 +45,20 @@ impl Io {
         live_connection(&mut self.connections, slot, generation)
     }
 
+    /// Arms one accept on the listening socket that every core shares. It is
+    /// a single-shot accept, armed again after each connection: the kernel
+    /// wakes the accept that has waited longest, and a core that just took a
+    /// connection goes to the back, so connections go round the cores. (A
+    /// multishot accept keeps its place in the socket's wait queue, and one
+    /// core would take nearly every connection.)
     pub(crate) fn arm_accept(&mut self) {
         if self.accept_armed || self.stopping {
             return;
         }
-        let entry = opcode::AcceptMulti::new(Fd(self.listener)).flags(libc::SOCK_CLOEXEC).build().user_data(user_data(
-            Kind::Accept,
-            0,
-            0,
-        ));
+        let entry = opcode::Accept::new(Fd(self.listener), std::ptr::null_mut(), std::ptr::null_mut())
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(user_data(Kind::Accept, 0, 0));
         self.push(entry);
         self.accept_armed = true;
     }
@@ -270,7 +275,8 @@ impl Io {
     /// requests; what is queued is answered `shutting-down`.
     pub(crate) fn begin_stop(&mut self) {
         self.stopping = true;
-        // SAFETY: shutting down our listening socket ends its multishot accept.
+        // SAFETY: shutting down the listening socket ends the accepts waiting
+        // on it (every core's: they all stop now).
         unsafe { libc::shutdown(self.listener, libc::SHUT_RDWR) };
         for connection in &mut self.connections {
             connection.reading = false;
