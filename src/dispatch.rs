@@ -91,6 +91,7 @@ impl EventLoop {
                     }
                     Message::GoneAck { client, removed } => self.io.gone_acknowledged(client, removed),
                     Message::Control(control) => self.control(control),
+                    Message::Adopt { fd, peer_ip } => self.io.adopt(fd, peer_ip),
                 }
                 self.handle_effects();
             }

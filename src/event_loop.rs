@@ -96,6 +96,8 @@ pub struct Shared {
     pub lease_ms_max: u64,
     pub max_connections: u32,
     pub connections: AtomicU32,
+    /// The core the next accepted connection goes to, modulo the cores.
+    pub next_core: AtomicUsize,
     /// Connections open from each client address, for `--max-connections-per-ip`.
     pub per_ip: PerIpConnections,
     pub stop: AtomicBool,

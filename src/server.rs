@@ -75,6 +75,7 @@ pub fn run(config: Config) -> Result<(), String> {
         lease_ms_max: config.max_lease.0,
         max_connections: config.max_connections,
         connections: AtomicU32::new(0),
+        next_core: AtomicUsize::new(0),
         per_ip: PerIpConnections::new(config.max_connections_per_ip),
         stop: AtomicBool::new(false),
         stopped_reading: AtomicUsize::new(0),
@@ -347,9 +348,9 @@ pub(crate) fn listen_error(what: &str, address: SocketAddr, flag: &str, error: &
 }
 
 /// One listening socket for every shard core, and a duplicate descriptor of
-/// it per core, on which that core arms its accept. io_uring hands
-/// each new connection to one waiting accept only, so each connection lives
-/// on one core. The socket has no SO_REUSEPORT: a second server started on
+/// it per core, on which that core arms its accept. io_uring hands each new
+/// connection to one waiting accept only, and the core that accepted it
+/// hands it on round the cores, so each connection lives on one core. The socket has no SO_REUSEPORT: a second server started on
 /// the same address fails to bind, rather than splitting the clients with
 /// this one and granting the same keys. Port 0 picks a free port, which the
 /// log line and `P` then name.

@@ -12,6 +12,7 @@ use ringlock_shards::Shard;
 
 use crate::connection::Connection;
 use crate::event_loop::{Io, Kind, RECV_BUFFER_GROUP, user_data};
+use crate::router::Message;
 
 /// Connections per core (slot numbers have 24 bits in a client id).
 const CONNECTIONS_PER_CORE_MAX: usize = 1 << 24;
@@ -45,20 +46,20 @@ impl Io {
         live_connection(&mut self.connections, slot, generation)
     }
 
-    /// Arms one accept on the listening socket that every core shares. It is
-    /// a single-shot accept, armed again after each connection: the kernel
-    /// wakes the accept that has waited longest, and a core that just took a
-    /// connection goes to the back, so connections go round the cores. (A
-    /// multishot accept keeps its place in the socket's wait queue, and one
-    /// core would take nearly every connection.)
+    /// Arms a multishot accept on the listening socket every core shares.
+    /// Which core's accept the kernel wakes is not spread evenly (one core
+    /// may take every connection that arrives while the server is idle), so
+    /// the core that accepts hands connections round the cores (see
+    /// [`Io::accepted`]).
     pub(crate) fn arm_accept(&mut self) {
         if self.accept_armed || self.stopping {
             return;
         }
-        let entry = opcode::Accept::new(Fd(self.listener), std::ptr::null_mut(), std::ptr::null_mut())
-            .flags(libc::SOCK_CLOEXEC)
-            .build()
-            .user_data(user_data(Kind::Accept, 0, 0));
+        let entry = opcode::AcceptMulti::new(Fd(self.listener)).flags(libc::SOCK_CLOEXEC).build().user_data(user_data(
+            Kind::Accept,
+            0,
+            0,
+        ));
         self.push(entry);
         self.accept_armed = true;
     }
@@ -103,8 +104,7 @@ impl Io {
             self.arm_accept();
         }
         let admitted = self.shared.connections.fetch_add(1, Ordering::SeqCst) < self.shared.max_connections;
-        let full = self.free_slots.is_empty() && self.connections.len() >= CONNECTIONS_PER_CORE_MAX;
-        if !admitted || full || self.stopping {
+        if !admitted || self.stopping {
             self.shared.connections.fetch_sub(1, Ordering::SeqCst);
             let code = if self.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
             self.count_error(code);
@@ -134,6 +134,30 @@ impl Io {
                 (&one as *const libc::c_int).cast(),
                 size_of::<libc::c_int>() as libc::socklen_t,
             );
+        }
+        // Connections go round the cores, whichever core accepted them.
+        let target =
+            if self.cores > 1 { self.shared.next_core.fetch_add(1, Ordering::Relaxed) % self.cores } else { self.core };
+        if target == self.core {
+            self.adopt(fd, peer_ip);
+        } else {
+            self.outgoing[target].push(Message::Adopt { fd, peer_ip });
+        }
+    }
+
+    /// Serves a connection accepted and admitted (counted in the limits) by
+    /// this core or another.
+    pub(crate) fn adopt(&mut self, fd: RawFd, peer_ip: Option<std::net::IpAddr>) {
+        let full = self.free_slots.is_empty() && self.connections.len() >= CONNECTIONS_PER_CORE_MAX;
+        if full || self.stopping {
+            self.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            if let Some(ip) = peer_ip {
+                self.shared.per_ip.release(ip);
+            }
+            let code = if self.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
+            self.count_error(code);
+            refuse(fd, code);
+            return;
         }
         let slot = match self.free_slots.pop() {
             Some(slot) => {

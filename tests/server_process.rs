@@ -90,6 +90,24 @@ fn a_second_node_on_a_peer_address_in_use_exits_with_an_error_naming_the_flag() 
 }
 
 #[test]
+fn connections_are_spread_over_the_shard_cores_of_the_one_listening_socket() {
+    let server = Server::start(&["--shards", "2"]);
+    let mut conns: Vec<Conn> = (0..32).map(|_| server.connect()).collect();
+    for conn in &mut conns {
+        assert_pong(conn, "a new connection");
+    }
+    let stats = conns[0].call("S");
+    let shards = &stats[stats.find("\"shards\":").expect("per-shard stats")..];
+    let per_core: Vec<u64> = shards
+        .split("\"connections\":")
+        .skip(1)
+        .map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(per_core.iter().sum::<u64>(), 32, "{stats}");
+    assert!(per_core.iter().all(|&count| count > 0), "every core takes connections: {per_core:?}");
+}
+
+#[test]
 fn fifty_restarts_right_after_kill_9_each_serve_their_first_connection() {
     let data_dir = Arc::new(DataDir::new());
     let mut server = Server::start_in(data_dir.clone(), &["--shards", "2"]);
