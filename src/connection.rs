@@ -15,6 +15,16 @@ use std::os::fd::RawFd;
 /// without bound.
 pub const OUTPUT_BYTES_MAX: usize = 1 << 20;
 
+/// Requests a connection may have in flight (parsed and not answered:
+/// queued acquires, the answers held behind them, requests on their way to
+/// or from another core) before the loop stops reading it. Without it, a
+/// client could make the server hold requests without bound, for example
+/// error answers held behind a queued acquire of the same key; with it, its
+/// further requests wait in the kernel's socket buffers. It is above the
+/// default --max-waiters-per-key, so a connection may still fill one key's
+/// queue and be read.
+pub const IN_FLIGHT_MAX: u32 = 1 << 17;
+
 /// Buffers larger than this are given back to the allocator once empty, so
 /// an idle connection costs little memory after a burst.
 const BUFFER_BYTES_KEPT: usize = 64 << 10;
@@ -77,7 +87,7 @@ impl Connection {
 
     /// Whether the loop should stop parsing (and receiving) for now.
     pub fn is_paused(&self) -> bool {
-        self.output.len() + self.sending.len() >= OUTPUT_BYTES_MAX
+        self.in_flight >= IN_FLIGHT_MAX || self.output.len() + self.sending.len() >= OUTPUT_BYTES_MAX
     }
 
     /// Takes the output for a `send`, if there is any and none is in flight.

@@ -165,7 +165,8 @@ pub(crate) struct Io {
     pub(crate) free_slots: Vec<u32>,
     /// Connections with output to send this turn.
     pub(crate) dirty: Vec<u32>,
-    /// Paused connections to try again once their replies drain.
+    /// Paused connections to try again once their replies drain, or once
+    /// their requests in flight are below the limit again.
     pub(crate) resumable: Vec<u32>,
     /// Messages for each core, sent at the end of the turn.
     pub(crate) outgoing: Vec<Vec<Message>>,
@@ -183,6 +184,8 @@ pub(crate) struct Io {
     pub(crate) errors: [u64; ErrorCode::ALL.len()],
     /// Connections refused by `--max-connections-per-ip`.
     pub(crate) refused_per_ip: u64,
+    /// Times a connection stopped being read at the in-flight limit.
+    pub(crate) in_flight_pauses: u64,
     pub(crate) eventfd: RawFd,
     pub(crate) wake_buffer: Box<u64>,
     pub(crate) wake_armed: bool,
@@ -280,6 +283,7 @@ impl EventLoop {
                 stopping: false,
                 errors: [0; ErrorCode::ALL.len()],
                 refused_per_ip: 0,
+                in_flight_pauses: 0,
                 eventfd,
                 wake_buffer: Box::new(0),
                 wake_armed: false,
@@ -315,6 +319,9 @@ impl EventLoop {
             }
             self.retry_tokens();
             self.handle_effects();
+            // Grants and timeouts of this turn may have brought connections
+            // below the in-flight limit: they are read again before the sleep.
+            self.resume_paused();
             if phase == StopPhase::Running && self.io.shared.stop.load(Ordering::SeqCst) {
                 phase = StopPhase::Reading;
                 stop_started = Instant::now();
@@ -551,6 +558,7 @@ impl EventLoop {
             published.shard = stats;
             published.connections = self.io.open;
             published.refused_per_ip = self.io.refused_per_ip;
+            published.in_flight_pauses = self.io.in_flight_pauses;
         }
     }
 }
