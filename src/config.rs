@@ -14,8 +14,10 @@ use ringlock_client::proto::{LEASE_MS_MAX_DEFAULT, parse_seconds_ms};
 #[derive(Parser, Debug, Clone)]
 #[command(name = "ringlock", version, about, long_about)]
 pub struct Config {
-    /// Address to accept clients on. Every shard core listens on it with
-    /// SO_REUSEPORT, so the kernel spreads connections over the cores.
+    /// Address to accept clients on. One listening socket serves every shard
+    /// core, each connection going to one of them. The address is never
+    /// shared: if another process listens there (tried again for up to 2 s,
+    /// for a server killed a moment ago), the start fails.
     /// Default: 127.0.0.1:7700, or in a cluster this node's entry in --peers.
     #[arg(long, env = "RINGLOCK_LISTEN")]
     pub listen: Option<SocketAddr>,
@@ -81,6 +83,38 @@ pub struct Config {
     #[arg(long, env = "RINGLOCK_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: u32,
 
+    /// Most client connections at once from one IP address; beyond it a new
+    /// connection from that address is answered `E - - too-many-connections`
+    /// and closed, so one host cannot take every slot. 0 = no limit.
+    #[arg(long, env = "RINGLOCK_MAX_CONNECTIONS_PER_IP", default_value_t = 1024)]
+    pub max_connections_per_ip: u32,
+
+    /// Seconds a client connection may be silent before TCP keepalive probes
+    /// check that its host is still there; 0 = no keepalive. A host that
+    /// vanished without a reset then loses its connection, and its queued
+    /// acquires leave their queues, after about idle + interval x probes.
+    #[arg(long, env = "RINGLOCK_KEEPALIVE_IDLE_S", default_value_t = 30,
+          value_parser = clap::value_parser!(u32).range(0..=32_767))]
+    pub keepalive_idle_s: u32,
+
+    /// Seconds between two unanswered keepalive probes.
+    #[arg(long, env = "RINGLOCK_KEEPALIVE_INTERVAL_S", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=32_767))]
+    pub keepalive_interval_s: u32,
+
+    /// Unanswered keepalive probes after which a connection is closed.
+    #[arg(long, env = "RINGLOCK_KEEPALIVE_PROBES", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=127))]
+    pub keepalive_probes: u32,
+
+    /// Milliseconds that sent replies may stay unacknowledged (or, with
+    /// keepalive, that probes may go unanswered) before the connection is
+    /// closed (TCP_USER_TIMEOUT); 0 = the kernel's default, about 15 minutes
+    /// of retransmissions.
+    #[arg(long, env = "RINGLOCK_TCP_USER_TIMEOUT_MS", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u32).range(0..=i32::MAX as i64))]
+    pub tcp_user_timeout_ms: u32,
+
     /// Most keys held or waited on at once, over all shards (each shard takes
     /// an equal part); beyond it, acquires of a new key get `too-many-keys`.
     #[arg(long, env = "RINGLOCK_MAX_KEYS", default_value_t = 16_777_216)]
@@ -104,6 +138,17 @@ pub struct Config {
     /// such as `ringlock=debug`).
     #[arg(long, env = "RINGLOCK_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+}
+
+/// TCP keepalive and user timeout for client connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    /// 0 = no keepalive.
+    pub idle_s: u32,
+    pub interval_s: u32,
+    pub probes: u32,
+    /// 0 = the kernel's default.
+    pub user_timeout_ms: u32,
 }
 
 /// One node of --peers: where clients reach it, and where its peers do.
@@ -270,6 +315,16 @@ impl Config {
         }
         let listen = self.cluster_listen.unwrap_or(self.peers[me].peer);
         Ok(Some(ClusterSettings { cluster, peers: self.peers.clone(), listen }))
+    }
+
+    /// The keepalive settings of client connections.
+    pub fn keepalive(&self) -> Keepalive {
+        Keepalive {
+            idle_s: self.keepalive_idle_s,
+            interval_s: self.keepalive_interval_s,
+            probes: self.keepalive_probes,
+            user_timeout_ms: self.tcp_user_timeout_ms,
+        }
     }
 
     /// The number of shard cores to run.

@@ -7,12 +7,23 @@
 //! acknowledged and every reply is sent. When the socket fails, the loop
 //! drops what it had for it and closes at once.
 
+use std::net::IpAddr;
 use std::os::fd::RawFd;
 
 /// Replies a connection may have waiting before the loop stops reading its
 /// requests: a client that stops reading cannot make the server buffer
 /// without bound.
 pub const OUTPUT_BYTES_MAX: usize = 1 << 20;
+
+/// Requests a connection may have in flight (parsed and not answered:
+/// queued acquires, the answers held behind them, requests on their way to
+/// or from another core) before the loop stops reading it. Without it, a
+/// client could make the server hold requests without bound, for example
+/// error answers held behind a queued acquire of the same key; with it, its
+/// further requests wait in the kernel's socket buffers. It is above the
+/// default --max-waiters-per-key, so a connection may still fill one key's
+/// queue and be read.
+pub const IN_FLIGHT_MAX: u32 = 1 << 17;
 
 /// Buffers larger than this are given back to the allocator once empty, so
 /// an idle connection costs little memory after a burst.
@@ -48,10 +59,12 @@ pub struct Connection {
     pub closing: bool,
     /// Listed in the loop's set of connections with output to send.
     pub dirty: bool,
+    /// The client's address, if counted for `--max-connections-per-ip`.
+    pub peer_ip: Option<IpAddr>,
 }
 
 impl Connection {
-    pub fn new(fd: RawFd, generation: u32) -> Connection {
+    pub fn new(fd: RawFd, generation: u32, peer_ip: Option<IpAddr>) -> Connection {
         Connection {
             fd,
             generation,
@@ -68,12 +81,13 @@ impl Connection {
             gone_acks: 0,
             closing: false,
             dirty: false,
+            peer_ip,
         }
     }
 
     /// Whether the loop should stop parsing (and receiving) for now.
     pub fn is_paused(&self) -> bool {
-        self.output.len() + self.sending.len() >= OUTPUT_BYTES_MAX
+        self.in_flight >= IN_FLIGHT_MAX || self.output.len() + self.sending.len() >= OUTPUT_BYTES_MAX
     }
 
     /// Takes the output for a `send`, if there is any and none is in flight.

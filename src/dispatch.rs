@@ -6,6 +6,7 @@ use ringlock_client::proto::{
 };
 use ringlock_shards::{ClientId, Effect, Key, Shard, ShardReply, shard_of};
 
+use crate::connection::IN_FLIGHT_MAX;
 use crate::event_loop::{EventLoop, Io, TOKEN_RETRY_MS, client_id, split_client_id};
 use crate::role::{ClusterLink, Control, CoreRole, Report};
 use crate::router::{Message, RoutedRequest};
@@ -91,6 +92,7 @@ impl EventLoop {
                     }
                     Message::GoneAck { client, removed } => self.io.gone_acknowledged(client, removed),
                     Message::Control(control) => self.control(control),
+                    Message::Adopt { fd, peer_ip } => self.io.adopt(fd, peer_ip),
                 }
                 self.handle_effects();
             }
@@ -201,6 +203,9 @@ impl Io {
         loop {
             let connection = &self.connections[slot as usize];
             if !connection.reading || connection.is_paused() {
+                if connection.in_flight >= IN_FLIGHT_MAX {
+                    self.in_flight_pauses += 1;
+                }
                 return offset;
             }
             match decode_request(&data[offset..], self.shared.lease_ms_max) {
@@ -389,11 +394,17 @@ impl Io {
         debug_assert!(connection.fd >= 0, "a reply is written to an open connection");
         debug_assert!(connection.in_flight > 0, "a reply answers a request in flight");
         connection.in_flight = connection.in_flight.saturating_sub(1);
+        // A connection that stopped being read at the in-flight limit is
+        // read again once it is below it.
+        let below_limit_again = connection.in_flight == IN_FLIGHT_MAX - 1;
         if connection.closing {
             return;
         }
         encode_reply(&reply.to_wire(self.active_address.as_deref()), &mut connection.output);
         self.mark_dirty(slot);
+        if below_limit_again {
+            self.resumable.push(slot);
+        }
     }
 
     /// Writes a reply produced on this core without a shard.

@@ -33,6 +33,7 @@ use ringlock_shards::{ClientId, Shard, ShardStats};
 
 use crate::buf_ring::BufRing;
 use crate::connection::Connection;
+use crate::per_ip::PerIpConnections;
 use crate::ring_poll::poll_before_sleep;
 use crate::role::{ClusterLink, CoreRole, Report};
 use crate::router::{Inbox, Mailbox, Message, RoutedRequest};
@@ -95,6 +96,10 @@ pub struct Shared {
     pub lease_ms_max: u64,
     pub max_connections: u32,
     pub connections: AtomicU32,
+    /// The core the next accepted connection goes to, modulo the cores.
+    pub next_core: AtomicUsize,
+    /// Connections open from each client address, for `--max-connections-per-ip`.
+    pub per_ip: PerIpConnections,
     pub stop: AtomicBool,
     /// Cores that read no more requests since the stop began.
     pub stopped_reading: AtomicUsize,
@@ -160,7 +165,8 @@ pub(crate) struct Io {
     pub(crate) free_slots: Vec<u32>,
     /// Connections with output to send this turn.
     pub(crate) dirty: Vec<u32>,
-    /// Paused connections to try again once their replies drain.
+    /// Paused connections to try again once their replies drain, or once
+    /// their requests in flight are below the limit again.
     pub(crate) resumable: Vec<u32>,
     /// Messages for each core, sent at the end of the turn.
     pub(crate) outgoing: Vec<Vec<Message>>,
@@ -176,6 +182,10 @@ pub(crate) struct Io {
     pub(crate) stopping: bool,
     /// Counters of errors found before a request reaches a shard.
     pub(crate) errors: [u64; ErrorCode::ALL.len()],
+    /// Connections refused by `--max-connections-per-ip`.
+    pub(crate) refused_per_ip: u64,
+    /// Times a connection stopped being read at the in-flight limit.
+    pub(crate) in_flight_pauses: u64,
     pub(crate) eventfd: RawFd,
     pub(crate) wake_buffer: Box<u64>,
     pub(crate) wake_armed: bool,
@@ -272,6 +282,8 @@ impl EventLoop {
                 accept_retry_at_ms: None,
                 stopping: false,
                 errors: [0; ErrorCode::ALL.len()],
+                refused_per_ip: 0,
+                in_flight_pauses: 0,
                 eventfd,
                 wake_buffer: Box::new(0),
                 wake_armed: false,
@@ -307,6 +319,9 @@ impl EventLoop {
             }
             self.retry_tokens();
             self.handle_effects();
+            // Grants and timeouts of this turn may have brought connections
+            // below the in-flight limit: they are read again before the sleep.
+            self.resume_paused();
             if phase == StopPhase::Running && self.io.shared.stop.load(Ordering::SeqCst) {
                 phase = StopPhase::Reading;
                 stop_started = Instant::now();
@@ -542,6 +557,8 @@ impl EventLoop {
         if let Ok(mut published) = self.io.shared.stats[self.io.core].lock() {
             published.shard = stats;
             published.connections = self.io.open;
+            published.refused_per_ip = self.io.refused_per_ip;
+            published.in_flight_pauses = self.io.in_flight_pauses;
         }
     }
 }

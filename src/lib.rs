@@ -9,6 +9,7 @@
 //! - `sockets`: accepting, receiving, sending, pausing and closing on the ring.
 //! - `dispatch`: parsing requests, routing them to their shard, delivering replies.
 //! - `connection`: one client connection's buffers and I/O state.
+//! - `per_ip`: open connections per client IP address, for `--max-connections-per-ip`.
 //! - `buf_ring`: the provided receive buffers of a ring.
 //! - `ring_poll`: polling a ring for a moment before sleeping on it.
 //! - `replication`: the replication core of a cluster node (glommio): peer
@@ -26,6 +27,7 @@ mod connection;
 mod dispatch;
 pub mod epoch;
 mod event_loop;
+mod per_ip;
 mod replication;
 pub mod ring_poll;
 mod role;

@@ -44,6 +44,9 @@ pub enum Message {
     GoneAck { client: ClientId, removed: u32 },
     /// From the replication core: a change of this core's role.
     Control(crate::role::Control),
+    /// A connection another core accepted and admitted (it counts in the
+    /// connection limits already), for this core to serve.
+    Adopt { fd: RawFd, peer_ip: Option<std::net::IpAddr> },
 }
 
 /// The sending side of one core's inbox.

@@ -7,14 +7,15 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ringlock_shards::{Shard, ShardConfig};
 
 use crate::cluster::ExitReason;
-use crate::config::Config;
+use crate::config::{Config, Keepalive};
 use crate::epoch::EpochStore;
 use crate::event_loop::{EventLoop, Shared, build_ring, ring_mode_name};
+use crate::per_ip::PerIpConnections;
 use crate::replication;
 use crate::role::ClusterLink;
 use crate::router;
@@ -50,16 +51,16 @@ pub fn run(config: Config) -> Result<(), String> {
     // the start before clients can connect.
     let peer_listener = match &cluster {
         None => None,
-        Some(settings) => Some(std::net::TcpListener::bind(settings.listen).map_err(|error| {
-            format!(
-                "cannot listen for peers on {}: {error}; pick another --cluster-listen or --peers entry",
-                settings.listen
-            )
-        })?),
+        Some(settings) => Some(
+            bind_retrying(settings.listen, "--cluster-listen", || std::net::TcpListener::bind(settings.listen))
+                .map_err(|error| {
+                    listen_error("for peers ", settings.listen, "--cluster-listen or --peers entry", &error)
+                })?,
+        ),
     };
     let (report_sender, reports) = crossbeam_channel::bounded(crate::replication::REPORTS_QUEUED_MAX);
 
-    let (listeners, local) = bind_listeners(config.listen_address()?, shards)?;
+    let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.keepalive())?;
     let mut mailboxes = Vec::with_capacity(shards);
     let mut inboxes = Vec::with_capacity(shards);
     for _ in 0..shards {
@@ -74,6 +75,8 @@ pub fn run(config: Config) -> Result<(), String> {
         lease_ms_max: config.max_lease.0,
         max_connections: config.max_connections,
         connections: AtomicU32::new(0),
+        next_core: AtomicUsize::new(0),
+        per_ip: PerIpConnections::new(config.max_connections_per_ip),
         stop: AtomicBool::new(false),
         stopped_reading: AtomicUsize::new(0),
         drained: AtomicUsize::new(0),
@@ -82,9 +85,9 @@ pub fn run(config: Config) -> Result<(), String> {
         cluster: cluster.as_ref().map(|_| ClusterLink::new(report_sender)),
     });
 
-    // The loops must not take the stop signals: block them before the
-    // threads start (they inherit the mask) and wait for them here.
-    let signals = stop_signals();
+    // The loops must not take the signals: block them before the threads
+    // start (they inherit the mask) and wait for them here.
+    let signals = handled_signals();
     // SAFETY: changing this thread's signal mask with a valid set.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
 
@@ -191,7 +194,7 @@ pub fn run(config: Config) -> Result<(), String> {
 
 /// Waits for SIGINT or SIGTERM, or for a thread that ended on its own. In a
 /// cluster, a stop signal first lets the replication core hand the active
-/// role over; a second signal stops at once.
+/// role over; a second signal stops at once. SIGHUP is logged and ignored.
 fn wait_for_stop(
     signals: &libc::sigset_t,
     threads: &[JoinHandle<Result<(), String>>],
@@ -203,6 +206,15 @@ fn wait_for_stop(
     loop {
         // SAFETY: waiting for signals this thread has blocked.
         let signal = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &timeout) };
+        if signal == libc::SIGHUP {
+            // A hang-up of the terminal or session that started the server
+            // must not drop every lock and waiter, and there is no
+            // configuration to reload: the server keeps serving.
+            tracing::warn!(
+                signal,
+                "SIGHUP ignored: ringlock keeps serving (it has nothing to reload); stop it with SIGTERM or SIGINT"
+            );
+        }
         if signal == libc::SIGINT || signal == libc::SIGTERM {
             match (&shared.cluster, stopping) {
                 (Some(link), false) => {
@@ -246,13 +258,16 @@ fn stop(shared: &Shared) {
     }
 }
 
-fn stop_signals() -> libc::sigset_t {
+/// The signals the main thread waits for: SIGINT and SIGTERM stop the
+/// server, SIGHUP is only logged.
+fn handled_signals() -> libc::sigset_t {
     // SAFETY: building a signal set in a zeroed value.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         set
     }
 }
@@ -286,27 +301,114 @@ pub(crate) fn random_seed() -> u64 {
     }
 }
 
-/// One listening socket per shard core, all on the same address with
-/// SO_REUSEPORT. Port 0 picks a free port (the first socket's), which the log
-/// line and `P` then name.
-fn bind_listeners(address: SocketAddr, count: usize) -> Result<(Vec<RawFd>, SocketAddr), String> {
-    let mut listeners = Vec::with_capacity(count);
-    let mut local = address;
-    for _ in 0..count {
-        let fd = listen_on(local).map_err(|error| {
-            let hint = if error.kind() == io::ErrorKind::AddrInUse {
-                "address in use; pick another --listen"
-            } else {
-                "check --listen"
-            };
-            format!("cannot listen on {local}: {error}; {hint}")
-        })?;
-        if local.port() == 0 {
-            local = local_address(fd).map_err(|error| format!("cannot read the listening address: {error}"))?;
+/// How long a start keeps trying an address that another socket holds. A
+/// server killed a moment ago keeps its listener until the kernel has torn
+/// down its io_uring rings, which takes milliseconds; a live server holds it
+/// for good, and the start fails once this has passed.
+const BIND_RETRY_FOR: Duration = Duration::from_secs(2);
+/// Pause between two tries of a held address.
+const BIND_RETRY_PAUSE: Duration = Duration::from_millis(10);
+
+/// Calls `bind` until it succeeds, fails otherwise than "address in use", or
+/// [`BIND_RETRY_FOR`] has passed. `flag` names the flag that chose the address.
+pub(crate) fn bind_retrying<T>(
+    address: SocketAddr,
+    flag: &str,
+    mut bind: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
+    let deadline = Instant::now() + BIND_RETRY_FOR;
+    let mut warned = false;
+    loop {
+        match bind() {
+            Err(error) if error.kind() == io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                if !warned {
+                    tracing::warn!(
+                        %address,
+                        "{address} ({flag}) is in use; trying again for up to {BIND_RETRY_FOR:?}, since a server \
+                         killed a moment ago may still hold it"
+                    );
+                    warned = true;
+                }
+                std::thread::sleep(BIND_RETRY_PAUSE);
+            }
+            result => return result,
         }
-        listeners.push(fd);
+    }
+}
+
+/// The operator's message for a socket that could not listen on `address`.
+pub(crate) fn listen_error(what: &str, address: SocketAddr, flag: &str, error: &io::Error) -> String {
+    if error.kind() == io::ErrorKind::AddrInUse {
+        format!(
+            "cannot listen {what}on {address}: address in use; pick another {flag} (another process listens \
+             there, and ringlock never shares a port)"
+        )
+    } else {
+        format!("cannot listen {what}on {address}: {error}; check {flag}")
+    }
+}
+
+/// One listening socket for every shard core, and a duplicate descriptor of
+/// it per core, on which that core arms its accept. io_uring hands each new
+/// connection to one waiting accept only, and the core that accepted it
+/// hands it on round the cores, so each connection lives on one core. The socket has no SO_REUSEPORT: a second server started on
+/// the same address fails to bind, rather than splitting the clients with
+/// this one and granting the same keys. Port 0 picks a free port, which the
+/// log line and `P` then name.
+fn bind_listeners(
+    address: SocketAddr,
+    count: usize,
+    keepalive: &Keepalive,
+) -> Result<(Vec<RawFd>, SocketAddr), String> {
+    let fd = bind_retrying(address, "--listen", || listen_on(address))
+        .map_err(|error| listen_error("", address, "--listen", &error))?;
+    // Accepted sockets inherit these options from the listening socket, so
+    // setting them here costs no system call per connection.
+    set_keepalive(fd, keepalive)
+        .map_err(|error| format!("cannot set TCP keepalive on {address}: {error}; check --keepalive-*"))?;
+    let local = local_address(fd).map_err(|error| format!("cannot read the listening address: {error}"))?;
+    let mut listeners = vec![fd];
+    for _ in 1..count {
+        // SAFETY: duplicating a descriptor we own.
+        let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if copy < 0 {
+            return Err(format!("cannot duplicate the listening socket: {}", io::Error::last_os_error()));
+        }
+        listeners.push(copy);
     }
     Ok((listeners, local))
+}
+
+/// Sets TCP keepalive and the user timeout on a socket, so that the
+/// connections of a client host that vanished without a reset end, and their
+/// queued acquires with them.
+fn set_keepalive(fd: RawFd, keepalive: &Keepalive) -> io::Result<()> {
+    let mut options = vec![(libc::SOL_SOCKET, libc::SO_KEEPALIVE, i32::from(keepalive.idle_s > 0))];
+    if keepalive.idle_s > 0 {
+        options.extend([
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, keepalive.idle_s as i32),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, keepalive.interval_s as i32),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, keepalive.probes as i32),
+        ]);
+    }
+    options.push((libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, keepalive.user_timeout_ms as i32));
+    for (level, option, value) in options {
+        let value: libc::c_int = value;
+        // SAFETY: setting an integer option on a socket we own.
+        let result = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                option,
+                (&value as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if result != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 fn listen_on(address: SocketAddr) -> io::Result<RawFd> {
@@ -317,16 +419,17 @@ fn listen_on(address: SocketAddr) -> io::Result<RawFd> {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
+        // SO_REUSEADDR lets a restart bind while connections of the last run
+        // are in TIME_WAIT; unlike SO_REUSEPORT, it never lets two listening
+        // sockets share the address.
         let one: libc::c_int = 1;
-        for option in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                option,
-                (&one as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        );
         let (storage, len) = socket_address(address);
         if libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) != 0 || libc::listen(fd, 4096) != 0 {
             let error = io::Error::last_os_error();
@@ -371,16 +474,24 @@ fn local_address(fd: RawFd) -> io::Result<SocketAddr> {
         if libc::getsockname(fd, (&mut storage as *mut libc::sockaddr_storage).cast(), &mut len) != 0 {
             return Err(io::Error::last_os_error());
         }
+        Ok(socket_address_of(&storage))
+    }
+}
+
+/// The IPv4 or IPv6 address a socket call wrote into `storage`.
+pub(crate) fn socket_address_of(storage: &libc::sockaddr_storage) -> SocketAddr {
+    // SAFETY: the family field says which sockaddr type the storage holds.
+    unsafe {
         match i32::from(storage.ss_family) {
             libc::AF_INET => {
-                let v4 = &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                let v4 = &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>();
                 let ip = std::net::Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
-                Ok(SocketAddr::from((ip, u16::from_be(v4.sin_port))))
+                SocketAddr::from((ip, u16::from_be(v4.sin_port)))
             }
             _ => {
-                let v6 = &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                let v6 = &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
                 let ip = std::net::Ipv6Addr::from(v6.sin6_addr.s6_addr);
-                Ok(SocketAddr::from((ip, u16::from_be(v6.sin6_port))))
+                SocketAddr::from((ip, u16::from_be(v6.sin6_port)))
             }
         }
     }

@@ -12,6 +12,7 @@ use ringlock_shards::Shard;
 
 use crate::connection::Connection;
 use crate::event_loop::{Io, Kind, RECV_BUFFER_GROUP, user_data};
+use crate::router::Message;
 
 /// Connections per core (slot numbers have 24 bits in a client id).
 const CONNECTIONS_PER_CORE_MAX: usize = 1 << 24;
@@ -45,6 +46,11 @@ impl Io {
         live_connection(&mut self.connections, slot, generation)
     }
 
+    /// Arms a multishot accept on the listening socket every core shares.
+    /// Which core's accept the kernel wakes is not spread evenly (one core
+    /// may take every connection that arrives while the server is idle), so
+    /// the core that accepts hands connections round the cores (see
+    /// [`Io::accepted`]).
     pub(crate) fn arm_accept(&mut self) {
         if self.accept_armed || self.stopping {
             return;
@@ -98,12 +104,24 @@ impl Io {
             self.arm_accept();
         }
         let admitted = self.shared.connections.fetch_add(1, Ordering::SeqCst) < self.shared.max_connections;
-        let full = self.free_slots.is_empty() && self.connections.len() >= CONNECTIONS_PER_CORE_MAX;
-        if !admitted || full || self.stopping {
+        if !admitted || self.stopping {
             self.shared.connections.fetch_sub(1, Ordering::SeqCst);
             let code = if self.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
             self.count_error(code);
             refuse(fd, code);
+            return;
+        }
+        // The per-address count is taken only when a limit is set; a peer
+        // that already left has no address and is not counted (its socket
+        // fails at once).
+        let peer_ip = if self.shared.per_ip.limited() { peer_ip(fd) } else { None };
+        if let Some(ip) = peer_ip
+            && !self.shared.per_ip.admit(ip)
+        {
+            self.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            self.count_error(ErrorCode::TooManyConnections);
+            self.refused_per_ip += 1;
+            refuse(fd, ErrorCode::TooManyConnections);
             return;
         }
         let one: libc::c_int = 1;
@@ -117,14 +135,38 @@ impl Io {
                 size_of::<libc::c_int>() as libc::socklen_t,
             );
         }
+        // Connections go round the cores, whichever core accepted them.
+        let target =
+            if self.cores > 1 { self.shared.next_core.fetch_add(1, Ordering::Relaxed) % self.cores } else { self.core };
+        if target == self.core {
+            self.adopt(fd, peer_ip);
+        } else {
+            self.outgoing[target].push(Message::Adopt { fd, peer_ip });
+        }
+    }
+
+    /// Serves a connection accepted and admitted (counted in the limits) by
+    /// this core or another.
+    pub(crate) fn adopt(&mut self, fd: RawFd, peer_ip: Option<std::net::IpAddr>) {
+        let full = self.free_slots.is_empty() && self.connections.len() >= CONNECTIONS_PER_CORE_MAX;
+        if full || self.stopping {
+            self.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            if let Some(ip) = peer_ip {
+                self.shared.per_ip.release(ip);
+            }
+            let code = if self.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
+            self.count_error(code);
+            refuse(fd, code);
+            return;
+        }
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 let generation = self.connections[slot as usize].generation;
-                self.connections[slot as usize] = Connection::new(fd, generation);
+                self.connections[slot as usize] = Connection::new(fd, generation, peer_ip);
                 slot
             }
             None => {
-                self.connections.push(Connection::new(fd, 0));
+                self.connections.push(Connection::new(fd, 0, peer_ip));
                 (self.connections.len() - 1) as u32
             }
         };
@@ -233,6 +275,9 @@ impl Io {
             connection.sending = Vec::new();
             self.free_slots.push(slot);
             self.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            if let Some(ip) = connection.peer_ip.take() {
+                self.shared.per_ip.release(ip);
+            }
         }
     }
 
@@ -254,7 +299,8 @@ impl Io {
     /// requests; what is queued is answered `shutting-down`.
     pub(crate) fn begin_stop(&mut self) {
         self.stopping = true;
-        // SAFETY: shutting down our listening socket ends its multishot accept.
+        // SAFETY: shutting down the listening socket ends the accepts waiting
+        // on it (every core's: they all stop now).
         unsafe { libc::shutdown(self.listener, libc::SHUT_RDWR) };
         for connection in &mut self.connections {
             connection.reading = false;
@@ -288,6 +334,23 @@ impl Io {
         // SAFETY: our listening socket.
         unsafe { libc::close(self.listener) };
     }
+}
+
+/// The address of the client at the other end of `fd`, or `None` if it
+/// already left.
+fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
+    // SAFETY: getpeername writes at most `len` bytes into the storage.
+    let storage = unsafe {
+        let mut storage: libc::sockaddr_storage = std::mem::zeroed();
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        if libc::getpeername(fd, (&mut storage as *mut libc::sockaddr_storage).cast(), &mut len) != 0 {
+            return None;
+        }
+        storage
+    };
+    // A client that reaches an IPv6 listener over IPv4 counts as its IPv4
+    // address, so both ways of reaching the server share one count.
+    Some(crate::server::socket_address_of(&storage).ip().to_canonical())
 }
 
 /// Answers a connection the server cannot take, and closes it.

@@ -13,12 +13,19 @@ use crate::event_loop::{Shared, total_stats};
 pub struct CoreStats {
     pub shard: ShardStats,
     pub connections: u64,
+    /// Connections refused by `--max-connections-per-ip` since the start.
+    pub refused_per_ip: u64,
+    /// Times a connection stopped being read because it had the most
+    /// requests in flight a connection may have.
+    pub in_flight_pauses: u64,
 }
 
 /// `{"role":...,"epoch":...,"uptime_ms":...,"total":{...},"shards":[{...},...]}`.
 pub fn json(shared: &Shared, role: Role, epoch: u64) -> String {
     let (cores, total) = total_stats(shared);
     let connections: u64 = cores.iter().map(|core| core.connections).sum();
+    let refused_per_ip: u64 = cores.iter().map(|core| core.refused_per_ip).sum();
+    let in_flight_pauses: u64 = cores.iter().map(|core| core.in_flight_pauses).sum();
     let mut out = String::with_capacity(512 + 400 * cores.len());
     let _ = write!(
         out,
@@ -27,7 +34,7 @@ pub fn json(shared: &Shared, role: Role, epoch: u64) -> String {
         epoch,
         shared.started.elapsed().as_millis()
     );
-    counters(&mut out, &total, connections);
+    counters(&mut out, &total, connections, refused_per_ip, in_flight_pauses);
     if let Some(link) = &shared.cluster {
         let _ = write!(
             out,
@@ -41,17 +48,18 @@ pub fn json(shared: &Shared, role: Role, epoch: u64) -> String {
         if index > 0 {
             out.push(',');
         }
-        counters(&mut out, &core.shard, core.connections);
+        counters(&mut out, &core.shard, core.connections, core.refused_per_ip, core.in_flight_pauses);
     }
     out.push_str("]}");
     out
 }
 
-fn counters(out: &mut String, stats: &ShardStats, connections: u64) {
+fn counters(out: &mut String, stats: &ShardStats, connections: u64, refused_per_ip: u64, in_flight_pauses: u64) {
     let _ = write!(
         out,
         "{{\"grants\":{},\"releases\":{},\"extends\":{},\"expiries\":{},\"timeouts\":{},\"handoffs\":{},\
-         \"held_keys\":{},\"waiters\":{},\"keys\":{},\"connections\":{},\"errors\":{{",
+         \"held_keys\":{},\"waiters\":{},\"keys\":{},\"connections\":{},\"refused_per_ip\":{},\
+         \"in_flight_pauses\":{},\"errors\":{{",
         stats.grants,
         stats.releases,
         stats.extends,
@@ -61,7 +69,9 @@ fn counters(out: &mut String, stats: &ShardStats, connections: u64) {
         stats.held_keys,
         stats.waiters,
         stats.keys,
-        connections
+        connections,
+        refused_per_ip,
+        in_flight_pauses
     );
     for (index, code) in ErrorCode::ALL.iter().enumerate() {
         if index > 0 {

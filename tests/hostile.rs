@@ -860,6 +860,95 @@ fn a_flood_of_waiters_that_time_out_each_get_exactly_one_t() {
     assert_eq!(holder.call(&format!("R hot {hot}")), "R hot", "nobody was granted the key");
 }
 
+/// The highest resident memory the process has had, in bytes.
+fn peak_rss_bytes(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// A total counter of `S`, or 0 where the server has none of that name.
+fn stat_or_zero(conn: &mut Conn, name: &str) -> u64 {
+    let reply = conn.call("S");
+    if reply.contains(&format!("\"{name}\":")) { stat_from(&reply, name) } else { 0 }
+}
+
+fn stat_from(reply: &str, name: &str) -> u64 {
+    let total = &reply[reply.find("\"total\":").expect("total")..];
+    let needle = format!("\"{name}\":");
+    let at = total.find(&needle).unwrap() + needle.len();
+    total[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn refused_acquires_held_behind_a_queued_one_cost_bounded_memory_and_keep_their_order() {
+    // Four million bad acquires (lease 0) on two keys, one owned by each core,
+    // so that one of them travels between cores whichever core the
+    // connection is on.
+    const LINES_PER_KEY: usize = 2_000_000;
+    let keys: Vec<String> = (0..2)
+        .map(|shard| (0..).map(|n| format!("k{n}")).find(|key| ringlock_shards::shard_of(key.as_bytes(), 2) == shard))
+        .map(Option::unwrap)
+        .collect();
+    let server = Server::start(&["--shards", "2"]);
+    let mut holder = server.connect();
+    let tokens: Vec<u64> = keys.iter().map(|key| holder.acquire(key, "600", "0")).collect();
+    let conn = server.connect();
+    let mut writer = conn.stream.try_clone().unwrap();
+    for key in &keys {
+        writer.write_all(format!("A {key} 600 0\n").as_bytes()).unwrap();
+    }
+    wait_until("both acquires to queue", || stat(&mut holder, "waiters") == 2);
+    let rss_before = server.rss_bytes();
+
+    // Every later acquire of those keys on this connection is refused, and
+    // its answer is held behind the queued one.
+    let flood: Vec<u8> =
+        keys.iter().map(|key| format!("A {key} 0 600\n")).collect::<String>().repeat(LINES_PER_KEY).into();
+    let flood = std::thread::spawn(move || writer.write_all(&flood).unwrap());
+    // Either the server takes the whole flood in, or it stops reading the
+    // connection at its limit of requests in flight (and says so in `S`).
+    wait_until("the flood to be taken in, or the connection to stop being read", || {
+        flood.is_finished() || stat_or_zero(&mut holder, "in_flight_pauses") > 0
+    });
+    assert_eq!(stat(&mut holder, "waiters"), 2, "the held answers are not waiters");
+    assert_served(&mut holder, "during-flood");
+    let held_growth = peak_rss_bytes(server.pid()).saturating_sub(rss_before);
+    eprintln!("peak RSS growth while the answers are held: {held_growth} bytes");
+    assert!(held_growth < 64 * MIB, "the server's peak RSS grew by {held_growth} bytes holding answers");
+
+    for (key, token) in keys.iter().zip(&tokens) {
+        assert_eq!(holder.call(&format!("R {key} {token}")), format!("R {key}"));
+    }
+    // Each key's grant comes first, then each of its refusals, in order.
+    let mut reader = std::io::BufReader::new(conn.stream.try_clone().unwrap());
+    let mut granted = [false, false];
+    let mut refused = [0usize, 0usize];
+    let mut line = Vec::new();
+    while refused.iter().sum::<usize>() < 2 * LINES_PER_KEY {
+        line.clear();
+        let read = std::io::BufRead::read_until(&mut reader, b'\n', &mut line).unwrap();
+        assert!(read > 0, "the server closed after {refused:?} refusals");
+        let text = std::str::from_utf8(&line).unwrap().trim_end();
+        let index = keys.iter().position(|key| text.split(' ').any(|field| field == key)).expect(text);
+        if granted[index] {
+            assert_eq!(text, format!("E A {} bad-lease", keys[index]), "after {} refusals", refused[index]);
+            refused[index] += 1;
+        } else {
+            assert!(token_of(text, &keys[index]) > tokens[index], "the grant comes before the refusals: {text}");
+            granted[index] = true;
+        }
+    }
+    flood.join().unwrap();
+    // Once the grants released the held answers, the rest of the flood went
+    // through at full speed, up to the in-flight limit at a time, half of it
+    // between cores: that costs more than holding, but as bounded.
+    let growth = peak_rss_bytes(server.pid()).saturating_sub(rss_before);
+    eprintln!("peak RSS growth over the whole flood: {growth} bytes");
+    assert!(growth < 128 * MIB, "the server's peak RSS grew by {growth} bytes during the flood");
+    assert_served(&mut holder, "after");
+}
+
 // ---------------------------------------------------------------------------
 // The peer port of a cluster node
 

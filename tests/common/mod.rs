@@ -184,7 +184,12 @@ pub struct Conn {
 
 impl Conn {
     pub fn connect(addr: SocketAddr) -> Conn {
-        let stream = TcpStream::connect(addr).expect("connect to the server");
+        Conn::from_stream(TcpStream::connect(addr).expect("connect to the server"))
+    }
+
+    /// A connection made some other way (from a chosen address, or in
+    /// another network namespace).
+    pub fn from_stream(stream: TcpStream) -> Conn {
         stream.set_nodelay(true).unwrap();
         stream.set_read_timeout(Some(PATIENCE)).unwrap();
         Conn { stream, buffer: Vec::new() }
