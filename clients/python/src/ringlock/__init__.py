@@ -1,0 +1,57 @@
+"""ringlock: the Python client of the ringlock lock server.
+
+``ringlock.Client`` is the sync client (background threads do the I/O, so
+many threads share one client); ``ringlock.aio.Client`` is the asyncio
+client, with the same names. Both keep SPEC §4: persistent connections
+(two for a single address), round-robin, pipelining, acquires moved off cut
+connections, releases retried, ``M`` redirects followed.
+
+Example::
+
+    import ringlock
+
+    with ringlock.Client("127.0.0.1:7700") as client:
+        with client.lock("orders/42", lease=30, wait=5) as lock:
+            print("holding orders/42 with token", lock.token)
+
+# Layout
+
+- ``client``: the sync :class:`Client` and :class:`Lock`.
+- ``aio``: the asyncio ``Client`` and ``Lock``.
+- ``errors``: the exceptions.
+- ``_protocol``: request lines and reply fields (SPEC §3).
+- ``_pairing``: replies paired with requests by (op, key).
+- ``_operation``: one request's life and SPEC §4's rules, without I/O.
+- ``_router``: round-robin, redirects, what happens after each step.
+- ``_threaded``: the sync client's connection and timer threads.
+- ``_settings``: the settings both clients take.
+"""
+
+from ._protocol import Pong
+from .client import Client, Lock
+from .errors import (
+    CapacityError,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+    NoActiveNodeError,
+    ProtocolError,
+    RinglockError,
+    ShuttingDownError,
+)
+
+__all__ = [
+    "CapacityError",
+    "Client",
+    "Lock",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockTimeoutError",
+    "NoActiveNodeError",
+    "Pong",
+    "ProtocolError",
+    "RinglockError",
+    "ShuttingDownError",
+]
+
+__version__ = "0.1.0"

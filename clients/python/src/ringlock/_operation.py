@@ -1,0 +1,241 @@
+"""One request from submission until its outcome is known: what to send,
+and what to do next on each event (a reply, a cut connection, no usable
+connection at all).
+
+This is where SPEC §4's rules live (acquires move to the next connection,
+releases are retried, ``M`` redirects are followed), as plain methods of the
+request that take the event and ``now`` and return a step. There is no I/O
+here: the router and the connections, threaded or asyncio, carry the steps
+out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Protocol
+
+from ._protocol import OP_ACQUIRE, OP_EXTEND, OP_PING, OP_RELEASE, OP_STATS, Pong, acquire_line, extend_line, release_line
+from .errors import LockLostError, ProtocolError, RinglockError, error_for
+
+# What a request asks.
+ACQUIRE = 0
+RELEASE = 1
+EXTEND = 2
+PING = 3
+STATS = 4
+_OPS = (OP_ACQUIRE, OP_RELEASE, OP_EXTEND, OP_PING, OP_STATS)
+
+# What the router does next with a request: steps are (what, value) pairs.
+DONE = 0  # value: the result, or a RinglockError
+RESEND = 1  # on the next usable connection
+REDIRECT = 2  # to the active node an M reply named
+RETRY_AT = 3  # value: the monotonic instant
+
+# Why no connection took a request.
+UNSENT_NO_CONNECTION = 0
+UNSENT_FULL = 1
+UNSENT_ACTIVE_UNREACHABLE = 2
+
+Step = tuple[int, object]
+_RESEND: Step = (RESEND, None)
+_REDIRECT: Step = (REDIRECT, None)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The retry rules, from the client's settings."""
+
+    retry_interval: float = 0.2
+    """Seconds between two tries of a release, or of a request that found no active."""
+    retry_for: float = 5.0
+    """Seconds a release, or a request that finds no active, keeps being retried."""
+    redirect_limit: int = 16
+    """Most ``M`` redirects one request follows."""
+
+
+class Waiter(Protocol):
+    """Whoever waits for a request's outcome (a thread, or a future)."""
+
+    def complete(self, value: object) -> bool:
+        """Hands over the outcome; false if nobody waits for it any more."""
+        ...
+
+
+class Operation:
+    """A request in flight, or waiting to be retried."""
+
+    __slots__ = (
+        "kind",
+        "op",
+        "key",
+        "lease_ms",
+        "wait_ms",
+        "token",
+        "started",
+        "tries_left",
+        "redirects_left",
+        "retry_until",
+        "waiter",
+    )
+
+    def __init__(
+        self,
+        kind: int,
+        key: bytes,
+        now: float,
+        tries: int,
+        policy: Policy,
+        waiter: Waiter | None,
+        *,
+        lease_ms: int = 0,
+        wait_ms: int = 0,
+        token: int = 0,
+    ) -> None:
+        self.kind = kind
+        self.op = _OPS[kind]
+        self.key = key
+        self.lease_ms = lease_ms
+        self.wait_ms = wait_ms
+        self.token = token
+        self.started = now
+        self.tries_left = max(tries, 1)
+        self.redirects_left = policy.redirect_limit
+        # A release is retried from the start; other requests only once a
+        # node says no active is known.
+        self.retry_until: float | None = now + policy.retry_for if kind == RELEASE else None
+        self.waiter = waiter
+
+    def _wait_left_ms(self, now: float) -> int | None:
+        """The wait left at ``now`` in ms: 0 for no limit, ``None`` once a
+        bounded wait has run out."""
+        if self.kind != ACQUIRE or self.wait_ms == 0:
+            return 0
+        left = self.wait_ms - int((now - self.started) * 1000)
+        return left if left > 0 else None
+
+    def expired(self, now: float) -> bool:
+        """An acquire whose wait ran out before it could be (re)sent: it
+        ends as timed out, as it would have on the server."""
+        return self.kind == ACQUIRE and self.wait_ms != 0 and self._wait_left_ms(now) is None
+
+    def encode(self, now: float) -> bytes:
+        """The request line. A re-sent acquire asks only for the wait it has
+        left, so moving it does not make it wait longer than asked."""
+        kind = self.kind
+        if kind == ACQUIRE:
+            wait = self.wait_ms
+            if wait and self.started != now:
+                wait = self._wait_left_ms(now) or 1
+            return acquire_line(self.key, self.lease_ms, wait)
+        if kind == RELEASE:
+            return release_line(self.key, self.token)
+        if kind == EXTEND:
+            return extend_line(self.key, self.token, self.lease_ms)
+        return b"P\n" if kind == PING else b"S\n"
+
+    def error(self, code: str, message: str | None = None) -> RinglockError:
+        """The exception for ``code``, naming this request."""
+        key = self.key.decode(errors="replace") if self.key else None
+        op = self.op.decode()
+        if code == "not-holder" and self.kind == EXTEND:
+            return LockLostError(code, op, key, message or f"the grant of {key} is gone (not-holder)")
+        return error_for(code, op, key, message)
+
+    def on_reply(self, fields: list[bytes], policy: Policy, now: float) -> Step:
+        """The next step after the reply ``fields``, which the connection
+        paired with this request by (op, key)."""
+        kind = fields[0]
+        if kind == OP_ACQUIRE and self.kind == ACQUIRE:
+            return (DONE, _token(fields[2]))
+        if kind == b"T" and self.kind == ACQUIRE:
+            return (DONE, None)
+        if kind == OP_RELEASE and self.kind == RELEASE:
+            return (DONE, True)
+        if kind == b"E":
+            code = fields[3].decode(errors="replace")
+            if code == "not-holder" and self.kind == RELEASE:
+                # Already released, expired or handed on: nothing is left
+                # to release, which is what the caller wanted.
+                return (DONE, False)
+            return (DONE, self.error(code))
+        if kind == b"M":
+            if fields[3] == b"-":
+                return self.retry_later(now, policy, "no-active")
+            if self.redirects_left == 0:
+                return (DONE, self.error("no-active", "redirected too many times"))
+            self.redirects_left -= 1
+            return _REDIRECT
+        if kind == OP_EXTEND and self.kind == EXTEND:
+            received = _token(fields[2])
+            if received != self.token:
+                return (DONE, self.error("protocol", f"extend of token {self.token} answered with {received}"))
+            return (DONE, True)
+        if kind == OP_PING and self.kind == PING:
+            role = fields[1].decode()
+            if role not in ("active", "standby"):
+                raise ValueError("bad role")
+            active = None if fields[3] == b"-" else fields[3].decode(errors="replace")
+            return (DONE, Pong(role, _token(fields[2]), active))
+        if kind == OP_STATS and self.kind == STATS:
+            return (DONE, json.loads(fields[1]))
+        # Pairing by (op, key) leaves nothing else but a broken server.
+        return (DONE, self.error("protocol", f"unexpected reply {b' '.join(fields)!r}"))
+
+    def on_cut(self, error: RinglockError, now: float) -> Step:
+        """The next step after the connection carrying this request was cut
+        (``error`` says how). The server may or may not have seen it."""
+        if self.kind == RELEASE:
+            # Again at once on another connection; the router falls back
+            # to retrying every interval while none is usable.
+            if self.retry_until is not None and now > self.retry_until:
+                return (DONE, self._named(error))
+            return _RESEND
+        self.tries_left -= 1
+        if self.tries_left <= 0:
+            return (DONE, self._named(error))
+        return _RESEND
+
+    def on_unsent(self, unsent: int, now: float, policy: Policy) -> Step:
+        """The next step when no connection took the request."""
+        if unsent == UNSENT_ACTIVE_UNREACHABLE:
+            # During a failover the node an M named may be gone for a
+            # moment: wait for the others to name the new active.
+            return self.retry_later(now, policy, "no-active")
+        code = "too-many-in-flight" if unsent == UNSENT_FULL else "no-connection"
+        if self.kind == RELEASE:
+            return self.retry_later(now, policy, code)
+        return (DONE, self.error(code))
+
+    def retry_later(self, now: float, policy: Policy, code: str) -> Step:
+        """Retry after the interval while within the retry period, which
+        starts now if it has not started yet; else fail with ``code``."""
+        if self.retry_until is None:
+            self.retry_until = now + policy.retry_for
+        at = now + policy.retry_interval
+        if at <= self.retry_until:
+            return (RETRY_AT, at)
+        return (DONE, self.error(code))
+
+    def _named(self, error: RinglockError) -> RinglockError:
+        """The connection's error, naming this request."""
+        key = self.key.decode(errors="replace") if self.key else "-"
+        return self.error(error.code, f"{error.code} ({self.op.decode()} {key}): {error}")
+
+
+def _token(field: bytes) -> int:
+    # int() accepts signs, spaces and underscores; a token is plain digits.
+    if not field.isdigit():
+        raise ValueError("bad token")
+    token = int(field)
+    if token >= 1 << 64:
+        raise ValueError("token out of range")
+    return token
+
+
+CUT_IO = error_for("no-connection", message="the connection was cut")
+
+
+def cut_protocol(message: str) -> RinglockError:
+    """The error of a connection dropped because the server broke the protocol."""
+    return ProtocolError("protocol", message=message)

@@ -1,0 +1,160 @@
+"""Wire protocol v1 (SPEC §3): checking arguments, writing request lines,
+and splitting reply lines into the fields that pair them with requests.
+
+Nothing here does I/O, so the sync and asyncio clients share it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+KEY_LEN_MAX = 250
+"""Longest key, in bytes."""
+WAIT_MS_MAX = 86_400_000
+"""Longest bounded wait the protocol accepts (a day)."""
+REPLY_LINE_LEN_MAX = 70_000
+"""Longest reply line the client reads; ``S`` lines stay under 64 KiB."""
+
+_FORBIDDEN_KEY_BYTES = frozenset(b" \t\r\n\x00")
+
+# Operation letters, as bytes (the wire) and as text (errors).
+OP_ACQUIRE = b"A"
+OP_RELEASE = b"R"
+OP_EXTEND = b"X"
+OP_PING = b"P"
+OP_STATS = b"S"
+
+
+class Pong(NamedTuple):
+    """A node's answer to a ping: its role, epoch, and the active it names.
+
+    Example::
+
+        >>> Pong("active", 3, "127.0.0.1:7700").role
+        'active'
+    """
+
+    role: str
+    """``"active"`` or ``"standby"``."""
+    epoch: int
+    """The active's epoch (0 while a standby knows none)."""
+    active: str | None
+    """The address clients should use for the active, ``None`` if unknown."""
+
+
+def key_bytes(key: str | bytes) -> bytes:
+    """The key as bytes, checked as the protocol wants it.
+
+    Raises :class:`ValueError` for an empty key, one over 250 bytes, one
+    holding a space, tab, CR, LF or NUL, and the key ``-``, which error
+    replies use for "no key" and so could not be paired.
+
+    Example::
+
+        >>> key_bytes("orders/42")
+        b'orders/42'
+    """
+    raw = key.encode() if isinstance(key, str) else bytes(key)
+    if not 0 < len(raw) <= KEY_LEN_MAX or not _FORBIDDEN_KEY_BYTES.isdisjoint(raw):
+        raise ValueError(f"a key is 1 to {KEY_LEN_MAX} bytes, none of them space, tab, CR, LF or NUL: {key!r}")
+    if raw == b"-":
+        raise ValueError('the key "-" is reserved: error replies use it for "no key"')
+    return raw
+
+
+def lease_ms(lease: float) -> int:
+    """A lease in seconds as whole milliseconds, rounded up; at least 1 ms.
+
+    Example::
+
+        >>> lease_ms(0.0001), lease_ms(2.5)
+        (1, 2500)
+    """
+    if isinstance(lease, bool) or not lease > 0 or math.isinf(lease):
+        raise ValueError(f"the lease must be a positive number of seconds: {lease!r}")
+    return max(1, math.ceil(lease * 1000))
+
+
+def wait_ms(wait: float | None) -> int:
+    """A wait in seconds as the wire's milliseconds: 0 for ``None`` (no
+    limit), else rounded up, at least 1 ms and at most a day.
+
+    Example::
+
+        >>> wait_ms(None), wait_ms(0), wait_ms(0.2)
+        (0, 1, 200)
+    """
+    if wait is None:
+        return 0
+    if isinstance(wait, bool) or not wait >= 0 or math.isinf(wait):
+        raise ValueError(f"the wait must be seconds >= 0, or None for no limit: {wait!r}")
+    milliseconds = max(1, math.ceil(wait * 1000))
+    if milliseconds > WAIT_MS_MAX:
+        raise ValueError("the wait must be at most 86400 s; use None to wait without limit")
+    return milliseconds
+
+
+def seconds_field(milliseconds: int) -> bytes:
+    """Milliseconds as the wire's decimal seconds (``30``, ``0.5``, ``2.125``).
+
+    Example::
+
+        >>> seconds_field(30_000), seconds_field(500), seconds_field(2_125)
+        (b'30', b'0.5', b'2.125')
+    """
+    whole, fraction = divmod(milliseconds, 1000)
+    if fraction == 0:
+        return b"%d" % whole
+    return (b"%d.%03d" % (whole, fraction)).rstrip(b"0")
+
+
+def acquire_line(key: bytes, lease: int, wait: int) -> bytes:
+    """``A <key> <lease> <wait>``, from milliseconds."""
+    return b"A %s %s %s\n" % (key, seconds_field(lease), seconds_field(wait))
+
+
+def release_line(key: bytes, token: int) -> bytes:
+    """``R <key> <token>``."""
+    return b"R %s %d\n" % (key, token)
+
+
+def extend_line(key: bytes, token: int, lease: int) -> bytes:
+    """``X <key> <token> <lease>``, the lease in milliseconds."""
+    return b"X %s %d %s\n" % (key, token, seconds_field(lease))
+
+
+def split_reply(line: bytes) -> tuple[bytes, bytes, list[bytes]]:
+    """The (op, key) a reply line answers, and its fields.
+
+    ``line`` has no line ending. For ``P`` and ``S`` the key is empty; for
+    ``E - - <code>`` the op is ``-``. Raises :class:`ValueError` for a line
+    that is no reply.
+
+    Example::
+
+        >>> split_reply(b"A k 17")
+        (b'A', b'k', [b'A', b'k', b'17'])
+        >>> split_reply(b"E R k not-holder")[:2]
+        (b'R', b'k')
+    """
+    kind = line[:1]
+    if kind == b"S":
+        if line[1:2] != b" ":
+            raise ValueError("S without JSON")
+        return OP_STATS, b"", [OP_STATS, line[2:]]
+    fields = line.split(b" ")
+    count = len(fields)
+    if kind in b"ATRX" and len(kind) == 1:
+        if count != (3 if kind in b"AX" else 2):
+            raise ValueError("wrong field count")
+        return kind, fields[1], fields
+    if kind == b"E" or kind == b"M":
+        if count != 4:
+            raise ValueError("wrong field count")
+        return fields[1], fields[2], fields
+    if kind == b"P":
+        if count != 4:
+            raise ValueError("wrong field count")
+        return OP_PING, b"", fields
+    raise ValueError("unknown reply")

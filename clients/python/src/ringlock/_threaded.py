@@ -1,0 +1,350 @@
+"""The sync client's I/O: background threads that own the connections.
+
+Each connection has a **reader** thread that connects, reads and pairs
+replies, completes the callers' requests, and on a cut hands every request
+in flight back to the router, waits the reconnect interval and connects
+again. Callers write their own request lines, under the connection's mutex
+and without blocking (``MSG_DONTWAIT``), so that a request costs no thread
+switch on the way out; the table's order for an (op, key) is then the
+wire's order. Only what the socket did not take at once goes to the
+connection's **writer** thread, which sends it in order (a stalled server
+cannot block a caller). One **timer** thread runs retries and lock
+extensions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from ._operation import CUT_IO, Operation, cut_protocol
+from ._pairing import Pairing
+from ._protocol import REPLY_LINE_LEN_MAX, split_reply
+from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
+from .errors import RinglockError, error_for
+
+# Where a connection is in its life.
+_CONNECTING = 0  # first connect under way: takes requests, sent once up
+_UP = 1
+_DOWN = 2  # broken: left out until the reader reconnects it
+_CLOSED = 3
+
+_READ_BYTES = 32 * 1024
+_CLOSE_LINGER_S = 1.0
+"""How long a closing connection waits for the answers to what it sent."""
+
+
+class ThreadRuntime:
+    """Connections on threads, and the retry timer (see :class:`~ringlock._router.Runtime`)."""
+
+    def __init__(self, connect_timeout: float, reconnect_interval: float, in_flight_max: int) -> None:
+        self.connect_timeout = connect_timeout
+        self.reconnect_interval = reconnect_interval
+        self.in_flight_max = in_flight_max
+        self.closed = threading.Event()
+        self.connections: list[ThreadConnection] = []
+        self._timer = Timer()
+
+    def connect(self, router: Router, address: str, node: int) -> ThreadConnection:
+        connection = ThreadConnection(router, self, address, node)
+        self.connections.append(connection)
+        connection.start()
+        return connection
+
+    def call_at(self, at: float, callback: Callable[[], None]) -> bool:
+        return self._timer.call_at(at, callback)
+
+    def close(self, join_timeout: float) -> None:
+        """Stops the timer, and waits up to ``join_timeout`` for every
+        connection's threads to end (the router closed them)."""
+        self.closed.set()
+        for callback in self._timer.close():
+            callback()
+        deadline = time.monotonic() + join_timeout
+        for connection in list(self.connections):
+            connection.join(max(0.0, deadline - time.monotonic()))
+
+
+class Timer:
+    """Runs callbacks at monotonic instants, on one thread started on first use."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def call_at(self, at: float, callback: Callable[[], None]) -> bool:
+        with self._wake:
+            if self._closed:
+                return False
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ringlock-timer", daemon=True)
+                self._thread.start()
+            heapq.heappush(self._heap, (at, next(self._order), callback))
+            self._wake.notify()
+        return True
+
+    def close(self) -> list[Callable[[], None]]:
+        """Stops the thread; returns the callbacks that will not run, so
+        that the caller can end what they were for."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+            pending = [callback for _, _, callback in self._heap]
+            self._heap.clear()
+        return pending
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    self._wake.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                if self._closed:
+                    return
+                _, _, callback = heapq.heappop(self._heap)
+            callback()
+
+
+class ThreadConnection:
+    """One persistent connection to one node, and its two threads."""
+
+    def __init__(self, router: Router, runtime: ThreadRuntime, address: str, node: int) -> None:
+        self.address = address
+        self.node = node
+        self._host, self._port = split_address(address)
+        self._router = router
+        self._runtime = runtime
+        self._mutex = threading.Lock()
+        self._writer_wake = threading.Condition(self._mutex)
+        self._phase = _CONNECTING
+        self._sock: socket.socket | None = None
+        # Bytes the socket did not take at once, for the writer, in order.
+        self._backlog = bytearray()
+        self._writing = False
+        self._pairing: Pairing[Operation] = Pairing()
+        self._reader_done = threading.Event()
+        self._reader = threading.Thread(target=self._run_reader, name=f"ringlock-read {address}", daemon=True)
+        self._writer = threading.Thread(target=self._run_writer, name=f"ringlock-write {address}", daemon=True)
+
+    def start(self) -> None:
+        self._reader.start()
+        self._writer.start()
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in (self._reader, self._writer):
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def usable(self) -> bool:
+        return self._phase == _UP
+
+    def try_send(self, operation: Operation, now: float) -> int:
+        line = operation.encode(now)
+        mutex = self._mutex
+        with mutex:
+            phase = self._phase
+            if phase != _UP and phase != _CONNECTING:
+                return REFUSED_UNUSABLE
+            if len(self._pairing) >= self._runtime.in_flight_max:
+                return REFUSED_FULL
+            self._pairing.push(operation.op, operation.key, operation)
+            sock = self._sock
+            if sock is None or self._writing:
+                # Whoever is sending takes it next, in order; before the
+                # connect, the writer does once connected.
+                self._backlog += line
+                return 0
+            # This caller sends, outside the mutex so that the reader can
+            # pair replies meanwhile (on loopback the reply can arrive
+            # before the send call returns); whatever other callers queue
+            # meanwhile it sends too, in order.
+            self._writing = True
+        data = line
+        while True:
+            try:
+                sent = sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                # The reader sees the socket fail and takes the requests back.
+                _shutdown(sock, socket.SHUT_RDWR)
+                sent = len(data)
+            with mutex:
+                if sent < len(data) and self._sock is sock:
+                    # The socket is full: the writer thread waits for room,
+                    # so that no caller blocks on a stalled server.
+                    self._backlog[:0] = data[sent:]
+                    self._writing = False
+                    self._writer_wake.notify()
+                    return 0
+                if self._sock is not sock:
+                    # Cut meanwhile: the reader took the requests back and
+                    # a new socket has its own sender.
+                    return 0
+                if not self._backlog:
+                    self._writing = False
+                    return 0
+                data = bytes(self._backlog)
+                self._backlog.clear()
+
+    def close(self) -> None:
+        """Starts closing: the writer flushes what is queued, then the
+        socket is closed once the answers are in (or after a linger)."""
+        with self._mutex:
+            self._phase = _CLOSED
+            self._writer_wake.notify()
+
+    def _install(self, sock: socket.socket) -> bool:
+        with self._mutex:
+            if self._phase == _CLOSED:
+                return False
+            self._phase = _UP
+            self._sock = sock
+            # Requests queued while the first connect was under way go out now.
+            self._writer_wake.notify()
+            return True
+
+    def _take_down(self) -> list[Operation]:
+        """Marks the connection broken; takes back every request in flight."""
+        with self._mutex:
+            if self._phase != _CLOSED:
+                self._phase = _DOWN
+            self._sock = None
+            self._backlog.clear()
+            self._writing = False
+            return self._pairing.drain()
+
+    def _run_reader(self) -> None:
+        router = self._router
+        runtime = self._runtime
+        try:
+            while not runtime.closed.is_set():
+                try:
+                    sock = socket.create_connection((self._host, self._port), timeout=runtime.connect_timeout)
+                except OSError:
+                    router.cut(self._take_down(), CUT_IO)
+                else:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    sock.settimeout(None)
+                    if not self._install(sock):
+                        sock.close()
+                        break
+                    error = self._read(sock)
+                    _shutdown(sock, socket.SHUT_RDWR)
+                    router.cut(self._take_down(), error)
+                    sock.close()
+                if runtime.closed.wait(runtime.reconnect_interval):
+                    break
+        finally:
+            self._reader_done.set()
+            router.abort(self._take_down())
+
+    def _read(self, sock: socket.socket) -> RinglockError:
+        """Reads and pairs replies until the socket breaks or the server
+        breaks the protocol; returns why it stopped."""
+        router = self._router
+        policy = router.policy
+        mutex = self._mutex
+        take = self._pairing.take
+        pending = b""
+        while True:
+            try:
+                data = sock.recv(_READ_BYTES)
+            except OSError:
+                return CUT_IO
+            if not data:
+                return CUT_IO
+            if pending:
+                data = pending + data
+            if b"\n" not in data:
+                if len(data) > REPLY_LINE_LEN_MAX:
+                    return cut_protocol("reply line too long")
+                pending = data
+                continue
+            lines = data.split(b"\n")
+            pending = lines.pop()
+            paired: list[tuple[Operation, list[bytes]]] = []
+            stop: RinglockError | None = None
+            with mutex:
+                for line in lines:
+                    if line[-1:] == b"\r":
+                        line = line[:-1]
+                    try:
+                        op, key, fields = split_reply(line)
+                    except ValueError:
+                        stop = cut_protocol(f"malformed reply {line[:100]!r}")
+                        break
+                    if op == b"-":
+                        # E - - <code>: the server could not read a line, or
+                        # refuses the connection; it closes it.
+                        code = fields[3].decode(errors="replace")
+                        stop = error_for(code, message=f"the server refused the connection: {code}")
+                        break
+                    operation = take(op, key)
+                    if operation is None:
+                        stop = cut_protocol(f"reply {line[:100]!r} answers no request in flight")
+                        break
+                    paired.append((operation, fields))
+            # Act with the connection unlocked, as moving a request locks
+            # another connection.
+            now = time.monotonic()
+            for operation, fields in paired:
+                try:
+                    step = operation.on_reply(fields, policy, now)
+                except ValueError:
+                    stop = cut_protocol(f"malformed reply {b' '.join(fields)[:100]!r}")
+                    with mutex:
+                        self._pairing.push(operation.op, operation.key, operation)
+                    continue
+                if fields[0] == b"M":
+                    router.note_moved(self.node, fields[3])
+                router.handle(operation, step)
+            if stop is not None:
+                return stop
+
+    def _run_writer(self) -> None:
+        mutex = self._mutex
+        wake = self._writer_wake
+        with mutex:
+            while True:
+                while self._sock is None or not self._backlog or self._writing:
+                    if self._phase == _CLOSED or self._reader_done.is_set():
+                        break
+                    wake.wait()
+                if self._sock is not None and self._backlog and not self._writing:
+                    sock = self._sock
+                    data = bytes(self._backlog)
+                    self._backlog.clear()
+                    self._writing = True
+                    mutex.release()
+                    try:
+                        sock.sendall(data)
+                    except OSError:
+                        _shutdown(sock, socket.SHUT_RDWR)
+                    finally:
+                        mutex.acquire()
+                        if self._sock is sock:
+                            self._writing = False
+                    continue
+                break
+            sock = self._sock
+        if sock is not None:
+            # Say we are done, and give the server a moment to answer what
+            # it was sent (releases, say) before the socket goes.
+            _shutdown(sock, socket.SHUT_WR)
+            self._reader_done.wait(_CLOSE_LINGER_S)
+            _shutdown(sock, socket.SHUT_RDWR)
+
+
+def _shutdown(sock: socket.socket, how: int) -> None:
+    try:
+        sock.shutdown(how)
+    except OSError:
+        pass

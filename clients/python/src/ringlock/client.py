@@ -1,0 +1,485 @@
+"""The sync client: :class:`Client` and :class:`Lock`.
+
+Background threads own the connections (see ``_threaded``), so any number
+of user threads can share one client and their requests are pipelined over
+its connections.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+from ._operation import ACQUIRE, EXTEND, PING, RELEASE, STATS
+from ._protocol import Pong, key_bytes, lease_ms, wait_ms
+from ._router import Router
+from ._settings import Settings
+from ._threaded import ThreadRuntime
+from .errors import LockLostError, LockNotOwnedError, LockTimeoutError, RinglockError
+
+__all__ = ["Client", "Lock"]
+
+_TRY_WAIT_MS = 1
+"""The wait of a non-blocking acquire: the shortest the protocol can say."""
+
+
+class _Waiter:
+    """A blocked caller, woken by the thread that completes its request."""
+
+    __slots__ = ("_lock", "value", "done", "abandoned")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.value: object = None
+        self.done = False
+        self.abandoned = False
+
+    def complete(self, value: object) -> bool:
+        self.value = value
+        self.done = True
+        self._lock.release()
+        return not self.abandoned
+
+    def wait(self) -> object:
+        try:
+            self._lock.acquire()
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, say). Whichever of this and
+            # complete() looks second sees the other's flag, so a grant
+            # that arrives anyway is released once (or twice, harmlessly:
+            # the second finds nothing to release).
+            self.abandoned = True
+            raise
+        return self.value
+
+
+class _Callback:
+    """Hands a request's outcome to a function, on the thread completing it."""
+
+    __slots__ = ("_function",)
+
+    def __init__(self, function: Callable[[object], None]) -> None:
+        self._function = function
+
+    def complete(self, value: object) -> bool:
+        self._function(value)
+        return True
+
+
+class Client:
+    """A ringlock client: persistent background connections to the given
+    nodes, shared by every thread that uses it.
+
+    ``addresses`` is one ``"host:port"`` or a list of them (every node of a
+    cluster, in any order). The client connects in the background and
+    returns at once; requests made before a connection is up wait for it.
+
+    The keyword settings are SPEC §4's defaults and rarely need changing:
+    ``connections_per_node`` (2 with one address, else 1),
+    ``reconnect_interval`` (3 s), ``connect_timeout`` (1 s),
+    ``release_retry_interval`` (0.2 s, also spaces "no active known"
+    retries), ``release_retry_for`` (5 s, also bounds them),
+    ``redirect_limit`` (16 ``M`` redirects per request) and
+    ``in_flight_per_connection_max`` (65536).
+
+    Example::
+
+        import ringlock
+
+        with ringlock.Client("127.0.0.1:7700") as client:
+            with client.lock("orders/42", lease=30, wait=5) as lock:
+                write_to_storage(lock.token)  # the storage refuses lower tokens
+    """
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        connections_per_node: int | None = None,
+        reconnect_interval: float = 3.0,
+        connect_timeout: float = 1.0,
+        release_retry_interval: float = 0.2,
+        release_retry_for: float = 5.0,
+        redirect_limit: int = 16,
+        in_flight_per_connection_max: int = 65536,
+    ) -> None:
+        self.settings = Settings.build(
+            addresses,
+            connections_per_node,
+            reconnect_interval,
+            connect_timeout,
+            release_retry_interval,
+            release_retry_for,
+            redirect_limit,
+            in_flight_per_connection_max,
+        )
+        self._runtime = ThreadRuntime(connect_timeout, reconnect_interval, in_flight_per_connection_max)
+        self._router = Router(
+            self.settings.addresses, self.settings.connections_per_node, self.settings.policy, self._runtime
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Closes the connections, after sending what is queued (the releases
+        of locks still held, say) and waiting up to about a second for their
+        answers; waits up to ``timeout`` for the threads to end. Requests
+        still waiting end with :class:`~ringlock.NoActiveNodeError`.
+
+        Example::
+
+            client = ringlock.Client("127.0.0.1:7700")
+            try:
+                client.ping()
+            finally:
+                client.close()
+        """
+        if self._router.closed:
+            return
+        self._router.close()
+        self._runtime.close(timeout)
+
+    def lock(
+        self,
+        key: str | bytes,
+        lease: float = 30.0,
+        wait: float | None = None,
+        *,
+        auto_extend: bool = False,
+        on_lost: Callable[[Lock, LockLostError], None] | None = None,
+    ) -> Lock:
+        """A :class:`Lock` on ``key``, not acquired yet.
+
+        ``lease`` (seconds) bounds how long the server lets the key be held
+        without a release or an extend; ``wait`` (seconds, ``None`` for no
+        limit) how long :meth:`Lock.acquire` waits in the key's FIFO queue.
+        With ``auto_extend``, the lock extends its lease at about a third of
+        it while held; if that fails for good, ``on_lost(lock, error)`` is
+        called (from a client thread; keep it short) and the lock's
+        ``with`` block raises :class:`~ringlock.LockLostError` at its end.
+
+        Raises :class:`ValueError` for a key the protocol refuses (empty,
+        over 250 bytes, with a space, tab, CR, LF or NUL, or ``"-"``), a
+        lease that is not positive, or a wait over a day.
+
+        Example::
+
+            lock = client.lock("reports/daily", lease=60, wait=0)
+            if lock.acquire():
+                try:
+                    build_report()
+                finally:
+                    lock.release()
+        """
+        return Lock(self, key, lease, wait, auto_extend, on_lost)
+
+    def ping(self) -> Pong:
+        """Asks a node its role, epoch and the active it names.
+
+        Example::
+
+            pong = client.ping()
+            print(pong.role, pong.epoch, pong.active)
+        """
+        return self._request(PING, b"")  # type: ignore[return-value]
+
+    def stats(self) -> dict[str, Any]:
+        """A node's counters and gauges (its ``S`` reply's JSON).
+
+        Example::
+
+            print(client.stats()["role"])
+        """
+        return self._request(STATS, b"")  # type: ignore[return-value]
+
+    @property
+    def connection_count(self) -> int:
+        """Connections the client has, usable or not.
+
+        Example::
+
+            assert ringlock.Client("127.0.0.1:7700").connection_count == 2
+        """
+        return len(self._router.connections)
+
+    @property
+    def usable_connection_count(self) -> int:
+        """Connections that are up now.
+
+        Example::
+
+            if client.usable_connection_count == 0:
+                alert("ringlock unreachable")
+        """
+        return sum(1 for connection in self._router.connections if connection.usable)
+
+    @property
+    def active_node(self) -> str | None:
+        """The address an ``M`` reply last named as active, if any.
+
+        Example::
+
+            print(client.active_node or "no redirect seen")
+        """
+        active = self._router.active
+        return None if active is None else self._router.addresses[active]
+
+    def _request(self, kind: int, key: bytes, **fields: int) -> object:
+        waiter = _Waiter()
+        self._router.submit(kind, key, waiter, **fields)
+        value = waiter.wait()
+        if isinstance(value, RinglockError):
+            raise value
+        return value
+
+    def _background(self, kind: int, key: bytes, callback: Callable[[object], None], **fields: int) -> None:
+        self._router.submit(kind, key, _Callback(callback), **fields)
+
+    def _call_at(self, at: float, callback: Callable[[], None]) -> bool:
+        return self._runtime.call_at(at, callback)
+
+
+class Lock:
+    """A named lock on a ringlock server, used like :class:`threading.Lock`.
+
+    Made by :meth:`Client.lock`. While held it has the grant's fencing
+    ``token``: pass it to the resource the lock protects, which should
+    refuse any token lower than the highest it has seen. A lock object is
+    one holder: share the :class:`Client` between threads, and give each
+    thread its own ``Lock`` (they are cheap). Locks are not re-entrant.
+
+    Example::
+
+        lock = client.lock("jobs/7", lease=10, wait=2)
+        if lock.acquire():
+            try:
+                run(lock.token)
+                lock.extend(10)  # a long job: the lease now ends 10 s from now
+            finally:
+                lock.release()
+
+        with client.lock("jobs/7", lease=10, wait=2) as lock:  # LockTimeoutError if not granted
+            run(lock.token)
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        key: str | bytes,
+        lease: float,
+        wait: float | None,
+        auto_extend: bool,
+        on_lost: Callable[[Lock, LockLostError], None] | None,
+    ) -> None:
+        self._client = client
+        self._key = key
+        self._key_bytes = key_bytes(key)
+        self.lease = lease
+        """The lease each grant asks for, in seconds."""
+        self._lease_ms = lease_ms(lease)
+        self.wait = wait
+        """The default wait of :meth:`acquire`, in seconds; ``None`` for no limit."""
+        self._wait_ms = wait_ms(wait)
+        self.auto_extend = auto_extend
+        self.on_lost = on_lost
+        self._token: int | None = None
+        self._lost: LockLostError | None = None
+        # Tells apart the grants of this lock, so that an extension
+        # scheduled for one grant does nothing to the next.
+        self._grant = 0
+
+    @property
+    def key(self) -> str | bytes:
+        """The key, as given.
+
+        Example::
+
+            assert client.lock("orders/42").key == "orders/42"
+        """
+        return self._key
+
+    @property
+    def token(self) -> int | None:
+        """The current grant's fencing token; ``None`` while not held. For
+        one key, every grant's token is greater than every earlier one's.
+
+        Example::
+
+            with client.lock("k") as lock:
+                storage.write(data, fencing_token=lock.token)
+        """
+        return self._token
+
+    @property
+    def lost(self) -> LockLostError | None:
+        """Why the grant was lost, if automatic extension found it gone.
+
+        Example::
+
+            if lock.lost:
+                stop_writing()
+        """
+        return self._lost
+
+    def locked(self) -> bool:
+        """Whether this lock holds its key (as far as the client knows: a
+        lease that ran out without ``auto_extend`` is not noticed).
+
+        Example::
+
+            lock.acquire()
+            assert lock.locked()
+        """
+        return self._token is not None
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Acquires the key; ``True`` once granted, ``False`` if the wait ran
+        out (nothing was granted then).
+
+        The wait is ``timeout`` if given, else the lock's ``wait``; with
+        ``blocking=False`` it is the shortest the protocol can say (1 ms),
+        so only a free key is granted. The server enforces the wait, and
+        queued requests are served in FIFO order.
+
+        Raises :class:`RuntimeError` if this lock already holds its key, and
+        a :class:`~ringlock.RinglockError` if the request failed (no
+        connection, a full server, ...).
+
+        Example::
+
+            lock = client.lock("k", lease=5)
+            if lock.acquire(timeout=0.5):
+                lock.release()
+            assert lock.acquire(blocking=False) in (True, False)
+        """
+        if self._token is not None:
+            raise RuntimeError(f"this Lock already holds {self._key!r}; locks are not re-entrant")
+        if not blocking:
+            wait = _TRY_WAIT_MS
+        elif timeout is not None and timeout >= 0:
+            wait = wait_ms(timeout)
+        else:
+            wait = self._wait_ms
+        token = self._client._request(ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait)
+        if token is None:
+            return False
+        self._grant += 1
+        self._lost = None
+        self._token = token  # type: ignore[assignment]
+        if self.auto_extend:
+            self._schedule_extend(self._grant, time.monotonic())
+        return True
+
+    def release(self) -> bool:
+        """Releases the key and waits for the server's answer: ``True`` if
+        released (handed to the next waiter, if any), ``False`` if nothing
+        was left to release (the lease ran out, or the server forgot it).
+
+        A release cut off by a broken connection is sent again at once on
+        another connection, else every 200 ms for 5 s.
+
+        Raises :class:`~ringlock.LockNotOwnedError` if this lock holds
+        nothing.
+
+        Example::
+
+            lock.acquire()
+            assert lock.release() is True
+        """
+        token = self._token
+        if token is None:
+            raise LockNotOwnedError("not-owned", "R", _text(self._key), f"this Lock does not hold {self._key!r}")
+        self._token = None
+        return self._client._request(RELEASE, self._key_bytes, token=token)  # type: ignore[return-value]
+
+    def extend(self, lease: float) -> None:
+        """Makes the lease end ``lease`` seconds from when the server reads
+        the request, sooner or later than before.
+
+        Raises :class:`~ringlock.LockNotOwnedError` if this lock holds
+        nothing, and :class:`~ringlock.LockLostError` if the server no longer
+        has the grant (its lease ran out): stop using the resource.
+
+        Example::
+
+            with client.lock("batch", lease=10) as lock:
+                for chunk in chunks:
+                    process(chunk)
+                    lock.extend(10)
+        """
+        token = self._token
+        if token is None:
+            raise LockNotOwnedError("not-owned", "X", _text(self._key), f"this Lock does not hold {self._key!r}")
+        try:
+            self._client._request(EXTEND, self._key_bytes, token=token, lease_ms=lease_ms(lease))
+        except LockLostError as error:
+            if self._token == token:
+                self._lost = error
+            raise
+
+    def __enter__(self) -> Lock:
+        if not self.acquire():
+            raise LockTimeoutError("timeout", "A", _text(self._key), f"{self._key!r} was not granted within the wait")
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        lost = self._lost
+        if self._token is not None:
+            released = self.release()
+            if not released and lost is None:
+                lost = LockLostError(
+                    "lost", "R", _text(self._key), f"{self._key!r} was no longer held at the end of the block"
+                )
+        # Tell the caller the block ran without the lock for a while,
+        # unless it is already failing.
+        if lost is not None and exc_type is None:
+            raise lost
+
+    def __repr__(self) -> str:
+        return f"<ringlock.Lock key={self._key!r} token={self._token}>"
+
+    def _schedule_extend(self, grant: int, granted_at: float) -> None:
+        """Extends the lease at a third of it, while this grant lasts."""
+        period = self.lease / 3
+        self._client._call_at(time.monotonic() + period, lambda: self._extend_now(grant, granted_at + self.lease))
+
+    def _extend_now(self, grant: int, lease_ends: float) -> None:
+        token = self._token
+        if grant != self._grant or token is None:
+            return
+        sent_at = time.monotonic()
+
+        def done(value: object) -> None:
+            if grant != self._grant or self._token is None:
+                return
+            if value is True:
+                self._schedule_extend(grant, sent_at)
+                return
+            retry_at = time.monotonic() + self._client.settings.release_retry_interval
+            if isinstance(value, LockLostError) or retry_at >= lease_ends:
+                error = value if isinstance(value, LockLostError) else None
+                self._mark_lost(error or LockLostError("lost", "X", _text(self._key), f"could not extend: {value}"))
+                return
+            # No connection for now: try again while the lease lasts.
+            self._client._call_at(retry_at, lambda: self._extend_now(grant, lease_ends))
+
+        self._client._background(EXTEND, self._key_bytes, done, token=token, lease_ms=self._lease_ms)
+
+    def _mark_lost(self, error: LockLostError) -> None:
+        self._lost = error
+        if self.on_lost is not None:
+            self.on_lost(self, error)
+
+
+def _text(key: str | bytes) -> str:
+    return key if isinstance(key, str) else key.decode(errors="replace")

@@ -1,0 +1,189 @@
+"""The exceptions the client raises.
+
+Every error is a :class:`RinglockError` carrying the protocol's error code
+(``code``), and when known the operation (``op``: ``"A"``, ``"R"``, ``"X"``,
+``"P"`` or ``"S"``) and the key it was about. Subclasses group the codes a
+caller usually handles differently.
+
+Codes are the server's (README, "Error codes") plus the client's own:
+
+- ``no-connection``: no usable connection was left (:class:`NoActiveNodeError`).
+- ``no-active``: no node would serve the request (:class:`NoActiveNodeError`).
+- ``timeout``: the wait ran out (:class:`LockTimeoutError`).
+- ``not-owned``: this :class:`~ringlock.Lock` holds nothing (:class:`LockNotOwnedError`).
+- ``lost``: the grant was taken back by the server (:class:`LockLostError`,
+  whose code is ``not-holder`` when the server said so).
+- ``too-many-in-flight``: every connection carries as many requests as it may
+  (:class:`CapacityError`).
+- ``protocol``: the server broke the protocol (:class:`ProtocolError`).
+
+Example::
+
+    import ringlock
+
+    try:
+        with client.lock("orders/42", lease=30, wait=5):
+            ...
+    except ringlock.LockTimeoutError:
+        print("someone else holds orders/42")
+    except ringlock.NoActiveNodeError as error:
+        print("no server reachable:", error.code)
+"""
+
+from __future__ import annotations
+
+
+class RinglockError(Exception):
+    """Base of every error the client raises.
+
+    Attributes:
+        code: the protocol's error code, or one of the client's own (see the
+            module's documentation).
+        op: the operation letter of the request, if known.
+        key: the request's key as text, if it had one.
+
+    Example::
+
+        try:
+            client.ping()
+        except ringlock.RinglockError as error:
+            print(error.code, error.op, error.key)
+    """
+
+    def __init__(self, code: str, op: str | None = None, key: str | None = None, message: str | None = None) -> None:
+        self.code = code
+        self.op = op
+        self.key = key
+        if message is None:
+            message = code if key is None else f"{code} ({op} {key})"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.code, self.op, self.key, str(self)))
+
+
+class LockTimeoutError(RinglockError, TimeoutError):
+    """The wait ran out before the key was granted; nothing was granted.
+
+    Raised by ``with client.lock(...)`` (``acquire`` answers ``False``
+    instead). It is also a :class:`TimeoutError`.
+
+    Example::
+
+        try:
+            with client.lock("k", wait=0.5):
+                ...
+        except TimeoutError:
+            ...
+    """
+
+
+class LockNotOwnedError(RinglockError, RuntimeError):
+    """The :class:`~ringlock.Lock` does not hold its key: it was never
+    acquired, or was already released. Like releasing an unlocked
+    :class:`threading.Lock`, it is also a :class:`RuntimeError`.
+
+    Example::
+
+        lock = client.lock("k")
+        try:
+            lock.release()
+        except ringlock.LockNotOwnedError:
+            pass
+    """
+
+
+class LockLostError(RinglockError):
+    """The grant is gone although this client did not release it: its lease
+    ran out, another node took over without it, or an extend was refused
+    with ``not-holder``. Stop using the protected resource; the fencing token
+    protects it from writes that still arrive.
+
+    Example::
+
+        try:
+            lock.extend(30)
+        except ringlock.LockLostError:
+            abort_the_job()
+    """
+
+
+class CapacityError(RinglockError):
+    """A limit was hit: ``too-many-waiters``, ``too-many-keys``,
+    ``too-many-connections`` (server), or ``too-many-in-flight`` (client).
+    The request had no effect; try again later.
+
+    Example::
+
+        try:
+            lock.acquire()
+        except ringlock.CapacityError as error:
+            print("busy:", error.code)
+    """
+
+
+class ShuttingDownError(RinglockError):
+    """The server is stopping and answered ``shutting-down``.
+
+    Example::
+
+        try:
+            lock.acquire()
+        except ringlock.ShuttingDownError:
+            retry_later()
+    """
+
+
+class NoActiveNodeError(RinglockError):
+    """No node could serve the request: no usable connection was left
+    (``code == "no-connection"``), or no active node was known for the
+    retry period or the redirect limit was hit (``code == "no-active"``).
+
+    The client keeps reconnecting in the background, so a later request may
+    succeed.
+
+    Example::
+
+        try:
+            client.ping()
+        except ringlock.NoActiveNodeError as error:
+            print("unreachable:", error.code)
+    """
+
+
+class ProtocolError(RinglockError):
+    """The server broke the protocol (a malformed or unsolicited reply); the
+    client dropped that connection.
+
+    Example::
+
+        except ringlock.ProtocolError as error:
+            log.error("ringlock protocol violation: %s", error)
+    """
+
+
+_CAPACITY_CODES = frozenset({"too-many-waiters", "too-many-keys", "too-many-connections", "too-many-in-flight"})
+
+
+def error_for(code: str, op: str | None = None, key: str | None = None, message: str | None = None) -> RinglockError:
+    """The exception for an error code, of the subclass that groups it.
+
+    Example::
+
+        >>> type(error_for("too-many-keys", "A", "k")).__name__
+        'CapacityError'
+    """
+    cls: type[RinglockError]
+    if code in _CAPACITY_CODES:
+        cls = CapacityError
+    elif code == "shutting-down":
+        cls = ShuttingDownError
+    elif code in ("no-connection", "no-active"):
+        cls = NoActiveNodeError
+    elif code == "protocol":
+        cls = ProtocolError
+    elif code == "timeout":
+        cls = LockTimeoutError
+    else:
+        cls = RinglockError
+    return cls(code, op, key, message)
