@@ -1,17 +1,16 @@
 //! The client's connection set against the real server (SPEC §4): two
 //! connections for one address, acquires that survive a cut connection,
 //! reconnection after a restart, releases retried after a cut, refused
-//! connections. Faults come from the test proxy in `tests/proxy`.
+//! connections. Faults come from the test kit's proxy (`testkit/`).
 
 mod common;
-mod proxy;
 
 use std::thread;
 use std::time::Duration;
 
 use common::{Conn, Server, token_of, wait_until};
-use proxy::Proxy;
 use ringlock_client::{Client, Error, ReleaseOutcome};
+use ringlock_testkit::Proxy;
 
 const LONG_LEASE: Duration = Duration::from_secs(600);
 

@@ -1,93 +1,16 @@
-//! `M` replies teach the client the active node (SPEC §4): a fake standby,
-//! a tiny TCP server in this file that answers every `A`, `R` and `X` with
+//! `M` replies teach the client the active node (SPEC §4): a fake standby
+//! of the test kit, which answers every `A`, `R` and `X` with
 //! `M <op> <key> <addr>`, sends the client to the real server.
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::thread;
 use std::time::Duration;
 
 use common::Server;
 use ringlock_client::{Client, Error, ReleaseOutcome};
+use ringlock_testkit::{FakeStandby, Names};
 
 const LEASE: Duration = Duration::from_secs(60);
-
-/// A standby that knows `active` (or no active, for `None`) and serves nothing.
-struct FakeStandby {
-    addr: SocketAddr,
-    /// Lock requests it answered with `M`.
-    redirected: Arc<AtomicUsize>,
-    closed: Arc<AtomicBool>,
-}
-
-/// Whom a fake standby names as the active.
-enum Names {
-    Active(SocketAddr),
-    NoActive,
-    Itself,
-}
-
-impl FakeStandby {
-    fn start(names: Names) -> FakeStandby {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let active = match names {
-            Names::Active(active) => Some(active),
-            Names::NoActive => None,
-            Names::Itself => Some(addr),
-        };
-        let redirected = Arc::new(AtomicUsize::new(0));
-        let closed = Arc::new(AtomicBool::new(false));
-        let active = active.map_or("-".to_string(), |active| active.to_string());
-        let (counter, stop) = (redirected.clone(), closed.clone());
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                if stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(stream) = stream else { continue };
-                let (active, counter) = (active.clone(), counter.clone());
-                thread::spawn(move || serve(stream, &active, &counter));
-            }
-        });
-        FakeStandby { addr, redirected, closed }
-    }
-
-    fn redirected(&self) -> usize {
-        self.redirected.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for FakeStandby {
-    fn drop(&mut self) {
-        self.closed.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(self.addr);
-    }
-}
-
-fn serve(stream: TcpStream, active: &str, redirected: &AtomicUsize) {
-    let mut writer = stream.try_clone().unwrap();
-    for line in BufReader::new(stream).lines() {
-        let Ok(line) = line else { return };
-        let fields: Vec<&str> = line.split(' ').collect();
-        let reply = match fields[0] {
-            "A" | "R" | "X" if fields.len() >= 2 => {
-                redirected.fetch_add(1, Ordering::SeqCst);
-                format!("M {} {} {active}\n", fields[0], fields[1])
-            }
-            "P" => format!("P standby 0 {active}\n"),
-            "S" => "S {\"role\":\"standby\"}\n".to_string(),
-            _ => "E - - bad-op\n".to_string(),
-        };
-        if writer.write_all(reply.as_bytes()).is_err() {
-            return;
-        }
-    }
-}
 
 #[test]
 fn a_standby_sends_the_client_to_the_active_which_it_then_prefers() {

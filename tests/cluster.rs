@@ -7,7 +7,6 @@
 
 mod cluster_support;
 mod common;
-mod proxy;
 
 use std::collections::HashMap;
 use std::time::Duration;

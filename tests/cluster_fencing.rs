@@ -12,7 +12,6 @@ mod chaos;
 mod cluster_support;
 mod common;
 mod history;
-mod proxy;
 
 use std::time::Duration;
 

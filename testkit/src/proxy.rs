@@ -1,22 +1,25 @@
-//! A small TCP proxy for client tests: it listens on a free loopback port,
-//! forwards every connection to a target, and on command cuts connections,
-//! stalls them (holds the bytes it reads instead of forwarding them), or
-//! refuses new ones (accepts and closes them at once).
+//! A TCP proxy for client tests: it listens on a loopback port, forwards
+//! every connection to a target, and on command cuts connections, stalls
+//! them (holds the bytes it reads instead of forwarding them), refuses new
+//! ones (accepts and closes them at once), delays replies, or sends reply
+//! lines in reverse order.
 //!
 //! It records every byte each connection sent towards the server, so a test
 //! can wait for a request to be in flight on a connection (an event) rather
 //! than sleep.
-#![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// How long a proxy helper waits for an event before it fails the test.
-const PATIENCE: Duration = Duration::from_secs(20);
+use crate::PATIENCE;
+
+/// While replies are reordered, a connection's reply lines are held until
+/// none has come for this long, then sent in reverse order.
+const REORDER_QUIET: Duration = Duration::from_millis(50);
 
 /// Which way bytes go through a link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +69,10 @@ struct Shared {
     refusing: AtomicBool,
     /// Stalled directions, by [`Direction`].
     stalled: [AtomicBool; 2],
+    /// Replies wait this long before they are forwarded.
+    delay_ms: AtomicU64,
+    /// Reply lines are sent in reverse order, a quiet moment's worth at a time.
+    reordering: AtomicBool,
     links: Mutex<Vec<Arc<Link>>>,
     /// Signalled on every change a test may wait for.
     changed: Condvar,
@@ -98,19 +105,21 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy to `target` on a free loopback port.
     pub fn start(target: SocketAddr) -> Proxy {
-        Proxy::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), target)
+        Proxy::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), target).expect("bind the proxy")
     }
 
     /// A proxy to `target` listening on `listen`. A caller that hands out
     /// ports to servers it starts later names the proxy's port itself, so
     /// that the system does not give the proxy one of those ports meanwhile.
-    pub fn start_on(listen: SocketAddr, target: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind(listen).expect("bind the proxy");
-        let addr = listener.local_addr().unwrap();
+    pub fn start_on(listen: SocketAddr, target: SocketAddr) -> std::io::Result<Proxy> {
+        let listener = TcpListener::bind(listen)?;
+        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             target: Mutex::new(target),
             refusing: AtomicBool::new(false),
             stalled: [AtomicBool::new(false), AtomicBool::new(false)],
+            delay_ms: AtomicU64::new(0),
+            reordering: AtomicBool::new(false),
             links: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             accepted: AtomicUsize::new(0),
@@ -119,7 +128,7 @@ impl Proxy {
         });
         let accepting = shared.clone();
         thread::spawn(move || accept(&listener, &accepting));
-        Proxy { addr, shared }
+        Ok(Proxy { addr, shared })
     }
 
     /// Connections forwarded since the start.
@@ -134,7 +143,7 @@ impl Proxy {
 
     /// Connections open now.
     pub fn open_count(&self) -> usize {
-        self.shared.links().iter().filter(|link| link.open.load(Ordering::SeqCst)).count()
+        self.open_ids().len()
     }
 
     /// Ids of the connections open now, oldest first.
@@ -142,21 +151,28 @@ impl Proxy {
         self.shared.links().iter().filter(|link| link.open.load(Ordering::SeqCst)).map(|link| link.id).collect()
     }
 
-    /// Waits until `done` holds for the proxy; fails the test after a while.
-    pub fn wait_until(&self, what: &str, mut done: impl FnMut(&Proxy) -> bool) {
+    /// Waits until `done` holds for the proxy, or says what it waited for.
+    pub fn try_wait_until(&self, what: &str, mut done: impl FnMut(&Proxy) -> bool) -> Result<(), String> {
         let deadline = Instant::now() + PATIENCE;
         let mut links = self.shared.links();
         loop {
             drop(links);
             if done(self) {
-                return;
+                return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            assert!(!left.is_zero(), "timed out waiting for {what}");
+            if left.is_zero() {
+                return Err(format!("timeout waiting for {what}"));
+            }
             links = self.shared.links();
             // Also wake now and then, for conditions outside the proxy.
             links = self.shared.changed.wait_timeout(links, left.min(Duration::from_millis(50))).unwrap().0;
         }
+    }
+
+    /// Waits until `done` holds for the proxy; fails the test after a while.
+    pub fn wait_until(&self, what: &str, done: impl FnMut(&Proxy) -> bool) {
+        self.try_wait_until(what, done).unwrap_or_else(|error| panic!("{error}"));
     }
 
     /// Waits until `count` connections are open.
@@ -166,17 +182,23 @@ impl Proxy {
 
     /// Waits until an open connection other than those in `except` has sent
     /// `needle` towards the server (forwarded or held), and returns its id.
-    pub fn wait_upstream(&self, needle: &[u8], except: &[usize]) -> usize {
+    pub fn try_wait_upstream(&self, needle: &[u8], except: &[usize]) -> Result<usize, String> {
         let mut found = None;
-        self.wait_until(&format!("{:?} on the way to the server", String::from_utf8_lossy(needle)), |proxy| {
+        let what = format!("{:?} on the way to the server", String::from_utf8_lossy(needle));
+        self.try_wait_until(&what, |proxy| {
             found = proxy.shared.links().iter().find_map(|link| {
                 let sent = link.upstream.lock().unwrap();
                 let open = link.open.load(Ordering::SeqCst);
                 (open && !except.contains(&link.id) && contains(&sent, needle)).then_some(link.id)
             });
             found.is_some()
-        });
-        found.unwrap()
+        })?;
+        Ok(found.expect("found when the wait ended"))
+    }
+
+    /// As [`try_wait_upstream`](Self::try_wait_upstream); fails the test after a while.
+    pub fn wait_upstream(&self, needle: &[u8], except: &[usize]) -> usize {
+        self.try_wait_upstream(needle, except).unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// Everything connection `id` sent towards the server.
@@ -215,8 +237,22 @@ impl Proxy {
         self.shared.stalled[Direction::Down as usize].store(true, Ordering::SeqCst);
     }
 
-    /// Forwards what was held and stops holding.
+    /// Forwards replies `delay` after they arrive (zero: at once).
+    pub fn delay_replies(&self, delay: Duration) {
+        self.shared.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// While on, each connection's reply lines are held until none has come
+    /// for a moment, then sent in reverse order in one write: replies come
+    /// back out of the order of their requests.
+    pub fn set_reordering(&self, reordering: bool) {
+        self.shared.reordering.store(reordering, Ordering::SeqCst);
+    }
+
+    /// Forwards what was held and stops holding, delaying and reordering.
     pub fn resume(&self) {
+        self.shared.delay_ms.store(0, Ordering::SeqCst);
+        self.shared.reordering.store(false, Ordering::SeqCst);
         for direction in [Direction::Up, Direction::Down] {
             self.shared.stalled[direction as usize].store(false, Ordering::SeqCst);
             for link in self.shared.links().iter() {
@@ -248,7 +284,7 @@ impl Drop for Proxy {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|window| window == needle)
+    !needle.is_empty() && haystack.windows(needle.len()).any(|window| window == needle)
 }
 
 fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
@@ -271,6 +307,9 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
         };
         let _ = client.set_nodelay(true);
         let _ = server.set_nodelay(true);
+        // Replies are read with a timeout, so that lines held for reordering
+        // go out once the server has been quiet for a moment.
+        let _ = server.set_read_timeout(Some(REORDER_QUIET));
         let link = Arc::new(Link {
             id: next_id,
             client,
@@ -293,10 +332,23 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
 
 fn forward(link: &Link, direction: Direction, shared: &Shared) {
     let mut buffer = [0u8; 65536];
+    // Reply lines held for reordering, and the start of an unfinished one.
+    let mut reordered: Vec<Vec<u8>> = Vec::new();
+    let mut partial: Vec<u8> = Vec::new();
     loop {
         let read = match link.source(direction).read(&mut buffer) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(read) => read,
+            Err(error) if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                // The server was quiet for a moment: what is held for
+                // reordering goes out, last line first.
+                let reverse = shared.reordering.load(Ordering::SeqCst);
+                if !reordered.is_empty() && !send(link, direction, shared, &take_lines(&mut reordered, reverse)) {
+                    break;
+                }
+                continue;
+            }
+            Err(_) => break,
         };
         if !link.open.load(Ordering::SeqCst) {
             break;
@@ -304,18 +356,49 @@ fn forward(link: &Link, direction: Direction, shared: &Shared) {
         let bytes = &buffer[..read];
         if direction == Direction::Up {
             link.upstream.lock().unwrap().extend_from_slice(bytes);
+        } else {
+            let delay_ms = shared.delay_ms.load(Ordering::SeqCst);
+            if delay_ms > 0 {
+                thread::sleep(Duration::from_millis(delay_ms));
+            }
+            if shared.reordering.load(Ordering::SeqCst) || !reordered.is_empty() || !partial.is_empty() {
+                partial.extend_from_slice(bytes);
+                while let Some(end) = partial.iter().position(|&byte| byte == b'\n') {
+                    reordered.push(partial.drain(..=end).collect());
+                }
+                // Reordering ended: what is held goes out as it came.
+                if !shared.reordering.load(Ordering::SeqCst)
+                    && !send(link, direction, shared, &take_lines(&mut reordered, false))
+                {
+                    break;
+                }
+                shared.notify();
+                continue;
+            }
         }
-        // Held bytes go out first, in order, so check and write under the
-        // lock that `resume` flushes them under.
-        let mut held = link.held[direction as usize].lock().unwrap();
-        if shared.stalled[direction as usize].load(Ordering::SeqCst) || !held.is_empty() {
-            held.extend_from_slice(bytes);
-        } else if link.destination(direction).write_all(bytes).is_err() {
+        if !send(link, direction, shared, bytes) {
             break;
         }
-        drop(held);
         shared.notify();
     }
     link.cut();
     shared.notify();
+}
+
+/// The held lines as one buffer, last first if `reverse`; `lines` is left empty.
+fn take_lines(lines: &mut Vec<Vec<u8>>, reverse: bool) -> Vec<u8> {
+    if reverse { lines.drain(..).rev().flatten().collect() } else { lines.drain(..).flatten().collect() }
+}
+
+/// Forwards `bytes`, or holds them while the direction is stalled (held
+/// bytes go out first, in order); false if the destination is gone.
+fn send(link: &Link, direction: Direction, shared: &Shared, bytes: &[u8]) -> bool {
+    // Check and write under the lock that `resume` flushes held bytes under.
+    let mut held = link.held[direction as usize].lock().unwrap();
+    if shared.stalled[direction as usize].load(Ordering::SeqCst) || !held.is_empty() {
+        held.extend_from_slice(bytes);
+        true
+    } else {
+        link.destination(direction).write_all(bytes).is_ok()
+    }
 }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use ringlock_client::{Client, ReleaseOutcome};
 
 use crate::common::{Conn, DataDir};
-use crate::proxy::Proxy;
+use ringlock_testkit::Proxy;
 
 /// How long a test waits for a cluster event before it fails: many failover
 /// periods, so that a slow, shared CI machine does not fail a correct cluster.
@@ -336,8 +336,10 @@ impl Cluster {
                 // port the system picks could be given one of them meanwhile.
                 (0..count)
                     .map(|to| {
-                        (options.partitionable && from != to)
-                            .then(|| Proxy::start_on(SocketAddr::from(([127, 0, 0, 1], free_port())), peers[to]))
+                        (options.partitionable && from != to).then(|| {
+                            Proxy::start_on(SocketAddr::from(([127, 0, 0, 1], free_port())), peers[to])
+                                .expect("bind a peer link's proxy")
+                        })
                     })
                     .collect()
             })

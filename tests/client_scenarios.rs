@@ -1,0 +1,277 @@
+//! The client scenarios every official client runs (`clients/scenarios.json`,
+//! SPEC §4), for the Rust client: each against the real server, with its
+//! faults made by the test kit driven over its control socket, as the tests
+//! of the other languages' clients drive it.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::thread;
+use std::time::Duration;
+
+use common::Server;
+use ringlock_client::{Client, Error, ReleaseOutcome};
+
+const LEASE: Duration = Duration::from_secs(60);
+
+/// A test kit serving its control protocol on a loopback port, and one
+/// control connection to it.
+struct Kit {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Kit {
+    fn start() -> Kit {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        thread::spawn(move || ringlock_testkit::control::Kit::default().serve(&listener));
+        let writer = TcpStream::connect(address).unwrap();
+        Kit { reader: BufReader::new(writer.try_clone().unwrap()), writer }
+    }
+
+    /// Sends `command` and returns the fields of its `ok` reply.
+    fn call(&mut self, command: &str) -> String {
+        self.writer.write_all(format!("{command}\n").as_bytes()).unwrap();
+        let mut reply = String::new();
+        self.reader.read_line(&mut reply).unwrap();
+        let reply = reply.trim_end();
+        match reply.strip_prefix("ok") {
+            Some(fields) => fields.trim_start().to_string(),
+            None => panic!("{command}: {reply}"),
+        }
+    }
+
+    /// Starts a proxy or a fake; its id and address.
+    fn start_item(&mut self, command: &str) -> (String, SocketAddr) {
+        let reply = self.call(command);
+        let (id, address) = reply.split_once(' ').expect("an id and an address");
+        (id.to_string(), address.parse().unwrap())
+    }
+
+    fn count(&mut self, command: &str) -> usize {
+        self.call(command).split(' ').next().unwrap().parse().unwrap()
+    }
+}
+
+fn client_of(addresses: &[SocketAddr]) -> Client {
+    Client::connect(addresses.iter().map(ToString::to_string)).unwrap()
+}
+
+fn cycle(client: &Client, key: &str) {
+    let lock = client.acquire(key, LEASE, None).unwrap().expect("no wait limit");
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
+
+#[test]
+fn every_scenario_of_the_list_has_a_test_here() {
+    let list = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/clients/scenarios.json")).unwrap();
+    let this = std::fs::read_to_string(file!()).unwrap();
+    let ids: Vec<&str> = list.split("\"id\": \"").skip(1).map(|rest| rest.split('"').next().unwrap()).collect();
+    assert!(ids.len() >= 10, "the list holds the scenarios: {ids:?}");
+    for id in ids {
+        let test = format!("fn {}()", id.replace('-', "_"));
+        assert!(this.contains(&test), "no test for the scenario {id:?} (expected `{test}`)");
+    }
+}
+
+#[test]
+fn one_address_two_connections() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[address]);
+    client.ping().unwrap();
+    kit.call(&format!("wait-open {proxy} 2"));
+    assert_eq!(kit.count(&format!("accepted {proxy}")), 2);
+}
+
+#[test]
+fn round_robin() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (first, first_address) = kit.start_item(&format!("proxy {}", server.addr));
+    let (second, second_address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[first_address, second_address]);
+    for round in 0..8 {
+        cycle(&client, &format!("spread-{round}"));
+    }
+    kit.call(&format!("wait-upstream {first} - spread-"));
+    kit.call(&format!("wait-upstream {second} - spread-"));
+}
+
+#[test]
+fn cut_node_left_out_and_reconnected() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (first, first_address) = kit.start_item(&format!("proxy {}", server.addr));
+    let (_, second_address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[first_address, second_address]);
+    // Two addresses: one connection to each.
+    kit.call(&format!("wait-open {first} 1"));
+    kit.call(&format!("refuse {first} on"));
+    kit.call(&format!("cut {first}"));
+    for round in 0..20 {
+        cycle(&client, &format!("left-out-{round}"));
+    }
+    let accepted = kit.count(&format!("accepted {first}"));
+    kit.call(&format!("refuse {first} off"));
+    kit.call(&format!("wait-accepted {first} {}", accepted + 1));
+    kit.call(&format!("wait-open {first} 1"));
+    for round in 0..4 {
+        cycle(&client, &format!("back-{round}"));
+    }
+}
+
+#[test]
+fn pipelined_pairing_out_of_order() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[address]);
+    client.ping().unwrap();
+    kit.call(&format!("reorder {proxy} on"));
+    let locks: Vec<_> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..16)
+            .map(|index| {
+                let client = &client;
+                scope.spawn(move || client.acquire(format!("pair-{index}"), LEASE, None).unwrap().unwrap())
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+    });
+    kit.call(&format!("resume {proxy}"));
+    for (index, lock) in locks.into_iter().enumerate() {
+        assert_eq!(lock.key(), format!("pair-{index}").as_bytes());
+        assert_eq!(lock.release(), Ok(ReleaseOutcome::Released), "the token of pair-{index} is its own");
+    }
+}
+
+#[test]
+fn same_key_in_send_order() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (_, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[address]);
+    let first = client.acquire("same", LEASE, None).unwrap().unwrap();
+    let first_token = first.token();
+    let second = thread::scope(|scope| {
+        let waiting = scope.spawn(|| client.acquire("same", LEASE, None).unwrap().unwrap());
+        // The second acquire is queued behind the first until it is released.
+        wait_until_queued(&server, "same");
+        assert_eq!(first.release(), Ok(ReleaseOutcome::Released));
+        waiting.join().unwrap()
+    });
+    assert!(second.token() > first_token, "{} after {first_token}", second.token());
+}
+
+/// Waits until the server has one acquire of `key` queued.
+fn wait_until_queued(server: &Server, key: &str) {
+    let mut observer = server.connect();
+    common::wait_until(&format!("an acquire of {key} to be queued"), || common::stat(&mut observer, "waiters") == 1);
+}
+
+#[test]
+fn acquire_moves_on_cut() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[address]);
+    client.ping().unwrap();
+    kit.call(&format!("wait-open {proxy} 2"));
+    kit.call(&format!("stall {proxy}"));
+    let lock = thread::scope(|scope| {
+        let acquiring = scope.spawn(|| client.acquire("moved", LEASE, None));
+        let connection = kit.call(&format!("wait-upstream {proxy} - A moved "));
+        kit.call(&format!("cut {proxy} {connection}"));
+        kit.call(&format!("resume {proxy}"));
+        acquiring.join().unwrap()
+    });
+    let lock = lock.unwrap().expect("no wait limit");
+    assert!(client.acquire("moved", LEASE, Some(Duration::from_millis(100))).unwrap().is_none(), "held once");
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
+
+#[test]
+fn no_connection_left() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[address]);
+    client.ping().unwrap();
+    kit.call(&format!("refuse {proxy} on"));
+    kit.call(&format!("cut {proxy}"));
+    kit.call(&format!("wait-open {proxy} 0"));
+    assert_eq!(client.acquire("nowhere", LEASE, None).unwrap_err(), Error::NoConnection);
+}
+
+#[test]
+fn release_retried() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[address]);
+    let lock = client.acquire("retried", LEASE, None).unwrap().unwrap();
+    kit.call(&format!("stall {proxy}"));
+    let released = thread::scope(|scope| {
+        let releasing = scope.spawn(|| lock.release());
+        // The release is on its way; every connection is cut under it, and
+        // the client reconnects within its 5 s of retries.
+        kit.call(&format!("wait-upstream {proxy} - R retried "));
+        kit.call(&format!("cut {proxy}"));
+        kit.call(&format!("resume {proxy}"));
+        releasing.join().unwrap()
+    });
+    assert_eq!(released, Ok(ReleaseOutcome::Released));
+    let again = client.acquire("retried", LEASE, Some(Duration::from_millis(100))).unwrap();
+    assert!(again.is_some(), "the key is free at once after the release");
+}
+
+#[test]
+fn redirect_followed() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (fake, fake_address) = kit.start_item(&format!("fake {}", server.addr));
+    let client = client_of(&[fake_address, server.addr]);
+    cycle(&client, "redirected-0");
+    let redirected = kit.count(&format!("redirected {fake}"));
+    for round in 1..20 {
+        cycle(&client, &format!("redirected-{round}"));
+    }
+    assert_eq!(kit.count(&format!("redirected {fake}")), redirected, "the client sends to the active only");
+}
+
+#[test]
+fn redirect_to_no_active() {
+    let mut kit = Kit::start();
+    let (_, fake_address) = kit.start_item("fake -");
+    let client = Client::builder([fake_address.to_string()])
+        .release_retry_interval(Duration::from_millis(20))
+        .release_retry_for(Duration::from_millis(300))
+        .connect()
+        .unwrap();
+    assert_eq!(client.acquire("nowhere", LEASE, Some(Duration::from_millis(500))).unwrap_err(), Error::NoActive);
+}
+
+#[test]
+fn timeout_is_not_a_grant() {
+    let server = Server::start(&[]);
+    let holder = client_of(&[server.addr]);
+    let other = client_of(&[server.addr]);
+    let held = holder.acquire("contended", LEASE, None).unwrap().unwrap();
+    assert!(other.acquire("contended", LEASE, Some(Duration::from_millis(200))).unwrap().is_none());
+    assert_eq!(held.release(), Ok(ReleaseOutcome::Released), "still held by the first client");
+}
+
+#[test]
+fn delayed_replies() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[address]);
+    kit.call(&format!("delay {proxy} 300"));
+    let lock = client.acquire("slow", LEASE, None).unwrap().unwrap();
+    lock.extend(LEASE).unwrap();
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
