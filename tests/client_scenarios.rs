@@ -59,6 +59,16 @@ fn client_of(addresses: &[SocketAddr]) -> Client {
     Client::connect(addresses.iter().map(ToString::to_string)).unwrap()
 }
 
+/// A server, a kit with a proxy to it, and a client given the proxy's
+/// address; the proxy's id.
+fn through_a_proxy() -> (Server, Kit, String, Client) {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[address]);
+    (server, kit, proxy, client)
+}
+
 fn cycle(client: &Client, key: &str) {
     let lock = client.acquire(key, LEASE, None).unwrap().expect("no wait limit");
     assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
@@ -78,10 +88,7 @@ fn every_scenario_of_the_list_has_a_test_here() {
 
 #[test]
 fn one_address_two_connections() {
-    let server = Server::start(&[]);
-    let mut kit = Kit::start();
-    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
-    let client = client_of(&[address]);
+    let (_server, mut kit, proxy, client) = through_a_proxy();
     client.ping().unwrap();
     kit.call(&format!("wait-open {proxy} 2"));
     assert_eq!(kit.count(&format!("accepted {proxy}")), 2);
@@ -126,10 +133,7 @@ fn cut_node_left_out_and_reconnected() {
 
 #[test]
 fn pipelined_pairing_out_of_order() {
-    let server = Server::start(&[]);
-    let mut kit = Kit::start();
-    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
-    let client = client_of(&[address]);
+    let (_server, mut kit, proxy, client) = through_a_proxy();
     client.ping().unwrap();
     kit.call(&format!("reorder {proxy} on"));
     let locks: Vec<_> = thread::scope(|scope| {
@@ -150,10 +154,7 @@ fn pipelined_pairing_out_of_order() {
 
 #[test]
 fn same_key_in_send_order() {
-    let server = Server::start(&[]);
-    let mut kit = Kit::start();
-    let (_, address) = kit.start_item(&format!("proxy {}", server.addr));
-    let client = client_of(&[address]);
+    let (server, _kit, _proxy, client) = through_a_proxy();
     let first = client.acquire("same", LEASE, None).unwrap().unwrap();
     let first_token = first.token();
     let second = thread::scope(|scope| {
@@ -174,10 +175,7 @@ fn wait_until_queued(server: &Server, key: &str) {
 
 #[test]
 fn acquire_moves_on_cut() {
-    let server = Server::start(&[]);
-    let mut kit = Kit::start();
-    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
-    let client = client_of(&[address]);
+    let (_server, mut kit, proxy, client) = through_a_proxy();
     client.ping().unwrap();
     kit.call(&format!("wait-open {proxy} 2"));
     kit.call(&format!("stall {proxy}"));
@@ -195,10 +193,7 @@ fn acquire_moves_on_cut() {
 
 #[test]
 fn no_connection_left() {
-    let server = Server::start(&[]);
-    let mut kit = Kit::start();
-    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
-    let client = client_of(&[address]);
+    let (_server, mut kit, proxy, client) = through_a_proxy();
     client.ping().unwrap();
     kit.call(&format!("refuse {proxy} on"));
     kit.call(&format!("cut {proxy}"));
@@ -208,10 +203,7 @@ fn no_connection_left() {
 
 #[test]
 fn release_retried() {
-    let server = Server::start(&[]);
-    let mut kit = Kit::start();
-    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
-    let client = client_of(&[address]);
+    let (_server, mut kit, proxy, client) = through_a_proxy();
     let lock = client.acquire("retried", LEASE, None).unwrap().unwrap();
     kit.call(&format!("stall {proxy}"));
     let released = thread::scope(|scope| {
@@ -266,10 +258,7 @@ fn timeout_is_not_a_grant() {
 
 #[test]
 fn delayed_replies() {
-    let server = Server::start(&[]);
-    let mut kit = Kit::start();
-    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
-    let client = client_of(&[address]);
+    let (_server, mut kit, proxy, client) = through_a_proxy();
     kit.call(&format!("delay {proxy} 300"));
     let lock = client.acquire("slow", LEASE, None).unwrap().unwrap();
     lock.extend(LEASE).unwrap();
