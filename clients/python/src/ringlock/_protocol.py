@@ -135,6 +135,8 @@ def split_reply(line: bytes) -> tuple[bytes, bytes, list[bytes]]:
 
         >>> split_reply(b"A k 17")
         (b'A', b'k', [b'A', b'k', b'17'])
+        >>> split_reply(b"T k")[:2]
+        (b'A', b'k')
         >>> split_reply(b"E R k not-holder")[:2]
         (b'R', b'k')
     """
@@ -148,7 +150,8 @@ def split_reply(line: bytes) -> tuple[bytes, bytes, list[bytes]]:
     if kind in b"ATRX" and len(kind) == 1:
         if count != (3 if kind in b"AX" else 2):
             raise ValueError("wrong field count")
-        return kind, fields[1], fields
+        # T answers an acquire.
+        return (OP_ACQUIRE if kind == b"T" else kind), fields[1], fields
     if kind == b"E" or kind == b"M":
         if count != 4:
             raise ValueError("wrong field count")

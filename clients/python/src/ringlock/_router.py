@@ -117,7 +117,7 @@ class Router:
     def send(self, operation: Operation, now: float) -> None:
         """Sends on the next usable connection, the active node's first."""
         if operation.expired(now):
-            return self.finish(operation, None)
+            return self._expire(operation)
         start = next(self._next)
         full = False
         active = self.active
@@ -137,7 +137,7 @@ class Router:
         """Sends on the active node's connections only, after an ``M``."""
         now = time.monotonic()
         if operation.expired(now):
-            return self.finish(operation, None)
+            return self._expire(operation)
         active = self.active
         refusal = REFUSED_UNUSABLE
         if active is not None:
@@ -146,6 +146,14 @@ class Router:
                 return
         unsent = UNSENT_FULL if refusal == REFUSED_FULL else UNSENT_ACTIVE_UNREACHABLE
         self.handle(operation, operation.on_unsent(unsent, now, self.policy))
+
+    def _expire(self, operation: Operation) -> None:
+        """Ends an acquire whose wait ran out before it could be (re)sent:
+        as timed out, as the server would have, unless it was waiting for
+        some node to name an active, which is then the error to report."""
+        if operation.retry_until is not None:
+            return self.finish(operation, operation.error("no-active", "no active node was named within the wait"))
+        self.finish(operation, None)
 
     def finish(self, operation: Operation, value: object) -> None:
         """Hands the outcome to whoever waits. A grant nobody waits for any

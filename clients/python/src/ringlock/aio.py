@@ -1,0 +1,640 @@
+"""The asyncio client: ``ringlock.aio.Client`` and ``ringlock.aio.Lock``,
+with the names of the sync client, their calls awaited.
+
+Everything runs on the event loop: each connection is an
+:class:`asyncio.Protocol` whose reconnect loop is a task, and the requests
+queued in one pass of the loop go out in one write. Use a client from the
+loop it was first used on.
+
+Example::
+
+    import asyncio
+    import ringlock.aio
+
+    async def main() -> None:
+        async with ringlock.aio.Client("127.0.0.1:7700") as client:
+            async with client.lock("orders/42", lease=30, wait=5) as lock:
+                print("holding orders/42 with token", lock.token)
+
+    asyncio.run(main())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+from ._operation import ACQUIRE, CUT_IO, EXTEND, PING, RELEASE, STATS, Operation, cut_protocol
+from ._pairing import Pairing
+from ._protocol import REPLY_LINE_LEN_MAX, Pong, key_bytes, lease_ms, split_reply, wait_ms
+from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
+from ._settings import Settings
+from .errors import LockLostError, LockNotOwnedError, LockTimeoutError, RinglockError, error_for
+
+__all__ = ["Client", "Lock"]
+
+_CONNECTING = 0
+_UP = 1
+_DOWN = 2
+_CLOSED = 3
+_TRY_WAIT_MS = 1
+_CLOSE_LINGER_S = 1.0
+
+
+class _FutureWaiter:
+    """A task awaiting a request's outcome."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[object]) -> None:
+        self.future = future
+
+    def complete(self, value: object) -> bool:
+        if self.future.done():  # the awaiting task was cancelled
+            return False
+        self.future.set_result(value)
+        return True
+
+
+class _Runtime:
+    """Connections as protocols on the loop, and timers (see
+    :class:`~ringlock._router.Runtime`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, settings: Settings) -> None:
+        self.loop = loop
+        self.settings = settings
+        self.closed = asyncio.Event()
+        self.connections: list[_Connection] = []
+        self._timers: dict[asyncio.TimerHandle, Callable[[], None]] = {}
+
+    def connect(self, router: Router, address: str, node: int) -> _Connection:
+        connection = _Connection(router, self, address, node)
+        self.connections.append(connection)
+        return connection
+
+    def call_at(self, at: float, callback: Callable[[], None]) -> bool:
+        if self.closed.is_set():
+            return False
+        handle: asyncio.TimerHandle
+
+        def run() -> None:
+            del self._timers[handle]
+            callback()
+
+        handle = self.loop.call_later(max(0.0, at - time.monotonic()), run)
+        self._timers[handle] = callback
+        return True
+
+    async def sleep(self, seconds: float) -> bool:
+        """Sleeps, or less if the client closes; true if it closed."""
+        try:
+            await asyncio.wait_for(self.closed.wait(), seconds)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        self.closed.set()
+        # Timers that will not run now: their requests fail as closed.
+        pending = list(self._timers.items())
+        self._timers.clear()
+        for handle, callback in pending:
+            handle.cancel()
+            callback()
+        tasks = [connection.task for connection in self.connections if connection.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=_CLOSE_LINGER_S + 0.5)
+            for connection in self.connections:
+                connection.abort()
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+
+class _Connection(asyncio.Protocol):
+    """One persistent connection to one node, reconnected by its task."""
+
+    def __init__(self, router: Router, runtime: _Runtime, address: str, node: int) -> None:
+        self.address = address
+        self.node = node
+        self._host, self._port = split_address(address)
+        self._router = router
+        self._runtime = runtime
+        self._loop = runtime.loop
+        self._phase = _CONNECTING
+        self._transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._pairing: Pairing[Operation] = Pairing()
+        self._pending = b""
+        self._lost: asyncio.Future[RinglockError] | None = None
+        self.task: asyncio.Task[None] | None = self._loop.create_task(self._run())
+
+    @property
+    def usable(self) -> bool:
+        return self._phase == _UP
+
+    def try_send(self, operation: Operation, now: float) -> int:
+        phase = self._phase
+        if phase != _UP and phase != _CONNECTING:
+            return REFUSED_UNUSABLE
+        if len(self._pairing) >= self._runtime.settings.in_flight_per_connection_max:
+            return REFUSED_FULL
+        self._pairing.push(operation.op, operation.key, operation)
+        self._out.append(operation.encode(now))
+        # Everything queued in this pass of the loop goes out in one write.
+        if self._transport is not None and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return 0
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._transport is not None and self._out:
+            self._transport.write(b"".join(self._out))
+            self._out.clear()
+
+    def close(self) -> None:
+        """Starts closing: sends what is queued and says it is done; the
+        server answers what it was sent and closes."""
+        self._phase = _CLOSED
+        transport = self._transport
+        if transport is not None:
+            self._flush()
+            if transport.can_write_eof():
+                transport.write_eof()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _take_down(self) -> list[Operation]:
+        if self._phase != _CLOSED:
+            self._phase = _DOWN
+        self._transport = None
+        self._out.clear()
+        self._pending = b""
+        return self._pairing.drain()
+
+    async def _run(self) -> None:
+        router = self._router
+        runtime = self._runtime
+        settings = runtime.settings
+        try:
+            while not runtime.closed.is_set():
+                self._lost = self._loop.create_future()
+                try:
+                    await asyncio.wait_for(
+                        self._loop.create_connection(lambda: self, self._host, self._port), settings.connect_timeout
+                    )
+                except (OSError, asyncio.TimeoutError):
+                    router.cut(self._take_down(), CUT_IO)
+                else:
+                    error = await self._lost
+                    router.cut(self._take_down(), error)
+                if await runtime.sleep(settings.reconnect_interval):
+                    break
+        finally:
+            router.abort(self._take_down())
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        if self._phase == _CLOSED:
+            transport.abort()
+            return
+        self._phase = _UP
+        self._transport = transport
+        # Requests queued while connecting go out now.
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(CUT_IO)
+
+    def _stop(self, error: RinglockError) -> None:
+        """Drops the connection: the server broke the protocol or refused it."""
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(error)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self._pending:
+            data = self._pending + data
+        if b"\n" not in data:
+            if len(data) > REPLY_LINE_LEN_MAX:
+                self._stop(cut_protocol("reply line too long"))
+            self._pending = data
+            return
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        router = self._router
+        policy = router.policy
+        take = self._pairing.take
+        now = time.monotonic()
+        for line in lines:
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            try:
+                op, key, fields = split_reply(line)
+            except ValueError:
+                return self._stop(cut_protocol(f"malformed reply {line[:100]!r}"))
+            if op == b"-":
+                code = fields[3].decode(errors="replace")
+                return self._stop(error_for(code, message=f"the server refused the connection: {code}"))
+            operation = take(op, key)
+            if operation is None:
+                return self._stop(cut_protocol(f"reply {line[:100]!r} answers no request in flight"))
+            try:
+                step = operation.on_reply(fields, policy, now)
+            except ValueError:
+                self._pairing.push(operation.op, operation.key, operation)
+                return self._stop(cut_protocol(f"malformed reply {line[:100]!r}"))
+            if fields[0] == b"M":
+                router.note_moved(self.node, fields[3])
+            router.handle(operation, step)
+
+
+class Client:
+    """The asyncio ringlock client; the settings are those of
+    :class:`ringlock.Client`.
+
+    Connections start on first use (or on ``async with``), on the running
+    loop, and are shared by every task using the client.
+
+    Example::
+
+        async with ringlock.aio.Client(["10.0.0.1:7700", "10.0.0.2:7700"]) as client:
+            lock = client.lock("orders/42", lease=30)
+            if await lock.acquire(timeout=5):
+                try:
+                    await write_to_storage(lock.token)
+                finally:
+                    await lock.release()
+    """
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        connections_per_node: int | None = None,
+        reconnect_interval: float = 3.0,
+        connect_timeout: float = 1.0,
+        release_retry_interval: float = 0.2,
+        release_retry_for: float = 5.0,
+        redirect_limit: int = 16,
+        in_flight_per_connection_max: int = 65536,
+    ) -> None:
+        self.settings = Settings.build(
+            addresses,
+            connections_per_node,
+            reconnect_interval,
+            connect_timeout,
+            release_retry_interval,
+            release_retry_for,
+            redirect_limit,
+            in_flight_per_connection_max,
+        )
+        self._runtime: _Runtime | None = None
+        self._router: Router | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> Client:
+        self._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _start(self) -> Router:
+        if self._router is None:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            self._runtime = _Runtime(asyncio.get_running_loop(), self.settings)
+            settings = self.settings
+            self._router = Router(settings.addresses, settings.connections_per_node, settings.policy, self._runtime)
+        return self._router
+
+    async def close(self) -> None:
+        """Closes the connections after sending what is queued and waiting
+        up to about a second for the answers. Requests still waiting end
+        with :class:`~ringlock.NoActiveNodeError`.
+
+        Example::
+
+            client = ringlock.aio.Client("127.0.0.1:7700")
+            try:
+                await client.ping()
+            finally:
+                await client.close()
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._router is not None and self._runtime is not None:
+            self._router.close()
+            await self._runtime.close()
+
+    def lock(
+        self,
+        key: str | bytes,
+        lease: float = 30.0,
+        wait: float | None = None,
+        *,
+        auto_extend: bool = False,
+        on_lost: Callable[[Lock, LockLostError], None] | None = None,
+    ) -> Lock:
+        """A :class:`Lock` on ``key``, not acquired yet; the arguments are
+        those of :meth:`ringlock.Client.lock` (``on_lost`` is called on the
+        loop).
+
+        Example::
+
+            async with client.lock("reports/daily", lease=60, wait=0) as lock:
+                await build_report(lock.token)
+        """
+        return Lock(self, key, lease, wait, auto_extend, on_lost)
+
+    async def ping(self) -> Pong:
+        """Asks a node its role, epoch and the active it names.
+
+        Example::
+
+            pong = await client.ping()
+            assert pong.role in ("active", "standby")
+        """
+        return await self._request(PING, b"")  # type: ignore[no-any-return]
+
+    async def stats(self) -> dict[str, Any]:
+        """A node's counters and gauges (its ``S`` reply's JSON).
+
+        Example::
+
+            print((await client.stats())["role"])
+        """
+        return await self._request(STATS, b"")  # type: ignore[no-any-return]
+
+    @property
+    def connection_count(self) -> int:
+        """Connections the client has, usable or not (0 before first use).
+
+        Example::
+
+            async with ringlock.aio.Client("127.0.0.1:7700") as client:
+                assert client.connection_count == 2
+        """
+        return 0 if self._router is None else len(self._router.connections)
+
+    @property
+    def usable_connection_count(self) -> int:
+        """Connections that are up now.
+
+        Example::
+
+            healthy = client.usable_connection_count > 0
+        """
+        if self._router is None:
+            return 0
+        return sum(1 for connection in self._router.connections if connection.usable)
+
+    @property
+    def active_node(self) -> str | None:
+        """The address an ``M`` reply last named as active, if any.
+
+        Example::
+
+            print(client.active_node or "no redirect seen")
+        """
+        router = self._router
+        if router is None or router.active is None:
+            return None
+        return router.addresses[router.active]
+
+    async def _request(self, kind: int, key: bytes, **fields: int) -> Any:
+        router = self._start()
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        router.submit(kind, key, _FutureWaiter(future), **fields)
+        value = await future
+        if isinstance(value, RinglockError):
+            raise value
+        return value
+
+
+class Lock:
+    """A named lock, as :class:`ringlock.Lock` with its calls awaited.
+
+    Example::
+
+        lock = client.lock("jobs/7", lease=10, wait=2)
+        if await lock.acquire():
+            try:
+                await run(lock.token)
+                await lock.extend(10)
+            finally:
+                await lock.release()
+
+        async with client.lock("jobs/7", lease=10, wait=2) as lock:  # LockTimeoutError if not granted
+            await run(lock.token)
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        key: str | bytes,
+        lease: float,
+        wait: float | None,
+        auto_extend: bool,
+        on_lost: Callable[[Lock, LockLostError], None] | None,
+    ) -> None:
+        self._client = client
+        self._key = key
+        self._key_bytes = key_bytes(key)
+        self.lease = lease
+        """The lease each grant asks for, in seconds."""
+        self._lease_ms = lease_ms(lease)
+        self.wait = wait
+        """The default wait of :meth:`acquire`, in seconds; ``None`` for no limit."""
+        self._wait_ms = wait_ms(wait)
+        self.auto_extend = auto_extend
+        self.on_lost = on_lost
+        self._token: int | None = None
+        self._lost: LockLostError | None = None
+        self._extender: asyncio.Task[None] | None = None
+
+    @property
+    def key(self) -> str | bytes:
+        """The key, as given.
+
+        Example::
+
+            assert client.lock("orders/42").key == "orders/42"
+        """
+        return self._key
+
+    @property
+    def token(self) -> int | None:
+        """The current grant's fencing token; ``None`` while not held.
+
+        Example::
+
+            async with client.lock("k") as lock:
+                await storage.write(data, fencing_token=lock.token)
+        """
+        return self._token
+
+    @property
+    def lost(self) -> LockLostError | None:
+        """Why the grant was lost, if automatic extension found it gone.
+
+        Example::
+
+            if lock.lost:
+                stop_writing()
+        """
+        return self._lost
+
+    def locked(self) -> bool:
+        """Whether this lock holds its key, as far as the client knows.
+
+        Example::
+
+            await lock.acquire()
+            assert lock.locked()
+        """
+        return self._token is not None
+
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Acquires the key; ``True`` once granted, ``False`` if the wait ran
+        out. The wait is ``timeout`` if given, else the lock's ``wait``; 1 ms
+        with ``blocking=False``. Cancelling the awaiting task abandons the
+        request, and a grant that arrives anyway is released.
+
+        Example::
+
+            lock = client.lock("k", lease=5)
+            if await lock.acquire(timeout=0.5):
+                await lock.release()
+        """
+        if self._token is not None:
+            raise RuntimeError(f"this Lock already holds {self._key!r}; locks are not re-entrant")
+        if not blocking:
+            wait = _TRY_WAIT_MS
+        elif timeout is not None and timeout >= 0:
+            wait = wait_ms(timeout)
+        else:
+            wait = self._wait_ms
+        token = await self._client._request(ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait)
+        if token is None:
+            return False
+        self._lost = None
+        self._token = token
+        if self.auto_extend:
+            self._extender = asyncio.get_running_loop().create_task(self._extend_in_background(token))
+        return True
+
+    async def release(self) -> bool:
+        """Releases the key: ``True`` if released, ``False`` if nothing was
+        left to release. Retried like the sync client's.
+
+        Raises :class:`~ringlock.LockNotOwnedError` if this lock holds nothing.
+
+        Example::
+
+            await lock.acquire()
+            assert await lock.release()
+        """
+        token = self._token
+        if token is None:
+            raise LockNotOwnedError("not-owned", "R", _text(self._key), f"this Lock does not hold {self._key!r}")
+        self._token = None
+        self._stop_extender()
+        return await self._client._request(RELEASE, self._key_bytes, token=token)  # type: ignore[no-any-return]
+
+    async def extend(self, lease: float) -> None:
+        """Makes the lease end ``lease`` seconds from now.
+
+        Raises :class:`~ringlock.LockNotOwnedError` if this lock holds
+        nothing, :class:`~ringlock.LockLostError` if the server no longer has
+        the grant.
+
+        Example::
+
+            async with client.lock("batch", lease=10) as lock:
+                for chunk in chunks:
+                    await process(chunk)
+                    await lock.extend(10)
+        """
+        token = self._token
+        if token is None:
+            raise LockNotOwnedError("not-owned", "X", _text(self._key), f"this Lock does not hold {self._key!r}")
+        try:
+            await self._client._request(EXTEND, self._key_bytes, token=token, lease_ms=lease_ms(lease))
+        except LockLostError as error:
+            if self._token == token:
+                self._lost = error
+            raise
+
+    async def __aenter__(self) -> Lock:
+        if not await self.acquire():
+            raise LockTimeoutError("timeout", "A", _text(self._key), f"{self._key!r} was not granted within the wait")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        lost = self._lost
+        if self._token is not None:
+            released = await self.release()
+            if not released and lost is None:
+                lost = LockLostError(
+                    "lost", "R", _text(self._key), f"{self._key!r} was no longer held at the end of the block"
+                )
+        if lost is not None and exc_type is None:
+            raise lost
+
+    def __repr__(self) -> str:
+        return f"<ringlock.aio.Lock key={self._key!r} token={self._token}>"
+
+    def _stop_extender(self) -> None:
+        if self._extender is not None and self._extender is not asyncio.current_task():
+            self._extender.cancel()
+        self._extender = None
+
+    async def _extend_in_background(self, token: int) -> None:
+        """Extends the lease at a third of it while ``token`` is held."""
+        retry_interval = self._client.settings.release_retry_interval
+        lease_ends = time.monotonic() + self.lease
+        delay = self.lease / 3
+        while True:
+            await asyncio.sleep(delay)
+            if self._token != token:
+                return
+            sent_at = time.monotonic()
+            try:
+                await self._client._request(EXTEND, self._key_bytes, token=token, lease_ms=self._lease_ms)
+            except LockLostError as error:
+                return self._mark_lost(token, error)
+            except RinglockError as error:
+                if time.monotonic() + retry_interval >= lease_ends:
+                    lost = LockLostError("lost", "X", _text(self._key), f"could not extend: {error}")
+                    return self._mark_lost(token, lost)
+                delay = retry_interval
+                continue
+            lease_ends = sent_at + self.lease
+            delay = self.lease / 3
+
+    def _mark_lost(self, token: int, error: LockLostError) -> None:
+        if self._token != token:
+            return
+        self._lost = error
+        if self.on_lost is not None:
+            self.on_lost(self, error)
+
+
+def _text(key: str | bytes) -> str:
+    return key if isinstance(key, str) else key.decode(errors="replace")

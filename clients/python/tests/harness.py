@@ -1,0 +1,163 @@
+"""Processes the tests run: the real ``ringlock`` server and
+``ringlock-testkit``, each started on free loopback ports and stopped by
+whoever started it."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+"""The repository's root."""
+SCENARIOS = ROOT / "clients" / "scenarios.json"
+
+
+def binary(name: str, variable: str) -> Path:
+    """A binary of the workspace (``cargo build --release`` puts it in
+    ``target/release``), or the one the environment variable names."""
+    path = Path(os.environ.get(variable) or ROOT / "target" / "release" / name)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run `cargo build --release -p {name}` first (or set {variable})")
+    return path
+
+
+class Server:
+    """A ringlock server on a free loopback port, with its own data directory."""
+
+    def __init__(self) -> None:
+        self._data = tempfile.TemporaryDirectory(prefix="ringlock-py-")
+        command = [
+            str(binary("ringlock", "RINGLOCK_BIN")),
+            "--listen",
+            "127.0.0.1:0",
+            "--shards",
+            "1",
+            "--no-pin",
+            "--data-dir",
+            self._data.name,
+        ]
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.log: collections.deque[str] = collections.deque(maxlen=200)
+        assert self.process.stderr is not None
+        address = None
+        for raw in self.process.stderr:
+            line = raw.decode(errors="replace")
+            self.log.append(line)
+            found = re.search(r"listening on (\S+?);?\s", line)
+            if found:
+                address = found.group(1).rstrip(";")
+                break
+        if address is None:
+            self.stop()
+            raise RuntimeError("the server exited before listening:\n" + "".join(self.log))
+        self.address: str = address
+        # Keep reading its log, so that a full pipe never stops the server.
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for raw in self.process.stderr:
+            self.log.append(raw.decode(errors="replace"))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._data.cleanup()
+
+
+class TestkitError(RuntimeError):
+    pass
+
+
+class Testkit:
+    """``ringlock-testkit`` and a control connection to it."""
+
+    __test__ = False  # not a test class, whatever its name
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [str(binary("ringlock-testkit", "RINGLOCK_TESTKIT_BIN"))],
+            stdin=subprocess.PIPE,  # the kit ends when this closes
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().decode()
+        found = re.match(r"ringlock-testkit control (\S+)", line)
+        if not found:
+            self.stop()
+            raise RuntimeError(f"ringlock-testkit did not start: {line!r}")
+        host, _, port = found.group(1).rpartition(":")
+        self.control_address = (host, int(port))
+        self._control = Control(self.control_address)
+
+    def __call__(self, *words: object) -> list[str]:
+        """Runs one control command; its reply's fields after ``ok``."""
+        return self._control.command(*words)
+
+    def control(self) -> Control:
+        """Another control connection, for a command that waits while this
+        one is used."""
+        return Control(self.control_address)
+
+    def proxy(self, target: str) -> tuple[str, str]:
+        """A new proxy to ``target``: its id and address."""
+        ident, address = self("proxy", target)
+        return ident, address
+
+    def fake(self, active: str) -> tuple[str, str]:
+        """A new fake standby naming ``active``: its id and address."""
+        ident, address = self("fake", active)
+        return ident, address
+
+    def count(self, what: str, ident: str) -> int:
+        return int(self(what, ident)[0])
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class Control:
+    """One control connection: a command line out, one reply line back."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self._sock = socket.create_connection(address)
+        self._reader = self._sock.makefile("rb")
+        self._lock = threading.Lock()
+
+    def command(self, *words: object) -> list[str]:
+        with self._lock:
+            self._sock.sendall((" ".join(str(word) for word in words) + "\n").encode())
+            reply = self._reader.readline().decode().rstrip("\n")
+        if reply == "ok" or reply.startswith("ok "):
+            return reply.split(" ")[1:]
+        raise TestkitError(f"{' '.join(map(str, words))!r}: {reply!r}")
+
+    def close(self) -> None:
+        self._reader.close()
+        self._sock.close()
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Polls ``condition`` (for states that no event announces) until it
+    holds; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)

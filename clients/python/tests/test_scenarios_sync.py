@@ -1,0 +1,230 @@
+"""SPEC §4 behaviours of the sync client, one test per id of
+``clients/scenarios.json``, against the real server and ringlock-testkit."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import ringlock
+from conftest import scenario_ids
+from harness import Server, Testkit, wait_until
+
+pytestmark = pytest.mark.testkit
+
+SCENARIO_TESTS: dict[str, Callable[..., None]] = {}
+
+
+def scenario(ident: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Marks a test as the one for scenario ``ident``."""
+
+    def register(test: Callable[..., None]) -> Callable[..., None]:
+        assert ident not in SCENARIO_TESTS, f"two tests for {ident}"
+        SCENARIO_TESTS[ident] = test
+        return test
+
+    return register
+
+
+def test_every_scenario_has_a_test() -> None:
+    ids = scenario_ids()
+    assert ids, "the scenario list is empty"
+    missing = sorted(set(ids) - set(SCENARIO_TESTS))
+    unknown = sorted(set(SCENARIO_TESTS) - set(ids))
+    assert not missing, f"scenarios without a sync test: {missing}"
+    assert not unknown, f"sync tests for scenarios not in the list: {unknown}"
+
+
+def cycle(client: ringlock.Client, key: str) -> None:
+    lock = client.lock(key, lease=10, wait=5)
+    assert lock.acquire()
+    assert lock.release() is True
+
+
+@scenario("one-address-two-connections")
+def test_one_address_two_connections(server: Server, kit: Testkit) -> None:
+    proxy, address = kit.proxy(server.address)
+    with ringlock.Client(address) as client:
+        assert client.ping().role == "active"
+        kit("wait-open", proxy, 2)
+        assert client.connection_count == 2
+
+
+@scenario("round-robin")
+def test_round_robin(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    first, first_address = kit.proxy(server.address)
+    second, second_address = kit.proxy(server.address)
+    with ringlock.Client([first_address, second_address]) as client:
+        for index in range(6):
+            cycle(client, f"{key('rr')}-{index}")
+        # Acquires and releases alike: what matters is that both carry requests.
+        kit("wait-upstream", first, "-", key("rr"))
+        kit("wait-upstream", second, "-", key("rr"))
+
+
+@scenario("cut-node-left-out-and-reconnected")
+def test_cut_node_left_out_and_reconnected(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    first, first_address = kit.proxy(server.address)
+    second, second_address = kit.proxy(server.address)
+    with ringlock.Client([first_address, second_address]) as client:
+        client.ping()
+        kit("wait-open", first, 1)
+        kit("wait-open", second, 1)
+        kit("refuse", first, "on")
+        kit("cut", first)
+        for index in range(20):
+            cycle(client, key(f"cut{index}"))
+        accepted = kit.count("accepted", first)
+        kit("refuse", first, "off")
+        kit("wait-accepted", first, accepted + 1)
+        kit("wait-open", first, 1)
+        wait_until(lambda: client.usable_connection_count == 2, "both connections up")
+        for index in range(4):
+            cycle(client, key(f"back{index}"))
+
+
+@scenario("pipelined-pairing-out-of-order")
+def test_pipelined_pairing_out_of_order(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    count = 16
+    proxy, address = kit.proxy(server.address)
+    with ringlock.Client(address) as client:
+        client.ping()
+        kit("reorder", proxy, "on")
+        start = threading.Barrier(count)
+
+        def acquire(index: int) -> ringlock.Lock:
+            lock = client.lock(key(f"ooo{index}"), lease=10)
+            start.wait()
+            assert lock.acquire()
+            return lock
+
+        with ThreadPoolExecutor(count) as pool:
+            locks = list(pool.map(acquire, range(count)))
+        kit("resume", proxy)
+        assert len({lock.token for lock in locks}) == count
+        for index, lock in enumerate(locks):
+            assert lock.key == key(f"ooo{index}")
+            assert lock.release() is True, "the token was the grant of this key"
+
+
+@scenario("same-key-in-send-order")
+def test_same_key_in_send_order(fresh_server: Server, kit: Testkit) -> None:
+    proxy, address = kit.proxy(fresh_server.address)
+    with ringlock.Client(address) as client:
+        first = client.lock("same", lease=10)
+        assert first.acquire()
+        first_token = first.token
+        assert first_token is not None
+        second = client.lock("same", lease=10, wait=None)
+        with ThreadPoolExecutor(1) as pool:
+            granted = pool.submit(second.acquire)
+            wait_until(lambda: client.stats()["total"]["waiters"] == 1, "the second acquire queued")
+            assert first.release() is True
+            assert granted.result(20) is True
+        assert second.token is not None and second.token > first_token
+        assert second.release() is True
+
+
+@scenario("acquire-moves-on-cut")
+def test_acquire_moves_on_cut(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    proxy, address = kit.proxy(server.address)
+    name = key("moves")
+    with ringlock.Client(address) as client:
+        client.ping()
+        kit("wait-open", proxy, 2)
+        kit("stall", proxy)
+        lock = client.lock(name, lease=10)
+        with ThreadPoolExecutor(1) as pool:
+            granted = pool.submit(lock.acquire)
+            (connection,) = kit("wait-upstream", proxy, "-", f"A {name} ")
+            kit("cut", proxy, connection)
+            kit("resume", proxy)
+            assert granted.result(20) is True
+        assert client.lock(name, lease=10).acquire(timeout=0.2) is False, "held exactly once"
+        assert lock.release() is True
+
+
+@scenario("no-connection-left")
+def test_no_connection_left(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    proxy, address = kit.proxy(server.address)
+    with ringlock.Client(address) as client:
+        client.ping()
+        kit("refuse", proxy, "on")
+        kit("cut", proxy)
+        kit("wait-open", proxy, 0)
+        with pytest.raises(ringlock.NoActiveNodeError) as raised:
+            client.lock(key("nothing"), lease=10, wait=5).acquire()
+        assert raised.value.code == "no-connection"
+
+
+@scenario("release-retried")
+def test_release_retried(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    proxy, address = kit.proxy(server.address)
+    name = key("retried")
+    with ringlock.Client(address) as client:
+        lock = client.lock(name, lease=30)
+        assert lock.acquire()
+        kit("stall", proxy)
+        with ThreadPoolExecutor(1) as pool:
+            released = pool.submit(lock.release)
+            kit("wait-upstream", proxy, "-", f"R {name} ")
+            kit("cut", proxy)
+            kit("resume", proxy)
+            # The client reconnects within 3 s, inside the 5 s of retries.
+            assert released.result(20) is True
+        fresh = client.lock(name, lease=10)
+        assert fresh.acquire(timeout=0.1), "the key was free at once"
+        fresh.release()
+
+
+@scenario("redirect-followed")
+def test_redirect_followed(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    fake, fake_address = kit.fake(server.address)
+    with ringlock.Client([fake_address, server.address]) as client:
+        for index in range(20):
+            cycle(client, key(f"redirect{index}"))
+        redirected = kit.count("redirected", fake)
+        assert redirected >= 1, "round-robin sent some requests to the standby"
+        assert client.active_node == server.address
+        for index in range(20):
+            cycle(client, key(f"after{index}"))
+        assert kit.count("redirected", fake) == redirected, "requests go to the active only"
+
+
+@scenario("redirect-to-no-active")
+def test_redirect_to_no_active(kit: Testkit, key: Callable[[str], str]) -> None:
+    _, fake_address = kit.fake("-")
+    with ringlock.Client(fake_address) as client:
+        with pytest.raises(ringlock.NoActiveNodeError) as raised:
+            client.lock(key("orphan"), lease=10, wait=0.5).acquire()
+        assert raised.value.code == "no-active"
+
+
+@scenario("timeout-is-not-a-grant")
+def test_timeout_is_not_a_grant(server: Server, key: Callable[[str], str]) -> None:
+    name = key("contended")
+    with ringlock.Client(server.address) as holder_client, ringlock.Client(server.address) as other_client:
+        holder = holder_client.lock(name, lease=30)
+        assert holder.acquire()
+        assert other_client.lock(name, lease=30, wait=0.2).acquire() is False
+        with pytest.raises(ringlock.LockTimeoutError):
+            with other_client.lock(name, lease=30, wait=0.2):
+                pytest.fail("the body ran without the lock")
+        holder.extend(30)  # still the holder
+        assert holder.release() is True
+
+
+@scenario("delayed-replies")
+def test_delayed_replies(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    proxy, address = kit.proxy(server.address)
+    kit("delay", proxy, 300)
+    with ringlock.Client(address) as client:
+        lock = client.lock(key("slow"), lease=10)
+        assert lock.acquire()
+        token = lock.token
+        lock.extend(20)
+        assert lock.token == token
+        assert lock.release() is True
