@@ -213,7 +213,7 @@ class Operation:
         if self.retry_until is None:
             self.retry_until = now + policy.retry_for
         at = now + policy.retry_interval
-        if at <= self.retry_until:
+        if at <= self.retry_until + 1e-9:  # float sums of the interval
             return (RETRY_AT, at)
         return (DONE, self.error(code))
 

@@ -140,15 +140,17 @@ def split_reply(line: bytes) -> tuple[bytes, bytes, list[bytes]]:
         >>> split_reply(b"E R k not-holder")[:2]
         (b'R', b'k')
     """
-    kind = line[:1]
-    if kind == b"S":
-        if line[1:2] != b" ":
-            raise ValueError("S without JSON")
+    if line[:2] == b"S ":
         return OP_STATS, b"", [OP_STATS, line[2:]]
     fields = line.split(b" ")
+    kind = fields[0]
     count = len(fields)
-    if kind in b"ATRX" and len(kind) == 1:
-        if count != (3 if kind in b"AX" else 2):
+    if kind == b"A" or kind == b"X":
+        if count != 3:
+            raise ValueError("wrong field count")
+        return kind, fields[1], fields
+    if kind == b"T" or kind == b"R":
+        if count != 2:
             raise ValueError("wrong field count")
         # T answers an acquire.
         return (OP_ACQUIRE if kind == b"T" else kind), fields[1], fields

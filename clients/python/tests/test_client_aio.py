@@ -1,0 +1,98 @@
+"""The asyncio API against a real server: what a user sees."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+import ringlock
+import ringlock.aio
+from harness import Server
+
+
+@pytest.fixture
+async def client(server: Server) -> AsyncIterator[ringlock.aio.Client]:
+    async with ringlock.aio.Client(server.address) as made:
+        yield made
+
+
+async def test_ping_and_stats(client: ringlock.aio.Client, server: Server) -> None:
+    pong = await client.ping()
+    assert pong.role == "active" and pong.active == server.address
+    assert (await client.stats())["role"] == "active"
+    assert client.connection_count == 2
+
+
+async def test_acquire_release_and_context_manager(client: ringlock.aio.Client, key: Callable[[str], str]) -> None:
+    lock = client.lock(key("basic"), lease=10)
+    assert await lock.acquire()
+    assert await client.lock(key("basic")).acquire(blocking=False) is False
+    with pytest.raises(ringlock.LockTimeoutError):
+        async with client.lock(key("basic"), wait=0.05):
+            pytest.fail("ran without the lock")
+    assert await lock.release() is True
+    with pytest.raises(ringlock.LockNotOwnedError):
+        await lock.release()
+    async with client.lock(key("basic"), lease=10) as held:
+        assert held.token is not None and held.token > 0
+
+
+async def test_extend_sets_the_remaining_lease(client: ringlock.aio.Client, key: Callable[[str], str]) -> None:
+    lock = client.lock(key("extend"), lease=60)
+    assert await lock.acquire()
+    await lock.extend(0.05)
+    assert await client.lock(key("extend"), lease=10).acquire(timeout=30)
+    assert await lock.release() is False
+
+
+async def test_auto_extend_reports_a_lost_lock(client: ringlock.aio.Client, key: Callable[[str], str]) -> None:
+    lost = asyncio.Event()
+
+    def on_lost(lock: ringlock.aio.Lock, error: ringlock.LockLostError) -> None:
+        lost.set()
+
+    with pytest.raises(ringlock.LockLostError):
+        async with client.lock(key("lost"), lease=0.9, auto_extend=True, on_lost=on_lost) as lock:
+            await lock.extend(0.01)
+            await asyncio.wait_for(lost.wait(), 20)
+
+
+async def test_auto_extend_keeps_the_lock(client: ringlock.aio.Client, key: Callable[[str], str]) -> None:
+    async def extends() -> int:
+        return int((await client.stats())["total"]["extends"])
+
+    async with client.lock(key("auto"), lease=0.6, auto_extend=True) as lock:
+        start = await extends()
+        while await extends() < start + 3:
+            await asyncio.sleep(0.05)
+        assert lock.lost is None
+
+
+async def test_a_cancelled_acquire_releases_a_late_grant(client: ringlock.aio.Client, key: Callable[[str], str]) -> None:
+    holder = client.lock(key("cancel"), lease=30)
+    assert await holder.acquire()
+    waiter = asyncio.create_task(client.lock(key("cancel"), lease=30).acquire())
+    while (await client.stats())["total"]["waiters"] < 1:
+        await asyncio.sleep(0.01)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    # The cancelled request is still queued on the server; the grant it
+    # gets is released at once, so the key comes free for the next one.
+    assert await holder.release() is True
+    assert await client.lock(key("cancel"), lease=10).acquire(timeout=30)
+
+
+async def test_many_tasks_share_a_client(client: ringlock.aio.Client, key: Callable[[str], str]) -> None:
+    async def work(task: int) -> list[int]:
+        tokens = []
+        for index in range(20):
+            async with client.lock(key(f"t{task}-{index % 3}"), lease=10) as lock:
+                assert lock.token is not None
+                tokens.append(lock.token)
+        return tokens
+
+    results = await asyncio.gather(*(work(task) for task in range(64)))
+    assert len({token for tokens in results for token in tokens}) == 64 * 20

@@ -1,0 +1,173 @@
+"""The pure parts, without a server: request lines, reply fields, pairing,
+and SPEC §4's rules as the request state machine applies them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringlock import LockLostError, NoActiveNodeError, Pong, ProtocolError
+from ringlock._operation import (
+    ACQUIRE,
+    CUT_IO,
+    DONE,
+    EXTEND,
+    PING,
+    REDIRECT,
+    RELEASE,
+    RESEND,
+    RETRY_AT,
+    UNSENT_ACTIVE_UNREACHABLE,
+    UNSENT_NO_CONNECTION,
+    Operation,
+    Policy,
+)
+from ringlock._pairing import Pairing
+from ringlock._protocol import key_bytes, lease_ms, seconds_field, split_reply, wait_ms
+from ringlock._router import check_addresses, split_address
+
+POLICY = Policy(retry_interval=0.2, retry_for=5.0, redirect_limit=2)
+
+
+def operation(kind: int = ACQUIRE, tries: int = 1, now: float = 100.0, **fields: int) -> Operation:
+    fields.setdefault("lease_ms", 30_000) if kind in (ACQUIRE, EXTEND) else None
+    return Operation(kind, b"k", now, tries, POLICY, None, **fields)
+
+
+def reply(line: bytes) -> list[bytes]:
+    return split_reply(line)[2]
+
+
+def test_request_lines() -> None:
+    assert operation(wait_ms=2_000).encode(100.0) == b"A k 30 2\n"
+    assert operation(RELEASE, token=5).encode(100.0) == b"R k 5\n"
+    assert operation(EXTEND, token=5, lease_ms=1_500).encode(100.0) == b"X k 5 1.5\n"
+    assert Operation(PING, b"", 0.0, 1, POLICY, None).encode(0.0) == b"P\n"
+    assert [seconds_field(ms) for ms in (1, 10, 100, 2_125, 86_400_000)] == [b"0.001", b"0.01", b"0.1", b"2.125", b"86400"]
+
+
+def test_a_resent_acquire_asks_for_the_wait_it_has_left() -> None:
+    acquire = operation(wait_ms=2_000, now=100.0)
+    assert acquire.encode(100.75) == b"A k 30 1.25\n"
+    assert not acquire.expired(101.99)
+    assert acquire.expired(102.0)
+    forever = operation(wait_ms=0)
+    assert not forever.expired(1e9)
+    assert forever.encode(200.0) == b"A k 30 0\n"
+
+
+def test_arguments_are_checked_before_sending() -> None:
+    for bad in ("", "two words", "tab\there", "x" * 251, "-", "nul\0"):
+        with pytest.raises(ValueError):
+            key_bytes(bad)
+    assert key_bytes("ключ") == "ключ".encode()
+    assert lease_ms(0.0001) == 1 and lease_ms(30) == 30_000
+    for bad_lease in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            lease_ms(bad_lease)
+    assert wait_ms(None) == 0 and wait_ms(0) == 1 and wait_ms(0.2) == 200
+    with pytest.raises(ValueError):
+        wait_ms(86_401)
+    assert split_address("[::1]:7700") == ("::1", 7700)
+    for bad_address in ("nohost", "host:", "host:0", "host:99999"):
+        with pytest.raises(ValueError):
+            split_address(bad_address)
+    with pytest.raises(ValueError):
+        check_addresses([])
+
+
+def test_replies_split_into_the_op_and_key_they_answer() -> None:
+    assert split_reply(b"A k 7")[:2] == (b"A", b"k")
+    assert split_reply(b"T k")[:2] == (b"A", b"k")
+    assert split_reply(b"E X k not-holder")[:2] == (b"X", b"k")
+    assert split_reply(b"M R k 10.0.0.2:7700")[:2] == (b"R", b"k")
+    assert split_reply(b"P active 3 127.0.0.1:7700")[:2] == (b"P", b"")
+    assert split_reply(b'S {"role":"active"}')[:2] == (b"S", b"")
+    assert split_reply(b"E - - bad-op")[:2] == (b"-", b"-")
+    for malformed in (b"", b"A k", b"Q k", b"T", b"E A k", b"S", b"AA k 1"):
+        with pytest.raises(ValueError):
+            split_reply(malformed)
+
+
+def test_same_op_and_key_pair_in_send_order() -> None:
+    table: Pairing[int] = Pairing()
+    for op, key, serial in ((b"A", b"k", 1), (b"R", b"k", 2), (b"A", b"k", 3), (b"A", b"j", 4)):
+        table.push(op, key, serial)
+    assert len(table) == 4
+    assert table.take(b"A", b"k") == 1
+    assert table.take(b"A", b"j") == 4
+    assert table.take(b"A", b"k") == 3
+    assert table.take(b"A", b"k") is None
+    assert table.take(b"X", b"k") is None
+    assert table.drain() == [2]
+    assert len(table) == 0
+
+
+def test_replies_end_requests() -> None:
+    assert operation().on_reply(reply(b"A k 9"), POLICY, 100.0) == (DONE, 9)
+    assert operation().on_reply(reply(b"T k"), POLICY, 100.0) == (DONE, None)
+    assert operation(RELEASE, token=9).on_reply(reply(b"R k"), POLICY, 100.0) == (DONE, True)
+    # Nothing left to release is what the caller wanted: not an error.
+    assert operation(RELEASE, token=9).on_reply(reply(b"E R k not-holder"), POLICY, 100.0) == (DONE, False)
+    assert operation(EXTEND, token=9).on_reply(reply(b"X k 9"), POLICY, 100.0) == (DONE, True)
+    what, lost = operation(EXTEND, token=9).on_reply(reply(b"E X k not-holder"), POLICY, 100.0)
+    assert what == DONE and isinstance(lost, LockLostError) and lost.key == "k"
+    what, wrong = operation(EXTEND, token=9).on_reply(reply(b"X k 8"), POLICY, 100.0)
+    assert isinstance(wrong, ProtocolError)
+    pong = Operation(PING, b"", 0.0, 1, POLICY, None).on_reply(reply(b"P standby 0 -"), POLICY, 0.0)
+    assert pong == (DONE, Pong("standby", 0, None))
+    with pytest.raises(ValueError):
+        operation().on_reply(reply(b"A k 18446744073709551616"), POLICY, 100.0)
+
+
+def test_an_acquire_moves_on_until_it_was_cut_on_every_connection() -> None:
+    acquire = operation(tries=3)
+    assert acquire.on_cut(CUT_IO, 100.0) == (RESEND, None)
+    assert acquire.on_cut(CUT_IO, 100.0) == (RESEND, None)
+    what, error = acquire.on_cut(CUT_IO, 100.0)
+    assert what == DONE and isinstance(error, NoActiveNodeError) and error.code == "no-connection"
+    what, error = operation(tries=2).on_unsent(UNSENT_NO_CONNECTION, 100.0, POLICY)
+    assert what == DONE and error.code == "no-connection"  # type: ignore[attr-defined]
+
+
+def test_a_release_is_retried_every_interval_for_the_retry_period() -> None:
+    start = 100.0
+    release = operation(RELEASE, token=5, now=start)
+    assert release.on_cut(CUT_IO, start) == (RESEND, None)
+    now, retries = start, 0
+    while True:
+        what, value = release.on_unsent(UNSENT_NO_CONNECTION, now, POLICY)
+        if what == DONE:
+            break
+        assert what == RETRY_AT and value == pytest.approx(now + 0.2)
+        now = value  # type: ignore[assignment]
+        retries += 1
+    assert retries == 25, "5 s every 200 ms"
+    assert release.on_cut(CUT_IO, now + 0.001)[0] == DONE
+
+
+def test_redirects_are_followed_up_to_the_limit() -> None:
+    acquire = operation()
+    moved = reply(b"M A k 10.0.0.2:7700")
+    assert acquire.on_reply(moved, POLICY, 100.0) == (REDIRECT, None)
+    assert acquire.on_reply(moved, POLICY, 100.0) == (REDIRECT, None)
+    what, error = acquire.on_reply(moved, POLICY, 100.0)
+    assert what == DONE and error.code == "no-active"  # type: ignore[attr-defined]
+
+
+def test_no_active_known_is_retried_for_the_retry_period() -> None:
+    acquire = operation(wait_ms=0, now=100.0)
+    nobody = reply(b"M A k -")
+    assert acquire.on_reply(nobody, POLICY, 100.0)[0] == RETRY_AT
+    what, error = acquire.on_reply(nobody, POLICY, 105.0)
+    assert what == DONE and isinstance(error, NoActiveNodeError) and error.code == "no-active"
+    assert operation().on_unsent(UNSENT_ACTIVE_UNREACHABLE, 100.0, POLICY)[0] == RETRY_AT
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    from ringlock import _pairing, _protocol, _router, errors
+
+    for module in (_protocol, _pairing, _router, errors):
+        failed, _ = doctest.testmod(module)
+        assert failed == 0, module.__name__

@@ -1,0 +1,228 @@
+"""SPEC §4 behaviours of the asyncio client, one test per id of
+``clients/scenarios.json``, against the real server and ringlock-testkit.
+
+Control commands block until the kit answers, so they run in a thread
+(``control``) while the loop serves the client's connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+import ringlock
+import ringlock.aio
+from conftest import scenario_ids
+from harness import Server, Testkit
+
+pytestmark = pytest.mark.testkit
+
+SCENARIO_TESTS: dict[str, Callable[..., Awaitable[None]]] = {}
+
+
+def scenario(ident: str) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
+    """Marks a test as the one for scenario ``ident``."""
+
+    def register(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        assert ident not in SCENARIO_TESTS, f"two tests for {ident}"
+        SCENARIO_TESTS[ident] = test
+        return test
+
+    return register
+
+
+def test_every_scenario_has_a_test() -> None:
+    ids = scenario_ids()
+    assert ids, "the scenario list is empty"
+    missing = sorted(set(ids) - set(SCENARIO_TESTS))
+    unknown = sorted(set(SCENARIO_TESTS) - set(ids))
+    assert not missing, f"scenarios without an asyncio test: {missing}"
+    assert not unknown, f"asyncio tests for scenarios not in the list: {unknown}"
+
+
+async def control(kit: Testkit, *words: object) -> list[str]:
+    return await asyncio.to_thread(kit, *words)
+
+
+async def cycle(client: ringlock.aio.Client, key: str) -> None:
+    lock = client.lock(key, lease=10, wait=5)
+    assert await lock.acquire()
+    assert await lock.release() is True
+
+
+@scenario("one-address-two-connections")
+async def test_one_address_two_connections(server: Server, kit: Testkit) -> None:
+    proxy, address = kit.proxy(server.address)
+    async with ringlock.aio.Client(address) as client:
+        assert (await client.ping()).role == "active"
+        await control(kit, "wait-open", proxy, 2)
+        assert client.connection_count == 2
+
+
+@scenario("round-robin")
+async def test_round_robin(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    first, first_address = kit.proxy(server.address)
+    second, second_address = kit.proxy(server.address)
+    async with ringlock.aio.Client([first_address, second_address]) as client:
+        for index in range(6):
+            await cycle(client, f"{key('rr')}-{index}")
+        await control(kit, "wait-upstream", first, "-", key("rr"))
+        await control(kit, "wait-upstream", second, "-", key("rr"))
+
+
+@scenario("cut-node-left-out-and-reconnected")
+async def test_cut_node_left_out_and_reconnected(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    first, first_address = kit.proxy(server.address)
+    second, second_address = kit.proxy(server.address)
+    async with ringlock.aio.Client([first_address, second_address]) as client:
+        await client.ping()
+        await control(kit, "wait-open", first, 1)
+        await control(kit, "wait-open", second, 1)
+        await control(kit, "refuse", first, "on")
+        await control(kit, "cut", first)
+        for index in range(20):
+            await cycle(client, key(f"cut{index}"))
+        accepted = int((await control(kit, "accepted", first))[0])
+        await control(kit, "refuse", first, "off")
+        await control(kit, "wait-accepted", first, accepted + 1)
+        await control(kit, "wait-open", first, 1)
+        while client.usable_connection_count < 2:
+            await asyncio.sleep(0.01)
+        for index in range(4):
+            await cycle(client, key(f"back{index}"))
+
+
+@scenario("pipelined-pairing-out-of-order")
+async def test_pipelined_pairing_out_of_order(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    count = 16
+    proxy, address = kit.proxy(server.address)
+    async with ringlock.aio.Client(address) as client:
+        await client.ping()
+        await control(kit, "reorder", proxy, "on")
+        locks = [client.lock(key(f"ooo{index}"), lease=10) for index in range(count)]
+        assert all(await asyncio.gather(*(lock.acquire() for lock in locks)))
+        await control(kit, "resume", proxy)
+        assert len({lock.token for lock in locks}) == count
+        for index, lock in enumerate(locks):
+            assert lock.key == key(f"ooo{index}")
+            assert await lock.release() is True, "the token was the grant of this key"
+
+
+@scenario("same-key-in-send-order")
+async def test_same_key_in_send_order(fresh_server: Server, kit: Testkit) -> None:
+    _, address = kit.proxy(fresh_server.address)
+    async with ringlock.aio.Client(address) as client:
+        first = client.lock("same", lease=10)
+        assert await first.acquire()
+        first_token = first.token
+        assert first_token is not None
+        second = client.lock("same", lease=10, wait=None)
+        granted = asyncio.create_task(second.acquire())
+        while (await client.stats())["total"]["waiters"] != 1:
+            await asyncio.sleep(0.01)
+        assert await first.release() is True
+        assert await asyncio.wait_for(granted, 20) is True
+        assert second.token is not None and second.token > first_token
+        assert await second.release() is True
+
+
+@scenario("acquire-moves-on-cut")
+async def test_acquire_moves_on_cut(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    proxy, address = kit.proxy(server.address)
+    name = key("moves")
+    async with ringlock.aio.Client(address) as client:
+        await client.ping()
+        await control(kit, "wait-open", proxy, 2)
+        await control(kit, "stall", proxy)
+        lock = client.lock(name, lease=10)
+        granted = asyncio.create_task(lock.acquire())
+        (connection,) = await control(kit, "wait-upstream", proxy, "-", f"A {name} ")
+        await control(kit, "cut", proxy, connection)
+        await control(kit, "resume", proxy)
+        assert await asyncio.wait_for(granted, 20) is True
+        assert await client.lock(name, lease=10).acquire(timeout=0.2) is False, "held exactly once"
+        assert await lock.release() is True
+
+
+@scenario("no-connection-left")
+async def test_no_connection_left(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    proxy, address = kit.proxy(server.address)
+    async with ringlock.aio.Client(address) as client:
+        await client.ping()
+        await control(kit, "refuse", proxy, "on")
+        await control(kit, "cut", proxy)
+        await control(kit, "wait-open", proxy, 0)
+        with pytest.raises(ringlock.NoActiveNodeError) as raised:
+            await client.lock(key("nothing"), lease=10, wait=5).acquire()
+        assert raised.value.code == "no-connection"
+
+
+@scenario("release-retried")
+async def test_release_retried(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    proxy, address = kit.proxy(server.address)
+    name = key("retried")
+    async with ringlock.aio.Client(address) as client:
+        lock = client.lock(name, lease=30)
+        assert await lock.acquire()
+        await control(kit, "stall", proxy)
+        released = asyncio.create_task(lock.release())
+        await control(kit, "wait-upstream", proxy, "-", f"R {name} ")
+        await control(kit, "cut", proxy)
+        await control(kit, "resume", proxy)
+        # The client reconnects within 3 s, inside the 5 s of retries.
+        assert await asyncio.wait_for(released, 20) is True
+        fresh = client.lock(name, lease=10)
+        assert await fresh.acquire(timeout=0.1), "the key was free at once"
+        await fresh.release()
+
+
+@scenario("redirect-followed")
+async def test_redirect_followed(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    fake, fake_address = kit.fake(server.address)
+    async with ringlock.aio.Client([fake_address, server.address]) as client:
+        for index in range(20):
+            await cycle(client, key(f"redirect{index}"))
+        redirected = int((await control(kit, "redirected", fake))[0])
+        assert redirected >= 1, "round-robin sent some requests to the standby"
+        assert client.active_node == server.address
+        for index in range(20):
+            await cycle(client, key(f"after{index}"))
+        assert int((await control(kit, "redirected", fake))[0]) == redirected, "requests go to the active only"
+
+
+@scenario("redirect-to-no-active")
+async def test_redirect_to_no_active(kit: Testkit, key: Callable[[str], str]) -> None:
+    _, fake_address = kit.fake("-")
+    async with ringlock.aio.Client(fake_address) as client:
+        with pytest.raises(ringlock.NoActiveNodeError) as raised:
+            await client.lock(key("orphan"), lease=10, wait=0.5).acquire()
+        assert raised.value.code == "no-active"
+
+
+@scenario("timeout-is-not-a-grant")
+async def test_timeout_is_not_a_grant(server: Server, key: Callable[[str], str]) -> None:
+    name = key("contended")
+    async with ringlock.aio.Client(server.address) as holder_client, ringlock.aio.Client(server.address) as other:
+        holder = holder_client.lock(name, lease=30)
+        assert await holder.acquire()
+        assert await other.lock(name, lease=30, wait=0.2).acquire() is False
+        with pytest.raises(ringlock.LockTimeoutError):
+            async with other.lock(name, lease=30, wait=0.2):
+                pytest.fail("the body ran without the lock")
+        await holder.extend(30)  # still the holder
+        assert await holder.release() is True
+
+
+@scenario("delayed-replies")
+async def test_delayed_replies(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    proxy, address = kit.proxy(server.address)
+    await control(kit, "delay", proxy, 300)
+    async with ringlock.aio.Client(address) as client:
+        lock = client.lock(key("slow"), lease=10)
+        assert await lock.acquire()
+        token = lock.token
+        await lock.extend(20)
+        assert lock.token == token
+        assert await lock.release() is True
