@@ -216,12 +216,20 @@ def main() -> int:
     medians = {name: statistics.median(values) for name, values in figures.items()}
     sync_ratio = medians["ringlock_sync"] / medians["redis_sync"]
     aio_ratio = medians["ringlock_aio"] / medians["redis_aio"]
-    print(f"python {sys.version.split()[0]}, redis-py {redis.__version__}, {os.cpu_count()} CPUs, {args.seconds:g} s each")
+    print(
+        f"python {sys.version.split()[0]}, redis-py {redis.__version__}, {os.cpu_count()} CPUs, {args.seconds:g} s each"
+    )
     print(f"{'lock cycles/s':<40}{'ringlock':>12}{'redis-py':>12}{'ratio':>8}")
-    print(f"{'sync, one thread':<40}{medians['ringlock_sync']:>12,.0f}{medians['redis_sync']:>12,.0f}{sync_ratio:>8.2f}")
-    print(f"{f'asyncio, {TASKS} tasks':<40}{medians['ringlock_aio']:>12,.0f}{medians['redis_aio']:>12,.0f}{aio_ratio:>8.2f}")
+    print(
+        f"{'sync, one thread':<40}{medians['ringlock_sync']:>12,.0f}{medians['redis_sync']:>12,.0f}{sync_ratio:>8.2f}"
+    )
+    print(
+        f"{f'asyncio, {TASKS} tasks':<40}{medians['ringlock_aio']:>12,.0f}{medians['redis_aio']:>12,.0f}{aio_ratio:>8.2f}"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"rounds": figures, "sync_ratio": sync_ratio, "asyncio_ratio": aio_ratio}, indent=2))
+        args.json.write_text(
+            json.dumps({"rounds": figures, "sync_ratio": sync_ratio, "asyncio_ratio": aio_ratio}, indent=2)
+        )
     return 0
 
 

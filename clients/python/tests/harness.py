@@ -44,7 +44,9 @@ class Server:
             "--data-dir",
             self._data.name,
         ]
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         self.log: collections.deque[str] = collections.deque(maxlen=200)
         assert self.process.stderr is not None
         address = None

@@ -70,7 +70,9 @@ async def test_auto_extend_keeps_the_lock(client: ringlock.aio.Client, key: Call
         assert lock.lost is None
 
 
-async def test_a_cancelled_acquire_releases_a_late_grant(client: ringlock.aio.Client, key: Callable[[str], str]) -> None:
+async def test_a_cancelled_acquire_releases_a_late_grant(
+    client: ringlock.aio.Client, key: Callable[[str], str]
+) -> None:
     holder = client.lock(key("cancel"), lease=30)
     assert await holder.acquire()
     waiter = asyncio.create_task(client.lock(key("cancel"), lease=30).acquire())

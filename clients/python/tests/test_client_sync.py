@@ -94,7 +94,10 @@ def test_auto_extend_reports_a_lost_lock(client: ringlock.Client, key: Callable[
         seen.append(error)
         lost.set()
 
-    with pytest.raises(ringlock.LockLostError), client.lock(key("lost"), lease=0.9, auto_extend=True, on_lost=on_lost) as lock:
+    with (
+        pytest.raises(ringlock.LockLostError),
+        client.lock(key("lost"), lease=0.9, auto_extend=True, on_lost=on_lost) as lock,
+    ):
         lock.extend(0.01)  # the server takes it back before the next automatic extension
         assert lost.wait(20)
         assert lock.lost is seen[0]
@@ -139,6 +142,6 @@ def test_no_server_is_an_error_not_a_hang(key: Callable[[str], str]) -> None:
 
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
-        address = "127.0.0.1:%d" % unused.getsockname()[1]
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
         with ringlock.Client(address) as client, pytest.raises(ringlock.NoActiveNodeError):
             client.ping()

@@ -42,7 +42,13 @@ def test_request_lines() -> None:
     assert operation(RELEASE, token=5).encode(100.0) == b"R k 5\n"
     assert operation(EXTEND, token=5, lease_ms=1_500).encode(100.0) == b"X k 5 1.5\n"
     assert Operation(PING, b"", 0.0, 1, POLICY, None).encode(0.0) == b"P\n"
-    assert [seconds_field(ms) for ms in (1, 10, 100, 2_125, 86_400_000)] == [b"0.001", b"0.01", b"0.1", b"2.125", b"86400"]
+    assert [seconds_field(ms) for ms in (1, 10, 100, 2_125, 86_400_000)] == [
+        b"0.001",
+        b"0.01",
+        b"0.1",
+        b"2.125",
+        b"86400",
+    ]
 
 
 def test_a_resent_acquire_asks_for_the_wait_it_has_left() -> None:

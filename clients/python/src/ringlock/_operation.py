@@ -15,7 +15,17 @@ import json
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._protocol import OP_ACQUIRE, OP_EXTEND, OP_PING, OP_RELEASE, OP_STATS, Pong, acquire_line, extend_line, release_line
+from ._protocol import (
+    OP_ACQUIRE,
+    OP_EXTEND,
+    OP_PING,
+    OP_RELEASE,
+    OP_STATS,
+    Pong,
+    acquire_line,
+    extend_line,
+    release_line,
+)
 from .errors import LockLostError, ProtocolError, RinglockError, error_for
 
 # What a request asks.
@@ -66,16 +76,16 @@ class Operation:
     """A request in flight, or waiting to be retried."""
 
     __slots__ = (
-        "kind",
-        "op",
         "key",
+        "kind",
         "lease_ms",
-        "wait_ms",
-        "token",
-        "started",
-        "tries_left",
+        "op",
         "redirects_left",
         "retry_until",
+        "started",
+        "token",
+        "tries_left",
+        "wait_ms",
         "waiter",
     )
 

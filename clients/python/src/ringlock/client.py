@@ -29,7 +29,7 @@ _TRY_WAIT_MS = 1
 class _Waiter:
     """A blocked caller, woken by the thread that completes its request."""
 
-    __slots__ = ("_lock", "value", "done", "abandoned")
+    __slots__ = ("_lock", "abandoned", "done", "value")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -235,7 +235,13 @@ class Client:
     def _request(self, kind: int, key: bytes, **fields: int) -> object:
         waiter = _Waiter()
         self._router.submit(kind, key, waiter, **fields)
-        value = waiter.wait()
+        try:
+            value = waiter.wait()
+        except BaseException:
+            # Interrupted after the grant arrived: nobody will hold it.
+            if waiter.done and kind == ACQUIRE and type(waiter.value) is int:
+                self._router.submit(RELEASE, key, None, token=waiter.value)
+            raise
         if isinstance(value, RinglockError):
             raise value
         return value
