@@ -1,0 +1,217 @@
+package ringlock
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+// Role is a node's role in its cluster, as a ping reports it.
+type Role string
+
+// The roles a node may have.
+const (
+	// RoleActive is a node that serves locks.
+	RoleActive Role = "active"
+	// RoleStandby is a node that follows the active and answers lock
+	// requests with a redirect to it.
+	RoleStandby Role = "standby"
+)
+
+// Pong is a node's answer to a ping.
+type Pong struct {
+	// Role is whether the node serves locks.
+	Role Role
+	// Epoch is the node's current epoch (0 before it has decided anything).
+	Epoch uint64
+	// Active is the client address of the active node, empty if the node
+	// knows none.
+	Active string
+}
+
+// Client is a client of a ringlock server or cluster, safe for use by many
+// goroutines at once.
+//
+// It keeps one connection per node (two when given one address) with
+// background goroutines, pipelines the requests of all callers over them,
+// and moves, retries and redirects requests as SPEC §4 says. Make one with
+// Dial and share it; Close it when done.
+type Client struct {
+	router *router
+}
+
+// Dial makes a client of the nodes at addrs ("host:port", as the servers'
+// --listen or --peers name them, so that redirects can be matched with
+// them). Give every node of a cluster, in any order.
+//
+// Connections are made and kept up in the background. Dial waits until one
+// of them is up, or every first try failed, or ctx ends; it fails with an
+// error wrapping ErrNoConnection if no node could be reached. After that,
+// a broken connection is left out and reconnected every 3s; ctx is not used
+// after Dial returns.
+func Dial(ctx context.Context, addrs []string, opts ...Option) (*Client, error) {
+	if len(addrs) == 0 {
+		return nil, &ArgumentError{Arg: "addrs", Reason: "give at least one server address"}
+	}
+	if len(addrs) > nodesMax {
+		return nil, &ArgumentError{Arg: "addrs", Reason: fmt.Sprintf("give at most %d addresses", nodesMax)}
+	}
+	for _, address := range addrs {
+		if err := checkAddress(address); err != nil {
+			return nil, err
+		}
+	}
+	o := defaultOptions()
+	for _, option := range opts {
+		option(&o)
+	}
+	if o.connectionsPerNode == 0 {
+		o.connectionsPerNode = 1
+		if len(addrs) == 1 {
+			o.connectionsPerNode = connectionsPerSingleNode
+		}
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	c := &Client{router: newRouter(addrs, o)}
+	if err := c.router.waitReady(ctx); err != nil {
+		c.router.close()
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %s: %w", ErrNoConnection, strings.Join(addrs, ", "), err)
+	}
+	return c, nil
+}
+
+// checkAddress refuses an address no server could name in an M reply.
+func checkAddress(address string) error {
+	if address == "" || address == "-" || strings.ContainsAny(address, " \t\r\n\x00") {
+		return &ArgumentError{Arg: "addrs", Reason: fmt.Sprintf("%q is not a server address (host:port)", address)}
+	}
+	if _, _, err := net.SplitHostPort(address); err != nil {
+		return &ArgumentError{Arg: "addrs", Reason: fmt.Sprintf("%q is not a server address (host:port)", address)}
+	}
+	return nil
+}
+
+// Close closes the connections, after the server has answered what was
+// already sent (for at most a second), and fails requests still waiting
+// with ErrClosed. Locks still held stay held until their leases run out.
+// Close returns once the client's goroutines have ended; it always returns
+// nil, and closing twice does nothing.
+func (c *Client) Close() error {
+	c.router.close()
+	return nil
+}
+
+// checkLease turns a lease into milliseconds, refusing one under 1ms.
+func checkLease(lease time.Duration) (uint64, error) {
+	if lease <= 0 {
+		return 0, &ArgumentError{Arg: "lease", Reason: "a lease must be at least 1ms"}
+	}
+	return millisecondsUp(lease), nil
+}
+
+// Acquire acquires key for lease, waiting at most wait in the key's queue
+// (0: without limit), and blocks until the server answers or ctx ends.
+//
+// It returns the Lock, or ErrTimeout if the wait ran out with nothing
+// granted. The lease is counted from the grant and rounded up to a
+// millisecond, and so is the wait. Locks are not re-entrant: a second
+// acquire of a key this client holds waits behind the holder.
+//
+// If ctx ends first, Acquire returns ctx.Err() and gives the request up:
+// a grant that arrives for it anyway is released at once. The request
+// stays queued on the server until then, or until its wait runs out.
+//
+// If the connection carrying the acquire breaks, it moves to the next
+// connection with the wait it has left; it fails with ErrNoConnection once
+// no usable connection is left, or after it was cut on as many connections
+// as the client has. An acquire cut after the server granted it leaves that
+// grant to run out its lease.
+//
+// Errors: an *ArgumentError for a bad key (1 to 250 bytes, no space, tab,
+// CR, LF or NUL, and not "-"), a lease under 1ms, or a wait negative or
+// over 24h; a *ServerError if the server refused the request (bad-lease
+// beyond its --max-lease, too-many-waiters...); ErrNoConnection,
+// ErrNoActive, ErrTooManyInFlight, ErrClosed, a *ProtocolError.
+func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration) (*Lock, error) {
+	if wait < 0 || wait > WaitMax {
+		return nil, &ArgumentError{Arg: "wait", Reason: "0 (no limit) to 24h"}
+	}
+	return c.acquire(ctx, key, lease, wait)
+}
+
+// TryAcquire acquires key for lease only if it is free now: it asks for the
+// shortest wait (1ms, see WithTryAcquireWait) and returns ErrTimeout if the
+// key is held. Errors as for Acquire.
+func (c *Client) TryAcquire(ctx context.Context, key string, lease time.Duration) (*Lock, error) {
+	return c.acquire(ctx, key, lease, c.router.options.tryAcquireWait)
+}
+
+func (c *Client) acquire(ctx context.Context, key string, lease, wait time.Duration) (*Lock, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	leaseMs, err := checkLease(lease)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	o := c.router.newOperation(kindAcquire, key, true)
+	o.leaseMs = leaseMs
+	o.waitMs = millisecondsUp(wait)
+	result, err := c.request(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return &Lock{client: c, key: key, token: result.token}, nil
+}
+
+// request submits o and waits for its outcome or for ctx to end; the
+// outcome's error, if it has one.
+func (c *Client) request(ctx context.Context, o *operation) (outcome, error) {
+	c.router.submit(o)
+	select {
+	case result := <-o.done:
+		return result, result.err
+	case <-ctx.Done():
+		if o.state.CompareAndSwap(waiterPending, waiterAbandoned) {
+			return outcome{}, ctx.Err()
+		}
+		// The outcome came first and is on its way.
+		result := <-o.done
+		return result, result.err
+	}
+}
+
+// Ping asks a node for its role, its epoch and the active node it knows.
+// It goes to the active node if one is known, else to the next connection
+// round-robin; every node answers, active or not.
+func (c *Client) Ping(ctx context.Context) (Pong, error) {
+	if err := ctx.Err(); err != nil {
+		return Pong{}, err
+	}
+	result, err := c.request(ctx, c.router.newOperation(kindPing, "", true))
+	return result.pong, err
+}
+
+// Stats returns a node's counters and gauges, as one JSON object (README
+// "Protocol"). Like Ping, it goes to the active node if one is known.
+func (c *Client) Stats(ctx context.Context) (json.RawMessage, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	result, err := c.request(ctx, c.router.newOperation(kindStats, "", true))
+	if err != nil {
+		return nil, err
+	}
+	return json.RawMessage(result.stats), nil
+}

@@ -1,0 +1,347 @@
+package ringlock
+
+// One persistent connection to one node, and its two goroutines.
+//
+//   - The reader owns the connection's life: it connects, reads and pairs
+//     replies, and when the socket breaks it hands every request in flight
+//     back to the router (which moves or retries them), waits the reconnect
+//     interval, and connects again.
+//   - The writer sends what callers queued. Callers only append encoded
+//     lines to the connection's buffer under its lock, so no caller ever
+//     blocks on a socket, even when the server stalls. Everything queued
+//     while a write is under way goes out in the next single write, which is
+//     what makes pipelining from many goroutines cheap: one system call
+//     carries the requests of every caller that queued meanwhile.
+//
+// A request is recorded in the pairing table and appended to the output
+// buffer under the same lock, so the table's order for an (op, key) is the
+// order the lines go out on the wire.
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync"
+	"time"
+)
+
+// closeLinger is how long a closing client waits for the server to answer
+// what it flushed (the releases of a shutting-down application) before it
+// drops the socket.
+const closeLinger = time.Second
+
+// phase is where a connection is in its life.
+type phase uint8
+
+const (
+	// phaseConnecting: its first connect is under way. It takes requests,
+	// which go out once connected (or move on if the connect fails), so a
+	// new client or a node learned from M serves at once.
+	phaseConnecting phase = iota
+	// phaseUp: connected.
+	phaseUp
+	// phaseDown: broken; left out until the reader reconnects it.
+	phaseDown
+	// phaseClosed: the client is closing.
+	phaseClosed
+)
+
+// refusal says why a connection did not take a request.
+type refusal uint8
+
+const (
+	refusedNone refusal = iota
+	refusedUnusable
+	refusedFull
+)
+
+type connection struct {
+	// address is the node's, as the client was given it or learned it.
+	address string
+	// node is the node's index in the router's topology.
+	node   int
+	router *router
+
+	mu    sync.Mutex
+	phase phase
+	conn  net.Conn
+	// out holds encoded requests not yet handed to the writer.
+	out []byte
+	// spare is the last batch's buffer, kept to swap with out.
+	spare    []byte
+	inFlight pairing
+	// writing is set while the writer has been woken and has not yet found
+	// out empty, so callers wake it only once per batch.
+	writing bool
+	// wake has room for one signal to the writer.
+	wake chan struct{}
+}
+
+func newConnection(address string, node int, r *router) *connection {
+	return &connection{address: address, node: node, router: r, wake: make(chan struct{}, 1)}
+}
+
+// start runs the connection's reader and writer goroutines.
+func (c *connection) start() {
+	c.router.goroutines.Add(2)
+	go c.runWriter()
+	go c.runReader()
+}
+
+func (c *connection) usable() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.phase == phaseUp
+}
+
+// wakeWriter signals the writer; the caller has just set c.writing.
+func (c *connection) wakeWriter() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// trySend queues o on this connection, or says why it took nothing.
+func (c *connection) trySend(o *operation, now time.Time, inFlightMax int) refusal {
+	c.mu.Lock()
+	if c.phase != phaseConnecting && c.phase != phaseUp {
+		c.mu.Unlock()
+		return refusedUnusable
+	}
+	if c.inFlight.len() >= inFlightMax {
+		c.mu.Unlock()
+		return refusedFull
+	}
+	c.out = o.encode(c.out, now)
+	c.inFlight.push(o)
+	// Before the connect, install wakes the writer once connected.
+	wake := c.conn != nil && !c.writing
+	if wake {
+		c.writing = true
+	}
+	c.mu.Unlock()
+	if wake {
+		c.wakeWriter()
+	}
+	return refusedNone
+}
+
+// install makes a fresh socket the connection's; false if the client is
+// closing.
+func (c *connection) install(conn net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.phase == phaseClosed {
+		return false
+	}
+	c.phase = phaseUp
+	c.conn = conn
+	// Requests queued while the connect was under way go out now.
+	if len(c.out) > 0 && !c.writing {
+		c.writing = true
+		c.wakeWriter()
+	}
+	return true
+}
+
+// takeDown marks the connection broken and takes back every request in
+// flight; what was not written yet is dropped with them.
+func (c *connection) takeDown() []*operation {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.phase != phaseClosed {
+		c.phase = phaseDown
+	}
+	c.conn = nil
+	c.out = c.out[:0]
+	return c.inFlight.drain()
+}
+
+// close starts closing: the writer flushes what is queued and half-closes
+// the socket, and the reader reads the last replies and stops.
+func (c *connection) close() {
+	c.mu.Lock()
+	c.phase = phaseClosed
+	c.writing = true
+	c.mu.Unlock()
+	c.wakeWriter()
+}
+
+func (c *connection) runWriter() {
+	defer c.router.goroutines.Done()
+	for range c.wake {
+		c.mu.Lock()
+		for {
+			if c.phase == phaseClosed && (len(c.out) == 0 || c.conn == nil) {
+				conn := c.conn
+				c.mu.Unlock()
+				if conn != nil {
+					closeGracefully(conn)
+				}
+				return
+			}
+			if len(c.out) == 0 || c.conn == nil {
+				c.writing = false
+				break
+			}
+			batch, conn := c.out, c.conn
+			c.out = c.spare[:0]
+			c.mu.Unlock()
+			if _, err := conn.Write(batch); err != nil {
+				// The reader sees the socket fail and takes the requests back.
+				conn.Close()
+			}
+			c.mu.Lock()
+			c.spare = batch[:0]
+		}
+		c.mu.Unlock()
+	}
+}
+
+// closeGracefully sends a FIN, so that the server reads everything flushed
+// and answers it, and bounds how long the reader waits for those answers.
+func closeGracefully(conn net.Conn) {
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		_ = tcp.CloseWrite()
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(closeLinger))
+}
+
+func (c *connection) runReader() {
+	defer c.router.goroutines.Done()
+	r := c.router
+	first := true
+	for {
+		conn, err := r.dial(c.address)
+		if err == nil {
+			if !c.install(conn) {
+				conn.Close()
+				break
+			}
+			if first {
+				r.firstConnectDone(true, nil)
+				first = false
+			}
+			cause := c.readReplies(conn)
+			conn.Close()
+			r.cut(c.takeDown(), cause)
+		} else {
+			if first {
+				r.firstConnectDone(false, err)
+				first = false
+			}
+			// Only a first connect has requests queued to hand back.
+			r.cut(c.takeDown(), ErrNoConnection)
+		}
+		if !r.sleep(r.options.reconnectInterval) {
+			break
+		}
+	}
+	r.abort(c.takeDown())
+}
+
+// answered is one paired reply, acted on once the connection is unlocked.
+type answered struct {
+	operation *operation
+	step      step
+	// moved is set for an M reply; active is its address (nil for "-").
+	moved  bool
+	active string
+}
+
+// readReplies reads and pairs replies until the socket breaks or the server
+// breaks the protocol; it returns the error a request cut off here reports
+// if it cannot move on.
+func (c *connection) readReplies(conn net.Conn) error {
+	r := c.router
+	buffer := make([]byte, 2*replyLineLenMax)
+	filled := 0
+	var replies []answered
+	for {
+		read, err := conn.Read(buffer[filled:])
+		if read == 0 && err != nil {
+			return ErrNoConnection
+		}
+		filled += read
+		now := time.Now()
+		consumed := 0
+		var stop error
+		c.mu.Lock()
+		for {
+			end := bytes.IndexByte(buffer[consumed:filled], '\n')
+			if end < 0 {
+				if filled-consumed > replyLineLenMax {
+					stop = protocolError("reply line too long", nil)
+				}
+				break
+			}
+			line := buffer[consumed : consumed+end]
+			line = bytes.TrimSuffix(line, []byte{'\r'})
+			if len(line) > replyLineLenMax {
+				stop = protocolError("reply line too long", nil)
+				break
+			}
+			reply, parseErr := parseReply(line)
+			if parseErr != nil {
+				stop = protocolError("malformed reply", line)
+				break
+			}
+			if reply.op == 0 {
+				// E - - code: the server could not read a line as a
+				// request, or refuses the connection; it closes it.
+				stop = &ServerError{Code: reply.code, Op: "-"}
+				break
+			}
+			o := c.inFlight.take(reply.op, reply.key)
+			if o == nil {
+				stop = protocolError("a reply that answers no request in flight", line)
+				break
+			}
+			a := answered{operation: o, step: o.onReply(&reply, now, &r.policy)}
+			if reply.kind == 'M' {
+				a.moved = true
+				a.active = string(reply.address)
+			}
+			replies = append(replies, a)
+			consumed += end + 1
+		}
+		c.mu.Unlock()
+		// Act on the replies with the connection unlocked, as moving
+		// requests locks other connections.
+		for i := range replies {
+			if replies[i].moved {
+				r.noteMoved(c.node, replies[i].active)
+			}
+			r.handle(replies[i].operation, replies[i].step)
+			replies[i] = answered{}
+		}
+		replies = replies[:0]
+		if stop != nil {
+			return stop
+		}
+		if err != nil {
+			return ErrNoConnection
+		}
+		filled = copy(buffer, buffer[consumed:filled])
+	}
+}
+
+// dialTCP connects to address within timeout, or until ctx ends (the
+// client closes).
+func dialTCP(ctx context.Context, address string, timeout time.Duration) (net.Conn, error) {
+	dialer := net.Dialer{Timeout: timeout}
+	conn, err := dialer.DialContext(ctx, "tcp", address)
+	if err != nil {
+		return nil, err
+	}
+	// Requests are small and latency matters; Go sets TCP_NODELAY by
+	// default, said here so that nobody turns it off unawares.
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		if err := tcp.SetNoDelay(true); err != nil {
+			conn.Close()
+			return nil, err
+		}
+	}
+	return conn, nil
+}

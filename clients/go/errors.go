@@ -1,0 +1,143 @@
+package ringlock
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is an error code the server sends in an E reply (README "Error
+// codes"). Codes this client does not know are kept as they came.
+type Code string
+
+// The server's error codes.
+const (
+	CodeBadRequest         Code = "bad-request"
+	CodeNotHolder          Code = "not-holder"
+	CodeBadLease           Code = "bad-lease"
+	CodeBadWait            Code = "bad-wait"
+	CodeBadToken           Code = "bad-token"
+	CodeBadKey             Code = "bad-key"
+	CodeBadOp              Code = "bad-op"
+	CodeLineTooLong        Code = "line-too-long"
+	CodeTooManyWaiters     Code = "too-many-waiters"
+	CodeTooManyKeys        Code = "too-many-keys"
+	CodeTooManyConnections Code = "too-many-connections"
+	CodeShuttingDown       Code = "shutting-down"
+)
+
+// Sentinel errors, for errors.Is.
+var (
+	// ErrTimeout is returned by Acquire when its wait ran out (the server
+	// answered T) and by TryAcquire when the key is held: nothing was
+	// granted.
+	ErrTimeout = errors.New("ringlock: the wait ran out; nothing was granted")
+
+	// ErrNoConnection means no usable connection was left: every connection
+	// is broken (they are reconnected in the background), or the request
+	// was cut off on as many connections as the client has.
+	ErrNoConnection = errors.New("ringlock: no usable connection to a server")
+
+	// ErrNoActive means no node could be found to serve the request: the
+	// nodes answered M with no active known for the whole retry period, the
+	// active they named stayed unreachable as long, or they redirected the
+	// request more than the redirect limit.
+	ErrNoActive = errors.New("ringlock: no active node could be found to serve the request")
+
+	// ErrClosed is returned for requests made on, or cut off by, a closed
+	// Client.
+	ErrClosed = errors.New("ringlock: the client is closed")
+
+	// ErrTooManyInFlight means every usable connection already carries the
+	// most requests in flight it may (WithMaxInFlight); try again later.
+	ErrTooManyInFlight = errors.New("ringlock: too many requests in flight on every connection")
+
+	// ErrNotHolder matches a *ServerError with code not-holder: a release or
+	// extend whose token no longer holds the key (already released, expired,
+	// or handed on). For a release it means nothing was left to release.
+	ErrNotHolder = &ServerError{Code: CodeNotHolder}
+
+	// ErrTooManyWaiters matches a *ServerError with code too-many-waiters.
+	ErrTooManyWaiters = &ServerError{Code: CodeTooManyWaiters}
+
+	// ErrTooManyKeys matches a *ServerError with code too-many-keys.
+	ErrTooManyKeys = &ServerError{Code: CodeTooManyKeys}
+
+	// ErrTooManyConnections matches a *ServerError with code
+	// too-many-connections.
+	ErrTooManyConnections = &ServerError{Code: CodeTooManyConnections}
+
+	// ErrShuttingDown matches a *ServerError with code shutting-down.
+	ErrShuttingDown = &ServerError{Code: CodeShuttingDown}
+)
+
+// ServerError is an E reply: the server refused the request, which had no
+// effect. errors.Is(err, ErrNotHolder) and the other code sentinels match
+// any ServerError with the same Code.
+type ServerError struct {
+	// Code is the server's error code.
+	Code Code
+	// Op is the refused request's operation ("A", "R", "X", "P", "S"), or
+	// "-" when the server refused the whole connection (E - - code).
+	Op string
+	// Key is the refused request's key; empty for P, S and "-".
+	Key string
+}
+
+// Error names the request and the code.
+func (e *ServerError) Error() string {
+	if e.Op == "" || e.Op == "-" {
+		return fmt.Sprintf("ringlock: the server refused: %s", e.Code)
+	}
+	if e.Key == "" {
+		return fmt.Sprintf("ringlock: the server refused %s: %s", e.Op, e.Code)
+	}
+	return fmt.Sprintf("ringlock: the server refused %s %q: %s", e.Op, e.Key, e.Code)
+}
+
+// Is reports whether target is a *ServerError with the same code, so that
+// the code sentinels match whatever request was refused.
+func (e *ServerError) Is(target error) bool {
+	other, ok := target.(*ServerError)
+	return ok && other.Code == e.Code
+}
+
+// ArgumentError is an argument the client refused before sending anything.
+type ArgumentError struct {
+	// Arg names the argument: "key", "lease", "wait", "addrs" or an option.
+	Arg string
+	// Reason says what a valid value is.
+	Reason string
+}
+
+// Error names the argument and the rule it broke.
+func (e *ArgumentError) Error() string {
+	return fmt.Sprintf("ringlock: bad %s: %s", e.Arg, e.Reason)
+}
+
+// ProtocolError means a server broke the protocol. The client drops that
+// connection, since it can no longer pair replies with requests on it; the
+// requests it carried move to another connection, and this error is
+// reported only if they cannot.
+type ProtocolError struct {
+	// Line is the offending reply line (cut to 200 bytes), if there was one.
+	Line string
+	// Reason says what was wrong with it.
+	Reason string
+}
+
+// Error names the violation.
+func (e *ProtocolError) Error() string {
+	if e.Line == "" {
+		return fmt.Sprintf("ringlock: protocol violation by the server: %s", e.Reason)
+	}
+	return fmt.Sprintf("ringlock: protocol violation by the server: %s: %q", e.Reason, e.Line)
+}
+
+// protocolError builds a ProtocolError quoting at most 200 bytes of line.
+func protocolError(reason string, line []byte) *ProtocolError {
+	const quotedMax = 200
+	if len(line) > quotedMax {
+		line = line[:quotedMax]
+	}
+	return &ProtocolError{Line: string(line), Reason: reason}
+}

@@ -1,0 +1,3 @@
+module ringlock
+
+go 1.22

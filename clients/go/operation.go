@@ -1,0 +1,321 @@
+package ringlock
+
+// One request from the moment it is submitted until its outcome is known:
+// what to send, and what to do next on each event (a reply, a cut
+// connection, no usable connection). SPEC §4's rules live here (acquires
+// move to the next connection, releases are retried, M redirects) as
+// methods that take the event and the time and return a step; the router
+// and the connections carry the steps out.
+
+import (
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// policy is the retry rules, from the client's options.
+type policy struct {
+	// retryInterval is the pause between two tries of a release, or of a
+	// request that found no active node.
+	retryInterval time.Duration
+	// retryFor is how long a release, or a request that finds no active
+	// node, keeps being retried.
+	retryFor time.Duration
+	// redirectLimit is the most M redirects one request follows.
+	redirectLimit int
+}
+
+// kind is what a request asks.
+type kind uint8
+
+const (
+	kindAcquire kind = iota
+	kindRelease
+	kindExtend
+	kindPing
+	kindStats
+)
+
+// outcome is the end of a request, handed to whoever waits for it.
+type outcome struct {
+	// err is nil for success; ErrTimeout for an acquire answered T.
+	err error
+	// token is an acquire's grant.
+	token uint64
+	// pong is a ping's answer.
+	pong Pong
+	// stats is an S reply's JSON, copied out of the read buffer.
+	stats []byte
+}
+
+// stepKind is what the router does with a request next.
+type stepKind uint8
+
+const (
+	// stepDone: the request is over; hand its outcome to its waiter.
+	stepDone stepKind = iota
+	// stepResend: send it again on the next usable connection.
+	stepResend
+	// stepRedirect: send it to the active node an M reply named.
+	stepRedirect
+	// stepRetryAt: send it again at a later instant.
+	stepRetryAt
+)
+
+type step struct {
+	kind    stepKind
+	outcome outcome
+	at      time.Time
+}
+
+func done(o outcome) step {
+	return step{kind: stepDone, outcome: o}
+}
+
+func failed(err error) step {
+	return step{kind: stepDone, outcome: outcome{err: err}}
+}
+
+// unsent says why no connection took a request.
+type unsent uint8
+
+const (
+	// unsentNoConnection: no connection is usable.
+	unsentNoConnection unsent = iota
+	// unsentFull: usable connections exist but each carries as many
+	// requests in flight as it may.
+	unsentFull
+	// unsentActiveUnreachable: the active node an M reply named has no
+	// usable connection.
+	unsentActiveUnreachable
+)
+
+// The states of a request's waiter, in operation.state.
+const (
+	waiterPending uint32 = iota
+	waiterDone
+	waiterAbandoned
+)
+
+// operation is one request in flight or waiting for a retry. A connection
+// or the retry timer owns it at any moment; only state is shared with the
+// caller waiting on done.
+type operation struct {
+	kind kind
+	// key is empty for P and S.
+	key     string
+	leaseMs uint64
+	// waitMs is an acquire's wait; 0 is no limit.
+	waitMs uint64
+	token  uint64
+	// started is set for acquires with a bounded wait, whose re-sends ask
+	// only for the wait left.
+	started time.Time
+	// triesLeft is how many more connections the request may be cut off
+	// on before it fails.
+	triesLeft     int
+	redirectsLeft int
+	// retryUntil ends the retries: set at once for releases, and for other
+	// requests once a node answers that no active is known. Zero: unset.
+	retryUntil time.Time
+	// done receives the outcome (capacity 1, so finishing never blocks);
+	// nil when nobody waits, as for the release of an abandoned grant.
+	done chan outcome
+	// state is waiterPending until either the outcome is delivered
+	// (waiterDone) or the caller gives up on it (waiterAbandoned).
+	state atomic.Uint32
+	// next links requests of the same (op, key) in a pairing.
+	next *operation
+}
+
+// newOperation makes a request to be tried on up to tries connections.
+func newOperation(k kind, key string, tries int, p *policy, waited bool) *operation {
+	o := &operation{kind: k, key: key, triesLeft: max(tries, 1), redirectsLeft: p.redirectLimit}
+	if waited {
+		o.done = make(chan outcome, 1)
+	}
+	return o
+}
+
+// op is the operation letter its reply echoes.
+func (o *operation) op() byte {
+	switch o.kind {
+	case kindAcquire:
+		return opAcquire
+	case kindRelease:
+		return opRelease
+	case kindExtend:
+		return opExtend
+	case kindPing:
+		return opPing
+	}
+	return opStats
+}
+
+// waitLeftMs is the wait left to an acquire at now, in milliseconds: 0 for
+// no limit, and false once a bounded wait has run out.
+func (o *operation) waitLeftMs(now time.Time) (uint64, bool) {
+	if o.kind != kindAcquire || o.waitMs == 0 {
+		return 0, true
+	}
+	waited := now.Sub(o.started)
+	if waited < 0 {
+		waited = 0
+	}
+	waitedMs := uint64(waited / time.Millisecond)
+	if waitedMs >= o.waitMs {
+		return 0, false
+	}
+	return o.waitMs - waitedMs, true
+}
+
+// expired reports whether this is an acquire whose wait ran out before it
+// could be (re)sent; it then ends as timed out, as on the server.
+func (o *operation) expired(now time.Time) bool {
+	_, ok := o.waitLeftMs(now)
+	return !ok
+}
+
+// needsClock reports whether encode reads now, so callers read the clock
+// only then (it is a measurable part of a request's cost).
+func (o *operation) needsClock() bool {
+	return o.kind == kindAcquire && o.waitMs != 0
+}
+
+// encode appends the request line. A re-sent acquire asks only for the
+// wait it has left, so moving it does not make it wait longer than asked.
+func (o *operation) encode(out []byte, now time.Time) []byte {
+	switch o.kind {
+	case kindAcquire:
+		wait, ok := o.waitLeftMs(now)
+		if !ok {
+			wait = 1
+		}
+		out = append(out, "A "...)
+		out = append(out, o.key...)
+		out = append(out, ' ')
+		out = appendSeconds(out, o.leaseMs)
+		out = append(out, ' ')
+		out = appendSeconds(out, wait)
+	case kindRelease:
+		out = append(out, "R "...)
+		out = append(out, o.key...)
+		out = append(out, ' ')
+		out = strconv.AppendUint(out, o.token, 10)
+	case kindExtend:
+		out = append(out, "X "...)
+		out = append(out, o.key...)
+		out = append(out, ' ')
+		out = strconv.AppendUint(out, o.token, 10)
+		out = append(out, ' ')
+		out = appendSeconds(out, o.leaseMs)
+	case kindPing:
+		out = append(out, 'P')
+	case kindStats:
+		out = append(out, 'S')
+	}
+	return append(out, '\n')
+}
+
+// onReply is the next step after r, which the connection paired with this
+// request by (op, key).
+func (o *operation) onReply(r *reply, now time.Time, p *policy) step {
+	switch {
+	case r.kind == 'M' && r.address != nil:
+		if o.redirectsLeft == 0 {
+			return failed(ErrNoActive)
+		}
+		o.redirectsLeft--
+		return step{kind: stepRedirect}
+	case r.kind == 'M':
+		return o.retryLater(now, p, ErrNoActive)
+	case r.kind == 'E':
+		return failed(&ServerError{Code: r.code, Op: opName(o.op()), Key: o.key})
+	}
+	switch o.kind {
+	case kindAcquire:
+		if r.kind == 'A' {
+			return done(outcome{token: r.token})
+		}
+		if r.kind == 'T' {
+			return failed(ErrTimeout)
+		}
+	case kindRelease:
+		if r.kind == 'R' {
+			return done(outcome{})
+		}
+	case kindExtend:
+		if r.kind == 'X' {
+			if r.token != o.token {
+				return failed(&ProtocolError{Reason: "extend of token " + strconv.FormatUint(o.token, 10) +
+					" answered with token " + strconv.FormatUint(r.token, 10)})
+			}
+			return done(outcome{})
+		}
+	case kindPing:
+		if r.kind == 'P' {
+			pong := Pong{Role: r.role, Epoch: r.epoch}
+			if r.address != nil {
+				pong.Active = string(r.address)
+			}
+			return done(outcome{pong: pong})
+		}
+	case kindStats:
+		if r.kind == 'S' {
+			return done(outcome{stats: append([]byte(nil), r.json...)})
+		}
+	}
+	// Pairing by (op, key) leaves no other combination.
+	return failed(&ProtocolError{Reason: "a reply of the wrong kind for " + opName(o.op())})
+}
+
+// onCut is the next step after the connection carrying this request was
+// cut; cause is the error to report if it cannot move on. The server may or
+// may not have seen the request.
+func (o *operation) onCut(cause error, now time.Time) step {
+	if o.kind == kindRelease {
+		// Send it again at once on another connection; the router falls
+		// back to retrying every interval while none is usable.
+		if !o.retryUntil.IsZero() && now.After(o.retryUntil) {
+			return failed(cause)
+		}
+		return step{kind: stepResend}
+	}
+	o.triesLeft--
+	if o.triesLeft <= 0 {
+		return failed(cause)
+	}
+	return step{kind: stepResend}
+}
+
+// onUnsent is the next step when no connection took the request.
+func (o *operation) onUnsent(why unsent, now time.Time, p *policy) step {
+	var err error
+	switch why {
+	case unsentNoConnection:
+		err = ErrNoConnection
+	case unsentFull:
+		err = ErrTooManyInFlight
+	case unsentActiveUnreachable:
+		err = ErrNoActive
+	}
+	// During a failover the node an M named may be gone for a moment: wait
+	// for the others to name the new active.
+	if why == unsentActiveUnreachable || o.kind == kindRelease {
+		return o.retryLater(now, p, err)
+	}
+	return failed(err)
+}
+
+// retryLater retries after the interval while within the retry period,
+// which starts now if it has not started yet; else fails with err.
+func (o *operation) retryLater(now time.Time, p *policy, err error) step {
+	if o.retryUntil.IsZero() {
+		o.retryUntil = now.Add(p.retryFor)
+	}
+	at := now.Add(p.retryInterval)
+	if at.After(o.retryUntil) {
+		return failed(err)
+	}
+	return step{kind: stepRetryAt, at: at}
+}

