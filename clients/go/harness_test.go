@@ -1,0 +1,266 @@
+package ringlock_test
+
+// The processes the tests run: the real ringlock server and
+// ringlock-testkit, each on free loopback ports, each stopped by the test
+// that started it.
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// patience bounds every wait of the harness, so that a broken test fails
+// instead of hanging; it is never what a test asserts.
+const patience = 20 * time.Second
+
+// binary is a workspace binary (cargo build --release puts it in
+// target/release), or the one the environment variable names.
+func binary(name, variable string) (string, error) {
+	path := os.Getenv(variable)
+	if path == "" {
+		path = filepath.Join("..", "..", "target", "release", name)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("%s is missing: run clients/go/test.sh, or cargo build --release -p %s (or set %s)",
+			path, name, variable)
+	}
+	return path, nil
+}
+
+// server is a ringlock server on a free loopback port with its own data
+// directory.
+type server struct {
+	addr    string
+	command *exec.Cmd
+	data    string
+	logMu   sync.Mutex
+	log     []string
+}
+
+var listening = regexp.MustCompile(`listening on ([0-9.:]+)`)
+
+// startServer starts a server; stop it with stop.
+func startServer() (*server, error) {
+	path, err := binary("ringlock", "RINGLOCK_BIN")
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.MkdirTemp("", "ringlock-go-")
+	if err != nil {
+		return nil, err
+	}
+	s := &server{data: data}
+	s.command = exec.Command(path, "--listen", "127.0.0.1:0", "--shards", "1", "--no-pin", "--data-dir", data)
+	stderr, err := s.command.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.command.Start(); err != nil {
+		os.RemoveAll(data)
+		return nil, err
+	}
+	lines := bufio.NewScanner(stderr)
+	for lines.Scan() {
+		s.log = append(s.log, lines.Text())
+		if found := listening.FindStringSubmatch(lines.Text()); found != nil {
+			s.addr = found[1]
+			break
+		}
+	}
+	if s.addr == "" {
+		s.stop()
+		return nil, fmt.Errorf("the server exited before listening:\n%s", strings.Join(s.log, "\n"))
+	}
+	// Keep reading its log, so that a full pipe never stops the server.
+	go func() {
+		for lines.Scan() {
+			s.logMu.Lock()
+			s.log = append(s.log[max(0, len(s.log)-200):], lines.Text())
+			s.logMu.Unlock()
+		}
+	}()
+	return s, nil
+}
+
+// newServer starts a server stopped when the test ends.
+func newServer(t *testing.T) *server {
+	t.Helper()
+	s, err := startServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *server) stop() {
+	_ = s.command.Process.Kill()
+	_ = s.command.Wait()
+	os.RemoveAll(s.data)
+}
+
+// stat reads a counter of the server's S reply ("total" object) over a
+// connection of its own.
+func (s *server) stat(t *testing.T, name string) uint64 {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", s.addr, patience)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(patience))
+	if _, err := io.WriteString(conn, "S\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats struct {
+		Total map[string]json.RawMessage `json:"total"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(strings.TrimSpace(line), "S ")), &stats); err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	value, err := strconv.ParseUint(string(stats.Total[name]), 10, 64)
+	if err != nil {
+		t.Fatalf("no counter %s in %q", name, line)
+	}
+	return value
+}
+
+// waitUntil polls done until it holds, failing the test after patience.
+// Used only where the server offers no event to wait for.
+func waitUntil(t *testing.T, what string, done func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for !done() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// kit is a ringlock-testkit process and a control connection to it.
+type kit struct {
+	t       *testing.T
+	command *exec.Cmd
+	stdin   io.WriteCloser
+	control string
+	conn    net.Conn
+	reader  *bufio.Reader
+}
+
+var controlLine = regexp.MustCompile(`^ringlock-testkit control (\S+)`)
+
+// newKit starts the test kit, stopped when the test ends: its standard
+// input stays open until then, since the kit exits when it closes.
+func newKit(t *testing.T) *kit {
+	t.Helper()
+	path, err := binary("ringlock-testkit", "RINGLOCK_TESTKIT_BIN")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &kit{t: t, command: exec.Command(path)}
+	k.stdin, err = k.command.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := k.command.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.command.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.stop)
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	found := controlLine.FindStringSubmatch(line)
+	if found == nil {
+		t.Fatalf("ringlock-testkit did not start: %q, %v", line, err)
+	}
+	k.control = found[1]
+	k.conn, k.reader = k.dialControl()
+	return k
+}
+
+func (k *kit) dialControl() (net.Conn, *bufio.Reader) {
+	conn, err := net.DialTimeout("tcp", k.control, patience)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return conn, bufio.NewReader(conn)
+}
+
+func (k *kit) stop() {
+	if k.conn != nil {
+		k.conn.Close()
+	}
+	k.stdin.Close()
+	done := make(chan struct{})
+	go func() {
+		_ = k.command.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(patience):
+		_ = k.command.Process.Kill()
+		<-done
+	}
+}
+
+// call sends one control command and returns the fields of its ok reply;
+// safe to call from one goroutine at a time (use another kit connection
+// for concurrent waits).
+func (k *kit) call(format string, args ...any) []string {
+	k.t.Helper()
+	command := fmt.Sprintf(format, args...)
+	_ = k.conn.SetDeadline(time.Now().Add(2 * patience))
+	if _, err := io.WriteString(k.conn, command+"\n"); err != nil {
+		k.t.Fatalf("%s: %v", command, err)
+	}
+	line, err := k.reader.ReadString('\n')
+	if err != nil {
+		k.t.Fatalf("%s: %v", command, err)
+	}
+	fields := strings.Fields(line)
+	if len(fields) == 0 || fields[0] != "ok" {
+		k.t.Fatalf("%s: %s", command, strings.TrimSpace(line))
+	}
+	return fields[1:]
+}
+
+// start starts a proxy or a fake; its id and address.
+func (k *kit) start(format string, args ...any) (id, addr string) {
+	k.t.Helper()
+	fields := k.call(format, args...)
+	if len(fields) != 2 {
+		k.t.Fatalf("expected an id and an address: %v", fields)
+	}
+	return fields[0], fields[1]
+}
+
+// count runs a command whose reply is a number.
+func (k *kit) count(format string, args ...any) int {
+	k.t.Helper()
+	fields := k.call(format, args...)
+	n, err := strconv.Atoi(fields[0])
+	if err != nil {
+		k.t.Fatalf("not a count: %v", fields)
+	}
+	return n
+}

@@ -1,0 +1,359 @@
+package ringlock_test
+
+// The client scenarios every official client runs (clients/scenarios.json,
+// SPEC §4), each against the real server with its faults made by the test
+// kit, driven over its control socket.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"ringlock"
+)
+
+const lease = 60 * time.Second
+
+// scenarios maps each id of clients/scenarios.json to its test.
+var scenarios = map[string]func(*testing.T){
+	"one-address-two-connections":       oneAddressTwoConnections,
+	"round-robin":                       roundRobin,
+	"cut-node-left-out-and-reconnected": cutNodeLeftOutAndReconnected,
+	"pipelined-pairing-out-of-order":    pipelinedPairingOutOfOrder,
+	"same-key-in-send-order":            sameKeyInSendOrder,
+	"acquire-moves-on-cut":              acquireMovesOnCut,
+	"no-connection-left":                noConnectionLeft,
+	"release-retried":                   releaseRetried,
+	"redirect-followed":                 redirectFollowed,
+	"redirect-to-no-active":             redirectToNoActive,
+	"timeout-is-not-a-grant":            timeoutIsNotAGrant,
+	"delayed-replies":                   delayedReplies,
+}
+
+// scenarioIDs reads the ids of clients/scenarios.json.
+func scenarioIDs(t *testing.T) []string {
+	t.Helper()
+	text, err := os.ReadFile(filepath.Join("..", "scenarios.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Scenarios []struct {
+			ID string `json:"id"`
+		} `json:"scenarios"`
+	}
+	if err := json.Unmarshal(text, &list); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, 0, len(list.Scenarios))
+	for _, scenario := range list.Scenarios {
+		ids = append(ids, scenario.ID)
+	}
+	return ids
+}
+
+// TestScenarioList fails if an id of clients/scenarios.json has no test
+// here, or a test here names an id the list no longer has.
+func TestScenarioList(t *testing.T) {
+	ids := scenarioIDs(t)
+	if len(ids) < 10 {
+		t.Fatalf("the list holds the scenarios: %v", ids)
+	}
+	for _, id := range ids {
+		if scenarios[id] == nil {
+			t.Errorf("no test for the scenario %q", id)
+		}
+	}
+	for id := range scenarios {
+		if !slices.Contains(ids, id) {
+			t.Errorf("a test for %q, which clients/scenarios.json does not list", id)
+		}
+	}
+}
+
+// TestScenarios runs one subtest per scenario, named by its id
+// (go test -run 'TestScenarios/release-retried').
+func TestScenarios(t *testing.T) {
+	for _, id := range scenarioIDs(t) {
+		if test := scenarios[id]; test != nil {
+			t.Run(id, test)
+		}
+	}
+}
+
+// dial makes a client of addrs, closed when the test ends.
+func dial(t *testing.T, addrs []string, opts ...ringlock.Option) *ringlock.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	client, err := ringlock.Dial(ctx, addrs, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
+// throughAProxy starts a server, a kit with a proxy to it, and a client
+// given the proxy's address; the proxy's id.
+func throughAProxy(t *testing.T) (*server, *kit, string, *ringlock.Client) {
+	t.Helper()
+	s := newServer(t)
+	k := newKit(t)
+	proxy, address := k.start("proxy %s", s.addr)
+	return s, k, proxy, dial(t, []string{address})
+}
+
+// testContext bounds a test's requests, so that a client bug fails the test
+// instead of hanging it.
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustAcquire(t *testing.T, client *ringlock.Client, key string) *ringlock.Lock {
+	t.Helper()
+	lock, err := client.Acquire(testContext(t), key, lease, 0)
+	if err != nil {
+		t.Fatalf("acquire %s: %v", key, err)
+	}
+	return lock
+}
+
+func mustRelease(t *testing.T, lock *ringlock.Lock) {
+	t.Helper()
+	if err := lock.Release(testContext(t)); err != nil {
+		t.Fatalf("release %s: %v", lock, err)
+	}
+}
+
+func cycle(t *testing.T, client *ringlock.Client, key string) {
+	t.Helper()
+	mustRelease(t, mustAcquire(t, client, key))
+}
+
+func oneAddressTwoConnections(t *testing.T) {
+	_, k, proxy, client := throughAProxy(t)
+	if _, err := client.Ping(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	k.call("wait-open %s 2", proxy)
+	if accepted := k.count("accepted %s", proxy); accepted != 2 {
+		t.Fatalf("%d connections accepted, want 2", accepted)
+	}
+}
+
+func roundRobin(t *testing.T) {
+	s := newServer(t)
+	k := newKit(t)
+	first, firstAddress := k.start("proxy %s", s.addr)
+	second, secondAddress := k.start("proxy %s", s.addr)
+	client := dial(t, []string{firstAddress, secondAddress})
+	for round := range 8 {
+		cycle(t, client, fmt.Sprintf("spread-%d", round))
+	}
+	k.call("wait-upstream %s - spread-", first)
+	k.call("wait-upstream %s - spread-", second)
+}
+
+func cutNodeLeftOutAndReconnected(t *testing.T) {
+	s := newServer(t)
+	k := newKit(t)
+	first, firstAddress := k.start("proxy %s", s.addr)
+	_, secondAddress := k.start("proxy %s", s.addr)
+	client := dial(t, []string{firstAddress, secondAddress})
+	// Two addresses: one connection to each.
+	k.call("wait-open %s 1", first)
+	k.call("refuse %s on", first)
+	k.call("cut %s", first)
+	for round := range 20 {
+		cycle(t, client, fmt.Sprintf("left-out-%d", round))
+	}
+	accepted := k.count("accepted %s", first)
+	k.call("refuse %s off", first)
+	k.call("wait-accepted %s %d", first, accepted+1)
+	k.call("wait-open %s 1", first)
+	for round := range 4 {
+		cycle(t, client, fmt.Sprintf("back-%d", round))
+	}
+}
+
+func pipelinedPairingOutOfOrder(t *testing.T) {
+	_, k, proxy, client := throughAProxy(t)
+	ctx := testContext(t)
+	if _, err := client.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	k.call("reorder %s on", proxy)
+	locks := make([]*ringlock.Lock, 16)
+	errs := make([]error, 16)
+	var acquiring sync.WaitGroup
+	for index := range locks {
+		acquiring.Add(1)
+		go func() {
+			defer acquiring.Done()
+			locks[index], errs[index] = client.Acquire(ctx, fmt.Sprintf("pair-%d", index), lease, 0)
+		}()
+	}
+	acquiring.Wait()
+	k.call("resume %s", proxy)
+	for index, lock := range locks {
+		if errs[index] != nil {
+			t.Fatalf("pair-%d: %v", index, errs[index])
+		}
+		if want := fmt.Sprintf("pair-%d", index); lock.Key() != want {
+			t.Fatalf("got %s for %s", lock, want)
+		}
+		// Released only with the token of this key's own grant.
+		mustRelease(t, lock)
+	}
+}
+
+func sameKeyInSendOrder(t *testing.T) {
+	s, _, _, client := throughAProxy(t)
+	ctx := testContext(t)
+	first := mustAcquire(t, client, "same")
+	type result struct {
+		lock *ringlock.Lock
+		err  error
+	}
+	second := make(chan result, 1)
+	go func() {
+		lock, err := client.Acquire(ctx, "same", lease, 0)
+		second <- result{lock, err}
+	}()
+	// The second acquire is queued behind the first until it is released.
+	waitUntil(t, "an acquire of same to be queued", func() bool { return s.stat(t, "waiters") == 1 })
+	mustRelease(t, first)
+	got := <-second
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if got.lock.Token() <= first.Token() {
+		t.Fatalf("token %d after %d", got.lock.Token(), first.Token())
+	}
+}
+
+func acquireMovesOnCut(t *testing.T) {
+	_, k, proxy, client := throughAProxy(t)
+	ctx := testContext(t)
+	if _, err := client.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	k.call("wait-open %s 2", proxy)
+	k.call("stall %s", proxy)
+	type result struct {
+		lock *ringlock.Lock
+		err  error
+	}
+	acquired := make(chan result, 1)
+	go func() {
+		lock, err := client.Acquire(ctx, "moved", lease, 0)
+		acquired <- result{lock, err}
+	}()
+	connection := k.call("wait-upstream %s - A moved ", proxy)[0]
+	k.call("cut %s %s", proxy, connection)
+	k.call("resume %s", proxy)
+	got := <-acquired
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	// Held exactly once: a second acquire with a short wait times out.
+	if _, err := client.Acquire(ctx, "moved", lease, 100*time.Millisecond); !errors.Is(err, ringlock.ErrTimeout) {
+		t.Fatalf("a second acquire of a held key: %v, want ErrTimeout", err)
+	}
+	mustRelease(t, got.lock)
+}
+
+func noConnectionLeft(t *testing.T) {
+	_, k, proxy, client := throughAProxy(t)
+	ctx := testContext(t)
+	if _, err := client.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	k.call("refuse %s on", proxy)
+	k.call("cut %s", proxy)
+	k.call("wait-open %s 0", proxy)
+	if _, err := client.Acquire(ctx, "nowhere", lease, 0); !errors.Is(err, ringlock.ErrNoConnection) {
+		t.Fatalf("acquire with no connection: %v, want ErrNoConnection", err)
+	}
+}
+
+func releaseRetried(t *testing.T) {
+	_, k, proxy, client := throughAProxy(t)
+	ctx := testContext(t)
+	lock := mustAcquire(t, client, "retried")
+	k.call("stall %s", proxy)
+	released := make(chan error, 1)
+	go func() { released <- lock.Release(ctx) }()
+	// The release is on its way; every connection is cut under it, and the
+	// client reconnects within its 5 s of retries.
+	k.call("wait-upstream %s - R retried ", proxy)
+	k.call("cut %s", proxy)
+	k.call("resume %s", proxy)
+	if err := <-released; err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	again, err := client.Acquire(ctx, "retried", lease, 100*time.Millisecond)
+	if err != nil {
+		t.Fatalf("the key is not free at once after the release: %v", err)
+	}
+	mustRelease(t, again)
+}
+
+func redirectFollowed(t *testing.T) {
+	s := newServer(t)
+	k := newKit(t)
+	fake, fakeAddress := k.start("fake %s", s.addr)
+	client := dial(t, []string{fakeAddress, s.addr})
+	cycle(t, client, "redirected-0")
+	redirected := k.count("redirected %s", fake)
+	for round := 1; round < 20; round++ {
+		cycle(t, client, fmt.Sprintf("redirected-%d", round))
+	}
+	if now := k.count("redirected %s", fake); now != redirected {
+		t.Fatalf("the fake redirected %d requests, then %d: the client should send to the active only",
+			redirected, now)
+	}
+}
+
+func redirectToNoActive(t *testing.T) {
+	k := newKit(t)
+	_, fakeAddress := k.start("fake -")
+	client := dial(t, []string{fakeAddress},
+		ringlock.WithReleaseRetry(20*time.Millisecond, 300*time.Millisecond))
+	_, err := client.Acquire(testContext(t), "nowhere", lease, 500*time.Millisecond)
+	if !errors.Is(err, ringlock.ErrNoActive) {
+		t.Fatalf("acquire with no active: %v, want ErrNoActive", err)
+	}
+}
+
+func timeoutIsNotAGrant(t *testing.T) {
+	s := newServer(t)
+	holder := dial(t, []string{s.addr})
+	other := dial(t, []string{s.addr})
+	held := mustAcquire(t, holder, "contended")
+	if _, err := other.Acquire(testContext(t), "contended", lease, 200*time.Millisecond); !errors.Is(err, ringlock.ErrTimeout) {
+		t.Fatalf("acquire of a held key: %v, want ErrTimeout", err)
+	}
+	// Still held by the first client: its release finds its grant.
+	mustRelease(t, held)
+}
+
+func delayedReplies(t *testing.T) {
+	_, k, proxy, client := throughAProxy(t)
+	k.call("delay %s 300", proxy)
+	lock := mustAcquire(t, client, "slow")
+	if err := lock.Extend(testContext(t), lease); err != nil {
+		t.Fatal(err)
+	}
+	mustRelease(t, lock)
+}
