@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit, model and property tests, the
-# black-box tests against the real server, and the doc examples.
+# black-box tests against the real server, and the doc examples; then the
+# Python client's tests (clients/python/test.sh).
 # Usage: scripts/test.sh [extra nextest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,3 +15,10 @@ fi
 # black-box tests start the server binary that cargo builds for them.
 cargo nextest run --workspace --lib --bins --tests --cargo-profile test-release "$@"
 cargo test --workspace --doc --profile test-release --quiet
+
+# The official clients of other languages, against the binaries built above
+# (debug assertions on), each through its own test script.
+cargo build --profile test-release --quiet -p ringlock -p ringlock-testkit
+export RINGLOCK_BIN="$PWD/target/test-release/ringlock"
+export RINGLOCK_TESTKIT_BIN="$PWD/target/test-release/ringlock-testkit"
+clients/python/test.sh -q
