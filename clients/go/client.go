@@ -68,7 +68,7 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Client, error) 
 	for _, option := range opts {
 		option(&o)
 	}
-	if o.connectionsPerNode == 0 {
+	if !o.connectionsPerNodeSet {
 		o.connectionsPerNode = 1
 		if len(addrs) == 1 {
 			o.connectionsPerNode = connectionsPerSingleNode

@@ -25,15 +25,16 @@ const (
 
 // options is every setting of a Client.
 type options struct {
-	// connectionsPerNode is 0 until Dial picks the default.
-	connectionsPerNode   int
-	reconnectInterval    time.Duration
-	releaseRetryInterval time.Duration
-	releaseRetryFor      time.Duration
-	connectTimeout       time.Duration
-	tryAcquireWait       time.Duration
-	redirectLimit        int
-	maxInFlight          int
+	connectionsPerNode int
+	// connectionsPerNodeSet tells Dial not to pick the default.
+	connectionsPerNodeSet bool
+	reconnectInterval     time.Duration
+	releaseRetryInterval  time.Duration
+	releaseRetryFor       time.Duration
+	connectTimeout        time.Duration
+	tryAcquireWait        time.Duration
+	redirectLimit         int
+	maxInFlight           int
 }
 
 func defaultOptions() options {
@@ -77,7 +78,10 @@ type Option func(*options)
 // Default: 2 when the client is given one address, so a brief cut of one
 // does not stop service, else 1.
 func WithConnectionsPerNode(n int) Option {
-	return func(o *options) { o.connectionsPerNode = n }
+	return func(o *options) {
+		o.connectionsPerNode = n
+		o.connectionsPerNodeSet = true
+	}
 }
 
 // WithReconnectInterval sets the pause between two attempts to reconnect a

@@ -1,0 +1,216 @@
+package ringlock_test
+
+// The API beyond the scenarios: arguments, errors, contexts, Close, and
+// many goroutines sharing one client, against the real server.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"ringlock"
+)
+
+func TestArgumentsAreCheckedBeforeSending(t *testing.T) {
+	s := newServer(t)
+	client := dial(t, []string{s.addr})
+	ctx := testContext(t)
+	var argument *ringlock.ArgumentError
+	for name, err := range map[string]error{
+		"empty key": func() error { _, err := client.Acquire(ctx, "", lease, 0); return err }(),
+		"dash key":  func() error { _, err := client.Acquire(ctx, "-", lease, 0); return err }(),
+		"space":     func() error { _, err := client.Acquire(ctx, "two words", lease, 0); return err }(),
+		"long key":  func() error { _, err := client.Acquire(ctx, strings.Repeat("k", 251), lease, 0); return err }(),
+		"lease 0":   func() error { _, err := client.Acquire(ctx, "k", 0, 0); return err }(),
+		"wait < 0":  func() error { _, err := client.Acquire(ctx, "k", lease, -time.Second); return err }(),
+		"wait > 1d": func() error { _, err := client.Acquire(ctx, "k", lease, 25*time.Hour); return err }(),
+		"try lease": func() error { _, err := client.TryAcquire(ctx, "k", -1); return err }(),
+		"no addrs":  func() error { _, err := ringlock.Dial(ctx, nil); return err }(),
+		"bad addr":  func() error { _, err := ringlock.Dial(ctx, []string{"nohost"}); return err }(),
+		"option": func() error {
+			_, err := ringlock.Dial(ctx, []string{s.addr}, ringlock.WithConnectionsPerNode(0))
+			return err
+		}(),
+	} {
+		if !errors.As(err, &argument) {
+			t.Errorf("%s: %v, want an *ArgumentError", name, err)
+		}
+	}
+	if got := s.stat(t, "grants") + s.stat(t, "waiters"); got != 0 {
+		t.Errorf("a refused argument reached the server (%d grants and waiters)", got)
+	}
+}
+
+func TestServerRefusalsCarryTheirCode(t *testing.T) {
+	s := newServer(t)
+	client := dial(t, []string{s.addr})
+	// Above the server's --max-lease (a day by default).
+	_, err := client.Acquire(testContext(t), "k", 48*time.Hour, 0)
+	var refused *ringlock.ServerError
+	if !errors.As(err, &refused) || refused.Code != ringlock.CodeBadLease || refused.Op != "A" || refused.Key != "k" {
+		t.Fatalf("%v, want a bad-lease ServerError for A k", err)
+	}
+}
+
+func TestAReleaseOrExtendAfterTheLeaseRanOutIsNotHolder(t *testing.T) {
+	s := newServer(t)
+	client := dial(t, []string{s.addr})
+	ctx := testContext(t)
+	lock, err := client.Acquire(ctx, "short", 20*time.Millisecond, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the lease to run out", func() bool { return s.stat(t, "expiries") == 1 })
+	if err := lock.Extend(ctx, lease); !errors.Is(err, ringlock.ErrNotHolder) {
+		t.Errorf("extend: %v, want ErrNotHolder", err)
+	}
+	if err := lock.Release(ctx); !errors.Is(err, ringlock.ErrNotHolder) {
+		t.Errorf("release: %v, want ErrNotHolder", err)
+	}
+}
+
+func TestACancelledAcquireReleasesTheGrantThatArrivesAnyway(t *testing.T) {
+	s := newServer(t)
+	client := dial(t, []string{s.addr})
+	held := mustAcquire(t, client, "abandoned")
+	ctx, cancel := context.WithCancel(context.Background())
+	result := make(chan error, 1)
+	go func() {
+		_, err := client.Acquire(ctx, "abandoned", lease, 0)
+		result <- err
+	}()
+	waitUntil(t, "the second acquire to be queued", func() bool { return s.stat(t, "waiters") == 1 })
+	cancel()
+	if err := <-result; !errors.Is(err, context.Canceled) {
+		t.Fatalf("%v, want context.Canceled", err)
+	}
+	// The queued request is granted on this release; nobody wants it, so
+	// the client releases it, and the key is free again.
+	mustRelease(t, held)
+	waitUntil(t, "the abandoned grant to be released", func() bool { return s.stat(t, "releases") == 2 })
+	again, err := client.Acquire(testContext(t), "abandoned", lease, 100*time.Millisecond)
+	if err != nil {
+		t.Fatalf("the key is still held: %v", err)
+	}
+	mustRelease(t, again)
+}
+
+func TestAnEndedContextSendsNothing(t *testing.T) {
+	s := newServer(t)
+	client := dial(t, []string{s.addr})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := client.Acquire(ctx, "k", lease, 0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("%v, want context.Canceled", err)
+	}
+	if grants := s.stat(t, "grants"); grants != 0 {
+		t.Fatalf("%d grants", grants)
+	}
+}
+
+func TestPingAndStats(t *testing.T) {
+	s := newServer(t)
+	client := dial(t, []string{s.addr})
+	ctx := testContext(t)
+	pong, err := client.Ping(ctx)
+	if err != nil || pong.Role != ringlock.RoleActive || pong.Active != s.addr || pong.Epoch == 0 {
+		t.Fatalf("%+v %v", pong, err)
+	}
+	cycle(t, client, "counted")
+	raw, err := client.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats struct {
+		Role  string `json:"role"`
+		Total struct {
+			Grants uint64 `json:"grants"`
+		} `json:"total"`
+	}
+	if err := json.Unmarshal(raw, &stats); err != nil || stats.Role != "active" || stats.Total.Grants != 1 {
+		t.Fatalf("%s: %+v %v", raw, stats, err)
+	}
+}
+
+func TestDialFailsWhenNoNodeAnswers(t *testing.T) {
+	// A port that was free a moment ago: nothing listens there.
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	address := listener.Addr().String()
+	listener.Close()
+	_, err = ringlock.Dial(testContext(t), []string{address})
+	if !errors.Is(err, ringlock.ErrNoConnection) {
+		t.Fatalf("%v, want ErrNoConnection", err)
+	}
+}
+
+func TestRequestsAfterCloseFail(t *testing.T) {
+	s := newServer(t)
+	client := dial(t, []string{s.addr})
+	lock := mustAcquire(t, client, "closing")
+	client.Close()
+	client.Close()
+	ctx := testContext(t)
+	if _, err := client.Acquire(ctx, "k", lease, 0); !errors.Is(err, ringlock.ErrClosed) {
+		t.Errorf("acquire: %v, want ErrClosed", err)
+	}
+	if err := lock.Release(ctx); !errors.Is(err, ringlock.ErrClosed) {
+		t.Errorf("release: %v, want ErrClosed", err)
+	}
+	if _, err := client.Ping(ctx); !errors.Is(err, ringlock.ErrClosed) {
+		t.Errorf("ping: %v, want ErrClosed", err)
+	}
+}
+
+// TestManyGoroutinesShareOneClient runs goroutines that take turns on a few
+// keys: each grant must find its key free (mutual exclusion through the
+// pipelined, shared connections), and each key's tokens must grow.
+func TestManyGoroutinesShareOneClient(t *testing.T) {
+	s := newServer(t)
+	client := dial(t, []string{s.addr})
+	ctx := testContext(t)
+	const keys, goroutines, cycles = 4, 32, 40
+	var holders [keys]atomic.Int32
+	var lastTokens [keys]atomic.Uint64
+	var failures sync.Map
+	var running sync.WaitGroup
+	for g := range goroutines {
+		running.Add(1)
+		go func() {
+			defer running.Done()
+			for c := range cycles {
+				index := (g + c) % keys
+				lock, err := client.Acquire(ctx, fmt.Sprintf("shared-%d", index), lease, 0)
+				if err != nil {
+					failures.Store(fmt.Sprintf("%d/%d acquire", g, c), err)
+					return
+				}
+				if !holders[index].CompareAndSwap(0, 1) {
+					failures.Store(fmt.Sprintf("%d/%d", g, c), "two holders of "+lock.Key())
+				}
+				if previous := lastTokens[index].Swap(lock.Token()); previous >= lock.Token() {
+					failures.Store(fmt.Sprintf("%d/%d token", g, c), fmt.Sprintf("%d after %d", lock.Token(), previous))
+				}
+				holders[index].Store(0)
+				if err := lock.Release(ctx); err != nil {
+					failures.Store(fmt.Sprintf("%d/%d release", g, c), err)
+					return
+				}
+			}
+		}()
+	}
+	running.Wait()
+	failures.Range(func(what, why any) bool {
+		t.Errorf("%s: %v", what, why)
+		return true
+	})
+}

@@ -1,0 +1,209 @@
+package ringlock
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+var testPolicy = policy{retryInterval: 200 * time.Millisecond, retryFor: 5 * time.Second, redirectLimit: 2}
+
+func acquireOperation(waitMs uint64, tries int, started time.Time) *operation {
+	o := newOperation(kindAcquire, "k", tries, &testPolicy, false)
+	o.leaseMs = 30000
+	o.waitMs = waitMs
+	o.started = started
+	return o
+}
+
+func line(o *operation, now time.Time) string {
+	return string(o.encode(nil, now))
+}
+
+func TestEncodesEachKind(t *testing.T) {
+	now := time.Now()
+	if got := line(acquireOperation(2000, 1, now), now); got != "A k 30 2\n" {
+		t.Error(got)
+	}
+	release := newOperation(kindRelease, "k", 1, &testPolicy, false)
+	release.token = 5
+	if got := line(release, now); got != "R k 5\n" {
+		t.Error(got)
+	}
+	extend := newOperation(kindExtend, "k", 1, &testPolicy, false)
+	extend.token, extend.leaseMs = 5, 1500
+	if got := line(extend, now); got != "X k 5 1.5\n" {
+		t.Error(got)
+	}
+	if got := line(newOperation(kindPing, "", 1, &testPolicy, false), now); got != "P\n" {
+		t.Error(got)
+	}
+	if got := line(newOperation(kindStats, "", 1, &testPolicy, false), now); got != "S\n" {
+		t.Error(got)
+	}
+}
+
+func TestAResentAcquireAsksForTheWaitItHasLeft(t *testing.T) {
+	now := time.Now()
+	acquire := acquireOperation(2000, 2, now)
+	if got := line(acquire, now.Add(750*time.Millisecond)); got != "A k 30 1.25\n" {
+		t.Error(got)
+	}
+	if acquire.expired(now.Add(1999 * time.Millisecond)) {
+		t.Error("expired before its wait ran out")
+	}
+	if !acquire.expired(now.Add(2000 * time.Millisecond)) {
+		t.Error("not expired once its wait ran out")
+	}
+	forever := acquireOperation(0, 2, time.Time{})
+	if forever.expired(now.Add(100000 * time.Second)) {
+		t.Error("a wait without limit expired")
+	}
+	if got := line(forever, now); got != "A k 30 0\n" {
+		t.Error(got)
+	}
+}
+
+func TestAnAcquireMovesOnUntilItWasCutOnEveryConnection(t *testing.T) {
+	now := time.Now()
+	acquire := acquireOperation(2000, 3, now)
+	for range 2 {
+		if s := acquire.onCut(ErrNoConnection, now); s.kind != stepResend {
+			t.Fatalf("%+v", s)
+		}
+	}
+	if s := acquire.onCut(ErrNoConnection, now); s.kind != stepDone || !errors.Is(s.outcome.err, ErrNoConnection) {
+		t.Fatalf("%+v", s)
+	}
+	refused := acquireOperation(2000, 1, now)
+	s := refused.onCut(&ServerError{Code: CodeTooManyConnections, Op: "-"}, now)
+	if s.kind != stepDone || !errors.Is(s.outcome.err, ErrTooManyConnections) {
+		t.Fatalf("%+v", s)
+	}
+}
+
+func TestAnAcquireWithNoConnectionFailsAtOnce(t *testing.T) {
+	now := time.Now()
+	acquire := acquireOperation(2000, 2, now)
+	if s := acquire.onUnsent(unsentNoConnection, now, &testPolicy); s.kind != stepDone || s.outcome.err != ErrNoConnection {
+		t.Fatalf("%+v", s)
+	}
+	if s := acquire.onUnsent(unsentFull, now, &testPolicy); s.kind != stepDone || s.outcome.err != ErrTooManyInFlight {
+		t.Fatalf("%+v", s)
+	}
+}
+
+func TestAReleaseIsRetriedEveryIntervalForTheRetryPeriod(t *testing.T) {
+	start := time.Now()
+	release := newOperation(kindRelease, "k", 1, &testPolicy, false)
+	release.retryUntil = start.Add(testPolicy.retryFor)
+	if s := release.onCut(ErrNoConnection, start); s.kind != stepResend {
+		t.Fatalf("%+v", s)
+	}
+	now, retries := start, 0
+	for {
+		s := release.onUnsent(unsentNoConnection, now, &testPolicy)
+		if s.kind == stepDone {
+			if s.outcome.err != ErrNoConnection {
+				t.Fatalf("%+v", s)
+			}
+			break
+		}
+		if s.kind != stepRetryAt || !s.at.Equal(now.Add(testPolicy.retryInterval)) {
+			t.Fatalf("%+v", s)
+		}
+		now = s.at
+		retries++
+	}
+	if retries != 25 {
+		t.Fatalf("%d retries, want 25 (5 s every 200 ms)", retries)
+	}
+	if s := release.onCut(ErrNoConnection, now.Add(time.Millisecond)); s.kind != stepDone {
+		t.Fatalf("a release cut after its retry period: %+v", s)
+	}
+}
+
+func TestRepliesEndRequests(t *testing.T) {
+	now := time.Now()
+	onReply := func(o *operation, text string) step {
+		r, err := parseReply([]byte(text))
+		if err != nil {
+			t.Fatalf("%q: %v", text, err)
+		}
+		return o.onReply(&r, now, &testPolicy)
+	}
+	if s := onReply(acquireOperation(0, 1, now), "A k 9"); s.kind != stepDone || s.outcome.err != nil || s.outcome.token != 9 {
+		t.Errorf("A: %+v", s)
+	}
+	if s := onReply(acquireOperation(0, 1, now), "T k"); s.outcome.err != ErrTimeout {
+		t.Errorf("T: %+v", s)
+	}
+	s := onReply(acquireOperation(0, 1, now), "E A k too-many-waiters")
+	var server *ServerError
+	if !errors.As(s.outcome.err, &server) || server.Code != CodeTooManyWaiters || server.Op != "A" || server.Key != "k" {
+		t.Errorf("E: %+v", s)
+	}
+	release := newOperation(kindRelease, "k", 1, &testPolicy, false)
+	if s := onReply(release, "R k"); s.kind != stepDone || s.outcome.err != nil {
+		t.Errorf("R: %+v", s)
+	}
+	if s := onReply(release, "E R k not-holder"); !errors.Is(s.outcome.err, ErrNotHolder) {
+		t.Errorf("E R not-holder: %+v", s)
+	}
+	extend := newOperation(kindExtend, "k", 1, &testPolicy, false)
+	extend.token = 9
+	if s := onReply(extend, "X k 9"); s.kind != stepDone || s.outcome.err != nil {
+		t.Errorf("X: %+v", s)
+	}
+	var protocol *ProtocolError
+	if s := onReply(extend, "X k 8"); !errors.As(s.outcome.err, &protocol) {
+		t.Errorf("X with another token: %+v", s)
+	}
+	ping := newOperation(kindPing, "", 1, &testPolicy, false)
+	s = onReply(ping, "P active 16 127.0.0.1:7700")
+	if s.outcome.err != nil || s.outcome.pong != (Pong{Role: RoleActive, Epoch: 16, Active: "127.0.0.1:7700"}) {
+		t.Errorf("P: %+v", s)
+	}
+}
+
+func TestRedirectsAreFollowedUpToTheLimit(t *testing.T) {
+	now := time.Now()
+	acquire := acquireOperation(2000, 1, now)
+	moved, _ := parseReply([]byte("M A k 10.0.0.2:7700"))
+	for range testPolicy.redirectLimit {
+		if s := acquire.onReply(&moved, now, &testPolicy); s.kind != stepRedirect {
+			t.Fatalf("%+v", s)
+		}
+	}
+	if s := acquire.onReply(&moved, now, &testPolicy); s.outcome.err != ErrNoActive {
+		t.Fatalf("%+v", s)
+	}
+}
+
+func TestNoActiveKnownIsRetriedForTheRetryPeriod(t *testing.T) {
+	start := time.Now()
+	acquire := acquireOperation(0, 1, time.Time{})
+	moved, _ := parseReply([]byte("M A k -"))
+	if s := acquire.onReply(&moved, start, &testPolicy); s.kind != stepRetryAt {
+		t.Fatalf("%+v", s)
+	}
+	if s := acquire.onReply(&moved, start.Add(testPolicy.retryFor), &testPolicy); s.outcome.err != ErrNoActive {
+		t.Fatalf("%+v", s)
+	}
+	other := acquireOperation(2000, 1, start)
+	if s := other.onUnsent(unsentActiveUnreachable, start, &testPolicy); s.kind != stepRetryAt {
+		t.Fatalf("%+v", s)
+	}
+}
+
+func TestFindNodeByTextOrByAddress(t *testing.T) {
+	topology := &topology{nodes: []*node{{address: "10.0.0.1:7700"}, {address: "db.example:7700"}, {address: "[::1]:7700"}}}
+	for address, want := range map[string]int{
+		"10.0.0.1:7700": 0, "db.example:7700": 1, "[0:0:0:0:0:0:0:1]:7700": 2, "10.0.0.1:7701": -1,
+		"other.example:7700": -1,
+	} {
+		if got := findNode(topology, address); got != want {
+			t.Errorf("%s: %d, want %d", address, got, want)
+		}
+	}
+}
