@@ -179,17 +179,24 @@ func (c *Client) acquire(ctx context.Context, key string, lease, wait time.Durat
 // outcome's error, if it has one.
 func (c *Client) request(ctx context.Context, o *operation) (outcome, error) {
 	c.router.submit(o)
-	select {
-	case result := <-o.done:
-		return result, result.err
-	case <-ctx.Done():
-		if o.state.CompareAndSwap(waiterPending, waiterAbandoned) {
-			return outcome{}, ctx.Err()
+	var result outcome
+	if ctx.Done() == nil {
+		// A context that never ends spares the select.
+		result = <-o.done
+	} else {
+		select {
+		case result = <-o.done:
+		case <-ctx.Done():
+			if o.state.CompareAndSwap(waiterPending, waiterAbandoned) {
+				// Not recycled: the router still holds it.
+				return outcome{}, ctx.Err()
+			}
+			// The outcome came first and is on its way.
+			result = <-o.done
 		}
-		// The outcome came first and is on its way.
-		result := <-o.done
-		return result, result.err
 	}
+	recycle(o)
+	return result, result.err
 }
 
 // Ping asks a node for its role, its epoch and the active node it knows.

