@@ -324,7 +324,8 @@ func (c *connection) readReplies(conn net.Conn) error {
 			return ErrNoConnection
 		}
 		filled += read
-		now := time.Now()
+		// Only an M reply needs the time; most reads have none.
+		var now time.Time
 		consumed := 0
 		var stop error
 		c.mu.Lock()
@@ -357,6 +358,9 @@ func (c *connection) readReplies(conn net.Conn) error {
 			if o == nil {
 				stop = protocolError("a reply that answers no request in flight", line)
 				break
+			}
+			if reply.kind == 'M' && now.IsZero() {
+				now = time.Now()
 			}
 			a := answered{operation: o, step: o.onReply(&reply, now, &r.policy)}
 			if reply.kind == 'M' {

@@ -11,18 +11,35 @@ type Code string
 
 // The server's error codes.
 const (
-	CodeBadRequest         Code = "bad-request"
-	CodeNotHolder          Code = "not-holder"
-	CodeBadLease           Code = "bad-lease"
-	CodeBadWait            Code = "bad-wait"
-	CodeBadToken           Code = "bad-token"
-	CodeBadKey             Code = "bad-key"
-	CodeBadOp              Code = "bad-op"
-	CodeLineTooLong        Code = "line-too-long"
-	CodeTooManyWaiters     Code = "too-many-waiters"
-	CodeTooManyKeys        Code = "too-many-keys"
+	// CodeBadRequest: a known operation with missing, extra or empty fields.
+	CodeBadRequest Code = "bad-request"
+	// CodeNotHolder: R or X with a token that does not hold the key now
+	// (already released, expired or handed on).
+	CodeNotHolder Code = "not-holder"
+	// CodeBadLease: a lease that is not decimal seconds, is 0, or is above
+	// the server's --max-lease.
+	CodeBadLease Code = "bad-lease"
+	// CodeBadWait: a wait that is not decimal seconds, or is above a day.
+	CodeBadWait Code = "bad-wait"
+	// CodeBadToken: a token that is not a decimal u64.
+	CodeBadToken Code = "bad-token"
+	// CodeBadKey: a key that is empty, too long, or holds a forbidden byte.
+	CodeBadKey Code = "bad-key"
+	// CodeBadOp: an unknown operation or an empty line.
+	CodeBadOp Code = "bad-op"
+	// CodeLineTooLong: a request line over 1024 bytes; the server closes
+	// the connection.
+	CodeLineTooLong Code = "line-too-long"
+	// CodeTooManyWaiters: the key's queue, or the shard, holds as many
+	// waiters as the server allows.
+	CodeTooManyWaiters Code = "too-many-waiters"
+	// CodeTooManyKeys: the shard holds as many keys as the server allows.
+	CodeTooManyKeys Code = "too-many-keys"
+	// CodeTooManyConnections: the server refuses the connection (too many
+	// in all, or from this address) and closes it.
 	CodeTooManyConnections Code = "too-many-connections"
-	CodeShuttingDown       Code = "shutting-down"
+	// CodeShuttingDown: the server is stopping.
+	CodeShuttingDown Code = "shutting-down"
 )
 
 // Sentinel errors, for errors.Is.

@@ -54,16 +54,16 @@ func checkKey(key string) error {
 		return &ArgumentError{Arg: "key", Reason: `the key "-" is reserved: error replies use it for "no key"`}
 	}
 	for i := 0; i < len(key); i++ {
-		if isForbiddenKeyByte(key[i]) {
+		if forbiddenKeyBytes[key[i]] {
 			return &ArgumentError{Arg: "key", Reason: "a key holds no space, tab, CR, LF or NUL"}
 		}
 	}
 	return nil
 }
 
-func isForbiddenKeyByte(b byte) bool {
-	return b == ' ' || b == '\t' || b == '\r' || b == '\n' || b == 0
-}
+// forbiddenKeyBytes marks the bytes a key may not hold; a table lookup per
+// byte is cheaper than five comparisons, on every acquire.
+var forbiddenKeyBytes = [256]bool{' ': true, '\t': true, '\r': true, '\n': true, 0: true}
 
 // millisecondsUp is d rounded up to the millisecond, as the server works
 // in milliseconds and a lease must never come out shorter than asked.

@@ -1,0 +1,95 @@
+// Package ringlock is the Go client of ringlock, a lock server with FIFO
+// hand-off, leases and fencing tokens.
+//
+// A Client keeps persistent connections to the nodes it is given and
+// pipelines the requests of every goroutine over them. It uses the standard
+// library only.
+//
+//	client, err := ringlock.Dial(ctx, []string{"127.0.0.1:7700"})
+//	if err != nil { ... }
+//	defer client.Close()
+//
+//	lock, err := client.Acquire(ctx, "orders/42", 30*time.Second, 5*time.Second)
+//	switch {
+//	case errors.Is(err, ringlock.ErrTimeout): // still held by someone else after 5 s
+//	case err != nil: ...
+//	default:
+//		defer lock.Release(ctx)
+//		write(lock.Token()) // the storage refuses tokens below the highest it saw
+//	}
+//
+// # What the client does for you (SPEC §4)
+//
+//   - Connections: one per node, two when given a single address, chosen
+//     round-robin. A broken one is left out and reconnected in the
+//     background every 3 s.
+//   - Pipelining: requests from all goroutines share the connections;
+//     replies are paired with requests by (operation, key), and several
+//     requests with the same (operation, key) on one connection are paired
+//     in the order sent.
+//   - Cut connections: an acquire (or extend, ping, stats) whose connection
+//     breaks moves to the next connection with the wait it has left; it
+//     fails with ErrNoConnection only when no usable connection is left, or
+//     after it was cut on as many connections as the client has. A release
+//     is sent again on another connection, else retried every 200 ms for 5 s.
+//   - Clusters: a standby answers lock requests with M naming the active;
+//     the client re-sends the request there and prefers that node from then
+//     on, adding it to its set if it was not given. While no active is known
+//     (a failover), requests are retried every 200 ms for 5 s.
+//   - Contexts: every call takes a context.Context. An acquire given up
+//     through its context releases a grant that arrives anyway; a release
+//     given up carries on in the background.
+//
+// # Errors
+//
+// Errors are values to test with errors.Is and errors.As: ErrTimeout (the
+// wait ran out, nothing was granted), ErrNoConnection, ErrNoActive,
+// ErrClosed, ErrTooManyInFlight; *ServerError for an E reply, carrying the
+// server's Code, which errors.Is matches against ErrNotHolder,
+// ErrTooManyWaiters, ErrShuttingDown and the other code sentinels;
+// *ArgumentError for an argument refused before sending; *ProtocolError
+// for a server that broke the protocol.
+//
+// # Keys, leases and waits
+//
+// A key is 1 to 250 bytes, none of them space, tab, CR, LF or NUL. The key
+// "-" is refused too: error replies write "-" for "no key", so an error
+// about "-" could not be paired with its request. Leases and waits are
+// rounded up to the millisecond; a wait of 0 waits without limit (the
+// context can still bound the caller's wait).
+//
+// Fencing tokens increase for each key across hand-offs, lease expiry,
+// failovers and restarts; tokens of different keys are unique but not
+// ordered with each other.
+//
+// # Limits
+//
+//   - A server that stalls while keeping its connections open stalls the
+//     requests on them: the client has no request timeout of its own beyond
+//     the waits the server enforces and the callers' contexts.
+//   - An acquire cut after the server granted it but before the reply
+//     arrived is re-sent; the lost grant holds the key until its lease runs
+//     out.
+//   - Replies for one key on one connection keep their order, so a
+//     TryAcquire sent behind a waiting acquire of the same key on the same
+//     connection is answered only after it.
+//   - Go has no destructors: a Lock that is never released is freed only
+//     when its lease runs out.
+//
+// # Layout
+//
+//   - client.go: Client, Dial, Acquire, TryAcquire, Ping, Stats, Close.
+//   - lock.go: Lock (token, extend, release).
+//   - options.go: the Option settings and their defaults.
+//   - errors.go: the sentinel errors and the error types.
+//   - protocol.go: the wire protocol v1: request encoding, reply parsing.
+//   - pairing.go: pairing replies with the requests in flight on a
+//     connection by (op, key), in send order.
+//   - operation.go: a request's life as a state machine with no I/O: what
+//     to do on a reply, a cut connection, no connection (moves, retries,
+//     redirects).
+//   - router.go: the connection set, round-robin, the active node, and
+//     carrying out each step of a request.
+//   - connection.go: one connection's reader (connect, read, pair,
+//     reconnect) and writer (batched writes) goroutines.
+package ringlock
