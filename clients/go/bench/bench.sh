@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Lock cycles/s through one Go client shared by 1 and by 64 goroutines,
+# Lock cycles/s through one Go client shared by 1 and by 64 goroutines (with
+# the client's default of two connections to one address, and with one),
 # next to ringlock-bench (one connection, 64 requests in flight) on the same
-# server in the same run, and the ratio of 64 goroutines to ringlock-bench.
+# server in the same run, and each one's ratio to ringlock-bench.
 #
 # One server (one shard core) pinned to SERVER_CPU; each load in turn on
 # CLIENT_CPU, so the Go runtime runs on one CPU (GOMAXPROCS follows the
@@ -19,7 +20,7 @@ CLIENT_CPU="${CLIENT_CPU:-0}"
 while (($# > 0)); do
     case "$1" in
         --seconds) SECONDS_PER_RUN="$2"; shift 2 ;;
-        -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -63,13 +64,16 @@ go1="$(on_client "$HERE/ringlock-go-bench" -addr "$ADDR" -goroutines 1 -seconds 
     awk '{print $3}')"
 go64="$(on_client "$HERE/ringlock-go-bench" -addr "$ADDR" -goroutines 64 -seconds "$SECONDS_PER_RUN" |
     awk '{print $3}')"
+go64one="$(on_client "$HERE/ringlock-go-bench" -addr "$ADDR" -goroutines 64 -connections 1 \
+    -seconds "$SECONDS_PER_RUN" | awk '{print $3}')"
 bench="$(on_client "$BIN/ringlock-bench" run --target ringlock --addr "$ADDR" --cpus "$CLIENT_CPU" -c 1 -d 64 \
     --duration "$SECONDS_PER_RUN" --warmup 1 --json |
     python3 -c 'import json, sys; print(round(json.load(sys.stdin)["cycles_per_s"]))')"
-python3 - "$go1" "$go64" "$bench" <<'PY'
+python3 - "$go1" "$go64" "$go64one" "$bench" <<'PY'
 import sys
-go1, go64, bench = (float(x) for x in sys.argv[1:])
-print(f"Go client, 1 goroutine     {go1:>12,.0f} cycles/s  {go1 / bench:.3f}")
-print(f"Go client, 64 goroutines   {go64:>12,.0f} cycles/s  {go64 / bench:.3f}")
-print(f"ringlock-bench -c 1 -d 64  {bench:>12,.0f} cycles/s  1.000")
+go1, go64, go64one, bench = (float(x) for x in sys.argv[1:])
+print(f"Go client, 1 goroutine                   {go1:>12,.0f} cycles/s  {go1 / bench:.3f}")
+print(f"Go client, 64 goroutines                 {go64:>12,.0f} cycles/s  {go64 / bench:.3f}")
+print(f"Go client, 64 goroutines, 1 connection   {go64one:>12,.0f} cycles/s  {go64one / bench:.3f}")
+print(f"ringlock-bench -c 1 -d 64                {bench:>12,.0f} cycles/s  1.000")
 PY
