@@ -214,3 +214,45 @@ func TestManyGoroutinesShareOneClient(t *testing.T) {
 		return true
 	})
 }
+
+func TestARedirectToANodeNotGivenAddsIt(t *testing.T) {
+	s := newServer(t)
+	k := newKit(t)
+	fake, fakeAddress := k.start("fake %s", s.addr)
+	// Only the standby is given; the active is learned from its M reply.
+	client := dial(t, []string{fakeAddress})
+	cycle(t, client, "learned-0")
+	redirected := k.count("redirected %s", fake)
+	if redirected == 0 {
+		t.Fatal("the fake redirected nothing")
+	}
+	for round := 1; round < 10; round++ {
+		cycle(t, client, fmt.Sprintf("learned-%d", round))
+	}
+	if now := k.count("redirected %s", fake); now != redirected {
+		t.Fatalf("the fake redirected %d requests, then %d: the learned active should be preferred", redirected, now)
+	}
+	pong, err := client.Ping(testContext(t))
+	if err != nil || pong.Role != ringlock.RoleActive {
+		t.Fatalf("a ping goes to the learned active: %+v %v", pong, err)
+	}
+}
+
+func TestCloseEndsRequestsAStalledServerHolds(t *testing.T) {
+	_, k, proxy, client := throughAProxy(t)
+	ctx := testContext(t)
+	if _, err := client.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	k.call("stall %s", proxy)
+	acquired := make(chan error, 1)
+	go func() {
+		_, err := client.Acquire(ctx, "stalled", lease, 0)
+		acquired <- err
+	}()
+	k.call("wait-upstream %s - A stalled ", proxy)
+	client.Close()
+	if err := <-acquired; !errors.Is(err, ringlock.ErrClosed) {
+		t.Fatalf("%v, want ErrClosed", err)
+	}
+}

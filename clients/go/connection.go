@@ -192,6 +192,14 @@ func (c *connection) close() {
 	c.mu.Lock()
 	c.phase = phaseClosed
 	c.writerWoken = true
+	if c.conn != nil {
+		// A server that stopped reading could hold a write, and with it
+		// Close, forever; these bound both. closeGracefully shortens the
+		// read deadline once everything is written.
+		now := time.Now()
+		_ = c.conn.SetWriteDeadline(now.Add(closeLinger))
+		_ = c.conn.SetReadDeadline(now.Add(2 * closeLinger))
+	}
 	c.mu.Unlock()
 	c.wakeWriter()
 }
