@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit, model and property tests, the
 # black-box tests against the real server, and the doc examples; then the
-# Python client's tests (clients/python/test.sh).
+# Python and Go clients' tests (clients/python/test.sh, clients/go/test.sh).
 # Usage: scripts/test.sh [extra nextest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,3 +22,4 @@ cargo build --profile test-release --quiet -p ringlock -p ringlock-testkit
 export RINGLOCK_BIN="$PWD/target/test-release/ringlock"
 export RINGLOCK_TESTKIT_BIN="$PWD/target/test-release/ringlock-testkit"
 clients/python/test.sh -q
+clients/go/test.sh
