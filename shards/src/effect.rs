@@ -47,6 +47,17 @@ pub enum ShardReply {
         /// The key.
         key: Key,
     },
+    /// `I <key> <token|-> <lease-left-ms> <waiters>`: the key's state.
+    Inspected {
+        /// The key.
+        key: Key,
+        /// The holder's token, 0 if the key is not held (tokens are never 0).
+        token: u64,
+        /// Milliseconds left of the holder's lease (0 if not held).
+        lease_left_ms: u32,
+        /// Requests queued on the key.
+        waiters: u32,
+    },
     /// The request failed and had no effect.
     Error {
         /// The request's operation.
@@ -69,6 +80,12 @@ impl ShardReply {
             ShardReply::TimedOut { key } => Reply::TimedOut { key: key.as_bytes() },
             ShardReply::Released { key } => Reply::Released { key: key.as_bytes() },
             ShardReply::Extended { key, token } => Reply::Extended { key: key.as_bytes(), token: *token },
+            ShardReply::Inspected { key, token, lease_left_ms, waiters } => Reply::Inspected {
+                key: key.as_bytes(),
+                token: (*token != 0).then_some(*token),
+                lease_left_ms: u64::from(*lease_left_ms),
+                waiters: u64::from(*waiters),
+            },
             ShardReply::Error { op, key, code } => {
                 Reply::Error { op: Some(*op), key: Some(key.as_bytes()), code: *code }
             }
@@ -82,6 +99,7 @@ impl ShardReply {
             | ShardReply::TimedOut { key }
             | ShardReply::Released { key }
             | ShardReply::Extended { key, .. }
+            | ShardReply::Inspected { key, .. }
             | ShardReply::Moved { key, .. }
             | ShardReply::Error { key, .. } => key,
         }
