@@ -255,14 +255,15 @@ fn wait_for_stop(
             stop_now = true;
         }
         if stop_now {
+            let cause = if signal > 0 { format!("signal {signal}") } else { "end of --drain-ms".to_string() };
             match (&shared.cluster, stopping) {
                 (Some(link), false) => {
-                    tracing::info!(signal, "stopping: handing the active role over first, if this node has it");
+                    tracing::info!(%cause, "stopping: handing the active role over first, if this node has it");
                     link.stop.store(true, Ordering::SeqCst);
                     stopping = true;
                 }
                 _ => {
-                    tracing::info!(signal, "stopping: answering queued acquires and closing connections");
+                    tracing::info!(%cause, "stopping: answering queued acquires and closing connections");
                     return Ok(());
                 }
             }
