@@ -121,6 +121,15 @@ pub fn run(config: Config) -> Result<(), String> {
                         let _ = ready_sender.send(Ok(defer));
                         event_loop
                     }
+                    Err(error) if error.raw_os_error() == Some(libc::EPERM) => {
+                        let error = format!(
+                            "cannot set up io_uring on shard {core}: {error}: io_uring is forbidden here; in a container, \
+                             run with deploy/seccomp-ringlock.json (Docker's default seccomp profile blocks io_uring), \
+                             on a host check the sysctl kernel.io_uring_disabled"
+                        );
+                        let _ = ready_sender.send(Err(error.clone()));
+                        return Err(error);
+                    }
                     Err(error) => {
                         let error = format!("cannot set up io_uring on shard {core}: {error} (ringlock needs Linux 6.1 or later with io_uring enabled)");
                         let _ = ready_sender.send(Err(error.clone()));
