@@ -27,7 +27,7 @@ use ahash::RandomState;
 use hashbrown::HashMap;
 use ringlock_client::proto::{ErrorCode, Op};
 
-use crate::effect::{ClientId, Delta, Effect, ShardReply};
+use crate::effect::{ClientId, Delta, Effect, KeyState, ShardReply};
 use crate::histogram::Histogram;
 use crate::hot_keys::{HotKeyCounts, HotKeys};
 use crate::key::Key;
@@ -489,7 +489,8 @@ impl Shard {
                 }
             }
         };
-        self.reply(client, ShardReply::Inspected { key: Key::new(key), token, lease_left_ms, waiters });
+        let state = Box::new(KeyState { token, lease_left_ms, waiters });
+        self.reply(client, ShardReply::Inspected { key: Key::new(key), state });
     }
 
     /// A request on a valid `key` that the codec refused (bad lease, bad
