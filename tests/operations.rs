@@ -399,3 +399,24 @@ fn cli_acquire_and_release_hold_a_lock_across_commands() {
     let stats = cli().args(["--servers", &servers, "stats"]).output().unwrap();
     assert!(String::from_utf8(stats.stdout).unwrap().contains("\n  \"role\": \"active\",\n"));
 }
+
+#[test]
+fn systemd_is_told_ready_once_serving_and_stopping_on_a_signal() {
+    let directory = common::DataDir::new();
+    std::fs::create_dir_all(&directory.0).unwrap();
+    let path = directory.0.join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    socket.set_read_timeout(Some(common::PATIENCE)).unwrap();
+    let path = path.to_str().unwrap().to_string();
+    let mut server = Server::start_with_env(&[("NOTIFY_SOCKET", &path)], &[]);
+    let mut buffer = [0u8; 256];
+    let read = socket.recv(&mut buffer).expect("READY=1 from the server");
+    let ready = String::from_utf8_lossy(&buffer[..read]).to_string();
+    assert!(ready.starts_with("READY=1\nSTATUS=serving clients on "), "{ready}");
+    // Ready means serving: a request is answered at once.
+    assert!(server.connect().call("P").starts_with("P active"));
+    server.signal("TERM");
+    let read = socket.recv(&mut buffer).expect("STOPPING=1 from the server");
+    assert!(String::from_utf8_lossy(&buffer[..read]).starts_with("STOPPING=1"));
+    assert!(server.stop_after_signal().success());
+}
