@@ -72,6 +72,7 @@ enum Action {
     /// is returned. Exits 75 without running COMMAND if the lock is not
     /// granted within --wait.
     Run {
+        /// The key to hold, the same for every host that runs the job.
         #[arg(long)]
         key: String,
         /// Lease in seconds; extended every third of it while COMMAND runs.
