@@ -89,6 +89,19 @@ pub struct Config {
     #[arg(long, env = "RINGLOCK_MAX_CONNECTIONS_PER_IP", default_value_t = 1024)]
     pub max_connections_per_ip: u32,
 
+    /// Address of the HTTP endpoint for operators: `/metrics` (Prometheus
+    /// text format), `/livez` and `/readyz`. Served by a thread of its own,
+    /// never by a shard core. Default: off.
+    #[arg(long, env = "RINGLOCK_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// On SIGINT/SIGTERM, first report not ready (`/readyz` 503, systemd
+    /// STOPPING) and keep serving for this many milliseconds, so that load
+    /// balancers stop sending new clients before the node stops. A second
+    /// signal ends the wait at once.
+    #[arg(long, env = "RINGLOCK_DRAIN_MS", default_value_t = 0, value_name = "MS")]
+    pub drain_ms: u64,
+
     /// Seconds a client connection may be silent before TCP keepalive probes
     /// check that its host is still there; 0 = no keepalive. A host that
     /// vanished without a reset then loses its connection, and its queued

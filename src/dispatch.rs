@@ -20,6 +20,7 @@ enum Keyed<'a> {
     Acquire { key: &'a [u8], lease_ms: u64, wait_ms: u64 },
     Release { key: &'a [u8], token: u64 },
     Extend { key: &'a [u8], token: u64, lease_ms: u64 },
+    Inspect { key: &'a [u8] },
     Reject { op: Op, key: &'a [u8], code: ErrorCode },
 }
 
@@ -27,7 +28,7 @@ impl<'a> Keyed<'a> {
     fn key(self) -> &'a [u8] {
         match self {
             Keyed::Acquire { key, .. } | Keyed::Release { key, .. } | Keyed::Extend { key, .. } => key,
-            Keyed::Reject { key, .. } => key,
+            Keyed::Inspect { key } | Keyed::Reject { key, .. } => key,
         }
     }
 
@@ -36,6 +37,7 @@ impl<'a> Keyed<'a> {
             Keyed::Acquire { .. } => Op::Acquire,
             Keyed::Release { .. } => Op::Release,
             Keyed::Extend { .. } => Op::Extend,
+            Keyed::Inspect { .. } => Op::Inspect,
             Keyed::Reject { op, .. } => op,
         }
     }
@@ -49,6 +51,7 @@ impl<'a> Keyed<'a> {
             RoutedRequest::Extend { key, token, lease_ms } => {
                 Keyed::Extend { key: key.as_bytes(), token: *token, lease_ms: *lease_ms }
             }
+            RoutedRequest::Inspect { key } => Keyed::Inspect { key: key.as_bytes() },
             RoutedRequest::Reject { op, key, code } => Keyed::Reject { op: *op, key: key.as_bytes(), code: *code },
         }
     }
@@ -60,6 +63,7 @@ impl<'a> Keyed<'a> {
             }
             Keyed::Release { key, token } => RoutedRequest::Release { key: Key::new(key), token },
             Keyed::Extend { key, token, lease_ms } => RoutedRequest::Extend { key: Key::new(key), token, lease_ms },
+            Keyed::Inspect { key } => RoutedRequest::Inspect { key: Key::new(key) },
             Keyed::Reject { op, key, code } => RoutedRequest::Reject { op, key: Key::new(key), code },
         }
     }
@@ -71,6 +75,7 @@ impl<'a> Keyed<'a> {
             Keyed::Acquire { key, lease_ms, wait_ms } => shard.acquire(now_ms, client, key, lease_ms, wait_ms),
             Keyed::Release { key, token } => shard.release(now_ms, client, key, token),
             Keyed::Extend { key, token, lease_ms } => shard.extend(now_ms, client, key, token, lease_ms),
+            Keyed::Inspect { key } => shard.inspect(now_ms, client, key),
             Keyed::Reject { op, key, code } => shard.reject(now_ms, client, op, key, code),
         }
     }
@@ -212,7 +217,9 @@ impl Io {
                 Decoded::Incomplete => return offset,
                 Decoded::LineTooLong => {
                     self.count_error(ErrorCode::LineTooLong);
-                    self.write(slot, &Reply::Error { op: None, key: None, code: ErrorCode::LineTooLong });
+                    let reply = Reply::Error { op: None, key: None, code: ErrorCode::LineTooLong };
+                    self.requests.count(&reply);
+                    self.write(slot, &reply);
                     self.stop_reading(shard, slot);
                     return data.len();
                 }
@@ -223,12 +230,14 @@ impl Io {
                         Err(error) => match (error.op, error.key) {
                             // A keyed error goes through the key's shard, so
                             // that it keeps its place among that key's replies.
-                            (Some(op @ (Op::Acquire | Op::Release | Op::Extend)), Some(key)) => {
+                            (Some(op @ (Op::Acquire | Op::Release | Op::Extend | Op::Inspect)), Some(key)) => {
                                 self.route(shard, slot, Keyed::Reject { op, key, code: error.code });
                             }
                             _ => {
                                 self.count_error(error.code);
-                                self.write(slot, &error.to_reply());
+                                let reply = error.to_reply();
+                                self.requests.count(&reply);
+                                self.write(slot, &reply);
                             }
                         },
                     }
@@ -292,6 +301,7 @@ impl Io {
                         active: status.active_address.as_deref().map(str::as_bytes),
                     },
                 };
+                self.requests.count(&reply);
                 encode_reply(&reply, &mut self.connections[slot as usize].output);
                 self.mark_dirty(slot);
                 return;
@@ -306,12 +316,15 @@ impl Io {
                     }
                 };
                 let json = stats::json(&self.shared, role, epoch);
-                self.write(slot, &Reply::Stats { json: json.as_bytes() });
+                let reply = Reply::Stats { json: json.as_bytes() };
+                self.requests.count(&reply);
+                self.write(slot, &reply);
                 return;
             }
             Request::Acquire { key, lease_ms, wait_ms } => Keyed::Acquire { key, lease_ms, wait_ms },
             Request::Release { key, token } => Keyed::Release { key, token },
             Request::Extend { key, token, lease_ms } => Keyed::Extend { key, token, lease_ms },
+            Request::Inspect { key } => Keyed::Inspect { key },
         };
         self.route(shard, slot, keyed);
     }
@@ -400,7 +413,10 @@ impl Io {
         if connection.closing {
             return;
         }
-        encode_reply(&reply.to_wire(self.active_address.as_deref()), &mut connection.output);
+        let reply = reply.to_wire(self.active_address.as_deref());
+        self.requests.count(&reply);
+        let connection = &mut self.connections[slot as usize];
+        encode_reply(&reply, &mut connection.output);
         self.mark_dirty(slot);
         if below_limit_again {
             self.resumable.push(slot);

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use io_uring::types::{SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue};
 use ringlock_client::proto::ErrorCode;
-use ringlock_shards::{ClientId, Shard, ShardStats};
+use ringlock_shards::{ClientId, HotKeyCounts, Shard, ShardStats};
 
 use crate::buf_ring::BufRing;
 use crate::connection::Connection;
@@ -58,6 +58,9 @@ const IDLE_WAIT_MAX: Duration = Duration::from_millis(500);
 const STOP_WAIT_MAX: Duration = Duration::from_millis(5);
 /// Pause before asking again for tokens after the epoch could not be persisted.
 pub(crate) const TOKEN_RETRY_MS: u64 = 1000;
+/// Shortest time between two copies of the shard's hot keys for `S` and
+/// `/metrics`: a copy allocates, so it is not made every turn.
+const HOT_KEYS_PUBLISH_MS: u64 = 250;
 
 /// What a completion is for, in the top byte of its user data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +104,9 @@ pub struct Shared {
     /// Connections open from each client address, for `--max-connections-per-ip`.
     pub per_ip: PerIpConnections,
     pub stop: AtomicBool,
+    /// A stop signal came: `/readyz` answers 503 from now on (the cores may
+    /// still serve, during `--drain-ms` or a hand-off).
+    pub stopping: AtomicBool,
     /// Cores that read no more requests since the stop began.
     pub stopped_reading: AtomicUsize,
     /// Cores that have answered every queued acquire after all stopped reading.
@@ -184,6 +190,14 @@ pub(crate) struct Io {
     pub(crate) errors: [u64; ErrorCode::ALL.len()],
     /// Connections refused by `--max-connections-per-ip`.
     pub(crate) refused_per_ip: u64,
+    /// Connections refused by `--max-connections` or a full core.
+    pub(crate) refused_max_connections: u64,
+    /// Connections refused while stopping.
+    pub(crate) refused_shutting_down: u64,
+    /// Connections this core has served.
+    pub(crate) accepted: u64,
+    /// Replies written by this core, by operation and result.
+    pub(crate) requests: stats::RequestCounters,
     /// Times a connection stopped being read at the in-flight limit.
     pub(crate) in_flight_pauses: u64,
     pub(crate) eventfd: RawFd,
@@ -241,6 +255,10 @@ pub struct EventLoop {
     pub(crate) buffers: BufRing,
     pub(crate) inbox: Inbox,
     completions: Vec<(u64, i32, u32)>,
+    /// The hot-key events and the time of the last copy of the hot keys.
+    hot_keys_published: (u64, u64),
+    /// The last copy named some key, so it is made again as they age out.
+    hot_keys_listed: bool,
 }
 
 impl EventLoop {
@@ -283,6 +301,10 @@ impl EventLoop {
                 stopping: false,
                 errors: [0; ErrorCode::ALL.len()],
                 refused_per_ip: 0,
+                refused_max_connections: 0,
+                refused_shutting_down: 0,
+                accepted: 0,
+                requests: stats::RequestCounters::default(),
                 in_flight_pauses: 0,
                 eventfd,
                 wake_buffer: Box::new(0),
@@ -296,6 +318,8 @@ impl EventLoop {
             buffers,
             inbox,
             completions: Vec::with_capacity(COMPLETION_ENTRIES as usize),
+            hot_keys_published: (0, 0),
+            hot_keys_listed: false,
         })
     }
 
@@ -554,12 +578,36 @@ impl EventLoop {
         for (sum, count) in stats.errors.iter_mut().zip(self.io.errors) {
             *sum += count;
         }
+        let hot_keys = self.hot_keys_to_publish();
         if let Ok(mut published) = self.io.shared.stats[self.io.core].lock() {
             published.shard = stats;
             published.connections = self.io.open;
             published.refused_per_ip = self.io.refused_per_ip;
+            published.refused_max_connections = self.io.refused_max_connections;
+            published.refused_shutting_down = self.io.refused_shutting_down;
+            published.accepted = self.io.accepted;
             published.in_flight_pauses = self.io.in_flight_pauses;
+            published.requests = self.io.requests;
+            if let Some((waits, handoffs)) = hot_keys {
+                published.hot_waits = waits;
+                published.hot_handoffs = handoffs;
+            }
         }
+    }
+
+    /// A fresh copy of the shard's hot keys, if they may have changed (or
+    /// aged out) and the last copy is old enough.
+    fn hot_keys_to_publish(&mut self) -> Option<(HotKeyCounts, HotKeyCounts)> {
+        let (events_published, published_ms) = self.hot_keys_published;
+        let events = self.shard.hot_key_events();
+        let now_ms = self.io.now_ms;
+        if now_ms < published_ms + HOT_KEYS_PUBLISH_MS || (events == events_published && !self.hot_keys_listed) {
+            return None;
+        }
+        let (waits, handoffs) = self.shard.hot_keys(now_ms);
+        self.hot_keys_listed = !waits.is_empty() || !handoffs.is_empty();
+        self.hot_keys_published = (events, now_ms);
+        Some((waits, handoffs))
     }
 }
 

@@ -18,7 +18,10 @@
 //! - `router`: messages between cores, with eventfd wake-ups.
 //! - `epoch`: the durable epoch file.
 //! - `tokens`: token ranges for the shards under the current epoch.
-//! - `stats`: the `S` reply.
+//! - `stats`: the `S` reply, and the counters cores publish for it and `/metrics`.
+//! - `metrics`: `/metrics` in the Prometheus text format, and readiness.
+//! - `ops_http`: the operator endpoint (`--metrics-listen`) on its own thread.
+//! - `sd_notify`: systemd's readiness notifications.
 
 pub mod buf_ring;
 pub mod cluster;
@@ -27,11 +30,14 @@ mod connection;
 mod dispatch;
 pub mod epoch;
 mod event_loop;
+mod metrics;
+mod ops_http;
 mod per_ip;
 mod replication;
 pub mod ring_poll;
 mod role;
 mod router;
+mod sd_notify;
 pub mod server;
 mod sockets;
 mod stats;

@@ -98,7 +98,18 @@ pub struct ClusterLink {
     /// same numbers on the active and a standby mean the standby is caught up.
     pub table_stream: AtomicU64,
     pub table_version: AtomicU64,
+    /// Whether this node holds a complete table (always, when active), for `/readyz`.
+    pub caught_up: AtomicBool,
+    /// Times this node became active (a new stream: start, failover or
+    /// hand-off), for `/metrics`.
+    pub activations: AtomicU64,
+    /// Deltas a standby has yet to apply (see `Node::replication_lag`);
+    /// [`LAG_UNKNOWN`] when there is nothing to compare.
+    pub replication_lag: AtomicU64,
 }
+
+/// [`ClusterLink::replication_lag`] when there is nothing to compare.
+pub const LAG_UNKNOWN: u64 = u64::MAX;
 
 impl ClusterLink {
     pub fn new(reports: Sender<Report>) -> ClusterLink {
@@ -111,6 +122,9 @@ impl ClusterLink {
             stop: AtomicBool::new(false),
             table_stream: AtomicU64::new(0),
             table_version: AtomicU64::new(0),
+            caught_up: AtomicBool::new(false),
+            activations: AtomicU64::new(0),
+            replication_lag: AtomicU64::new(LAG_UNKNOWN),
         }
     }
 

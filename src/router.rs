@@ -24,6 +24,8 @@ pub enum RoutedRequest {
     Release { key: Key, token: u64 },
     /// `X key token lease`.
     Extend { key: Key, token: u64, lease_ms: u64 },
+    /// `I key`.
+    Inspect { key: Key },
     /// A request on a valid key that failed to parse; its error keeps its
     /// place among the replies for the same (op, key).
     Reject { op: Op, key: Key, code: ErrorCode },

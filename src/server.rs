@@ -15,10 +15,12 @@ use crate::cluster::ExitReason;
 use crate::config::{Config, Keepalive};
 use crate::epoch::EpochStore;
 use crate::event_loop::{EventLoop, Shared, build_ring, ring_mode_name};
+use crate::ops_http;
 use crate::per_ip::PerIpConnections;
 use crate::replication;
 use crate::role::ClusterLink;
 use crate::router;
+use crate::sd_notify;
 use crate::stats::CoreStats;
 use crate::tokens::{TOKEN_RANGE_LEN, TokenAuthority};
 
@@ -58,6 +60,7 @@ pub fn run(config: Config) -> Result<(), String> {
                 })?,
         ),
     };
+    let metrics_listener = config.metrics_listen.map(ops_http::bind).transpose()?;
     let (report_sender, reports) = crossbeam_channel::bounded(crate::replication::REPORTS_QUEUED_MAX);
 
     let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.keepalive())?;
@@ -78,6 +81,7 @@ pub fn run(config: Config) -> Result<(), String> {
         next_core: AtomicUsize::new(0),
         per_ip: PerIpConnections::new(config.max_connections_per_ip),
         stop: AtomicBool::new(false),
+        stopping: AtomicBool::new(false),
         stopped_reading: AtomicUsize::new(0),
         drained: AtomicUsize::new(0),
         stats: (0..shards).map(|_| Mutex::new(CoreStats::default())).collect(),
@@ -116,6 +120,15 @@ pub fn run(config: Config) -> Result<(), String> {
                     Ok((event_loop, defer)) => {
                         let _ = ready_sender.send(Ok(defer));
                         event_loop
+                    }
+                    Err(error) if error.raw_os_error() == Some(libc::EPERM) => {
+                        let error = format!(
+                            "cannot set up io_uring on shard {core}: {error}: io_uring is forbidden here; in a container, \
+                             run with deploy/seccomp-ringlock.json (Docker's default seccomp profile blocks io_uring), \
+                             on a host check the sysctl kernel.io_uring_disabled"
+                        );
+                        let _ = ready_sender.send(Err(error.clone()));
+                        return Err(error);
                     }
                     Err(error) => {
                         let error = format!("cannot set up io_uring on shard {core}: {error} (ringlock needs Linux 6.1 or later with io_uring enabled)");
@@ -177,7 +190,19 @@ pub fn run(config: Config) -> Result<(), String> {
         }
     };
 
-    let mut result = wait_for_stop(&signals, &threads, &shared, replication);
+    // Started once the cores serve, so that `/readyz` never says ready
+    // before they do; after the signal mask, which the thread inherits.
+    if let Some(listener) = metrics_listener {
+        let address = listener.local_addr().map_or_else(|_| "?".to_string(), |address| address.to_string());
+        if let Err(error) = ops_http::spawn(listener, shared.clone()) {
+            stop(&shared);
+            return Err(error);
+        }
+        tracing::info!(metrics = %address, "serving /metrics, /livez and /readyz on {address}");
+    }
+    sd_notify::notify(&format!("READY=1\nSTATUS=serving clients on {local}"));
+    let drain = Duration::from_millis(config.drain_ms);
+    let mut result = wait_for_stop(&signals, &threads, &shared, replication, drain);
     stop(&shared);
     for thread in threads {
         match thread.join() {
@@ -192,17 +217,21 @@ pub fn run(config: Config) -> Result<(), String> {
     result
 }
 
-/// Waits for SIGINT or SIGTERM, or for a thread that ended on its own. In a
-/// cluster, a stop signal first lets the replication core hand the active
-/// role over; a second signal stops at once. SIGHUP is logged and ignored.
+/// Waits for SIGINT or SIGTERM, or for a thread that ended on its own. A
+/// stop signal first makes the node not ready and, with `--drain-ms`, keeps
+/// it serving that long. Then, in a cluster, the replication core hands the
+/// active role over; a further signal stops at once. SIGHUP is logged and
+/// ignored.
 fn wait_for_stop(
     signals: &libc::sigset_t,
     threads: &[JoinHandle<Result<(), String>>],
     shared: &Shared,
     mut replication: Option<JoinHandle<Result<ExitReason, String>>>,
+    drain: Duration,
 ) -> Result<(), String> {
     let timeout = libc::timespec { tv_sec: 0, tv_nsec: 50_000_000 };
     let mut stopping = false;
+    let mut draining_until: Option<Instant> = None;
     loop {
         // SAFETY: waiting for signals this thread has blocked.
         let signal = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &timeout) };
@@ -215,15 +244,35 @@ fn wait_for_stop(
                 "SIGHUP ignored: ringlock keeps serving (it has nothing to reload); stop it with SIGTERM or SIGINT"
             );
         }
-        if signal == libc::SIGINT || signal == libc::SIGTERM {
+        let mut stop_now = signal == libc::SIGINT || signal == libc::SIGTERM;
+        if stop_now && !shared.stopping.swap(true, Ordering::SeqCst) {
+            sd_notify::notify("STOPPING=1\nSTATUS=stopping");
+            if !drain.is_zero() {
+                tracing::info!(
+                    signal,
+                    drain_ms = drain.as_millis() as u64,
+                    "stop signal: /readyz now answers 503; serving on for --drain-ms before stopping (another \
+                     signal stops now)"
+                );
+                draining_until = Some(Instant::now() + drain);
+                stop_now = false;
+            }
+        } else if stop_now {
+            draining_until = None;
+        }
+        if draining_until.take_if(|until| Instant::now() >= *until).is_some() {
+            stop_now = true;
+        }
+        if stop_now {
+            let cause = if signal > 0 { format!("signal {signal}") } else { "end of --drain-ms".to_string() };
             match (&shared.cluster, stopping) {
                 (Some(link), false) => {
-                    tracing::info!(signal, "stopping: handing the active role over first, if this node has it");
+                    tracing::info!(%cause, "stopping: handing the active role over first, if this node has it");
                     link.stop.store(true, Ordering::SeqCst);
                     stopping = true;
                 }
                 _ => {
-                    tracing::info!(signal, "stopping: answering queued acquires and closing connections");
+                    tracing::info!(%cause, "stopping: answering queued acquires and closing connections");
                     return Ok(());
                 }
             }

@@ -107,7 +107,7 @@ impl Io {
         if !admitted || self.stopping {
             self.shared.connections.fetch_sub(1, Ordering::SeqCst);
             let code = if self.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
-            self.count_error(code);
+            self.count_refusal(code);
             refuse(fd, code);
             return;
         }
@@ -155,7 +155,7 @@ impl Io {
                 self.shared.per_ip.release(ip);
             }
             let code = if self.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
-            self.count_error(code);
+            self.count_refusal(code);
             refuse(fd, code);
             return;
         }
@@ -171,7 +171,18 @@ impl Io {
             }
         };
         self.open += 1;
+        self.accepted += 1;
         self.arm_recv(slot);
+    }
+
+    /// Counts a connection refused with `code` (not by the per-address limit).
+    fn count_refusal(&mut self, code: ErrorCode) {
+        self.count_error(code);
+        if code == ErrorCode::ShuttingDown {
+            self.refused_shutting_down += 1;
+        } else {
+            self.refused_max_connections += 1;
+        }
     }
 
     fn arm_recv(&mut self, slot: u32) {

@@ -149,7 +149,10 @@ fn help_explains_every_flag() {
         "--heartbeat-ms",
         "--failover-ms",
         "--cluster-listen",
+        "--metrics-listen",
+        "--drain-ms",
         "RINGLOCK_LISTEN",
+        "RINGLOCK_METRICS_LISTEN",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
     }

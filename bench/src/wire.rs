@@ -296,7 +296,9 @@ fn ringlock_reply(reply: &Reply<'_>, keys: &KeyFormat) -> Parsed {
             None => Parsed::Unkeyed(ErrorKind::Server(code)),
         },
         Reply::Error { code, .. } => Parsed::Unkeyed(ErrorKind::Server(code)),
-        Reply::Extended { .. } | Reply::Pong { .. } | Reply::Stats { .. } => Parsed::Unkeyed(ErrorKind::Unpaired),
+        Reply::Extended { .. } | Reply::Pong { .. } | Reply::Stats { .. } | Reply::Inspected { .. } => {
+            Parsed::Unkeyed(ErrorKind::Unpaired)
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use crate::completion::Completion;
 use crate::config::ClientBuilder;
 use crate::error::{BadArgument, Error, ProtocolError};
 use crate::future::{AcquireFuture, ReplyFuture, acquired};
-use crate::lock::Lock;
+use crate::lock::{Lock, ReleaseOutcome};
 use crate::operation::{Kind, Outcome};
 use crate::proto::{Role, WAIT_MS_MAX, is_valid_key};
 use crate::router::Router;
@@ -93,6 +93,31 @@ pub struct Pong {
     pub epoch: u64,
     /// The active node's client address, if the node knows one.
     pub active: Option<String>,
+}
+
+/// What the active node knows of a key now: the answer to [`Client::inspect`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> Result<(), ringlock_client::Error> {
+/// let client = ringlock_client::Client::connect(["127.0.0.1:7700"])?;
+/// let state = client.inspect("orders/42")?;
+/// match state.token {
+///     Some(token) => println!("held by token {token} for {:?} more, {} waiting", state.lease_left, state.waiters),
+///     None => println!("free ({} waiting for tokens)", state.waiters),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Inspection {
+    /// The fencing token of the grant holding the key, if it is held.
+    pub token: Option<u64>,
+    /// How long the holder's lease has left (zero if the key is free).
+    pub lease_left: Duration,
+    /// Acquires queued on the key.
+    pub waiters: u64,
 }
 
 impl ClientBuilder {
@@ -332,6 +357,75 @@ impl Client {
         self.request_async(Kind::Ping, Arc::from(&b""[..]), pong)
     }
 
+    /// Who holds `key` now, how long its lease has left and how many
+    /// acquires wait for it (`I <key>`). It changes nothing on the server.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadArgument`] for a key the protocol cannot carry; otherwise
+    /// as [`ping`](Self::ping).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), ringlock_client::Error> {
+    /// let client = ringlock_client::Client::connect(["127.0.0.1:7700"])?;
+    /// if client.inspect("orders/42")?.token.is_none() {
+    ///     println!("nobody holds orders/42");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn inspect(&self, key: impl AsRef<[u8]>) -> Result<Inspection, Error> {
+        let key = checked_key(key.as_ref())?;
+        self.request(Kind::Inspect, key, inspected)
+    }
+
+    /// [`inspect`](Self::inspect), as a future.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: ringlock_client::Client) -> Result<(), ringlock_client::Error> {
+    /// let waiters = client.inspect_async("orders/42").await?.waiters;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn inspect_async(
+        &self,
+        key: impl AsRef<[u8]>,
+    ) -> impl Future<Output = Result<Inspection, Error>> + Send + 'static {
+        match checked_key(key.as_ref()) {
+            Ok(key) => self.request_async(Kind::Inspect, key, inspected),
+            Err(error) => self.refused(error, inspected),
+        }
+    }
+
+    /// Releases the grant of `key` with `token`, known from an earlier
+    /// acquire (possibly by another process, as `ringlock-cli acquire`
+    /// prints it). Retried like [`Lock::release`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadArgument`] for a key the protocol cannot carry; otherwise
+    /// as [`Lock::release`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use ringlock_client::ReleaseOutcome;
+    /// # fn main() -> Result<(), ringlock_client::Error> {
+    /// let client = ringlock_client::Client::connect(["127.0.0.1:7700"])?;
+    /// let outcome = client.release("cron/cleanup", 17_592_186_044_416)?;
+    /// assert!(matches!(outcome, ReleaseOutcome::Released | ReleaseOutcome::NotHeld));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn release(&self, key: impl AsRef<[u8]>, token: u64) -> Result<ReleaseOutcome, Error> {
+        let key = checked_key(key.as_ref())?;
+        self.request(Kind::Release { token }, key, crate::lock::released)
+    }
+
     /// A node's counters and gauges, as the one line of JSON of its `S`
     /// reply (see the server's README for the fields).
     ///
@@ -478,6 +572,13 @@ pub(crate) fn failure(outcome: Outcome) -> Error {
 fn pong(outcome: Outcome) -> Result<Pong, Error> {
     match outcome {
         Outcome::Pong { role, epoch, active } => Ok(Pong { role, epoch, active }),
+        other => Err(failure(other)),
+    }
+}
+
+fn inspected(outcome: Outcome) -> Result<Inspection, Error> {
+    match outcome {
+        Outcome::Inspected(inspection) => Ok(inspection),
         other => Err(failure(other)),
     }
 }

@@ -164,7 +164,7 @@ pub mod proto;
 mod router;
 mod timer;
 
-pub use client::{Client, Pong};
+pub use client::{Client, Inspection, Pong};
 pub use config::{ClientBuilder, NODES_MAX};
 pub use error::{BadArgument, Error, ProtocolError};
 pub use lock::{Lock, ReleaseOutcome};

@@ -217,6 +217,30 @@ impl Lock {
     }
 }
 
+impl Lock {
+    /// Gives up this handle without releasing the grant, and returns its
+    /// token: the key stays held until someone releases it with the token
+    /// (see [`Client::release`]) or its lease runs out. For a lock that must
+    /// outlive this process, such as `ringlock-cli acquire` in a script.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), ringlock_client::Error> {
+    /// let client = ringlock_client::Client::connect(["127.0.0.1:7700"])?;
+    /// let token = client.acquire("deploy", Duration::from_secs(600), None)?.unwrap().detach();
+    /// // ... later, maybe from another process:
+    /// client.release("deploy", token)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn detach(mut self) -> u64 {
+        self.released = true;
+        self.token
+    }
+}
+
 impl Drop for Lock {
     fn drop(&mut self) {
         if !self.released {
@@ -238,7 +262,7 @@ fn extended(outcome: Outcome) -> Result<(), Error> {
     }
 }
 
-fn released(outcome: Outcome) -> Result<ReleaseOutcome, Error> {
+pub(crate) fn released(outcome: Outcome) -> Result<ReleaseOutcome, Error> {
     match outcome {
         Outcome::Released => Ok(ReleaseOutcome::Released),
         Outcome::NotHeld => Ok(ReleaseOutcome::NotHeld),

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::client::Inspection;
 use crate::completion::Completion;
 use crate::error::{Error, ProtocolError};
 use crate::proto::{ErrorCode, Op, Reply, Request, Role, encode_request};
@@ -35,6 +36,7 @@ pub(crate) enum Kind {
     Extend { token: u64, lease_ms: u64 },
     Ping,
     Stats,
+    Inspect,
 }
 
 /// The end of a request, handed to its waiter.
@@ -47,6 +49,7 @@ pub(crate) enum Outcome {
     Extended,
     Pong { role: Role, epoch: u64, active: Option<String> },
     Stats(String),
+    Inspected(Inspection),
     Failed(Error),
 }
 
@@ -148,6 +151,7 @@ impl Operation {
             Kind::Extend { .. } => Op::Extend,
             Kind::Ping => Op::Ping,
             Kind::Stats => Op::Stats,
+            Kind::Inspect => Op::Inspect,
         }
     }
 
@@ -183,6 +187,7 @@ impl Operation {
             Kind::Extend { token, lease_ms } => Request::Extend { key, token, lease_ms },
             Kind::Ping => Request::Ping,
             Kind::Stats => Request::Stats,
+            Kind::Inspect => Request::Inspect { key },
         };
         encode_request(&request, out);
     }
@@ -216,6 +221,9 @@ impl Operation {
                 Outcome::Pong { role, epoch, active: active.map(|address| String::from_utf8_lossy(address).into()) }
             }
             (Kind::Stats, Reply::Stats { json }) => Outcome::Stats(String::from_utf8_lossy(json).into_owned()),
+            (Kind::Inspect, Reply::Inspected { token, lease_left_ms, waiters, .. }) => {
+                Outcome::Inspected(Inspection { token, lease_left: Duration::from_millis(lease_left_ms), waiters })
+            }
             (_, Reply::Error { code, .. }) => Outcome::Failed(Error::Server(code)),
             // Pairing by (op, key) leaves no other combination.
             (_, other) => {

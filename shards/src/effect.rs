@@ -47,6 +47,15 @@ pub enum ShardReply {
         /// The key.
         key: Key,
     },
+    /// `I <key> <token|-> <lease-left-ms> <waiters>`: the key's state. Boxed
+    /// because `I` is rare: every reply stays as small as a grant, which is
+    /// what the hot path moves.
+    Inspected {
+        /// The key.
+        key: Key,
+        /// Its holder, lease and queue.
+        state: Box<KeyState>,
+    },
     /// The request failed and had no effect.
     Error {
         /// The request's operation.
@@ -69,6 +78,12 @@ impl ShardReply {
             ShardReply::TimedOut { key } => Reply::TimedOut { key: key.as_bytes() },
             ShardReply::Released { key } => Reply::Released { key: key.as_bytes() },
             ShardReply::Extended { key, token } => Reply::Extended { key: key.as_bytes(), token: *token },
+            ShardReply::Inspected { key, state } => Reply::Inspected {
+                key: key.as_bytes(),
+                token: (state.token != 0).then_some(state.token),
+                lease_left_ms: u64::from(state.lease_left_ms),
+                waiters: u64::from(state.waiters),
+            },
             ShardReply::Error { op, key, code } => {
                 Reply::Error { op: Some(*op), key: Some(key.as_bytes()), code: *code }
             }
@@ -82,10 +97,22 @@ impl ShardReply {
             | ShardReply::TimedOut { key }
             | ShardReply::Released { key }
             | ShardReply::Extended { key, .. }
+            | ShardReply::Inspected { key, .. }
             | ShardReply::Moved { key, .. }
             | ShardReply::Error { key, .. } => key,
         }
     }
+}
+
+/// What `I` shows of a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyState {
+    /// The holder's token, 0 if the key is not held (tokens are never 0).
+    pub token: u64,
+    /// Milliseconds left of the holder's lease (0 if not held).
+    pub lease_left_ms: u32,
+    /// Requests queued on the key.
+    pub waiters: u32,
 }
 
 /// A change of the lock table, for the standbys.

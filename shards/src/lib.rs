@@ -18,6 +18,9 @@
 //! - [`token`]: the token layout (epoch and sequence) and the ranges a shard
 //!   issues from.
 //! - [`effect`]: what the shard asks its caller to do.
+//! - [`histogram`]: fixed-bucket duration histograms (waits and holds).
+//! - [`hot_keys`]: the keys waited on and handed off most in the last
+//!   minute, in a bounded sketch.
 //! - [`key`]: keys stored inline up to 24 bytes.
 //! - [`limits`]: named limits and settings with their defaults.
 //! - [`lock_index`]: the table's index from a key's hash to its lock's slot,
@@ -39,6 +42,8 @@
 //! that the next key reuses.
 
 pub mod effect;
+pub mod histogram;
+pub mod hot_keys;
 pub mod key;
 pub mod limits;
 pub mod lock_index;
@@ -46,7 +51,9 @@ pub mod shard;
 pub mod timer_wheel;
 pub mod token;
 
-pub use effect::{ClientId, Delta, Effect, ShardReply};
+pub use effect::{ClientId, Delta, Effect, KeyState, ShardReply};
+pub use histogram::{HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS_MS, Histogram};
+pub use hot_keys::{HOT_KEYS_REPORTED, HotKeyCounts, HotKeys};
 pub use key::{KEY_INLINE_LEN_MAX, Key};
 pub use limits::ShardConfig;
 pub use shard::{Shard, ShardStats};

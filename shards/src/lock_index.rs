@@ -66,6 +66,12 @@ pub struct KeyHash {
 }
 
 impl KeyHash {
+    /// The bits kept, for other tables that want a cheap first comparison
+    /// before they compare keys (the hot-keys sketch).
+    pub(crate) fn bits(self) -> u64 {
+        u64::from(self.tag)
+    }
+
     /// The index's part of a 64-bit hash.
     #[inline]
     pub fn from_hash(hash: u64) -> KeyHash {

@@ -27,7 +27,9 @@ use ahash::RandomState;
 use hashbrown::HashMap;
 use ringlock_client::proto::{ErrorCode, Op};
 
-use crate::effect::{ClientId, Delta, Effect, ShardReply};
+use crate::effect::{ClientId, Delta, Effect, KeyState, ShardReply};
+use crate::histogram::Histogram;
+use crate::hot_keys::{HotKeyCounts, HotKeys};
 use crate::key::Key;
 use crate::limits::{LEASE_MS_LIMIT, ShardConfig};
 use crate::lock_index::{KeyHash, LockIndex};
@@ -55,6 +57,10 @@ struct Lock {
     queue_len: u32,
     /// Listed in `Shard::starved`.
     starved: bool,
+    /// When the current grant was made, in the shard's milliseconds modulo
+    /// 2^32, for the hold-time histograms: 4 bytes keep the entry at 64, and
+    /// only a hold longer than 49 days would be measured short.
+    granted_ms: u32,
 }
 
 impl Lock {
@@ -97,6 +103,9 @@ struct Waiter {
     client_next: u32,
     /// Next node of the same (client, key) chain.
     chain_next: u32,
+    /// When the request was queued, in the shard's milliseconds modulo 2^32,
+    /// for the wait-time histograms (waits are at most a day).
+    enqueued_ms: u32,
     state: WaiterState,
 }
 
@@ -130,6 +139,19 @@ pub struct ShardStats {
     pub waiters: u64,
     /// Keys with any state now (held or waited on).
     pub keys: u64,
+    /// Grants made at once to an acquire of a free key.
+    pub grants_immediate: u64,
+    /// Hand-offs (counted in `handoffs`) that followed a lease expiry
+    /// rather than a release.
+    pub handoffs_after_expiry: u64,
+    /// How long granted acquires waited (0 for those granted at once).
+    pub wait_granted: Histogram,
+    /// How long acquires answered `T` waited.
+    pub wait_timed_out: Histogram,
+    /// How long released grants were held.
+    pub hold_released: Histogram,
+    /// How long grants whose lease ran out were held.
+    pub hold_expired: Histogram,
 }
 
 impl ShardStats {
@@ -147,6 +169,12 @@ impl ShardStats {
         self.held_keys += other.held_keys;
         self.waiters += other.waiters;
         self.keys += other.keys;
+        self.grants_immediate += other.grants_immediate;
+        self.handoffs_after_expiry += other.handoffs_after_expiry;
+        self.wait_granted.add(&other.wait_granted);
+        self.wait_timed_out.add(&other.wait_timed_out);
+        self.hold_released.add(&other.hold_released);
+        self.hold_expired.add(&other.hold_expired);
     }
 
     /// Errors answered with `code`.
@@ -181,7 +209,31 @@ pub struct Shard {
     /// apart from the effects so that the caller takes them in one piece.
     deltas: Vec<Delta>,
     stats: ShardStats,
+    /// Keys acquires queued on, and keys handed from one holder to the next.
+    hot_waits: HotKeys,
+    hot_handoffs: HotKeys,
     now_ms: u64,
+}
+
+/// Why a key that is no longer held goes to its next waiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HandOn {
+    Release,
+    Expiry,
+    /// The key waited for tokens, which have come.
+    Tokens,
+}
+
+/// The time modulo 2^32 ms that locks and waiters keep (see `Lock::granted_ms`).
+#[inline(always)]
+fn short_ms(now_ms: u64) -> u32 {
+    now_ms as u32
+}
+
+/// Milliseconds from `since` (a [`short_ms`]) to `now_ms`.
+#[inline(always)]
+fn elapsed_ms(now_ms: u64, since: u32) -> u64 {
+    u64::from(short_ms(now_ms).wrapping_sub(since))
 }
 
 impl Shard {
@@ -212,6 +264,8 @@ impl Shard {
             effects: Vec::new(),
             deltas: Vec::new(),
             stats: ShardStats::default(),
+            hot_waits: HotKeys::new(now_ms),
+            hot_handoffs: HotKeys::new(now_ms),
             now_ms,
             config,
         };
@@ -285,6 +339,19 @@ impl Shard {
         lock.is_held().then_some(lock.token)
     }
 
+    /// The keys acquires queued on most in the last minute, and the keys
+    /// handed from one holder to the next most (see [`HotKeys`]), with
+    /// their counts, highest first.
+    pub fn hot_keys(&mut self, now_ms: u64) -> (HotKeyCounts, HotKeyCounts) {
+        (self.hot_waits.top(now_ms), self.hot_handoffs.top(now_ms))
+    }
+
+    /// Events the hot-keys sketches counted since the start, so that a caller
+    /// copies their reports only when they may have changed.
+    pub fn hot_key_events(&self) -> u64 {
+        self.hot_waits.events() + self.hot_handoffs.events()
+    }
+
     /// Live waiters queued on `key`.
     pub fn queue_len(&self, key: &[u8]) -> u32 {
         self.find(key).map_or(0, |slot| self.locks[slot as usize].queue_len)
@@ -334,6 +401,8 @@ impl Shard {
         match self.tokens.next_token() {
             Some(token) => {
                 self.grant(slot, token, lease_ms);
+                self.stats.grants_immediate += 1;
+                self.stats.wait_granted.record(0);
                 self.reply(client, ShardReply::Acquired { key: Key::new(key), token });
                 self.request_tokens_if_low();
             }
@@ -371,6 +440,7 @@ impl Shard {
         let lock = &mut self.locks[slot as usize];
         let timer = lock.lease_timer.take().expect("a holder has a lease timer");
         self.timers.cancel(timer);
+        self.stats.hold_released.record(elapsed_ms(self.now_ms, lock.granted_ms));
         self.stats.releases += 1;
         self.stats.held_keys -= 1;
         self.delta(|| Delta::Release { key: Key::new(key), token });
@@ -379,7 +449,7 @@ impl Shard {
             // What `hand_on` would do, for a key already out of the index.
             self.free_lock(slot);
         } else {
-            self.hand_on(slot, true);
+            self.hand_on(slot, HandOn::Release);
         }
     }
 
@@ -400,6 +470,27 @@ impl Shard {
         self.stats.extends += 1;
         self.delta(|| Delta::Extend { key: Key::new(key), token, lease_ms });
         self.reply(client, ShardReply::Extended { key: Key::new(key), token });
+    }
+
+    /// `I key`: who holds `key` (its token, or 0 if nobody), the lease it has
+    /// left, and how many requests are queued on it. Changes nothing.
+    pub fn inspect(&mut self, now_ms: u64, client: ClientId, key: &[u8]) {
+        self.set_now(now_ms);
+        let (token, lease_left_ms, waiters) = match self.find(key) {
+            None => (0, 0, 0),
+            Some(slot) => {
+                let lock = &self.locks[slot as usize];
+                match lock.lease_timer {
+                    Some(timer) => {
+                        let left = self.timers.deadline_ms(timer).saturating_sub(self.now_ms);
+                        (lock.token, u32::try_from(left).unwrap_or(u32::MAX), lock.queue_len)
+                    }
+                    None => (0, 0, lock.queue_len),
+                }
+            }
+        };
+        let state = Box::new(KeyState { token, lease_left_ms, waiters });
+        self.reply(client, ShardReply::Inspected { key: Key::new(key), state });
     }
 
     /// A request on a valid `key` that the codec refused (bad lease, bad
@@ -481,6 +572,8 @@ impl Shard {
         let lock = &mut self.locks[slot as usize];
         lock.token = token;
         lock.lease_timer = Some(self.timers.insert(self.now_ms + lease_ms.max(1), slot));
+        // The hold is measured from when this node took the grant over.
+        lock.granted_ms = short_ms(self.now_ms);
         self.stats.held_keys += 1;
         true
     }
@@ -575,7 +668,7 @@ impl Shard {
             let lock = &mut self.locks[slot as usize];
             lock.starved = false;
             debug_assert!(!lock.is_held() && lock.queue_len > 0);
-            self.hand_on(slot, false);
+            self.hand_on(slot, HandOn::Tokens);
         }
         self.request_tokens_if_low();
         Ok(())
@@ -598,6 +691,7 @@ impl Shard {
         debug_assert!(lock.lease_timer.is_none());
         lock.token = token;
         lock.lease_timer = Some(self.timers.insert(self.now_ms + lease_ms, slot));
+        lock.granted_ms = short_ms(self.now_ms);
         self.stats.grants += 1;
         self.stats.held_keys += 1;
         if self.config.deltas {
@@ -608,7 +702,7 @@ impl Shard {
 
     /// The key at `slot` is no longer held: give it to its first waiter, or
     /// drop it if nobody waits. Without tokens, it waits for a range.
-    fn hand_on(&mut self, slot: u32, counts_as_handoff: bool) {
+    fn hand_on(&mut self, slot: u32, why: HandOn) {
         let node = self.locks[slot as usize].queue_head;
         if node == NONE {
             self.remove_lock(slot);
@@ -620,13 +714,20 @@ impl Shard {
         };
         let waiter = &mut self.waiters[node as usize];
         let (client, lease_ms) = (waiter.client, u64::from(waiter.lease_ms));
+        let waited_ms = elapsed_ms(self.now_ms, waiter.enqueued_ms);
         if let Some(timer) = waiter.wait_timer.take() {
             self.timers.cancel(timer);
         }
         self.unlink_queue(node);
         self.grant(slot, token, lease_ms);
-        if counts_as_handoff {
+        self.stats.wait_granted.record(waited_ms);
+        if why != HandOn::Tokens {
             self.stats.handoffs += 1;
+            if why == HandOn::Expiry {
+                self.stats.handoffs_after_expiry += 1;
+            }
+            let key = self.locks[slot as usize].key.as_bytes();
+            self.hot_handoffs.record(self.now_ms, self.index.hash(key).bits(), key);
         }
         let key = self.locks[slot as usize].key.clone();
         self.answer_chain_head(client, slot, node, ShardReply::Acquired { key, token });
@@ -637,18 +738,20 @@ impl Shard {
         let lock = &mut self.locks[slot as usize];
         assert!(lock.lease_timer.take().is_some(), "a fired lease timer belongs to a held key");
         let token = lock.token;
+        self.stats.hold_expired.record(elapsed_ms(self.now_ms, lock.granted_ms));
         self.stats.expiries += 1;
         self.stats.held_keys -= 1;
         if self.config.deltas {
             let key = lock.key.clone();
             self.deltas.push(Delta::Expire { key, token });
         }
-        self.hand_on(slot, true);
+        self.hand_on(slot, HandOn::Expiry);
     }
 
     fn wait_ran_out(&mut self, node: u32) {
         let waiter = &self.waiters[node as usize];
         let (client, slot) = (waiter.client, waiter.lock);
+        self.stats.wait_timed_out.record(elapsed_ms(self.now_ms, waiter.enqueued_ms));
         self.stats.timeouts += 1;
         self.unlink_queue(node);
         let chain = self.chains[&(client, slot)];
@@ -780,6 +883,7 @@ impl Shard {
             queue_tail: NONE,
             queue_len: 0,
             starved: false,
+            granted_ms: 0,
         };
         let slot = match self.locks_free.pop() {
             Some(slot) => {
@@ -848,6 +952,8 @@ impl Shard {
     fn enqueue(&mut self, client: ClientId, slot: u32, lease_ms: u64, wait_ms: u64) {
         debug_assert!(lease_ms <= LEASE_MS_LIMIT);
         let node = self.alloc_waiter(client, slot, lease_ms as u32, WaiterState::Live);
+        let key = self.locks[slot as usize].key.as_bytes();
+        self.hot_waits.record(self.now_ms, self.index.hash(key).bits(), key);
         if wait_ms > 0 {
             let timer = self.timers.insert(self.now_ms + wait_ms, node | TIMER_WAIT_BIT);
             self.waiters[node as usize].wait_timer = Some(timer);
@@ -878,6 +984,7 @@ impl Shard {
             client_prev: NONE,
             client_next: NONE,
             chain_next: NONE,
+            enqueued_ms: short_ms(self.now_ms),
             state,
         };
         match self.waiters_free.pop() {

@@ -50,7 +50,7 @@
 //!
 //! # Limits
 //!
-//! - At most [`TIMERS_MAX`] (2^26 = 67 108 864) timers at once per wheel; the shard
+//! - At most [`TIMERS_MAX`] (2^26 - 1 = 67 108 863) timers at once per wheel; the shard
 //!   bounds its keys and waiters below that.
 //!
 //! # Example
@@ -98,7 +98,11 @@ const HANDLE_INDEX_MASK: u32 = (1 << HANDLE_INDEX_BITS) - 1;
 const GENERATION_MASK: u16 = (1 << (u32::BITS - HANDLE_INDEX_BITS)) - 1;
 
 /// Timers one wheel can hold at once; [`TimerWheel::insert`] panics past it.
-pub const TIMERS_MAX: usize = 1 << HANDLE_INDEX_BITS;
+/// One index short of the handle's index bits, so that no handle is all
+/// ones: a handle is stored inverted in a `NonZeroU32`, which gives
+/// `Option<TimerHandle>` the size of a `u32` (the lock table's entries keep
+/// their 64 bytes with a grant time beside the lease timer).
+pub const TIMERS_MAX: usize = (1 << HANDLE_INDEX_BITS) - 1;
 
 const _: () = assert!(SLOTS_WHEEL < SLOT_FREE as usize);
 const _: () = assert!(LEVELS <= u16::BITS as usize);
@@ -110,19 +114,26 @@ const _: () = assert!(TIMERS_MAX <= NIL as usize);
 /// that a handle kept after its timer fired is caught (in 63 of 64 cases) rather
 /// than cancelling whichever timer reused the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TimerHandle(u32);
+pub struct TimerHandle(std::num::NonZeroU32);
 
 impl TimerHandle {
     fn new(index: u32, generation: u16) -> Self {
-        Self((u32::from(generation) << HANDLE_INDEX_BITS) | index)
+        debug_assert!((index as usize) < TIMERS_MAX);
+        let packed = (u32::from(generation) << HANDLE_INDEX_BITS) | index;
+        // The index is below `TIMERS_MAX`, so `packed` is never all ones.
+        Self(std::num::NonZeroU32::new(!packed).expect("a timer index is below TIMERS_MAX"))
+    }
+
+    fn packed(self) -> u32 {
+        !self.0.get()
     }
 
     fn index(self) -> u32 {
-        self.0 & HANDLE_INDEX_MASK
+        self.packed() & HANDLE_INDEX_MASK
     }
 
     fn generation(self) -> u16 {
-        (self.0 >> HANDLE_INDEX_BITS) as u16
+        (self.packed() >> HANDLE_INDEX_BITS) as u16
     }
 }
 

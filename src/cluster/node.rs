@@ -230,6 +230,37 @@ impl Node {
         }
     }
 
+    /// Whether the node holds a complete table: the active always does, a
+    /// standby once it has applied a snapshot of its active's stream. What
+    /// `/readyz` reports for a standby.
+    pub fn caught_up(&self) -> bool {
+        matches!(self.role, Role::Active(_)) || self.table.is_some()
+    }
+
+    /// How many deltas of the active's stream a standby has yet to apply,
+    /// from the last heartbeats: on a standby, its own lag behind the active
+    /// it follows; on the active, the largest lag among the live standbys
+    /// that follow it. `None` when there is nothing to compare (no active
+    /// followed, no standby, or a standby without the active's stream).
+    pub fn replication_lag(&self) -> Option<u64> {
+        match self.role {
+            Role::Active(active) => {
+                let me = self.config.me;
+                self.live_peers()
+                    .filter(|(_, heartbeat)| heartbeat.role == PeerRole::Standby && heartbeat.following == Some(me))
+                    .filter_map(|(_, heartbeat)| heartbeat.table.filter(|table| table.stream == active.stream))
+                    .map(|table| active.version.saturating_sub(table.version))
+                    .max()
+            }
+            _ => {
+                let active = self.following()?;
+                let theirs = self.peers[active].live(self.now_ms, self.config.failover_ms)?.table?;
+                let mine = self.table.filter(|table| table.stream == theirs.stream)?;
+                Some(theirs.version.saturating_sub(mine.version))
+            }
+        }
+    }
+
     /// Time passed; heartbeats, timeouts and elections happen here.
     pub fn tick(&mut self, now_ms: u64) {
         self.advance(now_ms);

@@ -323,6 +323,9 @@ impl ReplicationCore {
         self.shared.authority.activate(epoch);
         let new_stream = self.serving.is_none_or(|serving| serving.stream != stream);
         if new_stream {
+            if let Some(link) = &self.shared.cluster {
+                link.activations.fetch_add(1, Ordering::Relaxed);
+            }
             // A new activation: the table is this node's mirror, its deltas
             // are numbered from 1 again, and every standby starts over from
             // a snapshot.
@@ -708,6 +711,9 @@ impl ReplicationCore {
             let table = table.unwrap_or(TableVersion { stream: 0, version: 0 });
             link.table_stream.store(table.stream, Ordering::Relaxed);
             link.table_version.store(table.version, Ordering::Relaxed);
+            link.caught_up.store(self.node.caught_up(), Ordering::Relaxed);
+            let lag = self.node.replication_lag().unwrap_or(crate::role::LAG_UNKNOWN);
+            link.replication_lag.store(lag, Ordering::Relaxed);
         }
         let status = self.node.status();
         let next = NodeStatus {

@@ -92,6 +92,8 @@ pub enum Op {
     Ping,
     /// `S`: statistics.
     Stats,
+    /// `I`: inspect a key (its holder, lease left and waiters).
+    Inspect,
 }
 
 impl Op {
@@ -103,6 +105,7 @@ impl Op {
             Op::Extend => b'X',
             Op::Ping => b'P',
             Op::Stats => b'S',
+            Op::Inspect => b'I',
         }
     }
 
@@ -114,6 +117,7 @@ impl Op {
             b"X" => Some(Op::Extend),
             b"P" => Some(Op::Ping),
             b"S" => Some(Op::Stats),
+            b"I" => Some(Op::Inspect),
             _ => None,
         }
     }

@@ -123,6 +123,17 @@ pub enum Reply<'a> {
         /// One JSON object, not parsed here: at least one byte, no CR or LF.
         json: &'a [u8],
     },
+    /// `I <key> <token|-> <lease-left-ms> <waiters>`: the state of a key.
+    Inspected {
+        /// The key.
+        key: &'a [u8],
+        /// The holder's fencing token; `None` (`-`) if nobody holds the key.
+        token: Option<u64>,
+        /// Milliseconds left of the holder's lease; 0 if nobody holds it.
+        lease_left_ms: u64,
+        /// Acquires queued on the key.
+        waiters: u64,
+    },
 }
 
 impl<'a> Reply<'a> {
@@ -148,6 +159,7 @@ impl<'a> Reply<'a> {
             Reply::Error { op, .. } => op,
             Reply::Pong { .. } => Some(Op::Ping),
             Reply::Stats { .. } => Some(Op::Stats),
+            Reply::Inspected { .. } => Some(Op::Inspect),
         }
     }
 
@@ -172,6 +184,7 @@ impl<'a> Reply<'a> {
             | Reply::TimedOut { key }
             | Reply::Released { key }
             | Reply::Extended { key, .. }
+            | Reply::Inspected { key, .. }
             | Reply::Moved { key, .. } => Some(key),
             Reply::Error { key, .. } => key,
             Reply::Pong { .. } | Reply::Stats { .. } => None,
@@ -295,11 +308,12 @@ fn parse_reply(line: &[u8]) -> Result<Reply<'_>, ReplyError> {
         }
         return Ok(Reply::Stats { json });
     }
-    let fields = split_fields::<4>(line);
+    let fields = split_fields::<5>(line);
     let field_count = match fields.get(0) {
         b"T" | b"R" => 2,
         b"A" | b"X" => 3,
         b"M" | b"E" | b"P" => 4,
+        b"I" => 5,
         // `S` without its JSON.
         b"S" => return Err(ReplyError::FieldCount),
         _ => return Err(ReplyError::UnknownKind),
@@ -309,7 +323,7 @@ fn parse_reply(line: &[u8]) -> Result<Reply<'_>, ReplyError> {
     }
     let key = parse_key;
     let number = |field| parse_u64(field).ok_or(ReplyError::BadNumber);
-    let [kind, first, second, third] = fields.fields;
+    let [kind, first, second, third, fourth] = fields.fields;
     Ok(match kind {
         b"A" => Reply::Acquired { key: key(first)?, token: number(second)? },
         b"T" => Reply::TimedOut { key: key(first)? },
@@ -335,6 +349,15 @@ fn parse_reply(line: &[u8]) -> Result<Reply<'_>, ReplyError> {
             role: Role::from_field(first).ok_or(ReplyError::BadRole)?,
             epoch: number(second)?,
             active: parse_address(third)?,
+        },
+        b"I" => Reply::Inspected {
+            key: key(first)?,
+            token: match second {
+                b"-" => None,
+                token => Some(number(token)?),
+            },
+            lease_left_ms: number(third)?,
+            waiters: number(fourth)?,
         },
         _ => unreachable!("every kind with a field count is decoded above"),
     })
@@ -494,6 +517,19 @@ fn encode_any_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
             out.push(b' ');
             push_address(active, out);
         }
+        Reply::Inspected { key, token, lease_left_ms, waiters } => {
+            out.extend_from_slice(b"I ");
+            push_key(key, out);
+            out.push(b' ');
+            match token {
+                Some(token) => write_u64(token, out),
+                None => out.push(b'-'),
+            }
+            out.push(b' ');
+            write_u64(lease_left_ms, out);
+            out.push(b' ');
+            write_u64(waiters, out);
+        }
         Reply::Stats { json } => {
             debug_assert!(is_valid_json_field(json), "encode_reply with invalid stats JSON");
             debug_assert!(json.len() + 2 <= REPLY_LINE_LEN_MAX, "stats JSON over REPLY_LINE_LEN_MAX");
@@ -568,7 +604,7 @@ mod tests {
 
     #[test]
     fn decodes_and_encodes_each_kind() {
-        let cases: [(&[u8], Reply<'_>); 14] = [
+        let cases: [(&[u8], Reply<'_>); 16] = [
             (b"A k 42\n", Reply::Acquired { key: b"k", token: 42 }),
             (b"T k\n", Reply::TimedOut { key: b"k" }),
             (b"R k\n", Reply::Released { key: b"k" }),
@@ -582,6 +618,8 @@ mod tests {
             (b"P active 17 [::1]:7700\n", Reply::Pong { role: Role::Active, epoch: 17, active: Some(b"[::1]:7700") }),
             (b"P standby 0 -\n", Reply::Pong { role: Role::Standby, epoch: 0, active: None }),
             (b"S {}\n", Reply::Stats { json: b"{}" }),
+            (b"I k - 0 0\n", Reply::Inspected { key: b"k", token: None, lease_left_ms: 0, waiters: 0 }),
+            (b"I k 42 1500 3\n", Reply::Inspected { key: b"k", token: Some(42), lease_left_ms: 1500, waiters: 3 }),
             (b"S {\"role\": \"active\", \"keys\": 3}\n", Reply::Stats { json: b"{\"role\": \"active\", \"keys\": 3}" }),
         ];
         for (line, reply) in cases {
@@ -715,7 +753,7 @@ mod tests {
     #[test]
     fn op_and_key_pair_replies_with_requests() {
         type Case<'a> = (Reply<'a>, Option<Op>, Option<&'a [u8]>);
-        let cases: [Case<'_>; 9] = [
+        let cases: [Case<'_>; 10] = [
             (Reply::Acquired { key: b"a", token: 1 }, Some(Op::Acquire), Some(b"a")),
             (Reply::TimedOut { key: b"t" }, Some(Op::Acquire), Some(b"t")),
             (Reply::Released { key: b"r" }, Some(Op::Release), Some(b"r")),
@@ -729,6 +767,11 @@ mod tests {
             (Reply::Error { op: None, key: None, code: ErrorCode::BadOp }, None, None),
             (Reply::Pong { role: Role::Active, epoch: 1, active: None }, Some(Op::Ping), None),
             (Reply::Stats { json: b"{}" }, Some(Op::Stats), None),
+            (
+                Reply::Inspected { key: b"i", token: None, lease_left_ms: 0, waiters: 0 },
+                Some(Op::Inspect),
+                Some(&b"i"[..]),
+            ),
         ];
         for (reply, op, key) in cases {
             assert_eq!(reply.op(), op, "{reply:?}");
@@ -787,7 +830,7 @@ mod tests {
     }
 
     fn op() -> impl Strategy<Value = Op> {
-        proptest::sample::select(vec![Op::Acquire, Op::Release, Op::Extend, Op::Ping, Op::Stats])
+        proptest::sample::select(vec![Op::Acquire, Op::Release, Op::Extend, Op::Ping, Op::Stats, Op::Inspect])
     }
 
     fn address() -> impl Strategy<Value = Option<Vec<u8>>> {

@@ -46,6 +46,11 @@ pub enum Request<'a> {
     Ping,
     /// `S`: counters and gauges as one line of JSON.
     Stats,
+    /// `I <key>`: the key's holder token, lease left and waiters. Changes nothing.
+    Inspect {
+        /// The key to look at.
+        key: &'a [u8],
+    },
 }
 
 impl<'a> Request<'a> {
@@ -65,6 +70,7 @@ impl<'a> Request<'a> {
             Request::Extend { .. } => Op::Extend,
             Request::Ping => Op::Ping,
             Request::Stats => Op::Stats,
+            Request::Inspect { .. } => Op::Inspect,
         }
     }
 
@@ -83,7 +89,10 @@ impl<'a> Request<'a> {
     /// ```
     pub fn key(&self) -> Option<&'a [u8]> {
         match *self {
-            Request::Acquire { key, .. } | Request::Release { key, .. } | Request::Extend { key, .. } => Some(key),
+            Request::Acquire { key, .. }
+            | Request::Release { key, .. }
+            | Request::Extend { key, .. }
+            | Request::Inspect { key } => Some(key),
             Request::Ping | Request::Stats => None,
         }
     }
@@ -230,6 +239,10 @@ fn decode_valid_line(buf: &[u8], lease_ms_max: u64) -> Option<(usize, Request<'_
             }
             (Request::Extend { key, token, lease_ms }, rest)
         }
+        b'I' => {
+            let (key, rest) = key_field(rest)?;
+            (Request::Inspect { key }, rest)
+        }
         b'P' => (Request::Ping, rest),
         b'S' => (Request::Stats, rest),
         _ => return None,
@@ -258,6 +271,7 @@ fn parse_request(line: &[u8], lease_ms_max: u64) -> Result<Request<'_>, RequestE
     let field_count = match op {
         Op::Acquire | Op::Extend => 4,
         Op::Release => 3,
+        Op::Inspect => 2,
         Op::Ping | Op::Stats => 1,
     };
     if !fields.is_exactly(field_count) {
@@ -265,7 +279,7 @@ fn parse_request(line: &[u8], lease_ms_max: u64) -> Result<Request<'_>, RequestE
         // their replies are paired with no key.
         let key = match op {
             Op::Ping | Op::Stats => None,
-            Op::Acquire | Op::Release | Op::Extend => Some(fields.get(1)).filter(|key| is_valid_key(key)),
+            Op::Acquire | Op::Release | Op::Extend | Op::Inspect => Some(fields.get(1)).filter(|key| is_valid_key(key)),
         };
         return Err(RequestError { op: Some(op), key, code: ErrorCode::BadRequest });
     }
@@ -273,10 +287,13 @@ fn parse_request(line: &[u8], lease_ms_max: u64) -> Result<Request<'_>, RequestE
     match op {
         Op::Ping => return Ok(Request::Ping),
         Op::Stats => return Ok(Request::Stats),
-        Op::Acquire | Op::Release | Op::Extend => {}
+        Op::Acquire | Op::Release | Op::Extend | Op::Inspect => {}
     }
     if !is_valid_key(key) {
         return Err(RequestError { op: Some(op), key: None, code: ErrorCode::BadKey });
+    }
+    if op == Op::Inspect {
+        return Ok(Request::Inspect { key });
     }
     let error = |code| RequestError { op: Some(op), key: Some(key), code };
     let lease = |field| parse_lease_ms(field, lease_ms_max).ok_or(error(ErrorCode::BadLease));
@@ -293,7 +310,7 @@ fn parse_request(line: &[u8], lease_ms_max: u64) -> Result<Request<'_>, RequestE
             let lease_ms = lease(fields.get(3))?;
             Ok(Request::Extend { key, token, lease_ms })
         }
-        Op::Ping | Op::Stats => unreachable!("answered above"),
+        Op::Ping | Op::Stats | Op::Inspect => unreachable!("answered above"),
     }
 }
 
@@ -356,7 +373,7 @@ pub fn encode_request(request: &Request<'_>, out: &mut Vec<u8>) {
             out.push(b' ');
             write_seconds(lease_ms, out);
         }
-        Request::Ping | Request::Stats => {}
+        Request::Ping | Request::Stats | Request::Inspect { .. } => {}
     }
     out.push(b'\n');
 }
@@ -409,6 +426,10 @@ mod tests {
         assert_eq!(decode(b"X k 42 1.5\n"), Ok(Request::Extend { key: b"k", token: 42, lease_ms: 1_500 }));
         assert_eq!(decode(b"P\n"), Ok(Request::Ping));
         assert_eq!(decode(b"S\n"), Ok(Request::Stats));
+        assert_eq!(decode(b"I orders/42\n"), Ok(Request::Inspect { key: b"orders/42" }));
+        assert_eq!(error_reply(b"I\n"), "E I - bad-request");
+        assert_eq!(error_reply(b"I k extra\n"), "E I k bad-request");
+        assert_eq!(error_reply(b"I k\0\n"), "E I - bad-key");
     }
 
     #[test]
@@ -722,6 +743,7 @@ mod tests {
             (Request::Extend { key: b"x", token: 1, lease_ms: 1 }, Op::Extend, Some(&b"x"[..])),
             (Request::Ping, Op::Ping, None),
             (Request::Stats, Op::Stats, None),
+            (Request::Inspect { key: b"i" }, Op::Inspect, Some(&b"i"[..])),
         ];
         for (request, op, key) in requests {
             assert_eq!(request.op(), op);
@@ -744,6 +766,7 @@ mod tests {
         Extend { key: Vec<u8>, token: u64, lease_ms: u64 },
         Ping,
         Stats,
+        Inspect { key: Vec<u8> },
     }
 
     impl OwnedRequest {
@@ -758,6 +781,7 @@ mod tests {
                 }
                 OwnedRequest::Ping => Request::Ping,
                 OwnedRequest::Stats => Request::Stats,
+                OwnedRequest::Inspect { key } => Request::Inspect { key },
             }
         }
     }
@@ -778,6 +802,7 @@ mod tests {
                 .prop_map(|(key, token, lease_ms)| { OwnedRequest::Extend { key, token, lease_ms } }),
             Just(OwnedRequest::Ping),
             Just(OwnedRequest::Stats),
+            valid_key().prop_map(|key| OwnedRequest::Inspect { key }),
         ]
     }
 
@@ -829,6 +854,7 @@ mod tests {
             b"X" => Op::Extend,
             b"P" => Op::Ping,
             b"S" => Op::Stats,
+            b"I" => Op::Inspect,
             _ => {
                 return Err(RequestError { op: None, key: None, code: ErrorCode::BadOp });
             }
@@ -836,6 +862,7 @@ mod tests {
         let wanted = match op {
             Op::Acquire | Op::Extend => 4,
             Op::Release => 3,
+            Op::Inspect => 2,
             Op::Ping | Op::Stats => 1,
         };
         let key_ok =
@@ -853,6 +880,9 @@ mod tests {
         let key = fields[1];
         if !key_ok(key) {
             return Err(RequestError { op: Some(op), key: None, code: ErrorCode::BadKey });
+        }
+        if op == Op::Inspect {
+            return Ok(Request::Inspect { key });
         }
         let err = |code| RequestError { op: Some(op), key: Some(key), code };
         let seconds = |field: &[u8]| -> Option<u128> {

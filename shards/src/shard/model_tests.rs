@@ -450,6 +450,7 @@ fn run(steps: Vec<Step>) {
                 ShardReply::Extended { .. } => (Op::Extend, Outcome::Extended),
                 ShardReply::Error { op, code, .. } => (op, Outcome::Error(code)),
                 ShardReply::Moved { .. } => panic!("step {index}: the model never steps down"),
+                ShardReply::Inspected { .. } => panic!("step {index}: the model sends no inspect"),
             };
             let id = pending.pop(client.0, op, &key_bytes);
             if let Some(last) = shard_grants.last_mut()

@@ -460,6 +460,9 @@ fn table_entries_stay_small() {
     // The memory figures in the crate documentation rest on these sizes.
     assert!(size_of::<Lock>() <= 64, "Lock is {} bytes", size_of::<Lock>());
     assert!(size_of::<Waiter>() <= 48, "Waiter is {} bytes", size_of::<Waiter>());
+    // Replies move through the effects and between cores on every request:
+    // the rare `I` keeps its state boxed rather than make them all larger.
+    assert!(size_of::<ShardReply>() <= 48, "ShardReply is {} bytes", size_of::<ShardReply>());
 }
 
 #[test]
@@ -550,4 +553,55 @@ fn effects_read_in_place_are_those_drain_would_take_and_clear_forgets_them() {
         shard.effects(),
         [Effect::Reply { client: C3, reply: ShardReply::Acquired { key: Key::new(b"b"), token } }]
     );
+}
+
+#[test]
+fn inspect_reports_holder_lease_left_and_waiters_and_changes_nothing() {
+    let mut shard = shard();
+    shard.inspect(0, C1, b"k");
+    let state = |token, lease_left_ms, waiters| Box::new(KeyState { token, lease_left_ms, waiters });
+    let free = ShardReply::Inspected { key: Key::new(b"k"), state: state(0, 0, 0) };
+    assert_eq!(replies(&mut shard), vec![(C1, free.clone())]);
+    assert_eq!(shard.stats().keys, 0, "inspecting a free key leaves no state");
+
+    shard.acquire(0, C1, b"k", 1000, 0);
+    let token = acquired(&mut shard, C1, b"k");
+    shard.acquire(10, C2, b"k", 1000, 0);
+    shard.acquire(10, C3, b"k", 1000, 0);
+    shard.inspect(250, C1, b"k");
+    let held = ShardReply::Inspected { key: Key::new(b"k"), state: state(token, 750, 2) };
+    assert_eq!(replies(&mut shard), vec![(C1, held)]);
+    assert_eq!(shard.queue_len(b"k"), 2);
+    assert_eq!(shard.holder_token(b"k"), Some(token));
+}
+
+#[test]
+fn grants_are_counted_by_how_and_waits_and_holds_are_timed() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 1000, 0);
+    let first = acquired(&mut shard, C1, b"k");
+    shard.acquire(0, C2, b"k", 50, 0);
+    shard.acquire(0, C3, b"k", 1000, 30);
+    // C3's wait runs out first (30 ms), then C1 releases at 100 ms: C2 is
+    // handed the key after waiting 100 ms, and its lease expires at 150 ms.
+    shard.advance(30);
+    shard.release(100, C1, b"k", first);
+    shard.advance(150);
+    let stats = shard.stats();
+    assert_eq!((stats.grants, stats.grants_immediate, stats.handoffs, stats.handoffs_after_expiry), (2, 1, 1, 0));
+    assert_eq!(stats.wait_granted.count(), 2);
+    assert_eq!(stats.wait_granted.sum_ms, 100, "0 ms at once, then 100 ms");
+    assert_eq!(stats.wait_timed_out.count(), 1);
+    assert_eq!(stats.wait_timed_out.sum_ms, 30);
+    assert_eq!((stats.hold_released.count(), stats.hold_released.sum_ms), (1, 100));
+    assert_eq!((stats.hold_expired.count(), stats.hold_expired.sum_ms), (1, 50));
+
+    // An expiry that hands the key on counts as a hand-off after expiry.
+    shard.acquire(200, C1, b"e", 10, 0);
+    shard.acquire(200, C2, b"e", 10, 0);
+    shard.advance(210);
+    assert_eq!(shard.stats().handoffs_after_expiry, 1);
+    let (waits, handoffs) = shard.hot_keys(210);
+    assert_eq!(waits, vec![(b"k".to_vec(), 2), (b"e".to_vec(), 1)]);
+    assert_eq!(handoffs, vec![(b"e".to_vec(), 1), (b"k".to_vec(), 1)]);
 }

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Checks what operators deploy: the /metrics page of a real server against
+# `promtool check metrics` (Debian's prometheus package), the systemd unit
+# with `systemd-analyze verify`, the seccomp profile's JSON, and the
+# container image where a docker daemon answers. Installs promtool and
+# systemd-analyze with apt-get if they are missing (as root).
+# Usage: scripts/ops-check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+install_missing() {
+    local command=$1 package=$2
+    if ! command -v "$command" >/dev/null 2>&1; then
+        echo "ops-check: $command is missing; installing Debian's $package package" >&2
+        if [ "$(id -u)" -ne 0 ]; then
+            echo "ops-check: run as root, or install $package yourself" >&2
+            exit 1
+        fi
+        if [ -z "${apt_updated:-}" ]; then
+            apt-get update -qq
+            apt_updated=1
+        fi
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >/dev/null
+    fi
+}
+install_missing promtool prometheus
+install_missing systemd-analyze systemd
+install_missing curl curl
+
+# The test-release profile is the one the tests build, so this is warm
+# after scripts/test.sh.
+cargo build --profile test-release --bin ringlock --bin ringlock-cli --quiet
+bin=target/test-release
+
+work=$(mktemp -d)
+server_pid=
+cleanup() {
+    if [ -n "$server_pid" ]; then kill -9 "$server_pid" 2>/dev/null || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "== promtool check metrics on a real scrape"
+"$bin/ringlock" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --shards 2 --no-pin \
+    --data-dir "$work/data" 2>"$work/log" &
+server_pid=$!
+for _ in $(seq 100); do
+    grep -q "serving /metrics" "$work/log" && break
+    sleep 0.1
+done
+listen=$(sed -n 's/.*listening on \([0-9.:]*\);.*/\1/p' "$work/log" | head -1)
+metrics=$(sed -n 's/.*serving \/metrics, \/livez and \/readyz on \([0-9.:]*\).*/\1/p' "$work/log" | head -1)
+if [ -z "$listen" ] || [ -z "$metrics" ]; then
+    echo "ops-check: the server did not start:" >&2
+    cat "$work/log" >&2
+    exit 1
+fi
+# Traffic that fills every family: grants of each kind, a timeout, an
+# expiry, errors, waits and hand-offs on a hot key.
+"$bin/ringlock-cli" --servers "$listen" run --key ops/hot --lease 5 -- true
+token=$("$bin/ringlock-cli" --servers "$listen" acquire ops/hot --lease 0.2)
+"$bin/ringlock-cli" --servers "$listen" acquire ops/hot --lease 5 --wait 0.01 >/dev/null 2>&1 || true
+"$bin/ringlock-cli" --servers "$listen" acquire ops/hot --lease 5 >/dev/null
+"$bin/ringlock-cli" --servers "$listen" release ops/hot "$token" >/dev/null 2>&1 || true
+"$bin/ringlock-cli" --servers "$listen" inspect ops/hot >/dev/null
+# The hot keys are published every 250 ms: scrape until they show.
+for _ in $(seq 100); do
+    curl -fsS "http://$metrics/metrics" >"$work/metrics"
+    grep -q '^ringlock_hot_key_waits{key="ops/hot"}' "$work/metrics" && break
+    sleep 0.1
+done
+grep -q '^ringlock_hot_key_waits{key="ops/hot"}' "$work/metrics"
+promtool check metrics <"$work/metrics"
+curl -fsS "http://$metrics/readyz" >/dev/null
+kill -TERM "$server_pid"
+wait "$server_pid"
+server_pid=
+echo "ok"
+
+echo "== systemd-analyze verify deploy/ringlock.service"
+# verify checks that ExecStart's binary exists: a copy of the unit points
+# at the binary just built, the rest of it as shipped.
+sed "s|^ExecStart=/usr/local/bin/ringlock|ExecStart=$PWD/$bin/ringlock|" deploy/ringlock.service \
+    >"$work/ringlock.service"
+grep -q "^ExecStart=$PWD/$bin/ringlock" "$work/ringlock.service"
+systemd-analyze verify "$work/ringlock.service"
+echo "ok"
+
+echo "== seccomp profile"
+python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); names = {n for s in p["syscalls"] for n in s["names"]}; missing = {"io_uring_setup", "io_uring_enter", "io_uring_register"} - names; sys.exit(f"missing {missing}" if missing else 0)' \
+    deploy/seccomp-ringlock.json
+echo "ok"
+
+echo "== container image"
+if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+    docker build -f deploy/Dockerfile -t ringlock:ops-check .
+    docker run --rm --security-opt seccomp=deploy/seccomp-ringlock.json --entrypoint ringlock ringlock:ops-check --help >/dev/null
+    echo "ok"
+else
+    echo "skipped: no docker daemon answers here"
+fi

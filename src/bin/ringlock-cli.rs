@@ -1,0 +1,400 @@
+//! `ringlock-cli`: ringlock from the shell, for operators and scripts.
+//!
+//! `ping`, `stats` and `inspect` look at the nodes; `acquire` and `release`
+//! hold a lock across commands of a script; `run` holds a lock while one
+//! command runs, as a cluster-wide `flock` for cron jobs: it extends the
+//! lease in the background, passes the fencing token to the command in
+//! `RINGLOCK_TOKEN`, releases when the command ends (however it ends) and
+//! exits with the command's status.
+
+use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ringlock_client::proto::parse_seconds_ms;
+use ringlock_client::{Client, ClientBuilder, Error, Lock, ReleaseOutcome};
+
+/// Exit status when the lock was not obtained within `--wait` (sysexits'
+/// EX_TEMPFAIL: "try again later", which cron wrappers know).
+const EXIT_NOT_ACQUIRED: u8 = 75;
+/// Exit status of `release` when the grant was no longer held.
+const EXIT_NOT_HELD: u8 = 4;
+/// Exit status for an error of the tool itself (unreachable servers...).
+const EXIT_ERROR: u8 = 1;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ringlock-cli",
+    version,
+    about = "Talk to ringlock nodes from the shell: ping, stats, inspect, and locks for scripts"
+)]
+struct Cli {
+    /// The nodes' client addresses, comma-separated, in any order (like the
+    /// clients: requests go to the active, found through `M` replies).
+    #[arg(long, env = "RINGLOCK_SERVERS", default_value = "127.0.0.1:7700", value_delimiter = ',', global = true)]
+    servers: Vec<String>,
+
+    #[command(subcommand)]
+    command: Action,
+}
+
+#[derive(Subcommand, Debug)]
+enum Action {
+    /// Each node's role, epoch and the active it names.
+    Ping,
+    /// Each node's counters and gauges (the `S` reply), indented.
+    Stats {
+        /// Print the JSON on one line, as the server sends it.
+        #[arg(long)]
+        raw: bool,
+    },
+    /// Who holds KEY, the lease it has left, and how many wait for it.
+    Inspect { key: String },
+    /// Acquire KEY and print the token; the lock stays held after the tool
+    /// exits, until `release` or the lease ends. Exits 75 if not granted
+    /// within --wait.
+    Acquire {
+        key: String,
+        /// Lease in seconds (decimal, up to 3 fractional digits).
+        #[arg(long, value_parser = seconds)]
+        lease: Duration,
+        /// Longest wait in seconds; 0 tries once. Default: no limit.
+        #[arg(long, value_parser = seconds)]
+        wait: Option<Duration>,
+    },
+    /// Release KEY's grant with TOKEN. Exits 4 if it was no longer held.
+    Release { key: String, token: u64 },
+    /// Hold KEY while COMMAND runs: the lease is extended in the background,
+    /// COMMAND gets the fencing token in RINGLOCK_TOKEN (and the key in
+    /// RINGLOCK_KEY), the lock is released when it ends, and its exit status
+    /// is returned. Exits 75 without running COMMAND if the lock is not
+    /// granted within --wait.
+    Run {
+        /// The key to hold, the same for every host that runs the job.
+        #[arg(long)]
+        key: String,
+        /// Lease in seconds; extended every third of it while COMMAND runs.
+        #[arg(long, value_parser = seconds)]
+        lease: Duration,
+        /// Longest wait for the lock in seconds; 0 tries once. Default: no limit.
+        #[arg(long, value_parser = seconds)]
+        wait: Option<Duration>,
+        /// The command and its arguments, after `--`.
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+}
+
+fn seconds(text: &str) -> Result<Duration, String> {
+    parse_seconds_ms(text.as_bytes())
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is not decimal seconds (digits, optionally `.` and 1 to 3 digits)"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("ringlock-cli: {error}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn connect(servers: &[String]) -> Result<Client, String> {
+    ClientBuilder::new(servers.iter().map(String::as_str))
+        .connect()
+        .map_err(|error| format!("cannot use --servers {}: {error}", servers.join(",")))
+}
+
+/// What an error of the client means for the operator.
+fn explain(servers: &[String], error: Error) -> String {
+    match error {
+        Error::NoConnection => {
+            format!("no node of --servers {} could be reached; is ringlock running?", servers.join(","))
+        }
+        Error::NoActive => {
+            "the nodes know no active node yet (a cluster starting or failing over); try again".to_string()
+        }
+        other => other.to_string(),
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, String> {
+    let servers = cli.servers;
+    match cli.command {
+        Action::Ping => per_node(&servers, |address, client| {
+            let pong = client.ping()?;
+            println!("{address} {} {} {}", pong.role, pong.epoch, pong.active.as_deref().unwrap_or("-"));
+            Ok(())
+        }),
+        Action::Stats { raw } => per_node(&servers, |address, client| {
+            let json = client.stats()?;
+            if servers.len() > 1 {
+                println!("# {address}");
+            }
+            println!("{}", if raw { json } else { indent_json(&json) });
+            Ok(())
+        }),
+        Action::Inspect { key } => {
+            let client = connect(&servers)?;
+            let state = client.inspect(&key).map_err(|error| explain(&servers, error))?;
+            match state.token {
+                Some(token) => println!(
+                    "{key} held token={token} lease_left={:.3}s waiters={}",
+                    state.lease_left.as_secs_f64(),
+                    state.waiters
+                ),
+                None => println!("{key} free waiters={}", state.waiters),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Action::Acquire { key, lease, wait } => {
+            let client = connect(&servers)?;
+            match acquire(&client, &key, lease, wait).map_err(|error| explain(&servers, error))? {
+                Some(lock) => {
+                    println!("{}", lock.detach());
+                    Ok(ExitCode::SUCCESS)
+                }
+                None => {
+                    eprintln!("ringlock-cli: {key} was not granted within --wait");
+                    Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+                }
+            }
+        }
+        Action::Release { key, token } => {
+            let client = connect(&servers)?;
+            match client.release(&key, token).map_err(|error| explain(&servers, error))? {
+                ReleaseOutcome::Released => Ok(ExitCode::SUCCESS),
+                ReleaseOutcome::NotHeld => {
+                    eprintln!("ringlock-cli: {key} was not held by token {token} (released, expired or handed on)");
+                    Ok(ExitCode::from(EXIT_NOT_HELD))
+                }
+            }
+        }
+        Action::Run { key, lease, wait, command } => run_holding(&servers, &key, lease, wait, &command),
+    }
+}
+
+fn acquire(client: &Client, key: &str, lease: Duration, wait: Option<Duration>) -> Result<Option<Lock>, Error> {
+    match wait {
+        Some(wait) if wait.is_zero() => client.try_acquire(key, lease),
+        wait => client.acquire(key, lease, wait),
+    }
+}
+
+/// Runs `action` against each node on its own, so that every node answers
+/// for itself (a client of several nodes would ask any one of them).
+fn per_node(servers: &[String], action: impl Fn(&str, &Client) -> Result<(), Error>) -> Result<ExitCode, String> {
+    let mut failed = 0;
+    for address in servers {
+        let client = connect(std::slice::from_ref(address))?;
+        if let Err(error) = action(address, &client) {
+            eprintln!("ringlock-cli: {address}: {}", explain(std::slice::from_ref(address), error));
+            failed += 1;
+        }
+    }
+    if failed == servers.len() { Ok(ExitCode::from(EXIT_ERROR)) } else { Ok(ExitCode::SUCCESS) }
+}
+
+/// `run`: see [`Action::Run`].
+fn run_holding(
+    servers: &[String],
+    key: &str,
+    lease: Duration,
+    wait: Option<Duration>,
+    command: &[String],
+) -> Result<ExitCode, String> {
+    // Signals wait in this process's mask from now on: a Ctrl+C or a
+    // SIGTERM from cron goes to the command, and this process stays to
+    // release the lock once the command has ended.
+    let signals = block_stop_signals();
+    let client = connect(servers)?;
+    let Some(lock) = acquire(&client, key, lease, wait).map_err(|error| explain(servers, error))? else {
+        eprintln!("ringlock-cli: {key} was not granted within --wait; {} not run", command[0]);
+        return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
+    };
+    let token = lock.token();
+    let mut child = {
+        let mut builder = Command::new(&command[0]);
+        builder.args(&command[1..]).env("RINGLOCK_TOKEN", token.to_string()).env("RINGLOCK_KEY", key);
+        // SAFETY: only async-signal-safe calls between fork and exec:
+        // the command starts with no signal blocked, as a shell would run it.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            builder.pre_exec(|| {
+                let mut empty: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut empty);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        match builder.spawn() {
+            Ok(child) => child,
+            Err(error) => {
+                let _ = lock.release();
+                return Err(format!("cannot run {:?}: {error}", command[0]));
+            }
+        }
+    };
+    let pid = child.id() as i32;
+    let done = Arc::new((Mutex::new(false), Condvar::new()));
+    let lost = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        // Extends the lease every third of it until the command ends. A
+        // lease that could not be extended in time means the lock may be
+        // someone else's: the command is stopped, since it no longer holds it.
+        scope.spawn(|| {
+            let (finished, wake) = &*done;
+            let mut finished = finished.lock().unwrap();
+            loop {
+                let (guard, _) = wake.wait_timeout(finished, lease / 3).unwrap();
+                finished = guard;
+                if *finished {
+                    return;
+                }
+                if let Err(error) = lock.extend(lease) {
+                    eprintln!(
+                        "ringlock-cli: cannot extend the lease of {key} ({error}); the lock may be lost: stopping {}",
+                        command[0]
+                    );
+                    lost.store(true, Ordering::SeqCst);
+                    // SAFETY: signalling the command this process started.
+                    unsafe { libc::kill(pid, libc::SIGTERM) };
+                    return;
+                }
+            }
+        });
+        // Passes stop signals on to the command.
+        scope.spawn(|| forward_signals(&signals, pid, &done.0));
+        let status = child.wait();
+        *done.0.lock().unwrap() = true;
+        done.1.notify_all();
+        // Wakes the signal thread, which checks `done` between waits.
+        // SAFETY: sending a signal this process has blocked to itself.
+        unsafe { libc::kill(std::process::id() as i32, libc::SIGUSR1) };
+        status
+    })
+    .map_err(|error| format!("cannot wait for {:?}: {error}", command[0]))
+    .map(|status| {
+        match lock.release() {
+            Ok(ReleaseOutcome::Released) => {}
+            Ok(ReleaseOutcome::NotHeld) if lost.load(Ordering::SeqCst) => {}
+            Ok(ReleaseOutcome::NotHeld) => {
+                eprintln!("ringlock-cli: {key} was no longer held when {} ended (its lease ran out)", command[0])
+            }
+            Err(error) => eprintln!("ringlock-cli: cannot release {key}: {error}; its lease will free it"),
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let code = match (status.code(), status.signal()) {
+            (Some(code), _) => code,
+            (None, Some(signal)) => 128 + signal,
+            (None, None) => i32::from(EXIT_ERROR),
+        };
+        ExitCode::from(u8::try_from(code).unwrap_or(EXIT_ERROR))
+    })
+}
+
+/// Blocks SIGINT, SIGTERM, SIGHUP and SIGUSR1 in this thread (and so in the
+/// threads it starts) and returns the set, for [`forward_signals`].
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: building a signal set and changing this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1] {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Sends each stop signal this process receives to the command, until it
+/// has ended (SIGUSR1 from the main thread says so).
+fn forward_signals(signals: &libc::sigset_t, pid: i32, done: &Mutex<bool>) {
+    loop {
+        let mut signal: libc::c_int = 0;
+        // SAFETY: waiting for signals this process has blocked.
+        if unsafe { libc::sigwait(signals, &mut signal) } != 0 || *done.lock().unwrap() {
+            return;
+        }
+        if signal != libc::SIGUSR1 {
+            // SAFETY: signalling the command this process started.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+}
+
+/// Indents one line of JSON, two spaces a level, leaving strings untouched.
+fn indent_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len() * 2);
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        out.extend(std::iter::repeat_n("  ", depth));
+    };
+    let mut characters = json.chars().peekable();
+    while let Some(character) = characters.next() {
+        if in_string {
+            out.push(character);
+            match (escaped, character) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match character {
+            '"' => {
+                in_string = true;
+                out.push(character);
+            }
+            '{' | '[' => {
+                out.push(character);
+                // An empty object or list stays on its line.
+                if matches!(characters.peek(), Some('}' | ']')) {
+                    out.push(characters.next().unwrap_or_default());
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(character);
+            }
+            ',' => {
+                out.push(character);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            character => out.push(character),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_indented_and_strings_are_kept() {
+        let json = r#"{"role":"active","keys":[],"hot":{"waits":[{"key":"a,{b}\"","count":2}]}}"#;
+        let expected = "{\n  \"role\": \"active\",\n  \"keys\": [],\n  \"hot\": {\n    \"waits\": [\n      {\n        \
+                        \"key\": \"a,{b}\\\"\",\n        \"count\": 2\n      }\n    ]\n  }\n}";
+        assert_eq!(indent_json(json), expected);
+    }
+
+    #[test]
+    fn seconds_follow_the_protocol() {
+        assert_eq!(seconds("2.5"), Ok(Duration::from_millis(2500)));
+        assert!(seconds("1e3").is_err());
+    }
+}

@@ -1,0 +1,317 @@
+//! `/metrics` in the Prometheus text format (version 0.0.4), and what
+//! `/readyz` answers.
+//!
+//! Everything here runs on the operator endpoint's thread: it reads the
+//! counters each shard core publishes once per loop turn (`CoreStats`) and
+//! the replication core's status, and never touches a shard. The format is
+//! written by hand: it is a few lines per metric, and no crate would save
+//! more code than it brings. Names follow Prometheus conventions: base units
+//! (seconds), `_total` for counters, and labels with few values (operation,
+//! result, error code, shard index); no label names a client, and only the
+//! hot-key gauges name keys (at most 16 each).
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use ringlock_client::proto::{ErrorCode, Role};
+use ringlock_shards::{HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS_MS, Histogram};
+
+use crate::event_loop::{Shared, total_stats};
+use crate::role::LAG_UNKNOWN;
+use crate::stats::{REQUEST_OPS, REQUEST_RESULTS, hot_keys};
+
+/// Whether the node should receive clients, for `/readyz`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Active, or a standby that holds a complete table.
+    Ready,
+    /// A standby still without a complete table (it could not take over).
+    CatchingUp,
+    /// A stop signal came: the node is draining, handing off or exiting.
+    Stopping,
+}
+
+impl Readiness {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Readiness::Ready => "ready",
+            Readiness::CatchingUp => "catching up: this standby has no complete copy of the table yet",
+            Readiness::Stopping => "stopping",
+        }
+    }
+}
+
+/// The node's readiness now.
+pub fn readiness(shared: &Shared) -> Readiness {
+    if shared.stopping.load(Ordering::SeqCst) || shared.stop.load(Ordering::SeqCst) {
+        return Readiness::Stopping;
+    }
+    match &shared.cluster {
+        None => Readiness::Ready,
+        Some(link) if link.stop.load(Ordering::SeqCst) => Readiness::Stopping,
+        Some(link) if link.status().active || link.caught_up.load(Ordering::Relaxed) => Readiness::Ready,
+        Some(_) => Readiness::CatchingUp,
+    }
+}
+
+/// Writes one metric family's `HELP` and `TYPE` lines.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// A label value in the text format: backslash, double quote and newline
+/// escaped; bytes that are not UTF-8 replaced (the format is UTF-8).
+fn label_value(out: &mut String, value: &[u8]) {
+    for character in String::from_utf8_lossy(value).chars() {
+        match character {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            character => out.push(character),
+        }
+    }
+}
+
+/// `seconds` as the text format writes a float.
+fn seconds(ms: u64) -> String {
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+fn histogram(out: &mut String, name: &str, label: &str, value: &str, histogram: &Histogram) {
+    let mut cumulative = 0;
+    for (index, bound_ms) in HISTOGRAM_BOUNDS_MS.iter().enumerate() {
+        cumulative += histogram.buckets[index];
+        let _ = writeln!(out, "{name}_bucket{{{label}=\"{value}\",le=\"{}\"}} {cumulative}", seconds(*bound_ms));
+    }
+    cumulative += histogram.buckets[HISTOGRAM_BOUNDS];
+    let _ = writeln!(out, "{name}_bucket{{{label}=\"{value}\",le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(out, "{name}_sum{{{label}=\"{value}\"}} {}", seconds(histogram.sum_ms));
+    let _ = writeln!(out, "{name}_count{{{label}=\"{value}\"}} {cumulative}");
+}
+
+/// The whole `/metrics` page.
+pub fn render(shared: &Shared) -> String {
+    let (cores, total) = total_stats(shared);
+    let mut out = String::with_capacity(16 << 10);
+
+    family(&mut out, "ringlock_build_info", "gauge", "Always 1; the labels name the build.");
+    let _ = writeln!(out, "ringlock_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+    family(&mut out, "ringlock_uptime_seconds", "gauge", "Seconds since the server started.");
+    let _ = writeln!(out, "ringlock_uptime_seconds {}", seconds(shared.started.elapsed().as_millis() as u64));
+
+    let (role, epoch) = match &shared.cluster {
+        None => (Role::Active, shared.authority.epoch()),
+        Some(link) => {
+            let status = link.status();
+            (status.role(), status.epoch)
+        }
+    };
+    family(
+        &mut out,
+        "ringlock_role",
+        "gauge",
+        "1 for the role this node has now (active or standby), 0 for the other.",
+    );
+    for candidate in [Role::Active, Role::Standby] {
+        let _ = writeln!(out, "ringlock_role{{role=\"{}\"}} {}", candidate.as_str(), u8::from(candidate == role));
+    }
+    family(
+        &mut out,
+        "ringlock_ready",
+        "gauge",
+        "1 when /readyz answers 200: active, or a caught-up standby, and not stopping.",
+    );
+    let _ = writeln!(out, "ringlock_ready {}", u8::from(readiness(shared) == Readiness::Ready));
+    family(
+        &mut out,
+        "ringlock_epoch",
+        "gauge",
+        "The epoch of the active's tokens (this node's, or the active it follows; 0 if none).",
+    );
+    let _ = writeln!(out, "ringlock_epoch {epoch}");
+    if let Some(link) = &shared.cluster {
+        family(
+            &mut out,
+            "ringlock_failovers_total",
+            "counter",
+            "Times this node became active (start-up election, failover or hand-off).",
+        );
+        let _ = writeln!(out, "ringlock_failovers_total {}", link.activations.load(Ordering::Relaxed));
+        family(
+            &mut out,
+            "ringlock_replication_caught_up",
+            "gauge",
+            "1 when this node holds a complete table (the active always does).",
+        );
+        let _ = writeln!(out, "ringlock_replication_caught_up {}", u8::from(link.caught_up.load(Ordering::Relaxed)));
+        let lag = link.replication_lag.load(Ordering::Relaxed);
+        if lag != LAG_UNKNOWN {
+            family(
+                &mut out,
+                "ringlock_replication_lag_deltas",
+                "gauge",
+                "Table changes a standby has yet to apply, from the last heartbeats; on the active, the largest over its standbys.",
+            );
+            let _ = writeln!(out, "ringlock_replication_lag_deltas {lag}");
+        }
+        family(&mut out, "ringlock_table_version", "gauge", "Changes of the active's stream this node's table holds.");
+        let _ = writeln!(out, "ringlock_table_version {}", link.table_version.load(Ordering::Relaxed));
+    }
+
+    let mut requests = crate::stats::RequestCounters::default();
+    for core in &cores {
+        requests.add(&core.requests);
+    }
+    family(
+        &mut out,
+        "ringlock_requests_total",
+        "counter",
+        "Requests answered, by operation and result (ok, timeout, moved, error).",
+    );
+    for (op_index, op) in REQUEST_OPS.iter().enumerate() {
+        for (result_index, result) in REQUEST_RESULTS.iter().enumerate() {
+            let count = requests.counts[op_index][result_index];
+            let _ = writeln!(out, "ringlock_requests_total{{op=\"{op}\",result=\"{result}\"}} {count}");
+        }
+    }
+    family(&mut out, "ringlock_errors_total", "counter", "Error replies and refused connections, by error code.");
+    for (index, code) in ErrorCode::ALL.iter().enumerate() {
+        let _ = writeln!(out, "ringlock_errors_total{{code=\"{}\"}} {}", code.as_str(), total.errors[index]);
+    }
+    family(
+        &mut out,
+        "ringlock_grants_total",
+        "counter",
+        "Grants, by how: immediate (the key was free), handoff (after a release), expiry (after a lease ran out), token_wait (after waiting for tokens).",
+    );
+    let handoffs_after_release = total.handoffs - total.handoffs_after_expiry;
+    let token_wait = total.grants.saturating_sub(total.grants_immediate + total.handoffs);
+    for (how, count) in [
+        ("immediate", total.grants_immediate),
+        ("handoff", handoffs_after_release),
+        ("expiry", total.handoffs_after_expiry),
+        ("token_wait", token_wait),
+    ] {
+        let _ = writeln!(out, "ringlock_grants_total{{how=\"{how}\"}} {count}");
+    }
+    family(&mut out, "ringlock_releases_total", "counter", "Grants released by their holder.");
+    let _ = writeln!(out, "ringlock_releases_total {}", total.releases);
+    family(&mut out, "ringlock_lease_expirations_total", "counter", "Leases that ran out; the key was taken back.");
+    let _ = writeln!(out, "ringlock_lease_expirations_total {}", total.expiries);
+    family(&mut out, "ringlock_extensions_total", "counter", "Leases extended.");
+    let _ = writeln!(out, "ringlock_extensions_total {}", total.extends);
+    family(&mut out, "ringlock_wait_timeouts_total", "counter", "Acquires whose wait ran out (answered T).");
+    let _ = writeln!(out, "ringlock_wait_timeouts_total {}", total.timeouts);
+
+    for (name, help, value) in [
+        (
+            "ringlock_held_keys",
+            "Keys held now, per shard.",
+            (|core: &crate::stats::CoreStats| core.shard.held_keys) as fn(&_) -> u64,
+        ),
+        ("ringlock_waiters", "Acquires queued now, per shard.", |core| core.shard.waiters),
+        ("ringlock_keys", "Keys held or waited on now, per shard.", |core| core.shard.keys),
+        ("ringlock_connections", "Client connections open now, per shard core.", |core| core.connections),
+    ] {
+        family(&mut out, name, "gauge", help);
+        for (index, core) in cores.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{shard=\"{index}\"}} {}", value(core));
+        }
+    }
+    let sum = |value: fn(&crate::stats::CoreStats) -> u64| cores.iter().map(value).sum::<u64>();
+    family(&mut out, "ringlock_connections_accepted_total", "counter", "Client connections admitted and served.");
+    let _ = writeln!(out, "ringlock_connections_accepted_total {}", sum(|core| core.accepted));
+    family(
+        &mut out,
+        "ringlock_connections_refused_total",
+        "counter",
+        "Client connections refused, by limit: max_connections, per_ip, shutting_down.",
+    );
+    for (reason, count) in [
+        ("max_connections", sum(|core| core.refused_max_connections)),
+        ("per_ip", sum(|core| core.refused_per_ip)),
+        ("shutting_down", sum(|core| core.refused_shutting_down)),
+    ] {
+        let _ = writeln!(out, "ringlock_connections_refused_total{{reason=\"{reason}\"}} {count}");
+    }
+    family(
+        &mut out,
+        "ringlock_in_flight_pauses_total",
+        "counter",
+        "Times a connection stopped being read at the in-flight request limit.",
+    );
+    let _ = writeln!(out, "ringlock_in_flight_pauses_total {}", sum(|core| core.in_flight_pauses));
+
+    family(
+        &mut out,
+        "ringlock_acquire_wait_seconds",
+        "histogram",
+        "Time acquires waited, by outcome: granted (0 when the key was free) or timed_out.",
+    );
+    histogram(&mut out, "ringlock_acquire_wait_seconds", "outcome", "granted", &total.wait_granted);
+    histogram(&mut out, "ringlock_acquire_wait_seconds", "outcome", "timed_out", &total.wait_timed_out);
+    family(
+        &mut out,
+        "ringlock_hold_seconds",
+        "histogram",
+        "Time grants were held, by how they ended: release or expiry.",
+    );
+    histogram(&mut out, "ringlock_hold_seconds", "end", "release", &total.hold_released);
+    histogram(&mut out, "ringlock_hold_seconds", "end", "expiry", &total.hold_expired);
+
+    let (waits, handoffs) = hot_keys(&cores);
+    for (name, help, list) in [
+        (
+            "ringlock_hot_key_waits",
+            "Acquires queued on this key in the last 30 to 60 s (top 16 keys; an upper bound).",
+            &waits,
+        ),
+        (
+            "ringlock_hot_key_handoffs",
+            "Hand-offs of this key in the last 30 to 60 s (top 16 keys; an upper bound).",
+            &handoffs,
+        ),
+    ] {
+        family(&mut out, name, "gauge", help);
+        for (key, count) in list {
+            out.push_str(name);
+            out.push_str("{key=\"");
+            label_value(&mut out, key);
+            let _ = writeln!(out, "\"}} {count}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped_and_seconds_keep_milliseconds() {
+        let mut out = String::new();
+        label_value(&mut out, b"a\"b\\c\nd\xff");
+        assert_eq!(out, "a\\\"b\\\\c\\nd\u{fffd}");
+        assert_eq!(seconds(0), "0.000");
+        assert_eq!(seconds(1), "0.001");
+        assert_eq!(seconds(268_435_456), "268435.456");
+    }
+
+    #[test]
+    fn histograms_are_cumulative_and_end_with_the_count() {
+        let mut recorded = Histogram::default();
+        recorded.record(0);
+        recorded.record(3);
+        recorded.record(u64::from(u32::MAX));
+        let mut out = String::new();
+        histogram(&mut out, "h", "end", "release", &recorded);
+        assert!(
+            out.starts_with("h_bucket{end=\"release\",le=\"0.001\"} 1\nh_bucket{end=\"release\",le=\"0.004\"} 2\n")
+        );
+        assert!(
+            out.contains("h_bucket{end=\"release\",le=\"268435.456\"} 2\nh_bucket{end=\"release\",le=\"+Inf\"} 3\n")
+        );
+        assert!(out.ends_with("h_count{end=\"release\"} 3\n"));
+    }
+}
