@@ -32,6 +32,23 @@ type Pong struct {
 	Active string
 }
 
+// KeyState is what the server knows of a key now, as Inspect reports it.
+type KeyState struct {
+	// Key is the key inspected.
+	Key string
+	// Held is whether a grant holds the key.
+	Held bool
+	// Token is the holder's fencing token; 0 if nobody holds the key.
+	Token uint64
+	// LeaseLeft is how long the holder's lease has left, to the
+	// millisecond, when the server answered; 0 if nobody holds the key.
+	LeaseLeft time.Duration
+	// Waiters is how many acquires are queued on the key. It is 0 for a
+	// free key, unless acquires wait for the server to be able to grant
+	// tokens.
+	Waiters uint64
+}
+
 // Client is a client of a ringlock server or cluster, safe for use by many
 // goroutines at once.
 //
@@ -221,4 +238,31 @@ func (c *Client) Stats(ctx context.Context) (json.RawMessage, error) {
 		return nil, err
 	}
 	return json.RawMessage(result.stats), nil
+}
+
+// Inspect asks who holds key now, how long its lease has left and how many
+// acquires wait for it (the I request). It changes nothing on the server,
+// and the answer may be out of date by the time it returns: to take a key,
+// acquire it rather than inspect it first.
+//
+// Like an acquire, it is answered by the active node (a standby's redirect
+// is followed) and moves to the next connection if its own breaks.
+//
+// Errors: an *ArgumentError for a bad key (as for Acquire), before
+// anything is sent; a *ServerError if the server refused it (code bad-op
+// from a server older than I, which also drops the connections it went
+// on); ErrNoConnection, ErrNoActive, ErrTooManyInFlight, ErrClosed, a
+// *ProtocolError; ctx.Err() if ctx ends first.
+func (c *Client) Inspect(ctx context.Context, key string) (KeyState, error) {
+	if err := checkKey(key); err != nil {
+		return KeyState{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return KeyState{}, err
+	}
+	result, err := c.request(ctx, c.router.newOperation(kindInspect, key, true))
+	if err != nil {
+		return KeyState{}, err
+	}
+	return result.state, nil
 }

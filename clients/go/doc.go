@@ -27,11 +27,12 @@
 //     replies are paired with requests by (operation, key), and several
 //     requests with the same (operation, key) on one connection are paired
 //     in the order sent.
-//   - Cut connections: an acquire (or extend, ping, stats) whose connection
-//     breaks moves to the next connection with the wait it has left; it
-//     fails with ErrNoConnection only when no usable connection is left, or
-//     after it was cut on as many connections as the client has. A release
-//     is sent again on another connection, else retried every 200 ms for 5 s.
+//   - Cut connections: an acquire (or extend, inspect, ping, stats) whose
+//     connection breaks moves to the next connection with the wait it has
+//     left; it fails with ErrNoConnection only when no usable connection is
+//     left, or after it was cut on as many connections as the client has. A
+//     release is sent again on another connection, else retried every
+//     200 ms for 5 s.
 //   - Clusters: a standby answers lock requests with M naming the active;
 //     the client re-sends the request there and prefers that node from then
 //     on, adding it to its set if it was not given. While no active is known
@@ -78,7 +79,8 @@
 //
 // # Layout
 //
-//   - client.go: Client, Dial, Acquire, TryAcquire, Ping, Stats, Close.
+//   - client.go: Client, Dial, Acquire, TryAcquire, Inspect, Ping, Stats,
+//     Close.
 //   - lock.go: Lock (token, extend, release).
 //   - options.go: the Option settings and their defaults.
 //   - errors.go: the sentinel errors and the error types.

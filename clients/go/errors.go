@@ -93,7 +93,7 @@ var (
 type ServerError struct {
 	// Code is the server's error code.
 	Code Code
-	// Op is the refused request's operation ("A", "R", "X", "P", "S"), or
+	// Op is the refused request's operation ("A", "R", "X", "P", "S", "I"), or
 	// "-" when the server refused the whole connection (E - - code).
 	Op string
 	// Key is the refused request's key; empty for P, S and "-".

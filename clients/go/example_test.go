@@ -159,3 +159,34 @@ func ExampleClient_Ping() {
 	fmt.Println(pong.Role, pong.Active == addr)
 	// Output: active true
 }
+
+// See who holds a key and how many wait for it, without taking it.
+func ExampleClient_Inspect() {
+	ctx := context.Background()
+	client, err := ringlock.Dial(ctx, []string{addr})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	state, err := client.Inspect(ctx, "imports/nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("held:", state.Held, "waiters:", state.Waiters)
+
+	lock, err := client.Acquire(ctx, "imports/nightly", 30*time.Second, 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lock.Release(ctx)
+	state, err = client.Inspect(ctx, "imports/nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("held:", state.Held, "by our token:", state.Token == lock.Token(),
+		"lease left within 30 s:", state.LeaseLeft <= 30*time.Second)
+	// Output:
+	// held: false waiters: 0
+	// held: true by our token: true lease left within 30 s: true
+}

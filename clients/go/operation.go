@@ -8,6 +8,7 @@ package ringlock
 // and the connections carry the steps out.
 
 import (
+	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,7 @@ const (
 	kindExtend
 	kindPing
 	kindStats
+	kindInspect
 )
 
 // outcome is the end of a request, handed to whoever waits for it.
@@ -46,6 +48,8 @@ type outcome struct {
 	pong Pong
 	// stats is an S reply's JSON, copied out of the read buffer.
 	stats []byte
+	// state is an I reply's key state.
+	state KeyState
 }
 
 // stepKind is what the router does with a request next.
@@ -149,6 +153,8 @@ func (o *operation) op() byte {
 		return opExtend
 	case kindPing:
 		return opPing
+	case kindInspect:
+		return opInspect
 	}
 	return opStats
 }
@@ -214,6 +220,9 @@ func (o *operation) encode(out []byte, now time.Time) []byte {
 		out = append(out, 'P')
 	case kindStats:
 		out = append(out, 'S')
+	case kindInspect:
+		out = append(out, "I "...)
+		out = append(out, o.key...)
 	}
 	return append(out, '\n')
 }
@@ -264,6 +273,11 @@ func (o *operation) onReply(r *reply, now time.Time, p *policy) step {
 	case kindStats:
 		if r.kind == 'S' {
 			return done(outcome{stats: append([]byte(nil), r.json...)})
+		}
+	case kindInspect:
+		if r.kind == 'I' {
+			return done(outcome{state: KeyState{Key: o.key, Token: r.token, Held: r.held,
+				LeaseLeft: durationOfMs(r.leaseLeftMs), Waiters: r.waiters}})
 		}
 	}
 	// Pairing by (op, key) leaves no other combination.
@@ -321,4 +335,13 @@ func (o *operation) retryLater(now time.Time, p *policy, err error) step {
 		return failed(err)
 	}
 	return step{kind: stepRetryAt, at: at}
+}
+
+// durationOfMs is ms milliseconds as a Duration, the longest Duration if
+// it does not fit (about 292 years).
+func durationOfMs(ms uint64) time.Duration {
+	if ms > uint64(math.MaxInt64/int64(time.Millisecond)) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }

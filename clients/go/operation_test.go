@@ -2,6 +2,7 @@ package ringlock
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 )
@@ -40,6 +41,58 @@ func TestEncodesEachKind(t *testing.T) {
 	}
 	if got := line(newOperation(kindStats, "", 1, &testPolicy, false), now); got != "S\n" {
 		t.Error(got)
+	}
+	if got := line(newOperation(kindInspect, "orders/42", 1, &testPolicy, false), now); got != "I orders/42\n" {
+		t.Error(got)
+	}
+}
+
+func TestAnInspectReplyIsTheKeyState(t *testing.T) {
+	now := time.Now()
+	for text, want := range map[string]KeyState{
+		"I k 17592186044416 1500 3": {Key: "k", Held: true, Token: 17592186044416, LeaseLeft: 1500 * time.Millisecond, Waiters: 3},
+		"I k - 0 0":                 {Key: "k"},
+		"I k - 0 2":                 {Key: "k", Waiters: 2},
+		// Beyond what a Duration holds: the longest one.
+		"I k 7 18446744073709551615 0": {Key: "k", Held: true, Token: 7, LeaseLeft: math.MaxInt64},
+	} {
+		r, err := parseReply([]byte(text))
+		if err != nil {
+			t.Fatalf("%q: %v", text, err)
+		}
+		inspect := newOperation(kindInspect, "k", 1, &testPolicy, false)
+		s := inspect.onReply(&r, now, &testPolicy)
+		if s.kind != stepDone || s.outcome.err != nil || s.outcome.state != want {
+			t.Errorf("%q: %+v, want %+v", text, s, want)
+		}
+	}
+}
+
+func TestAnInspectFollowsRedirectsAndReportsRefusals(t *testing.T) {
+	now := time.Now()
+	inspect := newOperation(kindInspect, "k", 1, &testPolicy, false)
+	moved, _ := parseReply([]byte("M I k 10.0.0.2:7700"))
+	if s := inspect.onReply(&moved, now, &testPolicy); s.kind != stepRedirect {
+		t.Fatalf("M I with an active: %+v", s)
+	}
+	nobody, _ := parseReply([]byte("M I k -"))
+	if s := inspect.onReply(&nobody, now, &testPolicy); s.kind != stepRetryAt {
+		t.Fatalf("M I with no active: %+v", s)
+	}
+	refused, _ := parseReply([]byte("E I k bad-request"))
+	s := inspect.onReply(&refused, now, &testPolicy)
+	var server *ServerError
+	if s.kind != stepDone || !errors.As(s.outcome.err, &server) || server.Op != "I" || server.Key != "k" ||
+		server.Code != CodeBadRequest {
+		t.Fatalf("E I: %+v", s)
+	}
+	// Cut off, it moves to the next connection like an acquire.
+	moving := newOperation(kindInspect, "k", 2, &testPolicy, false)
+	if s := moving.onCut(ErrNoConnection, now, &testPolicy); s.kind != stepResend {
+		t.Fatalf("cut: %+v", s)
+	}
+	if s := moving.onCut(ErrNoConnection, now, &testPolicy); s.kind != stepDone || !errors.Is(s.outcome.err, ErrNoConnection) {
+		t.Fatalf("cut twice: %+v", s)
 	}
 }
 

@@ -21,6 +21,8 @@ func opIndex(op byte) int {
 		return 3
 	case opStats:
 		return 4
+	case opInspect:
+		return 5
 	}
 	return -1
 }
@@ -34,7 +36,7 @@ type fifo struct {
 // pairing is the requests in flight on one connection. It is not safe for
 // concurrent use; the connection's lock guards it.
 type pairing struct {
-	byOp  [5]map[string]fifo
+	byOp  [6]map[string]fifo
 	count int
 }
 

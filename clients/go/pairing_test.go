@@ -23,7 +23,8 @@ func TestSameOpAndKeyPairInSendOrder(t *testing.T) {
 	table.push(sent(kindRelease, "k", 2))
 	table.push(sent(kindAcquire, "k", 3))
 	table.push(sent(kindAcquire, "j", 4))
-	if table.len() != 4 {
+	table.push(sent(kindInspect, "k", 5))
+	if table.len() != 5 {
 		t.Fatalf("len %d", table.len())
 	}
 	for _, want := range []struct {
@@ -32,7 +33,7 @@ func TestSameOpAndKeyPairInSendOrder(t *testing.T) {
 		serial int64
 	}{
 		{opAcquire, "k", 1}, {opAcquire, "j", 4}, {opAcquire, "k", 3}, {opAcquire, "k", -1}, {opExtend, "k", -1},
-		{opRelease, "k", 2},
+		{opRelease, "k", 2}, {opInspect, "k", 5}, {opInspect, "k", -1},
 	} {
 		if got := serialOf(table.take(want.op, []byte(want.key))); got != want.serial {
 			t.Fatalf("take %c %s: %d, want %d", want.op, want.key, got, want.serial)
@@ -75,7 +76,7 @@ func TestDrainKeepsSendOrderPerOpAndKey(t *testing.T) {
 func TestPairingAgreesWithAListModel(t *testing.T) {
 	seed := rand.Int63()
 	random := rand.New(rand.NewSource(seed))
-	kinds := []kind{kindAcquire, kindRelease, kindExtend}
+	kinds := []kind{kindAcquire, kindRelease, kindExtend, kindInspect}
 	for run := range 200 {
 		var table pairing
 		var model []*operation

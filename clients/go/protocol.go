@@ -32,12 +32,13 @@ const (
 	opExtend  byte = 'X'
 	opPing    byte = 'P'
 	opStats   byte = 'S'
+	opInspect byte = 'I'
 )
 
 // opName is the operation's letter as text, for errors.
 func opName(op byte) string {
 	switch op {
-	case opAcquire, opRelease, opExtend, opPing, opStats:
+	case opAcquire, opRelease, opExtend, opPing, opStats, opInspect:
 		return string(op)
 	}
 	return "-"
@@ -90,14 +91,20 @@ func appendSeconds(out []byte, ms uint64) []byte {
 // reply is one decoded reply line. Its byte slices point into the read
 // buffer and are valid only until the next read.
 type reply struct {
-	// kind is the reply's first letter: A T R X M E P S.
+	// kind is the reply's first letter: A T R X M E P S I.
 	kind byte
 	// op is the operation the reply answers (0 for "E - -").
 	op byte
 	// key is the key echoed; nil for P, S and "-".
 	key []byte
-	// token is the fencing token of A and X.
+	// token is the fencing token of A and X, and of I's holder.
 	token uint64
+	// held is set for an I reply naming a holder (a token, not "-").
+	held bool
+	// leaseLeftMs is I's lease left, in milliseconds.
+	leaseLeftMs uint64
+	// waiters is I's count of queued acquires.
+	waiters uint64
 	// code is the error code of E.
 	code Code
 	// address is the active node of M and P; nil for "-".
@@ -128,7 +135,7 @@ func parseReply(line []byte) (reply, error) {
 		r.json = line[2:]
 		return r, nil
 	}
-	var fieldsBuffer [5][]byte
+	var fieldsBuffer [6][]byte
 	fields := fieldsBuffer[:0]
 	for rest := line; ; {
 		at := bytes.IndexByte(rest, ' ')
@@ -183,6 +190,20 @@ func parseReply(line []byte) (reply, error) {
 			r.key, err = keyField(fields[2])
 		}
 		r.code = Code(fields[3])
+	case r.kind == 'I' && len(fields) == 5:
+		// I <key> <token|-> <lease-left-ms> <waiters>
+		r.op = opInspect
+		r.key, err = keyField(fields[1])
+		if err == nil && string(fields[2]) != "-" {
+			r.token, err = parseUint64(fields[2])
+			r.held = err == nil
+		}
+		if err == nil {
+			r.leaseLeftMs, err = parseUint64(fields[3])
+		}
+		if err == nil {
+			r.waiters, err = parseUint64(fields[4])
+		}
 	case r.kind == 'P' && len(fields) == 4:
 		r.op = opPing
 		r.role = Role(fields[1])

@@ -89,6 +89,57 @@ func TestParseReplyReadsEveryKind(t *testing.T) {
 	}
 }
 
+func TestParseReplyReadsInspect(t *testing.T) {
+	r, err := parseReply([]byte("I orders/42 17592186044416 1500 3"))
+	if err != nil || r.kind != 'I' || r.op != opInspect || string(r.key) != "orders/42" || !r.held ||
+		r.token != 17592186044416 || r.leaseLeftMs != 1500 || r.waiters != 3 {
+		t.Fatalf("held: %+v %v", r, err)
+	}
+	r, err = parseReply([]byte("I k - 0 0"))
+	if err != nil || r.op != opInspect || string(r.key) != "k" || r.held || r.token != 0 || r.leaseLeftMs != 0 ||
+		r.waiters != 0 {
+		t.Fatalf("free: %+v %v", r, err)
+	}
+	// A free key with acquires waiting for the server to grant tokens.
+	r, err = parseReply([]byte("I k - 0 2"))
+	if err != nil || r.held || r.waiters != 2 {
+		t.Fatalf("free with waiters: %+v %v", r, err)
+	}
+	// A lease that runs out as the server answers; the largest numbers.
+	r, err = parseReply([]byte("I k 18446744073709551615 0 18446744073709551615"))
+	if err != nil || !r.held || r.token != 18446744073709551615 || r.leaseLeftMs != 0 || r.waiters != 18446744073709551615 {
+		t.Fatalf("extremes: %+v %v", r, err)
+	}
+	r, err = parseReply([]byte("M I k 10.0.0.2:7700"))
+	if err != nil || r.kind != 'M' || r.op != opInspect || string(r.key) != "k" || string(r.address) != "10.0.0.2:7700" {
+		t.Fatalf("M I: %+v %v", r, err)
+	}
+	r, err = parseReply([]byte("M I k -"))
+	if err != nil || r.op != opInspect || r.address != nil {
+		t.Fatalf("M I -: %+v %v", r, err)
+	}
+	r, err = parseReply([]byte("E I k bad-request"))
+	if err != nil || r.kind != 'E' || r.op != opInspect || string(r.key) != "k" || r.code != CodeBadRequest {
+		t.Fatalf("E I: %+v %v", r, err)
+	}
+	r, err = parseReply([]byte("E I - bad-key"))
+	if err != nil || r.op != opInspect || r.key != nil || r.code != CodeBadKey {
+		t.Fatalf("E I -: %+v %v", r, err)
+	}
+}
+
+func TestParseReplyRefusesMalformedInspects(t *testing.T) {
+	for _, line := range []string{
+		"I", "I k", "I k -", "I k - 0", "I k - 0 0 0", "I k 5 10 1 extra", "I k x 0 0", "I k -1 0 0", "I k +1 0 0",
+		"I k 1 -5 0", "I k 1 1.5 0", "I k 1 0 -", "I k - - 0", "I k 18446744073709551616 0 0",
+		"I k 1 0 18446744073709551616", "I  - 0 0", "I k - 0 0 ", "I k\t - 0 0", "II k - 0 0",
+	} {
+		if r, err := parseReply([]byte(line)); err == nil {
+			t.Errorf("%q read as %+v", line, r)
+		}
+	}
+}
+
 func TestParseReplyRefusesMalformedLines(t *testing.T) {
 	for _, line := range []string{
 		"", "A", "A k", "A k 1 2", "A k -1", "A k +1", "A k 18446744073709551616", "A k 1x", "A  k 1", "A k 1 ",
