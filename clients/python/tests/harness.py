@@ -163,3 +163,46 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+class InspectStandby:
+    """A loopback stand-in for a cluster standby that knows ``I``: it answers
+    every ``I <key>`` with ``M I <key> <active>`` and ``P`` as a standby, and
+    counts the redirects. (``ringlock-testkit``'s fakes redirect ``A``, ``R``
+    and ``X`` only.)"""
+
+    def __init__(self, active: str) -> None:
+        self.active = active
+        self.redirected = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                stream, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(stream,), daemon=True).start()
+
+    def _serve(self, stream: socket.socket) -> None:
+        with stream, stream.makefile("rb") as lines:
+            for raw in lines:
+                fields = raw.decode().rstrip("\r\n").split(" ")
+                if fields[0] == "I" and len(fields) == 2:
+                    self.redirected += 1
+                    reply = f"M I {fields[1]} {self.active}\n"
+                elif fields[0] == "P":
+                    reply = f"P standby 0 {self.active}\n"
+                else:
+                    reply = "E - - bad-op\n"
+                try:
+                    stream.sendall(reply.encode())
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()

@@ -9,7 +9,7 @@ import pytest
 
 import ringlock
 import ringlock.aio
-from harness import Server
+from harness import InspectStandby, Server
 
 
 @pytest.fixture
@@ -98,3 +98,59 @@ async def test_many_tasks_share_a_client(client: ringlock.aio.Client, key: Calla
 
     results = await asyncio.gather(*(work(task) for task in range(64)))
     assert len({token for tokens in results for token in tokens}) == 64 * 20
+
+
+async def test_inspect_a_free_and_a_held_key(client: ringlock.aio.Client, key: Callable[[str], str]) -> None:
+    free = await client.inspect(key("inspect"))
+    assert free == ringlock.KeyState(key("inspect"), None, 0.0, 0) and not free.held
+    async with client.lock(key("inspect"), lease=10) as lock:
+        state = await client.inspect(key("inspect").encode())
+        assert state.key == key("inspect").encode()
+        assert state.held and state.token == lock.token
+        assert 0 < state.lease_left <= 10 and state.waiters == 0
+    assert (await client.inspect(key("inspect"))).token is None
+
+
+async def test_inspect_counts_queued_acquires(client: ringlock.aio.Client, key: Callable[[str], str]) -> None:
+    name = key("queued")
+    holder = client.lock(name, lease=30)
+    assert await holder.acquire()
+
+    async def wait_for_it() -> int:
+        lock = client.lock(name, lease=10, wait=30)
+        assert await lock.acquire()
+        token = lock.token
+        assert await lock.release()
+        return token  # type: ignore[return-value]
+
+    waiting = [asyncio.create_task(wait_for_it()) for _ in range(2)]
+    for _ in range(2000):
+        if (await client.inspect(name)).waiters == 2:
+            break
+        await asyncio.sleep(0.01)
+    state = await client.inspect(name)
+    assert state.waiters == 2 and state.token == holder.token
+    held_by = holder.token
+    assert await holder.release()
+    tokens = await asyncio.wait_for(asyncio.gather(*waiting), 30)
+    assert all(token > held_by for token in tokens)  # type: ignore[operator]
+    assert await client.inspect(name) == ringlock.KeyState(name, None, 0.0, 0)
+
+
+async def test_inspect_refuses_a_bad_key_before_sending(client: ringlock.aio.Client) -> None:
+    for bad in ("", "two words", b"tab\there", "x" * 251, "-"):
+        with pytest.raises(ValueError):
+            await client.inspect(bad)
+    assert (await client.ping()).role == "active"
+
+
+async def test_inspect_follows_a_standby_redirect(server: Server, key: Callable[[str], str]) -> None:
+    standby = InspectStandby(server.address)
+    try:
+        async with ringlock.aio.Client(standby.address) as client:
+            assert (await client.inspect(key("moved"))).token is None
+            assert standby.redirected >= 1 and client.active_node == server.address
+            async with client.lock(key("moved"), lease=10) as lock:
+                assert (await client.inspect(key("moved"))).token == lock.token
+    finally:
+        standby.close()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import ringlock
-from harness import Server
+from harness import InspectStandby, Server, wait_until
 
 
 @pytest.fixture
@@ -118,6 +119,70 @@ def test_many_threads_share_a_client(client: ringlock.Client, key: Callable[[str
     for thread in threads:
         thread.join()
     assert len(set(tokens)) == 16 * 20
+
+
+def test_inspect_a_free_key(client: ringlock.Client, key: Callable[[str], str]) -> None:
+    state = client.inspect(key("free"))
+    assert state == ringlock.KeyState(key("free"), None, 0.0, 0)
+    assert not state.held
+    assert client.inspect(key("free").encode()).key == key("free").encode(), "the key as given"
+    with pytest.raises(AttributeError):
+        state.token = 1  # type: ignore[misc]  # frozen
+
+
+def test_inspect_a_held_key(client: ringlock.Client, key: Callable[[str], str]) -> None:
+    with client.lock(key("held"), lease=10) as lock:
+        state = client.inspect(key("held"))
+        assert state.held and state.token == lock.token
+        assert 0 < state.lease_left <= 10
+        assert state.waiters == 0
+        lock.extend(60)
+        assert 10 < client.inspect(key("held")).lease_left <= 60
+    assert client.inspect(key("held")) == ringlock.KeyState(key("held"), None, 0.0, 0), "free once released"
+
+
+def test_inspect_counts_queued_acquires(client: ringlock.Client, key: Callable[[str], str]) -> None:
+    name = key("queued")
+    holder = client.lock(name, lease=30)
+    assert holder.acquire()
+
+    def wait_for_it() -> int:
+        lock = client.lock(name, lease=10, wait=30)
+        assert lock.acquire()
+        token = lock.token
+        assert lock.release()
+        return token  # type: ignore[return-value]
+
+    with ThreadPoolExecutor(3) as pool:
+        waiting = [pool.submit(wait_for_it) for _ in range(3)]
+        wait_until(lambda: client.inspect(name).waiters == 3, "three queued acquires")
+        state = client.inspect(name)
+        assert state.token == holder.token and state.lease_left > 0
+        held_by = holder.token
+        assert holder.release()
+        tokens = [future.result(30) for future in waiting]
+    assert all(token > held_by for token in tokens)  # type: ignore[operator]
+    assert client.inspect(name) == ringlock.KeyState(name, None, 0.0, 0)
+
+
+def test_inspect_refuses_a_bad_key_before_sending(client: ringlock.Client) -> None:
+    for bad in ("", "two words", "x" * 251, "-", "nul\0"):
+        with pytest.raises(ValueError):
+            client.inspect(bad)
+    assert client.ping().role == "active", "nothing was sent: the connections are fine"
+
+
+def test_inspect_follows_a_standby_redirect(server: Server, key: Callable[[str], str]) -> None:
+    standby = InspectStandby(server.address)
+    try:
+        with ringlock.Client(standby.address) as client:
+            # Given only the standby: its M names the active, which answers.
+            assert client.inspect(key("moved")) == ringlock.KeyState(key("moved"), None, 0.0, 0)
+            assert standby.redirected >= 1 and client.active_node == server.address
+            with client.lock(key("moved"), lease=10) as lock:
+                assert client.inspect(key("moved")).token == lock.token
+    finally:
+        standby.close()
 
 
 def test_bad_arguments_are_refused_before_sending(client: ringlock.Client) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from ringlock import LockLostError, NoActiveNodeError, Pong, ProtocolError
+from ringlock import KeyState, LockLostError, NoActiveNodeError, Pong, ProtocolError, RinglockError
 from ringlock._operation import (
     ACQUIRE,
     CUT_IO,
     DONE,
     EXTEND,
+    INSPECT,
     PING,
     REDIRECT,
     RELEASE,
@@ -42,6 +43,7 @@ def test_request_lines() -> None:
     assert operation(RELEASE, token=5).encode(100.0) == b"R k 5\n"
     assert operation(EXTEND, token=5, lease_ms=1_500).encode(100.0) == b"X k 5 1.5\n"
     assert Operation(PING, b"", 0.0, 1, POLICY, None).encode(0.0) == b"P\n"
+    assert operation(INSPECT).encode(100.0) == b"I k\n"
     assert [seconds_field(ms) for ms in (1, 10, 100, 2_125, 86_400_000)] == [
         b"0.001",
         b"0.01",
@@ -89,7 +91,10 @@ def test_replies_split_into_the_op_and_key_they_answer() -> None:
     assert split_reply(b"P active 3 127.0.0.1:7700")[:2] == (b"P", b"")
     assert split_reply(b'S {"role":"active"}')[:2] == (b"S", b"")
     assert split_reply(b"E - - bad-op")[:2] == (b"-", b"-")
-    for malformed in (b"", b"A k", b"Q k", b"T", b"E A k", b"S", b"AA k 1"):
+    assert split_reply(b"I k - 0 0")[:2] == (b"I", b"k")
+    assert split_reply(b"E I k bad-request")[:2] == (b"I", b"k")
+    assert split_reply(b"M I k 10.0.0.2:7700")[:2] == (b"I", b"k")
+    for malformed in (b"", b"A k", b"Q k", b"T", b"E A k", b"S", b"AA k 1", b"I k", b"I k 1 2", b"I k 1 2 3 4"):
         with pytest.raises(ValueError):
             split_reply(malformed)
 
@@ -123,6 +128,24 @@ def test_replies_end_requests() -> None:
     assert pong == (DONE, Pong("standby", 0, None))
     with pytest.raises(ValueError):
         operation().on_reply(reply(b"A k 18446744073709551616"), POLICY, 100.0)
+
+
+def test_inspect_replies() -> None:
+    assert operation(INSPECT).on_reply(reply(b"I k - 0 0"), POLICY, 100.0) == (DONE, KeyState(b"k", None, 0.0, 0))
+    # A free key may have acquires waiting for tokens.
+    assert operation(INSPECT).on_reply(reply(b"I k - 0 2"), POLICY, 100.0) == (DONE, KeyState(b"k", None, 0.0, 2))
+    held = operation(INSPECT).on_reply(reply(b"I k 42 1500 3"), POLICY, 100.0)
+    assert held == (DONE, KeyState(b"k", 42, 1.5, 3))
+    what, error = operation(INSPECT).on_reply(reply(b"E I k bad-request"), POLICY, 100.0)
+    assert what == DONE and type(error) is RinglockError
+    assert (error.code, error.op, error.key) == ("bad-request", "I", "k")
+    assert operation(INSPECT).on_reply(reply(b"M I k 10.0.0.2:7700"), POLICY, 100.0) == (REDIRECT, None)
+    assert operation(INSPECT).on_reply(reply(b"M I k -"), POLICY, 100.0)[0] == RETRY_AT
+    for malformed in (b"I k x 0 0", b"I k 1 -5 0", b"I k - 0 -", b"I k 1 1 18446744073709551616"):
+        with pytest.raises(ValueError):
+            operation(INSPECT).on_reply(reply(malformed), POLICY, 100.0)
+    # Cut like a ping: moved on to the next connection.
+    assert operation(INSPECT, tries=2).on_cut(CUT_IO, 100.0) == (RESEND, None)
 
 
 def test_an_acquire_moves_on_until_it_was_cut_on_every_connection() -> None:

@@ -27,7 +27,7 @@ Example::
 - ``_settings``: the settings both clients take.
 """
 
-from ._protocol import Pong
+from ._protocol import KeyState, Pong
 from .client import Client, Lock
 from .errors import (
     CapacityError,
@@ -43,6 +43,7 @@ from .errors import (
 __all__ = [
     "CapacityError",
     "Client",
+    "KeyState",
     "Lock",
     "LockLostError",
     "LockNotOwnedError",

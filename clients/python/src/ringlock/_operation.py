@@ -18,12 +18,15 @@ from typing import Protocol
 from ._protocol import (
     OP_ACQUIRE,
     OP_EXTEND,
+    OP_INSPECT,
     OP_PING,
     OP_RELEASE,
     OP_STATS,
+    KeyState,
     Pong,
     acquire_line,
     extend_line,
+    inspect_line,
     release_line,
 )
 from .errors import LockLostError, ProtocolError, RinglockError, error_for
@@ -34,7 +37,8 @@ RELEASE = 1
 EXTEND = 2
 PING = 3
 STATS = 4
-_OPS = (OP_ACQUIRE, OP_RELEASE, OP_EXTEND, OP_PING, OP_STATS)
+INSPECT = 5
+_OPS = (OP_ACQUIRE, OP_RELEASE, OP_EXTEND, OP_PING, OP_STATS, OP_INSPECT)
 
 # What the router does next with a request: steps are (what, value) pairs.
 DONE = 0  # value: the result, or a RinglockError
@@ -142,6 +146,8 @@ class Operation:
             return release_line(self.key, self.token)
         if kind == EXTEND:
             return extend_line(self.key, self.token, self.lease_ms)
+        if kind == INSPECT:
+            return inspect_line(self.key)
         return b"P\n" if kind == PING else b"S\n"
 
     def error(self, code: str, message: str | None = None) -> RinglockError:
@@ -189,6 +195,12 @@ class Operation:
             return (DONE, Pong(role, _token(fields[2]), active))
         if kind == OP_STATS and self.kind == STATS:
             return (DONE, json.loads(fields[1]))
+        if kind == OP_INSPECT and self.kind == INSPECT:
+            # I <key> <token|-> <lease-left-ms> <waiters>; the caller puts
+            # back the key as it gave it.
+            token = None if fields[2] == b"-" else _token(fields[2])
+            lease_left = _token(fields[3]) / 1000
+            return (DONE, KeyState(self.key, token, lease_left, _token(fields[4])))
         # Pairing by (op, key) leaves nothing else but a broken server.
         return (DONE, self.error("protocol", f"unexpected reply {b' '.join(fields)!r}"))
 
@@ -234,6 +246,7 @@ class Operation:
 
 
 def _token(field: bytes) -> int:
+    """A decimal ``u64`` field: a token, or another count of the protocol."""
     # int() accepts signs, spaces and underscores; a token is plain digits.
     if not field.isdigit():
         raise ValueError("bad token")

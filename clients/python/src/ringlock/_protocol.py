@@ -7,6 +7,7 @@ Nothing here does I/O, so the sync and asyncio clients share it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 KEY_LEN_MAX = 250
@@ -24,6 +25,7 @@ OP_RELEASE = b"R"
 OP_EXTEND = b"X"
 OP_PING = b"P"
 OP_STATS = b"S"
+OP_INSPECT = b"I"
 
 
 class Pong(NamedTuple):
@@ -41,6 +43,37 @@ class Pong(NamedTuple):
     """The active's epoch (0 while a standby knows none)."""
     active: str | None
     """The address clients should use for the active, ``None`` if unknown."""
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """What the active node knows of a key now: who holds it, how long the
+    holder's lease has left, and how many acquires wait for it. The answer
+    to ``client.inspect(key)``; inspecting changes nothing on the server.
+
+    Example::
+
+        >>> state = KeyState("orders/42", 17, 1.5, 2)
+        >>> state.held, state.token, state.lease_left, state.waiters
+        (True, 17, 1.5, 2)
+        >>> KeyState("orders/43", None, 0.0, 0).held
+        False
+    """
+
+    key: str | bytes
+    """The key, as given to ``inspect``."""
+    token: int | None
+    """The fencing token of the grant holding the key; ``None`` if it is free."""
+    lease_left: float
+    """Seconds the holder's lease has left (millisecond precision); 0 if free."""
+    waiters: int
+    """Acquires queued on the key. It may be above 0 on a free key, while
+    acquires wait for tokens."""
+
+    @property
+    def held(self) -> bool:
+        """Whether some grant holds the key."""
+        return self.token is not None
 
 
 def key_bytes(key: str | bytes) -> bytes:
@@ -124,6 +157,11 @@ def extend_line(key: bytes, token: int, lease: int) -> bytes:
     return b"X %s %d %s\n" % (key, token, seconds_field(lease))
 
 
+def inspect_line(key: bytes) -> bytes:
+    """``I <key>``."""
+    return b"I %s\n" % key
+
+
 def split_reply(line: bytes) -> tuple[bytes, bytes, list[bytes]]:
     """The (op, key) a reply line answers, and its fields.
 
@@ -139,6 +177,8 @@ def split_reply(line: bytes) -> tuple[bytes, bytes, list[bytes]]:
         (b'A', b'k')
         >>> split_reply(b"E R k not-holder")[:2]
         (b'R', b'k')
+        >>> split_reply(b"I k 17 1500 2")[:2]
+        (b'I', b'k')
     """
     if line[:2] == b"S ":
         return OP_STATS, b"", [OP_STATS, line[2:]]
@@ -158,6 +198,10 @@ def split_reply(line: bytes) -> tuple[bytes, bytes, list[bytes]]:
         if count != 4:
             raise ValueError("wrong field count")
         return fields[1], fields[2], fields
+    if kind == b"I":
+        if count != 5:
+            raise ValueError("wrong field count")
+        return kind, fields[1], fields
     if kind == b"P":
         if count != 4:
             raise ValueError("wrong field count")

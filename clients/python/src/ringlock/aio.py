@@ -22,14 +22,15 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._operation import ACQUIRE, CUT_IO, EXTEND, PING, RELEASE, STATS, Operation, cut_protocol
+from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation, cut_protocol
 from ._pairing import Pairing
-from ._protocol import REPLY_LINE_LEN_MAX, Pong, key_bytes, lease_ms, split_reply, wait_ms
+from ._protocol import REPLY_LINE_LEN_MAX, KeyState, Pong, key_bytes, lease_ms, split_reply, wait_ms
 from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
 from ._settings import Settings
 from .errors import LockLostError, LockNotOwnedError, LockTimeoutError, RinglockError, error_for
@@ -378,6 +379,21 @@ class Client:
             print((await client.stats())["role"])
         """
         return await self._request(STATS, b"")  # type: ignore[no-any-return]
+
+    async def inspect(self, key: str | bytes) -> KeyState:
+        """What the active node knows of ``key`` now: as
+        :meth:`ringlock.Client.inspect`, awaited. A bad key raises
+        :class:`ValueError` before anything is sent.
+
+        Example::
+
+            state = await client.inspect("orders/42")
+            if state.held:
+                print(f"token {state.token}, {state.lease_left:.3f} s left, {state.waiters} waiting")
+        """
+        raw = key_bytes(key)
+        state: KeyState = await self._request(INSPECT, raw)
+        return dataclasses.replace(state, key=key)
 
     @property
     def connection_count(self) -> int:

@@ -7,14 +7,15 @@ its connections.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._operation import ACQUIRE, EXTEND, PING, RELEASE, STATS
-from ._protocol import Pong, key_bytes, lease_ms, wait_ms
+from ._operation import ACQUIRE, EXTEND, INSPECT, PING, RELEASE, STATS
+from ._protocol import KeyState, Pong, key_bytes, lease_ms, wait_ms
 from ._router import Router
 from ._settings import Settings
 from ._threaded import ThreadRuntime
@@ -199,6 +200,31 @@ class Client:
             print(client.stats()["role"])
         """
         return self._request(STATS, b"")  # type: ignore[return-value]
+
+    def inspect(self, key: str | bytes) -> KeyState:
+        """What the active node knows of ``key`` now (``I <key>``): the
+        fencing token of the grant holding it (``None`` if it is free), the
+        seconds its lease has left, and how many acquires wait for it. It
+        changes nothing on the server; the answer may be stale as soon as it
+        arrives, so use it to look, not to decide who may write.
+
+        Raises :class:`ValueError` for a key the protocol refuses (as
+        :meth:`lock`), before anything is sent; otherwise fails as
+        :meth:`ping` does, and an error code from the server (such as
+        ``bad-request``) raises :class:`~ringlock.RinglockError` with
+        ``op == "I"``. A standby's ``M`` redirect is followed.
+
+        Example::
+
+            state = client.inspect("orders/42")
+            if state.token is None:
+                print("free,", state.waiters, "waiting")
+            else:
+                print(f"held by token {state.token} for {state.lease_left:.3f} s more")
+        """
+        raw = key_bytes(key)
+        state: KeyState = self._request(INSPECT, raw)  # type: ignore[assignment]
+        return dataclasses.replace(state, key=key)
 
     @property
     def connection_count(self) -> int:

@@ -2,7 +2,7 @@
 
 Every error is a :class:`RinglockError` carrying the protocol's error code
 (``code``), and when known the operation (``op``: ``"A"``, ``"R"``, ``"X"``,
-``"P"`` or ``"S"``) and the key it was about. Subclasses group the codes a
+``"P"``, ``"S"`` or ``"I"``) and the key it was about. Subclasses group the codes a
 caller usually handles differently.
 
 Codes are the server's (README, "Error codes") plus the client's own:
