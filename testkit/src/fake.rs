@@ -102,7 +102,7 @@ fn serve(stream: TcpStream, shared: &Shared) {
         let fields: Vec<&str> = line.split(' ').collect();
         let active = shared.active.lock().unwrap().clone();
         let reply = match fields[0] {
-            "A" | "R" | "X" if fields.len() >= 2 => {
+            "A" | "R" | "X" | "I" if fields.len() >= 2 => {
                 shared.redirected.fetch_add(1, Ordering::SeqCst);
                 format!("M {} {} {active}\n", fields[0], fields[1])
             }
