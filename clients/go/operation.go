@@ -129,8 +129,10 @@ type operation struct {
 	// state is waiterPending until either the outcome is delivered
 	// (waiterDone) or the caller gives up on it (waiterAbandoned).
 	state atomic.Uint32
-	// next links requests of the same (op, key) in a pairing.
-	next *operation
+	// next links requests of the same (op, key) in a pairing's index;
+	// older and newer link every request in flight on a connection in send
+	// order.
+	next, older, newer *operation
 }
 
 // newOperation makes a request to be tried on up to tries connections.

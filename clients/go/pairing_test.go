@@ -72,7 +72,9 @@ func TestDrainKeepsSendOrderPerOpAndKey(t *testing.T) {
 }
 
 // TestPairingAgreesWithAListModel checks the table against a list of
-// requests in send order, where a reply takes the first with its (op, key).
+// requests in send order, where a reply takes the first with its (op, key),
+// with few requests in flight (paired by scanning) and with more than
+// indexFrom (paired through the index), up and down again.
 func TestPairingAgreesWithAListModel(t *testing.T) {
 	seed := rand.Int63()
 	random := rand.New(rand.NewSource(seed))
@@ -80,10 +82,23 @@ func TestPairingAgreesWithAListModel(t *testing.T) {
 	for run := range 200 {
 		var table pairing
 		var model []*operation
-		for serial := range uint64(200) {
+		// Even runs push as often as they take; odd runs push three times
+		// in four for their first half, past indexFrom, then take more.
+		steps := uint64(200)
+		if run%2 == 1 {
+			steps = 8 * indexFrom
+		}
+		for serial := range steps {
 			k := kinds[random.Intn(len(kinds))]
 			key := string(rune('a' + random.Intn(4)))
-			if random.Intn(2) == 0 {
+			pushes := 2
+			if run%2 == 1 {
+				pushes = 3
+				if serial >= steps/2 {
+					pushes = 1
+				}
+			}
+			if random.Intn(4) < pushes {
 				table.push(sent(k, key, serial))
 				model = append(model, sent(k, key, serial))
 				continue
@@ -102,6 +117,15 @@ func TestPairingAgreesWithAListModel(t *testing.T) {
 			}
 			if table.len() != len(model) {
 				t.Fatalf("seed %d, run %d: len %d, want %d", seed, run, table.len(), len(model))
+			}
+		}
+		drained := table.drain()
+		if len(drained) != len(model) || table.len() != 0 {
+			t.Fatalf("seed %d, run %d: drained %d of %d", seed, run, len(drained), len(model))
+		}
+		for at, o := range drained {
+			if serialOf(o) != serialOf(model[at]) {
+				t.Fatalf("seed %d, run %d: drained %d at %d, want %d", seed, run, serialOf(o), at, serialOf(model[at]))
 			}
 		}
 	}
