@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
 from harness import SCENARIOS, Server, Testkit
+
+_Test = TypeVar("_Test", bound=Callable[..., object])
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +74,29 @@ def key() -> Callable[[str], str]:
 def scenario_ids() -> list[str]:
     with open(SCENARIOS) as file:
         return [scenario["id"] for scenario in json.load(file)["scenarios"]]
+
+
+class Scenarios:
+    """The tests of one client for the shared scenario list: ``@scenarios(id)``
+    marks a test as the one for ``id``, and :meth:`check_complete` fails if
+    an id of the list has no test, or a test names an id not in it."""
+
+    def __init__(self, client: str) -> None:
+        self.client = client
+        self.tests: dict[str, Callable[..., object]] = {}
+
+    def __call__(self, ident: str) -> Callable[[_Test], _Test]:
+        def register(test: _Test) -> _Test:
+            assert ident not in self.tests, f"two tests for {ident}"
+            self.tests[ident] = test
+            return test
+
+        return register
+
+    def check_complete(self) -> None:
+        ids = scenario_ids()
+        assert ids, "the scenario list is empty"
+        missing = sorted(set(ids) - set(self.tests))
+        unknown = sorted(set(self.tests) - set(ids))
+        assert not missing, f"scenarios without a {self.client} test: {missing}"
+        assert not unknown, f"{self.client} tests for scenarios not in the list: {unknown}"

@@ -8,38 +8,22 @@ Control commands block until the kit answers, so they run in a thread
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import pytest
 
 import ringlock
 import ringlock.aio
-from conftest import scenario_ids
+from conftest import Scenarios
 from harness import Server, Testkit
 
 pytestmark = pytest.mark.testkit
 
-SCENARIO_TESTS: dict[str, Callable[..., Awaitable[None]]] = {}
-
-
-def scenario(ident: str) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
-    """Marks a test as the one for scenario ``ident``."""
-
-    def register(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
-        assert ident not in SCENARIO_TESTS, f"two tests for {ident}"
-        SCENARIO_TESTS[ident] = test
-        return test
-
-    return register
+scenario = Scenarios("asyncio")
 
 
 def test_every_scenario_has_a_test() -> None:
-    ids = scenario_ids()
-    assert ids, "the scenario list is empty"
-    missing = sorted(set(ids) - set(SCENARIO_TESTS))
-    unknown = sorted(set(SCENARIO_TESTS) - set(ids))
-    assert not missing, f"scenarios without an asyncio test: {missing}"
-    assert not unknown, f"asyncio tests for scenarios not in the list: {unknown}"
+    scenario.check_complete()
 
 
 async def control(kit: Testkit, *words: object) -> list[str]:

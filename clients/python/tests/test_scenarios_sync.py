@@ -10,32 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import ringlock
-from conftest import scenario_ids
+from conftest import Scenarios
 from harness import Server, Testkit, wait_until
 
 pytestmark = pytest.mark.testkit
 
-SCENARIO_TESTS: dict[str, Callable[..., None]] = {}
-
-
-def scenario(ident: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Marks a test as the one for scenario ``ident``."""
-
-    def register(test: Callable[..., None]) -> Callable[..., None]:
-        assert ident not in SCENARIO_TESTS, f"two tests for {ident}"
-        SCENARIO_TESTS[ident] = test
-        return test
-
-    return register
+scenario = Scenarios("sync")
 
 
 def test_every_scenario_has_a_test() -> None:
-    ids = scenario_ids()
-    assert ids, "the scenario list is empty"
-    missing = sorted(set(ids) - set(SCENARIO_TESTS))
-    unknown = sorted(set(SCENARIO_TESTS) - set(ids))
-    assert not missing, f"scenarios without a sync test: {missing}"
-    assert not unknown, f"sync tests for scenarios not in the list: {unknown}"
+    scenario.check_complete()
 
 
 def cycle(client: ringlock.Client, key: str) -> None:

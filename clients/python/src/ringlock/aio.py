@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
+from ._common import ClientBase, LockBase
 from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation, cut_protocol
 from ._pairing import Pairing
 from ._protocol import REPLY_LINE_LEN_MAX, KeyState, Pong, key_bytes, lease_ms, split_reply, wait_ms
@@ -261,7 +262,7 @@ class _Connection(asyncio.Protocol):
             router.handle(operation, step)
 
 
-class Client:
+class Client(ClientBase):
     """The asyncio ringlock client; the settings are those of
     :class:`ringlock.Client`.
 
@@ -395,42 +396,6 @@ class Client:
         state: KeyState = await self._request(INSPECT, raw)
         return dataclasses.replace(state, key=key)
 
-    @property
-    def connection_count(self) -> int:
-        """Connections the client has, usable or not (0 before first use).
-
-        Example::
-
-            async with ringlock.aio.Client("127.0.0.1:7700") as client:
-                assert client.connection_count == 2
-        """
-        return 0 if self._router is None else len(self._router.connections)
-
-    @property
-    def usable_connection_count(self) -> int:
-        """Connections that are up now.
-
-        Example::
-
-            healthy = client.usable_connection_count > 0
-        """
-        if self._router is None:
-            return 0
-        return sum(1 for connection in self._router.connections if connection.usable)
-
-    @property
-    def active_node(self) -> str | None:
-        """The address an ``M`` reply last named as active, if any.
-
-        Example::
-
-            print(client.active_node or "no redirect seen")
-        """
-        router = self._router
-        if router is None or router.active is None:
-            return None
-        return router.addresses[router.active]
-
     async def _request(self, kind: int, key: bytes, **fields: int) -> Any:
         router = self._start()
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
@@ -441,7 +406,7 @@ class Client:
         return value
 
 
-class Lock:
+class Lock(LockBase):
     """A named lock, as :class:`ringlock.Lock` with its calls awaited.
 
     Example::
@@ -458,6 +423,8 @@ class Lock:
             await run(lock.token)
     """
 
+    _KIND = "ringlock.aio.Lock"
+
     def __init__(
         self,
         client: Client,
@@ -467,62 +434,9 @@ class Lock:
         auto_extend: bool,
         on_lost: Callable[[Lock, LockLostError], None] | None,
     ) -> None:
-        self._client = client
-        self._key = key
-        self._key_bytes = key_bytes(key)
-        self.lease = lease
-        """The lease each grant asks for, in seconds."""
-        self._lease_ms = lease_ms(lease)
-        self.wait = wait
-        """The default wait of :meth:`acquire`, in seconds; ``None`` for no limit."""
-        self._wait_ms = wait_ms(wait)
-        self.auto_extend = auto_extend
-        self.on_lost = on_lost
-        self._token: int | None = None
-        self._lost: LockLostError | None = None
+        super().__init__(client, key, lease, wait, auto_extend, on_lost)
+        self._client: Client = client
         self._extender: asyncio.Task[None] | None = None
-
-    @property
-    def key(self) -> str | bytes:
-        """The key, as given.
-
-        Example::
-
-            assert client.lock("orders/42").key == "orders/42"
-        """
-        return self._key
-
-    @property
-    def token(self) -> int | None:
-        """The current grant's fencing token; ``None`` while not held.
-
-        Example::
-
-            async with client.lock("k") as lock:
-                await storage.write(data, fencing_token=lock.token)
-        """
-        return self._token
-
-    @property
-    def lost(self) -> LockLostError | None:
-        """Why the grant was lost, if automatic extension found it gone.
-
-        Example::
-
-            if lock.lost:
-                stop_writing()
-        """
-        return self._lost
-
-    def locked(self) -> bool:
-        """Whether this lock holds its key, as far as the client knows.
-
-        Example::
-
-            await lock.acquire()
-            assert lock.locked()
-        """
-        return self._token is not None
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Acquires the key; ``True`` once granted, ``False`` if the wait ran
@@ -612,9 +526,6 @@ class Lock:
                 )
         if lost is not None and exc_type is None:
             raise lost
-
-    def __repr__(self) -> str:
-        return f"<ringlock.aio.Lock key={self._key!r} token={self._token}>"
 
     def _stop_extender(self) -> None:
         if self._extender is not None and self._extender is not asyncio.current_task():

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
+from ._common import ClientBase, LockBase
 from ._operation import ACQUIRE, EXTEND, INSPECT, PING, RELEASE, STATS
 from ._protocol import KeyState, Pong, key_bytes, lease_ms, wait_ms
 from ._router import Router
@@ -71,7 +72,7 @@ class _Callback:
         return True
 
 
-class Client:
+class Client(ClientBase):
     """A ringlock client: persistent background connections to the given
     nodes, shared by every thread that uses it.
 
@@ -226,38 +227,6 @@ class Client:
         state: KeyState = self._request(INSPECT, raw)  # type: ignore[assignment]
         return dataclasses.replace(state, key=key)
 
-    @property
-    def connection_count(self) -> int:
-        """Connections the client has, usable or not.
-
-        Example::
-
-            assert ringlock.Client("127.0.0.1:7700").connection_count == 2
-        """
-        return len(self._router.connections)
-
-    @property
-    def usable_connection_count(self) -> int:
-        """Connections that are up now.
-
-        Example::
-
-            if client.usable_connection_count == 0:
-                alert("ringlock unreachable")
-        """
-        return sum(1 for connection in self._router.connections if connection.usable)
-
-    @property
-    def active_node(self) -> str | None:
-        """The address an ``M`` reply last named as active, if any.
-
-        Example::
-
-            print(client.active_node or "no redirect seen")
-        """
-        active = self._router.active
-        return None if active is None else self._router.addresses[active]
-
     def _request(self, kind: int, key: bytes, **fields: int) -> object:
         waiter = _Waiter()
         self._router.submit(kind, key, waiter, **fields)
@@ -279,7 +248,7 @@ class Client:
         return self._runtime.call_at(at, callback)
 
 
-class Lock:
+class Lock(LockBase):
     """A named lock on a ringlock server, used like :class:`threading.Lock`.
 
     Made by :meth:`Client.lock`. While held it has the grant's fencing
@@ -311,66 +280,11 @@ class Lock:
         auto_extend: bool,
         on_lost: Callable[[Lock, LockLostError], None] | None,
     ) -> None:
-        self._client = client
-        self._key = key
-        self._key_bytes = key_bytes(key)
-        self.lease = lease
-        """The lease each grant asks for, in seconds."""
-        self._lease_ms = lease_ms(lease)
-        self.wait = wait
-        """The default wait of :meth:`acquire`, in seconds; ``None`` for no limit."""
-        self._wait_ms = wait_ms(wait)
-        self.auto_extend = auto_extend
-        self.on_lost = on_lost
-        self._token: int | None = None
-        self._lost: LockLostError | None = None
+        super().__init__(client, key, lease, wait, auto_extend, on_lost)
+        self._client: Client = client
         # Tells apart the grants of this lock, so that an extension
         # scheduled for one grant does nothing to the next.
         self._grant = 0
-
-    @property
-    def key(self) -> str | bytes:
-        """The key, as given.
-
-        Example::
-
-            assert client.lock("orders/42").key == "orders/42"
-        """
-        return self._key
-
-    @property
-    def token(self) -> int | None:
-        """The current grant's fencing token; ``None`` while not held. For
-        one key, every grant's token is greater than every earlier one's.
-
-        Example::
-
-            with client.lock("k") as lock:
-                storage.write(data, fencing_token=lock.token)
-        """
-        return self._token
-
-    @property
-    def lost(self) -> LockLostError | None:
-        """Why the grant was lost, if automatic extension found it gone.
-
-        Example::
-
-            if lock.lost:
-                stop_writing()
-        """
-        return self._lost
-
-    def locked(self) -> bool:
-        """Whether this lock holds its key (as far as the client knows: a
-        lease that ran out without ``auto_extend`` is not noticed).
-
-        Example::
-
-            lock.acquire()
-            assert lock.locked()
-        """
-        return self._token is not None
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Acquires the key; ``True`` once granted, ``False`` if the wait ran
@@ -476,9 +390,6 @@ class Lock:
         # unless it is already failing.
         if lost is not None and exc_type is None:
             raise lost
-
-    def __repr__(self) -> str:
-        return f"<ringlock.Lock key={self._key!r} token={self._token}>"
 
     def _schedule_extend(self, grant: int, granted_at: float) -> None:
         """Extends the lease at a third of it, while this grant lasts."""
