@@ -37,28 +37,8 @@ export GOCACHE="${GOCACHE:-$GO_DIR/.toolchain/cache}" GOPATH="${GOPATH:-$GO_DIR/
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ringlock-go-bench.XXXXXX")"
-SERVER_PID=""
-cleanup() {
-    if [[ -n "$SERVER_PID" ]]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-    fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-taskset -c "$SERVER_CPU" "$BIN/ringlock" --listen 127.0.0.1:0 --data-dir "$WORK/data" --shards 1 \
-    --cpus "$SERVER_CPU" 2>"$WORK/server.log" &
-SERVER_PID=$!
-ADDR=""
-for _ in $(seq 1 200); do
-    ADDR="$(grep -o 'listening on [0-9.:]*' "$WORK/server.log" | head -n1 | awk '{print $3}' || true)"
-    [[ -n "$ADDR" ]] && break
-    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/server.log" >&2; exit 1; }
-    sleep 0.05
-done
-[[ -n "$ADDR" ]] || { echo "the server did not start; see $WORK/server.log" >&2; exit 1; }
+source "$ROOT/scripts/server-lib.sh"
+server_start "$SERVER_CPU" "$WORK"
 
 on_client() { taskset -c "$CLIENT_CPU" "$@"; }
 go1="$(on_client "$HERE/ringlock-go-bench" -addr "$ADDR" -goroutines 1 -seconds "$SECONDS_PER_RUN" |
