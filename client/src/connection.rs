@@ -189,13 +189,18 @@ impl Connection {
         state
     }
 
-    /// Makes a fresh socket the connection's; false if the client is closing.
+    /// Makes a fresh socket the connection's; false if the client closed
+    /// with nothing queued. Requests queued while the first connect was under
+    /// way (the release of a lock dropped with its client) still go out on
+    /// it before the writer closes it.
     fn install(&self, stream: Arc<TcpStream>) -> bool {
         let mut state = self.lock();
-        if state.phase == Phase::Closed {
+        if state.phase == Phase::Closed && state.out.is_empty() {
             return false;
         }
-        state.phase = Phase::Up;
+        if state.phase != Phase::Closed {
+            state.phase = Phase::Up;
+        }
         state.stream = Some(stream);
         // Requests queued while the first connect was under way go out now.
         self.writer_wake.notify_one();
@@ -211,6 +216,8 @@ impl Connection {
         }
         state.stream = None;
         state.out.clear();
+        // A closing writer waiting for the first connect's outcome may go.
+        self.writer_wake.notify_one();
         state.in_flight.drain()
     }
 
@@ -384,7 +391,9 @@ fn run_writer(connection: &Connection) {
             state = connection.lock();
             continue;
         }
-        if state.phase == Phase::Closed && (state.out.is_empty() || state.stream.is_none()) {
+        // Closing with requests queued but no socket: the first connect is
+        // under way, and either installs one or takes the requests back.
+        if state.phase == Phase::Closed && state.out.is_empty() {
             let stream = state.stream.clone();
             drop(state);
             if let Some(stream) = stream {
@@ -409,4 +418,59 @@ fn close_gracefully(stream: &TcpStream) {
     let _ = stream.shutdown(Shutdown::Write);
     thread::sleep(CLOSE_LINGER);
     let _ = stream.shutdown(Shutdown::Both);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+    use crate::operation::{Kind, Policy};
+
+    const POLICY: Policy =
+        Policy { retry_interval: Duration::from_millis(200), retry_for: Duration::from_secs(5), redirect_limit: 2 };
+
+    /// A connection in its first connect, with its writer running and a
+    /// release queued.
+    fn connecting_with_a_release() -> (Arc<Connection>, thread::JoinHandle<()>) {
+        let connection = Arc::new(Connection::new(Arc::from("test"), 0));
+        let writer = connection.clone();
+        let writer = thread::spawn(move || run_writer(&writer));
+        let now = Instant::now();
+        let release = Operation::new(Kind::Release { token: 7 }, Arc::from(&b"k"[..]), now, 1, &POLICY, None);
+        connection.try_send(release, now, 16).unwrap();
+        (connection, writer)
+    }
+
+    #[test]
+    fn a_release_queued_before_the_first_connect_goes_out_though_the_client_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (connection, writer) = connecting_with_a_release();
+        connection.close();
+        let stream = Arc::new(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
+        assert!(connection.install(stream), "the socket is taken to flush the release");
+        let (mut server, _) = listener.accept().unwrap();
+        let mut received = String::new();
+        server.read_to_string(&mut received).unwrap();
+        assert_eq!(received, "R k 7\n");
+        writer.join().unwrap();
+        assert_eq!(connection.phase(), Phase::Closed);
+    }
+
+    #[test]
+    fn a_closing_connection_whose_first_connect_fails_gives_its_requests_back_and_ends() {
+        let (connection, writer) = connecting_with_a_release();
+        connection.close();
+        assert_eq!(connection.take_down().len(), 1);
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_client_closed_with_nothing_queued_refuses_a_new_socket() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let connection = Connection::new(Arc::from("test"), 0);
+        connection.close();
+        let stream = Arc::new(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
+        assert!(!connection.install(stream));
+    }
 }
