@@ -12,7 +12,8 @@ use crate::worker::Workload;
 /// echo ceiling, all driven by the same client.
 ///
 /// Each thread runs its own io_uring loop over its connections; each
-/// connection keeps a fixed number of requests in flight (closed loop), and
+/// connection keeps a fixed number of requests in flight (closed loop), or
+/// with --rate sends on a timetable (open loop, up to --depth in flight), and
 /// pairs replies with requests by (op, key) for ringlock, by order for Redis
 /// and echo. Nothing is allocated per request.
 #[derive(Parser, Debug)]
@@ -171,6 +172,23 @@ pub struct RunArgs {
     /// target), so scripts/bench.sh leaves it off.
     #[arg(long, default_value_t = 0)]
     pub poll_us: u64,
+
+    /// Open loop: lock operations (acquires plus releases) per second over
+    /// every connection, sent on a fixed timetable whatever the replies do;
+    /// such as 200000, 250k or 1.5M. Half of them are acquires, evenly
+    /// spaced and dealt round-robin to the connections; each release
+    /// follows its grant at once. Latency runs from each request's intended
+    /// send time, so a request that waited (for one of the connection's
+    /// --depth lanes, or for the generator) counts the wait. Without it the
+    /// run is closed-loop: each lane sends as soon as its reply is back.
+    #[arg(long, value_parser = crate::open_loop::parse_rate)]
+    pub rate: Option<f64>,
+
+    /// Open loop: a request sent later than this after its intended time,
+    /// with a lane free for it, is late; more than 1 % late means the
+    /// generator fell behind its schedule, in microseconds.
+    #[arg(long, default_value_t = 200)]
+    pub lag_tolerance_us: u64,
 
     /// A name for this run in reports, such as `pipelined-16x64`; runs of
     /// different targets with the same label are compared.

@@ -4,6 +4,7 @@
 //! - `cli`: the flags of `run`, `echo-server` and `report`.
 //! - `run`: one run: connection plan, workers, phases, server sampling.
 //! - `worker`: one thread's io_uring loop, its connections and lanes.
+//! - `open_loop`: the timetable of `run --rate` and how well it was kept.
 //! - `pending`: pairing replies with requests by (op, key) per connection.
 //! - `wire`: what each target is sent and how its replies read.
 //! - `resp`: the small part of the Redis protocol a lock needs.
@@ -15,6 +16,7 @@
 mod cli;
 mod echo_server;
 mod keys;
+mod open_loop;
 mod pending;
 mod proc_sample;
 mod report;

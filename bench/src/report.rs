@@ -9,6 +9,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{ReportArgs, RunArgs, Target};
+use crate::open_loop::Keeping;
 use crate::wire::ErrorKind;
 use crate::worker::{WorkerStats, Workload};
 
@@ -62,6 +63,30 @@ pub struct HoldReport {
     pub bytes_per_lock: Option<f64>,
 }
 
+/// How an open-loop run (`--rate`) kept to its timetable.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OpenLoopReport {
+    /// The rate asked for: lock operations (acquires + releases) per second.
+    pub offered_ops_per_s: f64,
+    /// Lock operations answered per second over the measured time.
+    pub achieved_ops_per_s: f64,
+    /// Acquires the timetable placed in the measured time.
+    pub intended_acquires: f64,
+    /// Acquires sent from it in the measured time.
+    pub sent_acquires: u64,
+    /// Of those, the ones that waited for a free lane of their connection.
+    pub held_acquires: u64,
+    /// Of the others, the ones sent later than the tolerance.
+    pub late_acquires: u64,
+    /// Acquires due and still unsent when the measured time ended.
+    pub unsent_at_end: u64,
+    pub lag_tolerance_us: f64,
+    /// Send time minus intended time of the acquires that had a free lane:
+    /// the generator's own delay, included in every latency it reports.
+    pub lag_us: Latency,
+    pub keeping: Keeping,
+}
+
 /// One run of one workload against one target.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunReport {
@@ -109,6 +134,10 @@ pub struct RunReport {
     /// CPU stolen by the hypervisor, percent of one CPU.
     #[serde(default)]
     pub cpu_steal_percent: f64,
+    /// Open loop (`--rate`): the timetable; latencies then run from each
+    /// request's intended send time.
+    #[serde(default)]
+    pub open_loop: Option<OpenLoopReport>,
 }
 
 impl RunReport {
@@ -122,6 +151,22 @@ impl RunReport {
         hold: Option<HoldReport>,
     ) -> RunReport {
         let per_s = |count: u64| if measured_s > 0.0 { count as f64 / measured_s } else { 0.0 };
+        let open_loop = args.rate.map(|offered_ops_per_s| {
+            let schedule = &stats.schedule;
+            let intended_acquires = offered_ops_per_s / 2.0 * measured_s;
+            OpenLoopReport {
+                offered_ops_per_s,
+                achieved_ops_per_s: per_s(stats.acquires + stats.releases),
+                intended_acquires,
+                sent_acquires: schedule.sent,
+                held_acquires: schedule.held,
+                late_acquires: schedule.late,
+                unsent_at_end: schedule.unsent_at_end,
+                lag_tolerance_us: args.lag_tolerance_us as f64,
+                lag_us: Latency::of(&schedule.lag_ns),
+                keeping: Keeping::of(schedule, intended_acquires),
+            }
+        });
         let mut errors = BTreeMap::new();
         let mut timeouts = BTreeMap::new();
         for kind in ErrorKind::all() {
@@ -167,6 +212,7 @@ impl RunReport {
             hold,
             cpu_pressure_percent: None,
             cpu_steal_percent: 0.0,
+            open_loop,
         }
     }
 
@@ -192,6 +238,33 @@ impl RunReport {
             thousands(self.releases_per_s),
             thousands(self.cycles_per_s)
         );
+        if let Some(open) = &self.open_loop {
+            let _ = writeln!(
+                out,
+                "  open loop: offered {} ops/s, achieved {} ops/s ({:.1}%); latency from intended send times",
+                thousands(open.offered_ops_per_s),
+                thousands(open.achieved_ops_per_s),
+                100.0 * open.achieved_ops_per_s / open.offered_ops_per_s
+            );
+            let _ = writeln!(
+                out,
+                "  schedule: {} ({} acquires intended, {} sent: {} waited for a free lane, {} later than {:.0} us; \
+                 {} unsent at the end)",
+                open.keeping.text(),
+                thousands(open.intended_acquires),
+                open.sent_acquires,
+                open.held_acquires,
+                open.late_acquires,
+                open.lag_tolerance_us,
+                open.unsent_at_end
+            );
+            let lag = &open.lag_us;
+            let _ = writeln!(
+                out,
+                "  generator lag us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+                lag.p50, lag.p99, lag.p999, lag.max
+            );
+        }
         for (name, latency) in [("acquire", &self.acquire_latency_us), ("release", &self.release_latency_us)] {
             if latency.count > 0 {
                 let _ = writeln!(
@@ -592,6 +665,7 @@ mod tests {
             hold: None,
             cpu_pressure_percent: None,
             cpu_steal_percent: 0.0,
+            open_loop: None,
         }
     }
 

@@ -16,7 +16,8 @@ use crate::report::{HoldReport, RunReport, ServerReport};
 use crate::resp::{self, RespValue};
 use crate::wire::{REDIS_RELEASE_SCRIPT, RedisRelease, Wire};
 use crate::worker::{
-    ConnectionPlan, Control, PHASE_DRAIN, PHASE_MEASURE, PHASE_WARMUP, Settings, Worker, WorkerStats, Workload,
+    ConnectionPlan, Control, OpenLoop, PHASE_DRAIN, PHASE_MEASURE, PHASE_WARMUP, Settings, Worker, WorkerStats,
+    Workload,
 };
 
 /// Most connections one run opens.
@@ -36,6 +37,9 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
     }
     if args.threads == 0 || args.threads > args.connections {
         return Err("--threads must be at least 1 and at most --connections".into());
+    }
+    if args.rate.is_some() && args.workload == Workload::Hold {
+        return Err("--rate does not apply to the hold workload (it fills the server as fast as it can)".into());
     }
     if args.target == Target::Echo && args.workload != Workload::Uncontended {
         return Err("the echo target only runs the uncontended workload (it holds no locks)".into());
@@ -76,6 +80,12 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
         retry_delay: Duration::from_secs_f64(args.retry_delay_ms / 1000.0),
         drain_timeout: Duration::from_secs_f64(args.drain_timeout),
         poll: Duration::from_micros(args.poll_us),
+        open_loop: args.rate.map(|ops_per_s| OpenLoop {
+            // Each slot is an acquire and, after its grant, a release.
+            cycles_per_s: ops_per_s / 2.0,
+            connections: args.connections as u64,
+            lag_tolerance: Duration::from_micros(args.lag_tolerance_us),
+        }),
     };
 
     let server_pid = args.server_pid.map(|pid| pid.to_string());

@@ -33,6 +33,7 @@ use io_uring::{IoUring, cqueue, opcode, squeue};
 use ringlock_client::proto::Decoded;
 
 use crate::keys::{KEY_LEN_MAX, KeyFormat};
+use crate::open_loop::{Schedule, ScheduleStats};
 use crate::pending::{NO_LANE, PendingOp, PendingTable};
 use crate::wire::{AcquireLine, ErrorKind, Outcome, Parsed, Wire};
 use ringlock::buf_ring::BufRing;
@@ -44,6 +45,9 @@ const RECV_BUFFER_LEN: usize = 16 << 10;
 const RECV_BUFFER_GROUP: u16 = 0;
 /// Longest sleep of the loop, so it sees phase changes without traffic.
 const IDLE_WAIT_MAX: Duration = Duration::from_millis(5);
+/// Open loop: a slot due sooner than this is waited for by polling the
+/// ring rather than by a timer.
+const TIMETABLE_SPIN_BELOW: Duration = Duration::from_micros(50);
 /// Longest latency a histogram holds, in nanoseconds (a minute).
 const LATENCY_NS_MAX: u64 = 60_000_000_000;
 
@@ -95,6 +99,19 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// How long the loop polls for replies before it sleeps.
     pub poll: Duration,
+    /// `run --rate`: send on a timetable instead of as replies come back.
+    pub open_loop: Option<OpenLoop>,
+}
+
+/// The timetable of an open-loop run.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenLoop {
+    /// Acquires per second over every connection of the run.
+    pub cycles_per_s: f64,
+    /// Connections of the run, over every thread.
+    pub connections: u64,
+    /// A send later than this after its intended time is late.
+    pub lag_tolerance: Duration,
 }
 
 /// One connection's share of the work.
@@ -117,6 +134,8 @@ pub struct WorkerStats {
     /// Loop turns and replies read, to show how much each turn batches.
     pub turns: u64,
     pub replies: u64,
+    /// Open loop: how the timetable was kept.
+    pub schedule: ScheduleStats,
 }
 
 impl WorkerStats {
@@ -130,6 +149,7 @@ impl WorkerStats {
             errors: [0; ErrorKind::COUNT],
             turns: 0,
             replies: 0,
+            schedule: ScheduleStats::new(),
         }
     }
 
@@ -141,6 +161,7 @@ impl WorkerStats {
         self.errors = [0; ErrorKind::COUNT];
         self.turns = 0;
         self.replies = 0;
+        self.schedule.reset();
     }
 
     /// Adds another worker's figures to these.
@@ -154,6 +175,7 @@ impl WorkerStats {
         }
         self.turns += other.turns;
         self.replies += other.replies;
+        self.schedule.add(&other.schedule);
     }
 }
 
@@ -237,6 +259,18 @@ struct Clients {
     drain_deadline_ns: u64,
     /// Lanes not idle.
     active: usize,
+    /// Open loop: each connection's timetable and idle lanes.
+    timetable: Option<Timetable>,
+}
+
+/// The open-loop state of one worker.
+struct Timetable {
+    schedules: Vec<Schedule>,
+    /// Idle lanes of each connection, ready for the next due slot.
+    free: Vec<Vec<u32>>,
+    tolerance_ns: u64,
+    /// The earliest intended time of a slot that has a free lane to go on.
+    next_wake_ns: u64,
 }
 
 /// One thread of the load generator.
@@ -291,6 +325,13 @@ impl Worker {
             });
         }
         let count = connections.len();
+        let timetable = settings.open_loop.map(|open| Timetable {
+            // Filled in once every worker has connected.
+            schedules: Vec::with_capacity(count),
+            free: vec![Vec::with_capacity(lanes); count],
+            tolerance_ns: open.lag_tolerance.as_nanos() as u64,
+            next_wake_ns: 0,
+        });
         Ok(Worker {
             ring,
             buffers,
@@ -307,6 +348,7 @@ impl Worker {
                 draining: false,
                 drain_deadline_ns: u64::MAX,
                 active: 0,
+                timetable,
             },
             completions: Vec::with_capacity(16384),
         })
@@ -319,10 +361,27 @@ impl Worker {
         }
         control.connected.wait();
         self.clients.tick(control);
-        for index in 0..self.clients.connections.len() {
-            for lane in 0..self.clients.settings.lanes_per_connection {
-                self.clients.active += 1;
-                self.clients.start(index, lane as u32);
+        let lanes = self.clients.settings.lanes_per_connection as u32;
+        if let (Some(open), Some(timetable)) = (self.clients.settings.open_loop, &mut self.clients.timetable) {
+            // Every lane starts idle; the timetable starts now, the same
+            // moment for every worker to within their wake-ups.
+            let start_ns = self.clients.now_ns;
+            for (connection, free) in self.clients.connections.iter().zip(&mut timetable.free) {
+                timetable.schedules.push(Schedule::new(
+                    start_ns,
+                    open.cycles_per_s,
+                    open.connections,
+                    connection.plan.index,
+                ));
+                free.extend((0..lanes).rev());
+            }
+            self.clients.run_timetable();
+        } else {
+            for index in 0..self.clients.connections.len() {
+                for lane in 0..lanes {
+                    self.clients.active += 1;
+                    self.clients.start(index, lane);
+                }
             }
         }
         self.flush();
@@ -332,10 +391,13 @@ impl Worker {
             self.clients.stats.turns += 1;
             self.handle_completions();
             self.clients.run_due_retries();
+            self.clients.run_timetable();
             self.buffers.publish();
             self.flush();
             let clients = &self.clients;
-            if clients.active == 0
+            // An open loop has no lane out between two slots: only the
+            // drain ends it.
+            if (clients.active == 0 && (clients.timetable.is_none() || clients.draining))
                 || (clients.draining && clients.now_ns >= clients.drain_deadline_ns)
                 || clients.connections.iter().all(|connection| connection.closed)
             {
@@ -377,9 +439,17 @@ impl Worker {
 
     fn wait(&mut self) -> io::Result<()> {
         let mut wait = IDLE_WAIT_MAX;
-        if let Some(&(due, _, _)) = self.clients.retries.front() {
+        let next_slot = self.clients.timetable.as_ref().filter(|_| !self.clients.draining).map(|t| t.next_wake_ns);
+        let due = self.clients.retries.front().map(|&(due, _, _)| due).into_iter().chain(next_slot).min();
+        if let Some(due) = due {
             let now = self.clients.base.elapsed().as_nanos() as u64;
             wait = wait.min(Duration::from_nanos(due.saturating_sub(now)));
+            if next_slot.is_some() && wait < TIMETABLE_SPIN_BELOW {
+                // A timer this short would wake the loop late by about
+                // its own length, and that lag would count in every
+                // latency: look for completions without sleeping instead.
+                wait = Duration::ZERO;
+            }
         }
         // A generator that sleeps makes the server wake it from inside each
         // `send` of replies, on the server's CPU; awake, it spares the
@@ -492,6 +562,13 @@ impl Clients {
             self.stats.reset();
         }
         if phase == PHASE_DRAIN && !self.draining {
+            if let Some(timetable) = &self.timetable
+                && self.measuring
+            {
+                let now_ns = self.now_ns;
+                self.stats.schedule.unsent_at_end =
+                    timetable.schedules.iter().map(|schedule| schedule.backlog(now_ns)).sum();
+            }
             self.measuring = false;
             self.draining = true;
             self.drain_deadline_ns = self.now_ns + self.settings.drain_timeout.as_nanos() as u64;
@@ -530,6 +607,62 @@ impl Clients {
         if self.draining {
             return self.idle(index, lane);
         }
+        if let Some(timetable) = &mut self.timetable {
+            // Open loop: the lane waits for the connection's next slot,
+            // which may be due already.
+            timetable.free[index].push(lane);
+            self.idle(index, lane);
+            return self.run_slots(index);
+        }
+        self.start_at(index, lane, self.now_ns);
+    }
+
+    /// Open loop: sends every due slot of every connection that has a free
+    /// lane, and notes when the next one is due.
+    fn run_timetable(&mut self) {
+        if self.draining || self.timetable.is_none() {
+            return;
+        }
+        let mut next_wake_ns = u64::MAX;
+        for index in 0..self.connections.len() {
+            self.run_slots(index);
+            let timetable = self.timetable.as_ref().expect("checked above");
+            if !timetable.free[index].is_empty() {
+                next_wake_ns = next_wake_ns.min(timetable.schedules[index].next_due_ns());
+            }
+        }
+        if let Some(timetable) = &mut self.timetable {
+            timetable.next_wake_ns = next_wake_ns;
+        }
+    }
+
+    /// Open loop: sends the due slots of one connection while it has free lanes.
+    fn run_slots(&mut self, index: usize) {
+        if self.draining || self.connections[index].closed {
+            return;
+        }
+        let now_ns = self.now_ns;
+        loop {
+            let Some(timetable) = &mut self.timetable else { return };
+            let schedule = &mut timetable.schedules[index];
+            if schedule.next_due_ns() > now_ns {
+                return;
+            }
+            let Some(lane) = timetable.free[index].pop() else {
+                // Every lane is out: the due slots wait for replies.
+                return schedule.hold(now_ns);
+            };
+            let slot = schedule.take_due(now_ns).expect("due, checked above");
+            if self.measuring {
+                self.stats.schedule.record(slot, now_ns, timetable.tolerance_ns);
+            }
+            self.active += 1;
+            self.start_at(index, lane, slot.intended_ns);
+        }
+    }
+
+    /// Sends a lane's next acquire; its latency counts from `first_ns`.
+    fn start_at(&mut self, index: usize, lane: u32, first_ns: u64) {
         let key = match self.settings.workload {
             Workload::Uncontended => {
                 // Each lane draws from its own slice of the connection's
@@ -548,7 +681,7 @@ impl Clients {
                 connection.hold_next - 1
             }
         };
-        self.connections[index].lanes[lane as usize].first_ns = self.now_ns;
+        self.connections[index].lanes[lane as usize].first_ns = first_ns;
         self.send_acquire(index, lane, key);
     }
 
