@@ -1,0 +1,191 @@
+# Shell functions shared by the benchmarks that drive ringlock, Redis and
+# the echo server side by side with ringlock-bench (scripts/bench.sh,
+# scripts/latency.sh). Source it after setting SERVER_CPU, BENCH_CPU, BIN,
+# MAX_PRESSURE and TRIES; it runs nothing but defines:
+#
+#   log, bench_prerequisites, bench_workdir (sets WORK, stops every started
+#   server on exit), start_echo, start_ringlock, start_redis (each sets
+#   <NAME>_PID and <NAME>_ADDR), stop, pressure_now, wait_quiet,
+#   run_disturbance, json_field, and bench, which runs ringlock-bench once
+#   per try until a try is undisturbed and appends the kept JSON to RUN_FILES.
+#
+# QUIET_WAIT_S (default 120) bounds how long wait_quiet waits for the CPU
+# pressure to fall below MAX_PRESSURE before a run.
+
+log() { printf '== %s\n' "$*" >&2; }
+
+# Builds the release binaries, installs Debian's redis-server and python3's
+# matplotlib if they are missing (matplotlib unless SKIP_CHART=1).
+bench_prerequisites() {
+    log "building (release)"
+    cargo build --release --quiet -p ringlock -p ringlock-bench
+    if ! command -v redis-server >/dev/null; then
+        log "installing Debian's redis-server"
+        if [ "$(id -u)" -ne 0 ]; then
+            echo "redis-server is missing and this is not root: run apt-get install -y redis-server" >&2
+            exit 1
+        fi
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    fi
+    if [ "${SKIP_CHART:-0}" != 1 ] && ! python3 -c 'import matplotlib' 2>/dev/null; then
+        log "installing matplotlib for the chart"
+        python3 -m pip install --quiet matplotlib
+    fi
+}
+
+PIDS=()
+RUN_FILES=()
+
+# Makes a scratch folder, WORK, removed on exit after every server started
+# by the functions below is stopped.
+bench_workdir() {
+    WORK=$(mktemp -d "/tmp/${1:-ringlock-bench}.XXXXXX")
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT TERM
+}
+
+bench_cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+
+# Waits for "listening on <addr>" in a log and prints the address.
+wait_listening() {
+    local logfile=$1 pid=$2 address=""
+    for _ in $(seq 1 200); do
+        address=$(grep -o 'listening on [0-9.:]*' "$logfile" 2>/dev/null | head -n1 | awk '{print $3}' || true)
+        if [ -n "$address" ]; then
+            echo "$address"
+            return
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "server $pid died:" >&2
+            cat "$logfile" >&2
+            exit 1
+        fi
+        sleep 0.05
+    done
+    echo "server $pid did not start in 10 s:" >&2
+    cat "$logfile" >&2
+    exit 1
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Each starter sets <NAME>_PID and <NAME>_ADDR.
+start_echo() {
+    taskset -c "$SERVER_CPU" "$BIN/ringlock-bench" echo-server --listen 127.0.0.1:0 2>"$WORK/echo.log" &
+    ECHO_PID=$!
+    PIDS+=("$ECHO_PID")
+    ECHO_ADDR=$(wait_listening "$WORK/echo.log" "$ECHO_PID")
+}
+
+# start_ringlock [SHARDS CPUS]: one shard on SERVER_CPU unless told otherwise.
+start_ringlock() {
+    local shards=${1:-1} cpus=${2:-$SERVER_CPU}
+    rm -rf "$WORK/ringlock-data"
+    taskset -c "$cpus" "$BIN/ringlock" --listen 127.0.0.1:0 --data-dir "$WORK/ringlock-data" \
+        --shards "$shards" --cpus "$cpus" 2>"$WORK/ringlock.log" &
+    RINGLOCK_PID=$!
+    PIDS+=("$RINGLOCK_PID")
+    RINGLOCK_ADDR=$(wait_listening "$WORK/ringlock.log" "$RINGLOCK_PID")
+}
+
+start_redis() {
+    local port
+    port=$(free_port)
+    taskset -c "$SERVER_CPU" redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+        --protected-mode no --daemonize no --logfile "$WORK/redis.log" --dir "$WORK" >/dev/null &
+    REDIS_PID=$!
+    PIDS+=("$REDIS_PID")
+    REDIS_ADDR=127.0.0.1:$port
+    for _ in $(seq 1 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return
+        fi
+        if ! kill -0 "$REDIS_PID" 2>/dev/null; then
+            echo "redis-server died:" >&2
+            cat "$WORK/redis.log" >&2
+            exit 1
+        fi
+        sleep 0.05
+    done
+    echo "redis-server did not start in 10 s" >&2
+    exit 1
+}
+
+stop() {
+    local pid=$1
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+# The CPU pressure of the last 10 s, in percent.
+pressure_now() {
+    awk '/^some/ { sub("avg10=", "", $2); print $2 }' /proc/pressure/cpu 2>/dev/null || echo 0
+}
+
+# Waits up to QUIET_WAIT_S seconds for the pressure to fall below MAX_PRESSURE.
+wait_quiet() {
+    local waited=0
+    while awk -v p="$(pressure_now)" -v max="$MAX_PRESSURE" 'BEGIN { exit !(p >= max) }' &&
+        [ $waited -lt "${QUIET_WAIT_S:-120}" ]; do
+        sleep 2
+        waited=$((waited + 2))
+    done
+}
+
+# How disturbed a run was: the larger of its CPU pressure and the CPU the
+# hypervisor stole from this machine meanwhile (percent of one CPU), both of
+# which slow one side of the comparison and not the other.
+run_disturbance() {
+    python3 -c 'import json, sys; run = json.load(open(sys.argv[1]))
+print(max(run.get("cpu_pressure_percent") or 0, run.get("cpu_steal_percent") or 0))' "$1"
+}
+
+# json_field FILE PYTHON-EXPRESSION-OF-run: prints one value of a run's JSON.
+json_field() {
+    python3 -c 'import json, sys; run = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"
+}
+
+# bench LABEL TARGET ADDR PID [ringlock-bench run flags...]
+# (TRIES=1 in the environment of one call: no retry, as for hold.)
+# BENCH_TASKSET (default: taskset -c BENCH_CPU) and BENCH_PIN (default:
+# --cpus BENCH_CPU) say where the generator runs; set both empty to leave it
+# unpinned.
+bench() {
+    local label=$1 target=$2 addr=$3 pid=$4
+    shift 4
+    local out="$WORK/run-$(printf '%03d' ${#RUN_FILES[@]})-$label-$target.json"
+    local try best=""
+    local -a taskset_prefix pin
+    read -r -a taskset_prefix <<<"${BENCH_TASKSET-taskset -c $BENCH_CPU}"
+    read -r -a pin <<<"${BENCH_PIN---cpus $BENCH_CPU}"
+    for try in $(seq 1 "$TRIES"); do
+        wait_quiet
+        log "$label on $target ($addr)${best:+, try $try}"
+        "${taskset_prefix[@]}" "$BIN/ringlock-bench" run --target "$target" --addr "$addr" "${pin[@]}" \
+            --server-pid "$pid" --label "$label" --json "$@" >"$out.try"
+        local disturbance
+        disturbance=$(run_disturbance "$out.try")
+        if [ -z "$best" ] || awk -v p="$disturbance" -v b="$best" 'BEGIN { exit !(p < b) }'; then
+            mv "$out.try" "$out"
+            best=$disturbance
+        fi
+        if awk -v p="$best" -v max="$MAX_PRESSURE" 'BEGIN { exit !(p < max) }'; then
+            break
+        fi
+        log "  disturbed: cpu pressure or steal ${disturbance}% during the run"
+    done
+    rm -f "$out.try"
+    RUN_FILES+=("$out")
+}
