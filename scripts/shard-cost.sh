@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Per-request CPU cost of ringlock's server, split into the work a shard
+# core does for a request on its own keys and the extra work of a request
+# that crosses to another core, and the throughput it projects for 4, 8 and
+# 16 shard cores (docs/performance.md, "Multi-core projection").
+#
+#   scripts/shard-cost.sh
+#
+# This machine has 2 CPUs, so more shard cores cannot be measured for real.
+# In ROUNDS rounds, the configurations in turn, each with a fresh server:
+#   own:        --shards 1 on CPU 1, the generator pinned to CPU 0: every
+#               request on the core that owns its key, no time-sharing.
+#   own-shared: --shards 1 on CPU 1, the generator unpinned, time-shared
+#               with the server: the control for the next one.
+#   two-shards: --shards 2 on CPUs 0 and 1, the generator unpinned: the
+#               connections go round the two cores and the keys hash over
+#               them, so half the requests hop to the other core and back.
+# Each run is closed-loop, uncontended, CONNECTIONS x DEPTH; the server's
+# CPU time (all threads, from /proc) over its lock ops gives its cost per
+# request. The hop's cost per request is (two-shards - own-shared) / (1/2).
+#
+# Output: bench/results/shard-cost.md and shard-cost.json.
+# Settings (environment): ROUNDS [3], DURATION [4], WARMUP [1],
+# CONNECTIONS [16], DEPTH [64], MAX_PRESSURE [5], TRIES [2], QUIET_WAIT_S
+# [10], RESULTS [bench/results]. About 1-2 minutes.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-4}
+WARMUP=${WARMUP:-1}
+CONNECTIONS=${CONNECTIONS:-16}
+DEPTH=${DEPTH:-64}
+SERVER_CPU=1
+BENCH_CPU=0
+RESULTS=${RESULTS:-bench/results}
+MAX_PRESSURE=${MAX_PRESSURE:-5}
+TRIES=${TRIES:-2}
+QUIET_WAIT_S=${QUIET_WAIT_S:-10}
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+BIN=$TARGET_DIR/release
+SKIP_CHART=1
+
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
+
+bench_prerequisites
+bench_workdir ringlock-shard-cost
+
+RUN=(--workload uncontended -c "$CONNECTIONS" -d "$DEPTH" --duration "$DURATION" --warmup "$WARMUP")
+for round in $(seq 1 "$ROUNDS"); do
+    order="own own-shared two-shards"
+    if [ $((round % 2)) -eq 0 ]; then
+        order="two-shards own-shared own"
+    fi
+    for config in $order; do
+        case $config in
+            own)
+                start_ringlock 1 1
+                BENCH_TASKSET="taskset -c 0" BENCH_PIN="--cpus 0" \
+                    bench own ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
+                ;;
+            own-shared)
+                start_ringlock 1 1
+                BENCH_TASKSET="" BENCH_PIN="" bench own-shared ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
+                ;;
+            two-shards)
+                start_ringlock 2 0,1
+                BENCH_TASKSET="" BENCH_PIN="" bench two-shards ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
+                ;;
+        esac
+        stop "$RINGLOCK_PID"
+    done
+done
+
+mkdir -p "$RESULTS"
+python3 bench/shard_cost_report.py --json "$RESULTS/shard-cost.json" --markdown "$RESULTS/shard-cost.md" \
+    --command "ROUNDS=$ROUNDS DURATION=$DURATION CONNECTIONS=$CONNECTIONS DEPTH=$DEPTH scripts/shard-cost.sh" \
+    "${RUN_FILES[@]}"
+cat "$RESULTS/shard-cost.md"
