@@ -42,11 +42,8 @@ type router struct {
 
 	closed atomic.Bool
 	// done is closed when the client closes, to end reconnect pauses.
-	done chan struct{}
-	// dialContext is cancelled when the client closes, to end connects.
-	dialContext context.Context
-	cancelDials context.CancelFunc
-	goroutines  sync.WaitGroup
+	done       chan struct{}
+	goroutines sync.WaitGroup
 
 	// retries holds the requests waiting for a retry, with their timers.
 	retriesMu sync.Mutex
@@ -70,7 +67,6 @@ func newRouter(addresses []string, o options) *router {
 		retries: make(map[*operation]*time.Timer),
 		ready:   make(chan struct{}),
 	}
-	r.dialContext, r.cancelDials = context.WithCancel(context.Background())
 	t := &topology{}
 	r.adding.Lock()
 	for _, address := range addresses {
@@ -100,8 +96,9 @@ func (r *router) withNode(t *topology, address string) *topology {
 	return grown
 }
 
-func (r *router) dial(address string) (net.Conn, error) {
-	return dialTCP(r.dialContext, address, r.options.connectTimeout)
+// dial connects to address within the connect timeout, or until ctx ends.
+func (r *router) dial(ctx context.Context, address string) (net.Conn, error) {
+	return r.options.dial(ctx, address, r.options.connectTimeout)
 }
 
 // firstConnectDone records how a connection's first connect went.
@@ -413,7 +410,6 @@ func (r *router) close() {
 	t := r.topology.Load()
 	r.adding.Unlock()
 	close(r.done)
-	r.cancelDials()
 	for _, c := range t.connections {
 		c.close()
 	}
