@@ -73,12 +73,17 @@ func newRouter(addresses []string, o options) *router {
 		t = r.withNode(t, address)
 	}
 	r.topology.Store(t)
+	for _, c := range t.connections {
+		c.start()
+	}
 	r.adding.Unlock()
 	return r
 }
 
-// withNode returns t plus a node at address, whose connections it starts.
-// The caller holds r.adding.
+// withNode returns t plus a node at address, with its connections made but
+// not started: the caller stores the topology first and then starts them,
+// as a connection whose first connect fails at once counts the topology's
+// connections. The caller holds r.adding.
 func (r *router) withNode(t *topology, address string) *topology {
 	index := len(t.nodes)
 	n := &node{address: address}
@@ -89,9 +94,6 @@ func (r *router) withNode(t *topology, address string) *topology {
 	grown := &topology{
 		nodes:       append(t.nodes[:len(t.nodes):len(t.nodes)], n),
 		connections: append(t.connections[:len(t.connections):len(t.connections)], n.connections...),
-	}
-	for _, c := range n.connections {
-		c.start()
 	}
 	return grown
 }
@@ -358,7 +360,11 @@ func (r *router) noteMoved(from int, active string) {
 		index = findNode(t, active)
 		if index < 0 && len(t.nodes) < nodesMax && !r.closed.Load() {
 			index = len(t.nodes)
-			r.topology.Store(r.withNode(t, active))
+			grown := r.withNode(t, active)
+			r.topology.Store(grown)
+			for _, c := range grown.nodes[index].connections {
+				c.start()
+			}
 		}
 		r.adding.Unlock()
 	}
