@@ -118,9 +118,11 @@ func checkAddress(address string) error {
 
 // Close closes the connections, after the server has answered what was
 // already sent (for at most a second), and fails requests still waiting
-// with ErrClosed. Locks still held stay held until their leases run out.
-// Close returns once the client's goroutines have ended; it always returns
-// nil, and closing twice does nothing.
+// with ErrClosed. Requests queued on a connection still making its first
+// connect go out once it is made (within the connect timeout). Locks still
+// held stay held until their leases run out. Close returns once the
+// client's goroutines have ended; it always returns nil, and closing twice
+// does nothing.
 func (c *Client) Close() error {
 	c.router.close()
 	return nil

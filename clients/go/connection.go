@@ -91,10 +91,16 @@ type connection struct {
 	writeMu sync.Mutex
 	// wake has room for one signal to the writer.
 	wake chan struct{}
+	// dialContext is the reader's connects'; cancelDial ends the one under
+	// way (see close).
+	dialContext context.Context
+	cancelDial  context.CancelFunc
 }
 
 func newConnection(address string, node int, r *router) *connection {
-	return &connection{address: address, node: node, router: r, wake: make(chan struct{}, 1)}
+	c := &connection{address: address, node: node, router: r, wake: make(chan struct{}, 1)}
+	c.dialContext, c.cancelDial = context.WithCancel(context.Background())
+	return c
 }
 
 // start runs the connection's reader and writer goroutines.
@@ -154,15 +160,21 @@ func (c *connection) trySend(o *operation, now time.Time, inFlightMax int) refus
 	return refusedNone
 }
 
-// install makes a fresh socket the connection's; false if the client is
-// closing.
+// install makes a fresh socket the connection's; false if the client closed
+// with nothing queued. Requests queued while the first connect was under
+// way (the release of a grant nobody waits for, say) still go out on it
+// before the writer closes it.
 func (c *connection) install(conn net.Conn) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.phase == phaseClosed {
-		return false
+		if len(c.out) == 0 {
+			return false
+		}
+		boundClosing(conn)
+	} else {
+		c.phase = phaseUp
 	}
-	c.phase = phaseUp
 	c.conn = conn
 	// Requests queued while the connect was under way go out now.
 	if len(c.out) > 0 && !c.writerWoken {
@@ -183,6 +195,11 @@ func (c *connection) takeDown() []*operation {
 	c.conn = nil
 	c.out = c.out[:0]
 	c.queued = 0
+	// A closing writer waiting for the first connect's outcome may go.
+	if c.phase == phaseClosed && !c.writerWoken {
+		c.writerWoken = true
+		c.wakeWriter()
+	}
 	return c.inFlight.drain()
 }
 
@@ -193,15 +210,27 @@ func (c *connection) close() {
 	c.phase = phaseClosed
 	c.writerWoken = true
 	if c.conn != nil {
-		// A server that stopped reading could hold a write, and with it
-		// Close, forever; these bound both. closeGracefully shortens the
-		// read deadline once everything is written.
-		now := time.Now()
-		_ = c.conn.SetWriteDeadline(now.Add(closeLinger))
-		_ = c.conn.SetReadDeadline(now.Add(2 * closeLinger))
+		boundClosing(c.conn)
+	}
+	// A connect under way ends now, unless requests are queued for it (the
+	// first connect, with the release of a grant nobody waits for, say):
+	// that one carries on, within the connect timeout, and they go out on
+	// it (see install).
+	if c.conn != nil || len(c.out) == 0 {
+		c.cancelDial()
 	}
 	c.mu.Unlock()
 	c.wakeWriter()
+}
+
+// boundClosing bounds the writes and reads left on a closing connection's
+// socket: a server that stopped reading could hold a write, and with it
+// Close, forever. closeGracefully shortens the read deadline once
+// everything is written.
+func boundClosing(conn net.Conn) {
+	now := time.Now()
+	_ = conn.SetWriteDeadline(now.Add(closeLinger))
+	_ = conn.SetReadDeadline(now.Add(2 * closeLinger))
 }
 
 func (c *connection) runWriter() {
@@ -234,7 +263,9 @@ func (c *connection) runWriter() {
 func (c *connection) writeOut(drain bool) bool {
 	c.mu.Lock()
 	for {
-		if drain && c.phase == phaseClosed && (len(c.out) == 0 || c.conn == nil) {
+		// Closing with requests queued but no socket: the first connect is
+		// under way, and either installs one or takes the requests back.
+		if drain && c.phase == phaseClosed && len(c.out) == 0 {
 			conn := c.conn
 			c.mu.Unlock()
 			if conn != nil {
@@ -278,10 +309,11 @@ func closeGracefully(conn net.Conn) {
 
 func (c *connection) runReader() {
 	defer c.router.goroutines.Done()
+	defer c.cancelDial()
 	r := c.router
 	first := true
 	for {
-		conn, err := r.dial(c.address)
+		conn, err := r.dial(c.dialContext, c.address)
 		if err == nil {
 			if !c.install(conn) {
 				conn.Close()

@@ -1,7 +1,9 @@
 package ringlock
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"time"
 )
 
@@ -35,6 +37,8 @@ type options struct {
 	tryAcquireWait        time.Duration
 	redirectLimit         int
 	maxInFlight           int
+	// dial connects to a node: dialTCP, but for tests that hold a connect.
+	dial func(ctx context.Context, address string, timeout time.Duration) (net.Conn, error)
 }
 
 func defaultOptions() options {
@@ -46,6 +50,7 @@ func defaultOptions() options {
 		tryAcquireWait:       tryAcquireWaitDefault,
 		redirectLimit:        redirectLimitDefault,
 		maxInFlight:          maxInFlightDefault,
+		dial:                 dialTCP,
 	}
 }
 

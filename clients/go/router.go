@@ -42,11 +42,8 @@ type router struct {
 
 	closed atomic.Bool
 	// done is closed when the client closes, to end reconnect pauses.
-	done chan struct{}
-	// dialContext is cancelled when the client closes, to end connects.
-	dialContext context.Context
-	cancelDials context.CancelFunc
-	goroutines  sync.WaitGroup
+	done       chan struct{}
+	goroutines sync.WaitGroup
 
 	// retries holds the requests waiting for a retry, with their timers.
 	retriesMu sync.Mutex
@@ -70,19 +67,23 @@ func newRouter(addresses []string, o options) *router {
 		retries: make(map[*operation]*time.Timer),
 		ready:   make(chan struct{}),
 	}
-	r.dialContext, r.cancelDials = context.WithCancel(context.Background())
 	t := &topology{}
 	r.adding.Lock()
 	for _, address := range addresses {
 		t = r.withNode(t, address)
 	}
 	r.topology.Store(t)
+	for _, c := range t.connections {
+		c.start()
+	}
 	r.adding.Unlock()
 	return r
 }
 
-// withNode returns t plus a node at address, whose connections it starts.
-// The caller holds r.adding.
+// withNode returns t plus a node at address, with its connections made but
+// not started: the caller stores the topology first and then starts them,
+// as a connection whose first connect fails at once counts the topology's
+// connections. The caller holds r.adding.
 func (r *router) withNode(t *topology, address string) *topology {
 	index := len(t.nodes)
 	n := &node{address: address}
@@ -94,14 +95,12 @@ func (r *router) withNode(t *topology, address string) *topology {
 		nodes:       append(t.nodes[:len(t.nodes):len(t.nodes)], n),
 		connections: append(t.connections[:len(t.connections):len(t.connections)], n.connections...),
 	}
-	for _, c := range n.connections {
-		c.start()
-	}
 	return grown
 }
 
-func (r *router) dial(address string) (net.Conn, error) {
-	return dialTCP(r.dialContext, address, r.options.connectTimeout)
+// dial connects to address within the connect timeout, or until ctx ends.
+func (r *router) dial(ctx context.Context, address string) (net.Conn, error) {
+	return r.options.dial(ctx, address, r.options.connectTimeout)
 }
 
 // firstConnectDone records how a connection's first connect went.
@@ -361,7 +360,11 @@ func (r *router) noteMoved(from int, active string) {
 		index = findNode(t, active)
 		if index < 0 && len(t.nodes) < nodesMax && !r.closed.Load() {
 			index = len(t.nodes)
-			r.topology.Store(r.withNode(t, active))
+			grown := r.withNode(t, active)
+			r.topology.Store(grown)
+			for _, c := range grown.nodes[index].connections {
+				c.start()
+			}
 		}
 		r.adding.Unlock()
 	}
@@ -413,7 +416,6 @@ func (r *router) close() {
 	t := r.topology.Load()
 	r.adding.Unlock()
 	close(r.done)
-	r.cancelDials()
 	for _, c := range t.connections {
 		c.close()
 	}

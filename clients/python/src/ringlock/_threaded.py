@@ -202,14 +202,25 @@ class ThreadConnection:
             self._writer_wake.notify()
 
     def _install(self, sock: socket.socket) -> bool:
+        """Makes a fresh socket the connection's; false if the client closed
+        with nothing queued. Requests queued while the first connect was
+        under way (the release of a grant nobody waits for, say) still go
+        out on it before the writer closes it."""
         with self._mutex:
             if self._phase == _CLOSED:
-                return False
-            self._phase = _UP
+                if not self._backlog:
+                    return False
+            else:
+                self._phase = _UP
             self._sock = sock
             # Requests queued while the first connect was under way go out now.
             self._writer_wake.notify()
             return True
+
+    def _queued(self) -> bool:
+        """Whether requests wait for a socket (only during the first connect)."""
+        with self._mutex:
+            return bool(self._backlog)
 
     def _take_down(self) -> list[Operation]:
         """Marks the connection broken; takes back every request in flight."""
@@ -219,13 +230,17 @@ class ThreadConnection:
             self._sock = None
             self._backlog.clear()
             self._writing = False
+            # A closing writer waiting for the first connect's outcome may go.
+            self._writer_wake.notify()
             return self._pairing.drain()
 
     def _run_reader(self) -> None:
         router = self._router
         runtime = self._runtime
         try:
-            while not runtime.closed.is_set():
+            # A client closed before this first connect still makes it if
+            # requests were queued for it (see _install).
+            while not runtime.closed.is_set() or self._queued():
                 try:
                     sock = socket.create_connection((self._host, self._port), timeout=runtime.connect_timeout)
                 except OSError:
@@ -315,7 +330,12 @@ class ThreadConnection:
         with mutex:
             while True:
                 while self._sock is None or not self._backlog or self._writing:
-                    if self._phase == _CLOSED or self._reader_done.is_set():
+                    if self._reader_done.is_set():
+                        break
+                    # Closing with requests queued but no socket: the first
+                    # connect is under way, and either installs one or takes
+                    # the requests back.
+                    if self._phase == _CLOSED and (self._sock is not None or not self._backlog):
                         break
                     wake.wait()
                 if self._sock is not None and self._backlog and not self._writing:

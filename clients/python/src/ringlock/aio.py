@@ -186,7 +186,9 @@ class _Connection(asyncio.Protocol):
         runtime = self._runtime
         settings = runtime.settings
         try:
-            while not runtime.closed.is_set():
+            # A client closed before this first connect still makes it if
+            # requests were queued for it (see connection_made).
+            while not runtime.closed.is_set() or self._out:
                 self._lost = self._loop.create_future()
                 try:
                     await asyncio.wait_for(
@@ -207,7 +209,14 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         if self._phase == _CLOSED:
-            transport.abort()
+            if not self._out:
+                transport.abort()
+                return
+            # The client closed while this first connect was under way, with
+            # requests queued (the release of a grant nobody waits for, say):
+            # they go out on it, and it closes as close() closes a live one.
+            self._transport = transport
+            self.close()
             return
         self._phase = _UP
         self._transport = transport
