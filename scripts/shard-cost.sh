@@ -18,6 +18,13 @@
 # Each run is closed-loop, uncontended, CONNECTIONS x DEPTH; the server's
 # CPU time (all threads, from /proc) over its lock ops gives its cost per
 # request. The hop's cost per request is (two-shards - own-shared) / (1/2).
+# The time-shared runs make CPU pressure themselves (three busy threads on
+# two CPUs), so only the `own` runs are retried when disturbed.
+#
+# With PERF=1, the last round's own-shared and two-shards runs are also
+# profiled with perf (2 s, cpu-clock) and bench/perf_split.py's shares of
+# the server's time (idle polling and sleeps, cross-core messages, the
+# rest) are added to the table.
 #
 # Output: bench/results/shard-cost.md and shard-cost.json.
 # Settings (environment): ROUNDS [3], DURATION [4], WARMUP [1],
@@ -47,6 +54,25 @@ SKIP_CHART=1
 bench_prerequisites
 bench_workdir ringlock-shard-cost
 
+PERF_LABELS=()
+PERF_JOB=""
+# profile_during LABEL PID: with PERF=1 in the last round, profiles the
+# server for 2 s once the warm-up is over, in the background.
+profile_during() {
+    PERF_JOB=""
+    if [ "${PERF:-0}" = 1 ] && [ "$round" = "$ROUNDS" ] && [ "$1" != own ]; then
+        (sleep "$WARMUP"; perf record -e cpu-clock -F 2000 -g -p "$2" -o "$WORK/perf-$1.data" -- sleep 2) \
+            >/dev/null 2>&1 &
+        PERF_JOB=$!
+        PERF_LABELS+=("$1")
+    fi
+}
+profile_wait() {
+    if [ -n "$PERF_JOB" ]; then
+        wait "$PERF_JOB" || true
+    fi
+}
+
 RUN=(--workload uncontended -c "$CONNECTIONS" -d "$DEPTH" --duration "$DURATION" --warmup "$WARMUP")
 for round in $(seq 1 "$ROUNDS"); do
     order="own own-shared two-shards"
@@ -62,13 +88,16 @@ for round in $(seq 1 "$ROUNDS"); do
                 ;;
             own-shared)
                 start_ringlock 1 1
-                BENCH_TASKSET="" BENCH_PIN="" bench own-shared ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
+                profile_during own-shared "$RINGLOCK_PID"
+                TRIES=1 BENCH_TASKSET="" BENCH_PIN="" bench own-shared ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
                 ;;
             two-shards)
                 start_ringlock 2 0,1
-                BENCH_TASKSET="" BENCH_PIN="" bench two-shards ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
+                profile_during two-shards "$RINGLOCK_PID"
+                TRIES=1 BENCH_TASKSET="" BENCH_PIN="" bench two-shards ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
                 ;;
         esac
+        profile_wait
         stop "$RINGLOCK_PID"
     done
 done
@@ -77,4 +106,14 @@ mkdir -p "$RESULTS"
 python3 bench/shard_cost_report.py --json "$RESULTS/shard-cost.json" --markdown "$RESULTS/shard-cost.md" \
     --command "ROUNDS=$ROUNDS DURATION=$DURATION CONNECTIONS=$CONNECTIONS DEPTH=$DEPTH scripts/shard-cost.sh" \
     "${RUN_FILES[@]}"
+if [ ${#PERF_LABELS[@]} -gt 0 ]; then
+    {
+        echo "Shares of the server's CPU time by perf (bench/perf_split.py), last round:"
+        echo
+        for label in "${PERF_LABELS[@]}"; do
+            echo "- $label: $(python3 bench/perf_split.py "$WORK/perf-$label.data" | paste -sd ';' | sed 's/;/; /g')"
+        done
+        echo
+    } >>"$RESULTS/shard-cost.md"
+fi
 cat "$RESULTS/shard-cost.md"
