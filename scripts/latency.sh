@@ -21,8 +21,10 @@
 # with the same pressure-aware retries: a run whose CPU pressure or steal
 # was above MAX_PRESSURE % is done again (up to TRIES tries, after waiting up
 # to QUIET_WAIT_S for a quieter moment) and the least disturbed try is kept.
-# Past RETRY_BUDGET_S seconds, each remaining run gets one try and no wait,
-# so that a busy machine cannot stretch the whole beyond about 15 minutes.
+# Each step has a retry budget (RETRY_BUDGET_S: 180, 300 and 120 s by
+# default); past it, each remaining run of the step gets one try and no
+# wait, so that a busy machine cannot stretch the whole beyond about 15
+# minutes.
 #
 # Output: bench/results/latency.md (tables and the goals' ratios),
 # latency.json (every run), latency.png (the chart).
@@ -38,7 +40,7 @@
 #   CONTENDED_RATES ["20k 50k 100k 200k"] lock operations per second
 #   TARGETS ["echo ringlock redis"], SKIP_CONTENDED=1, SKIP_CHART=1
 #   SERVER_CPU [1], BENCH_CPU [0], MAX_PRESSURE [5], TRIES [2],
-#   QUIET_WAIT_S [10], RETRY_BUDGET_S [480], RESULTS [bench/results]
+#   QUIET_WAIT_S [10], RETRY_BUDGET_S ["180 300 120"], RESULTS [bench/results]
 # A short run: FRACTIONS="0.1 0.5 0.8 1.0 1.25" DURATION=2 SAT_DURATION=2 ROUNDS=1 TRIES=1
 set -euo pipefail
 
@@ -58,7 +60,8 @@ RESULTS=${RESULTS:-bench/results}
 MAX_PRESSURE=${MAX_PRESSURE:-5}
 TRIES=${TRIES:-2}
 QUIET_WAIT_S=${QUIET_WAIT_S:-10}
-RETRY_BUDGET_S=${RETRY_BUDGET_S:-480}
+RETRY_BUDGET_S=${RETRY_BUDGET_S:-180 300 120}
+read -r -a STEP_BUDGETS <<<"$RETRY_BUDGET_S"
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 BIN=$TARGET_DIR/release
 COMMAND="CONNECTIONS=$CONNECTIONS DEPTH=$DEPTH FRACTIONS=\"$FRACTIONS\" DURATION=$DURATION WARMUP=$WARMUP \
@@ -88,14 +91,25 @@ pid_of() { case $1 in echo) echo "$ECHO_PID" ;; ringlock) echo "$RINGLOCK_PID" ;
 on() {
     local target=$1 label=$2
     shift 2
-    if [ $((SECONDS - started)) -gt "$RETRY_BUDGET_S" ] && [ "$TRIES" != 1 ]; then
-        log "past RETRY_BUDGET_S ($RETRY_BUDGET_S s): one try per run from here on"
+    if [ $((SECONDS - step_started)) -gt "$step_budget" ] && [ "$TRIES" != 1 ]; then
+        log "past this step's retry budget ($step_budget s): one try per run until the next step"
         TRIES=1
         QUIET_WAIT_S=0
     fi
     bench "$label" "$target" "$(address_of "$target")" "$(pid_of "$target")" "$@"
 }
 
+ALL_TRIES=$TRIES
+ALL_QUIET_WAIT_S=$QUIET_WAIT_S
+# step N: starts step N's retry budget and restores the retries.
+step() {
+    step_started=$SECONDS
+    step_budget=${STEP_BUDGETS[$(($1 - 1))]:-${STEP_BUDGETS[-1]}}
+    TRIES=$ALL_TRIES
+    QUIET_WAIT_S=$ALL_QUIET_WAIT_S
+}
+
+step 1
 log "1. saturation: closed loop, $ROUNDS round(s) of ${SAT_DURATION} s"
 SHAPE=(--workload uncontended -c "$CONNECTIONS" -d "$DEPTH")
 for round in $(seq 1 "$ROUNDS"); do
@@ -117,6 +131,7 @@ for target in $TARGETS; do
     log "  $target saturates at ${SATURATION[$target]} ops/s"
 done
 
+step 2
 log "2. sweep: open loop at $FRACTIONS of each target's saturation, ${DURATION} s each"
 OPEN=("${SHAPE[@]}" --duration "$DURATION" --warmup "$WARMUP")
 for target in $TARGETS; do
@@ -136,6 +151,7 @@ if [ -n "${SATURATION[ringlock]:-}" ] && [ -n "${SATURATION[redis]:-}" ]; then
 fi
 
 if [ "${SKIP_CONTENDED:-0}" != 1 ]; then
+    step 3
     log "3. contended: 16 hot keys, 64 x 16, at $CONTENDED_RATES ops/s"
     for target in ringlock redis; do
         case " $TARGETS " in *" $target "*) ;; *) continue ;; esac
