@@ -19,7 +19,8 @@
 # CPU time (all threads, from /proc) over its lock ops gives its cost per
 # request. The hop's cost per request is (two-shards - own-shared) / (1/2).
 # The time-shared runs make CPU pressure themselves (three busy threads on
-# two CPUs), so only the `own` runs are retried when disturbed.
+# two CPUs), so only the `own` runs are retried when disturbed; the others
+# start at once, which also keeps PERF=1's profile within the run.
 #
 # With PERF=1, the last round's own-shared and two-shards runs are also
 # profiled with perf (2 s, cpu-clock) and bench/perf_split.py's shares of
@@ -89,12 +90,12 @@ for round in $(seq 1 "$ROUNDS"); do
             own-shared)
                 start_ringlock 1 1
                 profile_during own-shared "$RINGLOCK_PID"
-                TRIES=1 BENCH_TASKSET="" BENCH_PIN="" bench own-shared ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
+                TRIES=1 QUIET_WAIT_S=0 BENCH_TASKSET="" BENCH_PIN="" bench own-shared ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
                 ;;
             two-shards)
                 start_ringlock 2 0,1
                 profile_during two-shards "$RINGLOCK_PID"
-                TRIES=1 BENCH_TASKSET="" BENCH_PIN="" bench two-shards ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
+                TRIES=1 QUIET_WAIT_S=0 BENCH_TASKSET="" BENCH_PIN="" bench two-shards ringlock "$RINGLOCK_ADDR" "$RINGLOCK_PID" "${RUN[@]}"
                 ;;
         esac
         profile_wait
