@@ -29,7 +29,7 @@
 # Output: bench/results/latency.md (tables and the goals' ratios),
 # latency.json (every run), latency.png (the chart).
 #
-# Settings (environment), defaults in brackets, about 6-7 minutes on a quiet
+# Settings (environment), defaults in brackets, about 4 minutes on a quiet
 # machine and at most about 15 on a busy one:
 #   CONNECTIONS [16], DEPTH [64]: the sweep's shape (DEPTH is the most
 #     requests a connection keeps in flight; past it a request waits, and
