@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use ringlock_client::proto::{LEASE_MS_MAX_DEFAULT, parse_seconds_ms};
+use ringlock_proto::{LEASE_MS_MAX_DEFAULT, parse_seconds_ms};
 
 /// ringlock: a lock server with FIFO hand-off, leases and fencing tokens.
 ///

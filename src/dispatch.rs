@@ -1,9 +1,7 @@
 //! Requests and replies on a shard core: parsing lines, routing each request
 //! to the core that owns its key, and delivering replies to connections.
 
-use ringlock_client::proto::{
-    Decoded, ErrorCode, LINE_LEN_MAX, Op, Reply, Request, Role, decode_request, encode_reply,
-};
+use ringlock_proto::{Decoded, ErrorCode, LINE_LEN_MAX, Op, Reply, Request, Role, decode_request, encode_reply};
 use ringlock_shards::{ClientId, Effect, Key, Shard, ShardReply, shard_of};
 
 use crate::connection::IN_FLIGHT_MAX;

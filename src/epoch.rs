@@ -11,10 +11,8 @@ use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use ringlock_proto::NODES_MAX;
 use ringlock_shards::token::EPOCH_MAX;
-
-/// Nodes a cluster may have; also the stride between one node's epochs.
-pub const NODES_MAX: u64 = 16;
 
 /// The epoch file of one data directory, locked against a second server.
 #[derive(Debug)]
@@ -114,8 +112,10 @@ impl EpochStore {
 
 /// The first epoch of `node` in a round above `highest`.
 pub fn next_epoch(highest: u64, node: u64) -> Result<u64, String> {
-    assert!(node < NODES_MAX);
-    let epoch = (highest / NODES_MAX + 1).checked_mul(NODES_MAX).and_then(|round| round.checked_add(node));
+    // Nodes a cluster may have is also the stride between one node's epochs.
+    let stride = NODES_MAX as u64;
+    assert!(node < stride);
+    let epoch = (highest / stride + 1).checked_mul(stride).and_then(|round| round.checked_add(node));
     match epoch {
         Some(epoch) if epoch <= EPOCH_MAX => Ok(epoch),
         _ => Err(format!(

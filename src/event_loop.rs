@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use io_uring::types::{SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue};
-use ringlock_client::proto::ErrorCode;
+use ringlock_proto::ErrorCode;
 use ringlock_shards::{ClientId, HotKeyCounts, Shard, ShardStats};
 
 use crate::buf_ring::BufRing;
@@ -242,7 +242,7 @@ impl Io {
     }
 
     pub(crate) fn count_error(&mut self, code: ErrorCode) {
-        if let Some(index) = ErrorCode::ALL.iter().position(|known| *known == code) {
+        if let Some(index) = code.index() {
             self.errors[index] += 1;
         }
     }

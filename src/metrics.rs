@@ -13,7 +13,7 @@
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
-use ringlock_client::proto::{ErrorCode, Role};
+use ringlock_proto::{ErrorCode, Role};
 use ringlock_shards::{HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS_MS, Histogram};
 
 use crate::event_loop::{Shared, total_stats};

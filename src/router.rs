@@ -9,7 +9,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use ringlock_client::proto::{ErrorCode, Op};
+use ringlock_proto::{ErrorCode, Op};
 use ringlock_shards::{ClientId, Key, ShardReply};
 
 /// Batches a core's inbox may hold before senders must keep theirs.

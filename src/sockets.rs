@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use io_uring::types::Fd;
 use io_uring::{cqueue, opcode, squeue};
-use ringlock_client::proto::{ErrorCode, Reply, encode_reply};
+use ringlock_proto::{ErrorCode, Reply, encode_reply};
 use ringlock_shards::Shard;
 
 use crate::connection::Connection;

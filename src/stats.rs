@@ -3,7 +3,7 @@
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
-use ringlock_client::proto::{ErrorCode, Op, Reply, Role};
+use ringlock_proto::{ErrorCode, Op, Reply, Role};
 use ringlock_shards::{HotKeyCounts, ShardStats};
 
 use crate::event_loop::{Shared, total_stats};

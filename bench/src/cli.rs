@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use ringlock_client::proto::parse_seconds_ms;
+use ringlock_proto::parse_seconds_ms;
 
 use crate::worker::Workload;
 

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use io_uring::types::{Fd, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode, squeue};
-use ringlock_client::proto::Decoded;
+use ringlock_proto::Decoded;
 
 use crate::keys::{KEY_LEN_MAX, KeyFormat};
 use crate::pending::{NO_LANE, PendingOp, PendingTable};

@@ -64,13 +64,12 @@
 
 use std::fmt;
 
-use ringlock_client::proto::{KEY_LEN_MAX, is_valid_key};
+use ringlock_proto::{KEY_LEN_MAX, NODES_MAX, is_valid_key};
 use ringlock_shards::limits::LEASE_MS_LIMIT;
 use ringlock_shards::token::EPOCH_MAX;
 use ringlock_shards::{Delta, Key};
 
 use crate::cluster::{Heartbeat, Message, PeerRole, TableVersion};
-use crate::epoch::NODES_MAX;
 
 /// The peer protocol version a node speaks; a Hello with another is refused.
 /// Version 2: a snapshot is sent in slices, with the deltas made meanwhile
@@ -103,10 +102,8 @@ const LEN_PREFIX_BYTES: usize = 4;
 /// The index byte that stands for `None`.
 const INDEX_NONE: u8 = 0xFF;
 
-const NODES_MAX_USIZE: usize = NODES_MAX as usize;
-
 // The "none" byte must never be a valid index.
-const _: () = assert!(NODES_MAX_USIZE < INDEX_NONE as usize);
+const _: () = assert!(NODES_MAX < INDEX_NONE as usize);
 
 /// Frame type bytes.
 mod frame_type {
@@ -457,7 +454,7 @@ pub fn encode_snapshot_chunk(entries: &[SnapshotEntry], out: &mut Vec<u8>) {
 }
 
 fn encode_hello(hello: &Hello, out: &mut Vec<u8>) {
-    assert!((1..=NODES_MAX_USIZE).contains(&hello.nodes), "hello with {} nodes", hello.nodes);
+    assert!((1..=NODES_MAX).contains(&hello.nodes), "hello with {} nodes", hello.nodes);
     assert!(hello.node < hello.nodes, "hello from node {} of {}", hello.node, hello.nodes);
     let start = begin_frame(frame_type::HELLO, out);
     out.extend_from_slice(&HELLO_MAGIC);
@@ -523,7 +520,7 @@ fn put_table(table: TableVersion, out: &mut Vec<u8>) {
 fn put_index(index: Option<usize>, out: &mut Vec<u8>) {
     match index {
         Some(index) => {
-            assert!(index < NODES_MAX_USIZE, "node index {index}");
+            assert!(index < NODES_MAX, "node index {index}");
             out.push(index as u8);
         }
         None => out.push(INDEX_NONE),
@@ -619,7 +616,7 @@ fn read_hello(reader: &mut Reader<'_>) -> Result<Hello, WireError> {
         return Err(WireError::BadVersion(version));
     }
     let nodes = reader.u8()?;
-    if !(1..=NODES_MAX_USIZE).contains(&usize::from(nodes)) {
+    if !(1..=NODES_MAX).contains(&usize::from(nodes)) {
         return Err(WireError::BadNodes(nodes));
     }
     let node = reader.u8()?;
@@ -757,7 +754,7 @@ impl Reader<'_> {
     fn index(&mut self) -> Result<Option<usize>, WireError> {
         match self.u8()? {
             INDEX_NONE => Ok(None),
-            index if usize::from(index) < NODES_MAX_USIZE => Ok(Some(usize::from(index))),
+            index if usize::from(index) < NODES_MAX => Ok(Some(usize::from(index))),
             other => Err(WireError::BadIndex(other)),
         }
     }
@@ -1367,11 +1364,11 @@ mod tests {
     }
 
     fn index_strategy() -> impl Strategy<Value = Option<usize>> {
-        proptest::option::of(0..NODES_MAX_USIZE)
+        proptest::option::of(0..NODES_MAX)
     }
 
     fn hello_strategy() -> impl Strategy<Value = Hello> {
-        (1..=NODES_MAX_USIZE).prop_flat_map(|nodes| (Just(nodes), 0..nodes)).prop_flat_map(|(nodes, node)| {
+        (1..=NODES_MAX).prop_flat_map(|nodes| (Just(nodes), 0..nodes)).prop_flat_map(|(nodes, node)| {
             (u64_strategy(), epoch_strategy(), role_strategy(), u64_strategy()).prop_map(
                 move |(incarnation, epoch, role, peers_fingerprint)| Hello {
                     version: PROTOCOL_VERSION,
