@@ -29,12 +29,11 @@ use std::time::{Duration, Instant};
 use io_uring::types::{SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue};
 use ringlock_proto::ErrorCode;
+use ringlock_ring::{BufRing, poll_before_sleep};
 use ringlock_shards::{ClientId, HotKeyCounts, Shard, ShardStats};
 
-use crate::buf_ring::BufRing;
 use crate::connection::Connection;
 use crate::per_ip::PerIpConnections;
-use crate::ring_poll::poll_before_sleep;
 use crate::role::{ClusterLink, CoreRole, Report};
 use crate::router::{Inbox, Mailbox, Message, RoutedRequest};
 use crate::stats;
@@ -416,7 +415,7 @@ impl EventLoop {
     /// Submits and sleeps until a completion, the next deadline, or a wake-up.
     fn wait(&mut self, stopping: bool) -> io::Result<()> {
         // How long an idle loop keeps asking for completions before it
-        // sleeps (see `ring_poll`): under load the next requests arrive
+        // sleeps (see `ringlock_ring::poll_before_sleep`): under load the next requests arrive
         // within microseconds of the last replies. The cost is at most this
         // much spinning before each sleep.
         const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(30);

@@ -10,8 +10,6 @@
 //! - `dispatch`: parsing requests, routing them to their shard, delivering replies.
 //! - `connection`: one client connection's buffers and I/O state.
 //! - `per_ip`: open connections per client IP address, for `--max-connections-per-ip`.
-//! - `buf_ring`: the provided receive buffers of a ring.
-//! - `ring_poll`: polling a ring for a moment before sleeping on it.
 //! - `replication`: the replication core of a cluster node (glommio): peer
 //!   connections, snapshots and delta streams, driving the cluster logic.
 //! - `role`: a shard core's role in a cluster (serve, hold, redirect) and its reports.
@@ -23,7 +21,6 @@
 //! - `ops_http`: the operator endpoint (`--metrics-listen`) on its own thread.
 //! - `sd_notify`: systemd's readiness notifications.
 
-pub mod buf_ring;
 pub mod cluster;
 pub mod config;
 mod connection;
@@ -34,7 +31,6 @@ mod metrics;
 mod ops_http;
 mod per_ip;
 mod replication;
-pub mod ring_poll;
 mod role;
 mod router;
 mod sd_notify;

@@ -35,8 +35,7 @@ use ringlock_proto::Decoded;
 use crate::keys::{KEY_LEN_MAX, KeyFormat};
 use crate::pending::{NO_LANE, PendingOp, PendingTable};
 use crate::wire::{AcquireLine, ErrorKind, Outcome, Parsed, Wire};
-use ringlock::buf_ring::BufRing;
-use ringlock::ring_poll::poll_before_sleep;
+use ringlock_ring::{BufRing, poll_before_sleep};
 
 /// Receive buffers per thread, and their size.
 const RECV_BUFFERS: u16 = 256;
