@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use ringlock_shards::token::{token, token_epoch};
 
 use super::sim_rng::SimRng;
-use super::{ClusterConfig, Effect, ExitReason, Message, Node, TableVersion};
+use super::{ClusterConfig, Effect, ExitReason, Node, PeerMessage, TableVersion};
 
 /// Keys of the abstract lock table.
 pub const KEYS: usize = 4;
@@ -187,7 +187,7 @@ enum StreamItem {
 
 #[derive(Clone, Debug)]
 enum Event {
-    Deliver { from: usize, to: usize, message: Message, sender_life: u64, sender_had_state: bool },
+    Deliver { from: usize, to: usize, message: PeerMessage, sender_life: u64, sender_had_state: bool },
     Stream { from: usize, to: usize, from_life: u64, to_life: u64, item: StreamItem },
     StreamBroken { from: usize, to: usize, from_life: u64, to_life: u64 },
     Tick { node: usize },
@@ -488,7 +488,7 @@ impl Sim {
                 let now_ms = self.now_ms;
                 let host = &mut self.hosts[to];
                 host.knowledge = host.knowledge.max(message.epoch_max());
-                if let Message::Heartbeat(_) = message {
+                if let PeerMessage::Heartbeat(_) = message {
                     host.heard_since_start[from] = true;
                     if sender_had_state {
                         host.stateful_heard[from] = Some((now_ms, sender_life));
@@ -633,14 +633,14 @@ impl Sim {
     }
 
     fn apply(&mut self, index: usize, effect: Effect) {
-        if !matches!(effect, Effect::Send { message: Message::Heartbeat(_), .. }) {
+        if !matches!(effect, Effect::Send { message: PeerMessage::Heartbeat(_), .. }) {
             self.log(|| format!("node {index}: {effect:?}"));
         }
         match effect {
             Effect::Send { to, message } => {
                 let host = &self.hosts[index];
                 let had_state = host.table.is_some();
-                if let Message::Heartbeat(heartbeat) = message
+                if let PeerMessage::Heartbeat(heartbeat) = message
                     && heartbeat.caught_up != (had_state || heartbeat.role == super::PeerRole::Active)
                     && heartbeat.role != super::PeerRole::Leaving
                 {
@@ -649,7 +649,7 @@ impl Sim {
                     fail(&mut self.violation, text);
                 }
                 let life = host.life;
-                if let Message::Heartbeat(heartbeat) = message
+                if let PeerMessage::Heartbeat(heartbeat) = message
                     && heartbeat.role == super::PeerRole::Leaving
                 {
                     // It is going away, and its state with it (a plain shutdown, or
@@ -903,7 +903,7 @@ impl Sim {
         }
     }
 
-    fn send_control(&mut self, from: usize, to: usize, message: Message, sender_life: u64, sender_had_state: bool) {
+    fn send_control(&mut self, from: usize, to: usize, message: PeerMessage, sender_life: u64, sender_had_state: bool) {
         if self.network.cut[from][to] || self.rng.chance(self.network.loss_per_mille) {
             return;
         }

@@ -17,12 +17,12 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 
 use crate::cluster::wire::{self, ENTRIES_PER_FRAME_MAX, Frame, Hello, PROTOCOL_VERSION, SnapshotEntry};
-use crate::cluster::{Effect, ExitReason, Message, Node, PeerRole, TableVersion};
+use crate::cluster::{Effect, ExitReason, Node, PeerMessage, PeerRole, TableVersion};
 use crate::config::PeerAddress;
-use crate::epoch::EpochStore;
-use crate::event_loop::Shared;
-use crate::role::{Control, NodeStatus, Report};
-use crate::router::Message as CoreMessage;
+use crate::core::mailbox::CoreMessage;
+use crate::node::epoch::EpochStore;
+use crate::node::role::{Control, NodeStatus, Report};
+use crate::node::shared::Shared;
 
 use super::mirror::Mirror;
 use super::peers::{Events, Outboxes, PeerEvent, PeerLinks};
@@ -435,7 +435,7 @@ impl ReplicationCore {
         self.node.table_changed(now_ms, serving.version);
     }
 
-    fn send_message(&mut self, to: usize, message: &Message) {
+    fn send_message(&mut self, to: usize, message: &PeerMessage) {
         let mut bytes = Vec::with_capacity(96);
         wire::encode_message(message, &mut bytes);
         self.outboxes[to].borrow_mut().push(&bytes);
@@ -558,7 +558,7 @@ impl ReplicationCore {
             // the transport takes both.
             Frame::Hello(_) | Frame::HelloRefused(_) => {}
             Frame::Message(message) => {
-                if let Message::Heartbeat(_) = message {
+                if let PeerMessage::Heartbeat(_) = message {
                     let latest = &mut self.heartbeat_connections[from];
                     if connection < *latest {
                         return;
@@ -712,7 +712,7 @@ impl ReplicationCore {
             link.table_stream.store(table.stream, Ordering::Relaxed);
             link.table_version.store(table.version, Ordering::Relaxed);
             link.caught_up.store(self.node.caught_up(), Ordering::Relaxed);
-            let lag = self.node.replication_lag().unwrap_or(crate::role::LAG_UNKNOWN);
+            let lag = self.node.replication_lag().unwrap_or(crate::node::role::LAG_UNKNOWN);
             link.replication_lag.store(lag, Ordering::Relaxed);
         }
         let status = self.node.status();

@@ -60,7 +60,7 @@ impl Mirror {
     /// An empty mirror.
     pub fn new() -> Mirror {
         // Keys come from clients: a seeded hash keeps them from aiming at one bucket.
-        let seed = crate::server::random_seed();
+        let seed = crate::node::seed::random_seed();
         let hasher = ahash::RandomState::with_seeds(seed, seed.rotate_left(17), seed ^ 0x9e37_79b9, 0x5bd1_e995);
         Mirror { slots: Vec::new(), free: Vec::new(), index: LockIndex::new(hasher), token_epoch_max: 0 }
     }

@@ -6,51 +6,26 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 
 use io_uring::types::Fd;
-use io_uring::{cqueue, opcode, squeue};
+use io_uring::{cqueue, opcode};
 use ringlock_proto::{ErrorCode, Reply, encode_reply};
 use ringlock_shards::Shard;
 
-use crate::connection::Connection;
-use crate::event_loop::{Io, Kind, RECV_BUFFER_GROUP, user_data};
-use crate::router::Message;
+use crate::core::connection::Connection;
+use crate::core::mailbox::CoreMessage;
+use crate::core::ring::{Kind, RECV_BUFFER_GROUP, send_entry, user_data};
+use crate::core::state::CoreState;
 
 /// Connections per core (slot numbers have 24 bits in a client id).
 const CONNECTIONS_PER_CORE_MAX: usize = 1 << 24;
 /// Pause before accepting again after the process ran out of descriptors.
 const ACCEPT_RETRY_MS: u64 = 100;
 
-pub(crate) fn send_entry(fd: RawFd, pointer: *const u8, len: u32, slot: u32, generation: u32) -> squeue::Entry {
-    opcode::Send::new(Fd(fd), pointer, len).flags(libc::MSG_NOSIGNAL).build().user_data(user_data(
-        Kind::Send,
-        slot,
-        generation,
-    ))
-}
-
-impl Io {
-    pub(crate) fn push(&mut self, entry: squeue::Entry) {
-        loop {
-            // SAFETY: every buffer an entry points to (send buffers, the wake
-            // buffer) stays alive and unmoved until its completion arrives.
-            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                return;
-            }
-            // The submission queue is full: hand it to the kernel to make room.
-            if let Err(error) = self.ring.submit() {
-                tracing::warn!(core = self.core, "io_uring submit failed: {error}");
-            }
-        }
-    }
-
-    pub(crate) fn connection(&mut self, slot: u32, generation: u32) -> Option<&mut Connection> {
-        live_connection(&mut self.connections, slot, generation)
-    }
-
+impl CoreState {
     /// Arms a multishot accept on the listening socket every core shares.
     /// Which core's accept the kernel wakes is not spread evenly (one core
     /// may take every connection that arrives while the server is idle), so
     /// the core that accepts hands connections round the cores (see
-    /// [`Io::accepted`]).
+    /// [`CoreState::accepted`]).
     pub(crate) fn arm_accept(&mut self) {
         if self.accept_armed || self.stopping {
             return;
@@ -141,7 +116,7 @@ impl Io {
         if target == self.core {
             self.adopt(fd, peer_ip);
         } else {
-            self.outgoing[target].push(Message::Adopt { fd, peer_ip });
+            self.outgoing[target].push(CoreMessage::Adopt { fd, peer_ip });
         }
     }
 
@@ -361,7 +336,7 @@ fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
     };
     // A client that reaches an IPv6 listener over IPv4 counts as its IPv4
     // address, so both ways of reaching the server share one count.
-    Some(crate::server::socket_address_of(&storage).ip().to_canonical())
+    Some(crate::core::listener::socket_address_of(&storage).ip().to_canonical())
 }
 
 /// Answers a connection the server cannot take, and closes it.
@@ -374,10 +349,4 @@ fn refuse(fd: RawFd, code: ErrorCode) {
         libc::send(fd, line.as_ptr().cast(), line.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
         libc::close(fd);
     }
-}
-
-/// The connection in `slot` if it is still the one of `generation` and open;
-/// a free function so that callers can borrow other fields of [`Io`] beside it.
-pub(crate) fn live_connection(connections: &mut [Connection], slot: u32, generation: u32) -> Option<&mut Connection> {
-    connections.get_mut(slot as usize).filter(|c| c.generation == generation && c.fd >= 0)
 }

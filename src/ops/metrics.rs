@@ -16,9 +16,9 @@ use std::sync::atomic::Ordering;
 use ringlock_proto::{ErrorCode, Role};
 use ringlock_shards::{HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS_MS, Histogram};
 
-use crate::event_loop::{Shared, total_stats};
-use crate::role::LAG_UNKNOWN;
-use crate::stats::{REQUEST_OPS, REQUEST_RESULTS, hot_keys};
+use crate::node::counters::{REQUEST_OPS, REQUEST_RESULTS, hot_keys};
+use crate::node::role::LAG_UNKNOWN;
+use crate::node::shared::{Shared, total_stats};
 
 /// Whether the node should receive clients, for `/readyz`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,7 +159,7 @@ pub fn render(shared: &Shared) -> String {
         let _ = writeln!(out, "ringlock_table_version {}", link.table_version.load(Ordering::Relaxed));
     }
 
-    let mut requests = crate::stats::RequestCounters::default();
+    let mut requests = crate::node::counters::RequestCounters::default();
     for core in &cores {
         requests.add(&core.requests);
     }
@@ -208,7 +208,7 @@ pub fn render(shared: &Shared) -> String {
         (
             "ringlock_held_keys",
             "Keys held now, per shard.",
-            (|core: &crate::stats::CoreStats| core.shard.held_keys) as fn(&_) -> u64,
+            (|core: &crate::node::counters::CoreStats| core.shard.held_keys) as fn(&_) -> u64,
         ),
         ("ringlock_waiters", "Acquires queued now, per shard.", |core| core.shard.waiters),
         ("ringlock_keys", "Keys held or waited on now, per shard.", |core| core.shard.keys),
@@ -219,7 +219,7 @@ pub fn render(shared: &Shared) -> String {
             let _ = writeln!(out, "{name}{{shard=\"{index}\"}} {}", value(core));
         }
     }
-    let sum = |value: fn(&crate::stats::CoreStats) -> u64| cores.iter().map(value).sum::<u64>();
+    let sum = |value: fn(&crate::node::counters::CoreStats) -> u64| cores.iter().map(value).sum::<u64>();
     family(&mut out, "ringlock_connections_accepted_total", "counter", "Client connections admitted and served.");
     let _ = writeln!(out, "ringlock_connections_accepted_total {}", sum(|core| core.accepted));
     family(
