@@ -1,11 +1,11 @@
 //! Requests and replies on a shard core: parsing lines, routing each request
 //! to the core that owns its key, and delivering replies to connections.
 
-use ringlock_proto::{Decoded, ErrorCode, LINE_LEN_MAX, Op, Reply, Request, Role, decode_request, encode_reply};
+use ringlock_proto::{Decoded, ErrorCode, Op, Reply, Request, Role, decode_request, encode_reply};
 use ringlock_shards::{ClientId, Effect, Key, Shard, ShardReply, shard_of};
 
 use crate::core::client_id::{client_id, split_client_id};
-use crate::core::connection::IN_FLIGHT_MAX;
+use crate::core::connection::{IN_FLIGHT_MAX, partial_line_end};
 use crate::core::event_loop::EventLoop;
 use crate::core::mailbox::{CoreMessage, RoutedRequest};
 use crate::core::state::{CoreState, live_connection};
@@ -112,7 +112,7 @@ impl CoreState {
         let mut offset = 0;
         loop {
             let connection = &self.connections[slot as usize];
-            if !connection.reading || connection.is_paused() {
+            if !connection.reading() || connection.is_paused() {
                 if connection.in_flight >= IN_FLIGHT_MAX {
                     self.in_flight_pauses += 1;
                 }
@@ -154,13 +154,13 @@ impl CoreState {
     /// Received bytes: parse whole lines, keep the rest.
     pub(crate) fn input(&mut self, shard: &mut Shard, slot: u32, data: &[u8]) {
         let connection = &mut self.connections[slot as usize];
-        if !connection.reading {
+        if !connection.reading() {
             return;
         }
         if connection.input.is_empty() {
             let consumed = self.parse(shard, slot, data);
             let connection = &mut self.connections[slot as usize];
-            if connection.reading {
+            if connection.reading() {
                 connection.input.extend_from_slice(&data[consumed..]);
             }
         } else if connection.is_paused() {
@@ -168,22 +168,21 @@ impl CoreState {
         } else {
             // A partial line is waiting: complete it with the bytes up to the
             // first newline, then parse the rest in place.
-            let bound = data.len().min(LINE_LEN_MAX + 2);
-            let take = data[..bound].iter().position(|&byte| byte == b'\n').map_or(bound, |at| at + 1);
+            let take = partial_line_end(data);
             connection.input.extend_from_slice(&data[..take]);
             let pending = std::mem::take(&mut connection.input);
             let consumed = self.parse(shard, slot, &pending);
             let mut rest = pending;
             rest.drain(..consumed);
             let connection = &self.connections[slot as usize];
-            if rest.is_empty() && connection.reading && !connection.is_paused() {
+            if rest.is_empty() && connection.reading() && !connection.is_paused() {
                 let consumed = self.parse(shard, slot, &data[take..]);
                 rest.extend_from_slice(&data[take + consumed..]);
             } else {
                 rest.extend_from_slice(&data[take..]);
             }
             let connection = &mut self.connections[slot as usize];
-            if connection.reading {
+            if connection.reading() {
                 connection.input = rest;
             }
         }
@@ -315,7 +314,7 @@ impl CoreState {
         // A connection that stopped being read at the in-flight limit is
         // read again once it is below it.
         let below_limit_again = connection.in_flight == IN_FLIGHT_MAX - 1;
-        if connection.closing {
+        if connection.closing() {
             return;
         }
         let reply = reply.to_wire(self.active_address.as_deref());
@@ -347,7 +346,7 @@ impl CoreState {
         let connection = &self.connections[slot as usize];
         // A paused connection still has whole lines to handle; the resume
         // after its replies drain comes back here.
-        if connection.reading && !connection.is_paused() {
+        if connection.reading() && !connection.is_paused() {
             self.stop_reading(shard, slot);
         }
     }
@@ -357,12 +356,9 @@ impl CoreState {
     /// still owed are out.
     pub(crate) fn stop_reading(&mut self, shard: &mut Shard, slot: u32) {
         let connection = &mut self.connections[slot as usize];
-        connection.reading = false;
-        connection.input = Vec::new();
-        if connection.gone {
+        if !connection.stop_reading() {
             return;
         }
-        connection.gone = true;
         let client = client_id(self.core, slot, connection.generation);
         connection.gone_acks = (self.cores - 1) as u32;
         let removed = shard.client_gone(self.now_ms, client);

@@ -213,7 +213,7 @@ impl EventLoop {
                 }
                 StopPhase::Drained => {
                     let everyone_drained = self.state.shared.drained.load(Ordering::SeqCst) == cores;
-                    let flushed = self.state.connections.iter().all(|c| c.fd < 0 || c.closing || c.flushed());
+                    let flushed = self.state.connections.iter().all(|c| c.fd < 0 || c.closing() || c.flushed());
                     if everyone_drained
                         && self.inbox.receiver.is_empty()
                         && self.state.all_sent()
@@ -323,7 +323,7 @@ impl EventLoop {
         match result {
             0 => {
                 // End of input: answer what was sent, then close.
-                self.state.connections[slot as usize].eof = true;
+                self.state.connections[slot as usize].end_input();
                 self.state.finish_input(&mut self.shard, slot);
             }
             error if error < 0 && error != -libc::ENOBUFS && error != -libc::ECANCELED => {
@@ -346,7 +346,7 @@ impl EventLoop {
             let fd = connection.fd;
             self.state.push(send_entry(fd, pointer, len, slot, generation));
         } else {
-            let paused = connection.reading && (!connection.input.is_empty() || !connection.recv_armed);
+            let paused = connection.reading() && (!connection.input.is_empty() || !connection.recv_armed);
             self.state.mark_dirty(slot);
             if paused {
                 self.state.resumable.push(slot);
@@ -360,20 +360,20 @@ impl EventLoop {
     pub(crate) fn read_paused_connections(&mut self) {
         while let Some(slot) = self.state.resumable.pop() {
             let connection = &mut self.state.connections[slot as usize];
-            if connection.fd < 0 || connection.closing || connection.is_paused() {
+            if connection.fd < 0 || connection.closing() || connection.is_paused() {
                 continue;
             }
-            if connection.reading && !connection.input.is_empty() {
+            if connection.reading() && !connection.input.is_empty() {
                 let input = std::mem::take(&mut connection.input);
                 let consumed = self.state.parse(&mut self.shard, slot, &input);
                 let connection = &mut self.state.connections[slot as usize];
-                if connection.reading {
+                if connection.reading() {
                     let mut rest = input;
                     rest.drain(..consumed);
                     connection.input = rest;
                 }
             }
-            if self.state.connections[slot as usize].eof {
+            if self.state.connections[slot as usize].input_ended() {
                 self.state.finish_input(&mut self.shard, slot);
             }
             self.handle_shard_effects();

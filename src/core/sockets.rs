@@ -175,10 +175,10 @@ impl CoreState {
     /// and the connection may read again.
     pub(crate) fn maybe_rearm_recv(&mut self, slot: u32) {
         let connection = &self.connections[slot as usize];
-        if connection.recv_armed || connection.closing || connection.fd < 0 || connection.eof {
+        if connection.recv_armed || connection.closing() || connection.fd < 0 || connection.input_ended() {
             return;
         }
-        if !connection.reading || connection.is_paused() {
+        if !connection.reading() || connection.is_paused() {
             return;
         }
         self.arm_recv(slot);
@@ -247,11 +247,11 @@ impl CoreState {
         }
         // While stopping, connections stay open until the core exits, so the
         // `shutting-down` answers still on their way reach them.
-        if !connection.closing && !self.stopping && connection.finished() {
+        if !connection.closing() && !self.stopping && connection.finished() {
             self.begin_close(slot);
         }
         let connection = &mut self.connections[slot as usize];
-        if connection.closing && !connection.recv_armed && !connection.send_in_flight {
+        if connection.closing() && !connection.recv_armed && !connection.send_in_flight {
             // SAFETY: closing a descriptor this connection owns, with no I/O on it.
             unsafe { libc::close(connection.fd) };
             connection.fd = -1;
@@ -269,11 +269,9 @@ impl CoreState {
 
     fn begin_close(&mut self, slot: u32) {
         let connection = &mut self.connections[slot as usize];
-        if connection.closing || connection.fd < 0 {
+        if connection.fd < 0 || !connection.begin_close() {
             return;
         }
-        connection.closing = true;
-        connection.reading = false;
         self.open -= 1;
         // Shutting the socket down ends the multishot receive, so the
         // descriptor can be closed once its completions are in.
@@ -289,8 +287,7 @@ impl CoreState {
         // on it (every core's: they all stop now).
         unsafe { libc::shutdown(self.listener, libc::SHUT_RDWR) };
         for connection in &mut self.connections {
-            connection.reading = false;
-            connection.input = Vec::new();
+            connection.stop_for_shutdown();
         }
     }
 
