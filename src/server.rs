@@ -1,7 +1,9 @@
 //! Start-up and shutdown: the epoch, the listeners, one pinned thread per
 //! shard core, and the signals that stop them.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -9,9 +11,9 @@ use std::time::{Duration, Instant};
 use ringlock_shards::{Shard, ShardConfig};
 
 use crate::cluster::ExitReason;
-use crate::config::Config;
+use crate::config::{ClusterSettings, Config};
 use crate::core::listener::{bind_listeners, bind_retrying, listen_error};
-use crate::core::mailbox;
+use crate::core::mailbox::{self, Inbox, Mailbox};
 use crate::core::per_ip::PerIpConnections;
 use crate::core::{EventLoop, build_ring, ring_mode_name};
 use crate::node::counters::CoreStats;
@@ -23,21 +25,19 @@ use crate::node::tokens::{TOKEN_RANGE_LEN, TokenAuthority};
 use crate::ops::{http as ops_http, sd_notify};
 use crate::replication;
 
+/// A shard thread: `Ok` once it has stopped, or what stopped it.
+type ShardThread = JoinHandle<Result<(), String>>;
+
+/// What a shard thread says once set up: whether its ring has
+/// defer-taskrun, or why it could not start.
+type ShardReady = Result<bool, String>;
+
 /// Runs the server until SIGINT or SIGTERM; errors are for the operator.
 pub fn run(config: Config) -> Result<(), String> {
     let cluster = config.cluster()?;
     let shards = config.shard_count();
     let cpus = config.shard_cpus()?;
-    let shard_config = ShardConfig {
-        keys_max: config.keys_per_shard(),
-        waiters_per_key_max: config.max_waiters_per_key,
-        waiters_max: config.max_waiters,
-        lease_ms_max: config.max_lease.0,
-        // Only standbys need the changes of the table.
-        deltas: cluster.is_some(),
-        ..ShardConfig::default()
-    };
-    shard_config.validate()?;
+    let shard_config = shard_config(&config, cluster.is_some())?;
     raise_descriptor_limit();
     ignore_sigpipe();
 
@@ -50,26 +50,12 @@ pub fn run(config: Config) -> Result<(), String> {
     };
     // In a cluster the peer port is bound first, so that a taken port stops
     // the start before clients can connect.
-    let peer_listener = match &cluster {
-        None => None,
-        Some(settings) => Some(
-            bind_retrying(settings.listen, "--cluster-listen", || std::net::TcpListener::bind(settings.listen))
-                .map_err(|error| {
-                    listen_error("for peers ", settings.listen, "--cluster-listen or --peers entry", &error)
-                })?,
-        ),
-    };
+    let peer_listener = cluster.as_ref().map(bind_peer_listener).transpose()?;
     let metrics_listener = config.metrics_listen.map(ops_http::bind).transpose()?;
-    let (report_sender, reports) = crossbeam_channel::bounded(crate::replication::REPORTS_QUEUED_MAX);
+    let (report_sender, reports) = crossbeam_channel::bounded(replication::REPORTS_QUEUED_MAX);
 
     let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.keepalive())?;
-    let mut mailboxes = Vec::with_capacity(shards);
-    let mut inboxes = Vec::with_capacity(shards);
-    for _ in 0..shards {
-        let (mailbox, inbox) = mailbox::inbox().map_err(|error| format!("cannot create an eventfd: {error}"))?;
-        mailboxes.push(mailbox);
-        inboxes.push(inbox);
-    }
+    let (mailboxes, inboxes) = inboxes(shards)?;
     let shared = Arc::new(Shared {
         mailboxes,
         authority: authority.clone(),
@@ -94,64 +80,22 @@ pub fn run(config: Config) -> Result<(), String> {
     // SAFETY: changing this thread's signal mask with a valid set.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
 
-    let mut threads: Vec<JoinHandle<Result<(), String>>> = Vec::with_capacity(shards);
-    let (ready_sender, ready) = std::sync::mpsc::channel::<Result<bool, String>>();
+    let (ready_sender, ready) = std::sync::mpsc::channel::<ShardReady>();
+    let mut threads: Vec<ShardThread> = Vec::with_capacity(shards);
     for (core, (listener, inbox)) in listeners.into_iter().zip(inboxes).enumerate() {
-        let shared = shared.clone();
         let cpu = cpus.as_ref().map(|cpus| cpus[core]);
         let shard_config = ShardConfig { hash_seed: random_seed() ^ core as u64, ..shard_config.clone() };
-        let ready_sender = ready_sender.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("ringlock-shard-{core}"))
-            .spawn(move || {
-                if let Some(cpu) = cpu
-                    && !core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
-                {
-                    let error = format!("cannot pin shard {core} to CPU {cpu}; check --cpus or pass --no-pin");
-                    let _ = ready_sender.send(Err(error.clone()));
-                    return Err(error);
-                }
-                let started = build_ring().and_then(|(ring, defer)| {
-                    let shard = Shard::new(shard_config, shared.started.elapsed().as_millis() as u64);
-                    EventLoop::new(ring, core, shared.clone(), shard, listener, inbox).map(|event_loop| (event_loop, defer))
-                });
-                let event_loop = match started {
-                    Ok((event_loop, defer)) => {
-                        let _ = ready_sender.send(Ok(defer));
-                        event_loop
-                    }
-                    Err(error) if error.raw_os_error() == Some(libc::EPERM) => {
-                        let error = format!(
-                            "cannot set up io_uring on shard {core}: {error}: io_uring is forbidden here; in a container, \
-                             run with deploy/seccomp-ringlock.json (Docker's default seccomp profile blocks io_uring), \
-                             on a host check the sysctl kernel.io_uring_disabled"
-                        );
-                        let _ = ready_sender.send(Err(error.clone()));
-                        return Err(error);
-                    }
-                    Err(error) => {
-                        let error = format!("cannot set up io_uring on shard {core}: {error} (ringlock needs Linux 6.1 or later with io_uring enabled)");
-                        let _ = ready_sender.send(Err(error.clone()));
-                        return Err(error);
-                    }
-                };
-                event_loop.run().map_err(|error| format!("shard {core} stopped: {error}"))
-            })
-            .map_err(|error| format!("cannot start a thread: {error}"))?;
-        threads.push(thread);
+        let start = ShardStart { core, cpu, shared: shared.clone(), shard_config, listener, inbox };
+        threads.push(spawn_shard(start, ready_sender.clone())?);
     }
     drop(ready_sender);
-    let mut defer_taskrun = true;
-    for _ in 0..shards {
-        match ready.recv() {
-            Ok(Ok(defer)) => defer_taskrun &= defer,
-            Ok(Err(error)) => {
-                stop(&shared);
-                return Err(error);
-            }
-            Err(_) => break,
+    let defer_taskrun = match await_shards(&ready, shards) {
+        Ok(defer_taskrun) => defer_taskrun,
+        Err(error) => {
+            stop(&shared);
+            return Err(error);
         }
-    }
+    };
     tracing::info!(
         listen = %local,
         shards,
@@ -163,7 +107,7 @@ pub fn run(config: Config) -> Result<(), String> {
     );
     let replication = match (cluster, cluster_store, peer_listener) {
         (Some(settings), Some(store), Some(listener)) => {
-            let started = replication::start(replication::Start {
+            let start = replication::Start {
                 settings,
                 store,
                 shared: shared.clone(),
@@ -172,8 +116,8 @@ pub fn run(config: Config) -> Result<(), String> {
                 cpu: if config.no_pin { None } else { config.replication_cpu },
                 incarnation: wall_clock_micros(),
                 keys_max: usize::try_from(config.max_keys).unwrap_or(usize::MAX),
-            });
-            match started {
+            };
+            match replication::start(start) {
                 Ok(thread) => Some(thread),
                 Err(error) => {
                     stop(&shared);
@@ -191,27 +135,148 @@ pub fn run(config: Config) -> Result<(), String> {
 
     // Started once the cores serve, so that `/readyz` never says ready
     // before they do; after the signal mask, which the thread inherits.
-    if let Some(listener) = metrics_listener {
-        let address = listener.local_addr().map_or_else(|_| "?".to_string(), |address| address.to_string());
-        if let Err(error) = ops_http::spawn(listener, shared.clone()) {
-            stop(&shared);
-            return Err(error);
-        }
-        tracing::info!(metrics = %address, "serving /metrics, /livez and /readyz on {address}");
+    if let Some(listener) = metrics_listener
+        && let Err(error) = serve_metrics(listener, &shared)
+    {
+        stop(&shared);
+        return Err(error);
     }
     sd_notify::notify(&format!("READY=1\nSTATUS=serving clients on {local}"));
     let drain = Duration::from_millis(config.drain_ms);
-    let mut result = wait_for_stop(&signals, &threads, &shared, replication, drain);
+    let result = wait_for_stop(&signals, &threads, &shared, replication, drain);
     stop(&shared);
+    let result = join_shards(threads, result);
+    if result.is_ok() {
+        tracing::info!("stopped");
+    }
+    result
+}
+
+/// The shards' settings from the flags, checked.
+fn shard_config(config: &Config, clustered: bool) -> Result<ShardConfig, String> {
+    let shard_config = ShardConfig {
+        keys_max: config.keys_per_shard(),
+        waiters_per_key_max: config.max_waiters_per_key,
+        waiters_max: config.max_waiters,
+        lease_ms_max: config.max_lease.0,
+        // Only standbys need the changes of the table.
+        deltas: clustered,
+        ..ShardConfig::default()
+    };
+    shard_config.validate()?;
+    Ok(shard_config)
+}
+
+/// Binds the port the peers connect to.
+fn bind_peer_listener(settings: &ClusterSettings) -> Result<std::net::TcpListener, String> {
+    bind_retrying(settings.listen, "--cluster-listen", || std::net::TcpListener::bind(settings.listen))
+        .map_err(|error| listen_error("for peers ", settings.listen, "--cluster-listen or --peers entry", &error))
+}
+
+/// Each core's inbox, and the mailboxes the others reach it by.
+fn inboxes(shards: usize) -> Result<(Vec<Mailbox>, Vec<Inbox>), String> {
+    let mut mailboxes = Vec::with_capacity(shards);
+    let mut inboxes = Vec::with_capacity(shards);
+    for _ in 0..shards {
+        let (mailbox, inbox) = mailbox::inbox().map_err(|error| format!("cannot create an eventfd: {error}"))?;
+        mailboxes.push(mailbox);
+        inboxes.push(inbox);
+    }
+    Ok((mailboxes, inboxes))
+}
+
+/// What one shard thread starts from.
+struct ShardStart {
+    core: usize,
+    cpu: Option<usize>,
+    shared: Arc<Shared>,
+    shard_config: ShardConfig,
+    listener: RawFd,
+    inbox: Inbox,
+}
+
+/// Starts the thread of one shard core, which says on `ready` whether it
+/// could set up, then runs its event loop until the server stops.
+fn spawn_shard(start: ShardStart, ready: Sender<ShardReady>) -> Result<ShardThread, String> {
+    let core = start.core;
+    std::thread::Builder::new()
+        .name(format!("ringlock-shard-{core}"))
+        .spawn(move || {
+            let event_loop = match set_up_shard(start) {
+                Ok((event_loop, defer)) => {
+                    let _ = ready.send(Ok(defer));
+                    event_loop
+                }
+                Err(error) => {
+                    let _ = ready.send(Err(error.clone()));
+                    return Err(error);
+                }
+            };
+            event_loop.run().map_err(|error| format!("shard {core} stopped: {error}"))
+        })
+        .map_err(|error| format!("cannot start a thread: {error}"))
+}
+
+/// On the shard's own thread: pins it, builds its ring and its loop.
+/// Returns the loop and whether the ring has defer-taskrun.
+fn set_up_shard(start: ShardStart) -> Result<(EventLoop, bool), String> {
+    let ShardStart { core, cpu, shared, shard_config, listener, inbox } = start;
+    if let Some(cpu) = cpu
+        && !core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
+    {
+        return Err(format!("cannot pin shard {core} to CPU {cpu}; check --cpus or pass --no-pin"));
+    }
+    let started = build_ring().and_then(|(ring, defer)| {
+        let shard = Shard::new(shard_config, shared.started.elapsed().as_millis() as u64);
+        EventLoop::new(ring, core, shared.clone(), shard, listener, inbox).map(|event_loop| (event_loop, defer))
+    });
+    started.map_err(|error| {
+        if error.raw_os_error() == Some(libc::EPERM) {
+            format!(
+                "cannot set up io_uring on shard {core}: {error}: io_uring is forbidden here; in a container, \
+                 run with deploy/seccomp-ringlock.json (Docker's default seccomp profile blocks io_uring), \
+                 on a host check the sysctl kernel.io_uring_disabled"
+            )
+        } else {
+            format!(
+                "cannot set up io_uring on shard {core}: {error} (ringlock needs Linux 6.1 or later with io_uring \
+                 enabled)"
+            )
+        }
+    })
+}
+
+/// Waits until every shard thread is set up; true if every ring has
+/// defer-taskrun. The first thread that could not start stops the start.
+fn await_shards(ready: &Receiver<ShardReady>, shards: usize) -> Result<bool, String> {
+    let mut defer_taskrun = true;
+    for _ in 0..shards {
+        match ready.recv() {
+            Ok(Ok(defer)) => defer_taskrun &= defer,
+            Ok(Err(error)) => return Err(error),
+            Err(_) => break,
+        }
+    }
+    Ok(defer_taskrun)
+}
+
+/// Starts the operator endpoint on its listener.
+fn serve_metrics(listener: std::net::TcpListener, shared: &Arc<Shared>) -> Result<(), String> {
+    let address = listener.local_addr().map_or_else(|_| "?".to_string(), |address| address.to_string());
+    ops_http::spawn(listener, shared.clone())?;
+    tracing::info!(metrics = %address, "serving /metrics, /livez and /readyz on {address}");
+    Ok(())
+}
+
+/// Joins every shard thread: `result`, unless a thread failed, and then the
+/// last thread's failure.
+fn join_shards(threads: Vec<ShardThread>, mut result: Result<(), String>) -> Result<(), String> {
     for thread in threads {
         match thread.join() {
             Ok(Ok(())) => {}
             Ok(Err(error)) => result = Err(error),
             Err(_) => result = Err("a shard thread panicked".to_string()),
         }
-    }
-    if result.is_ok() {
-        tracing::info!("stopped");
     }
     result
 }
@@ -223,7 +288,7 @@ pub fn run(config: Config) -> Result<(), String> {
 /// ignored.
 fn wait_for_stop(
     signals: &libc::sigset_t,
-    threads: &[JoinHandle<Result<(), String>>],
+    threads: &[ShardThread],
     shared: &Shared,
     mut replication: Option<JoinHandle<Result<ExitReason, String>>>,
     drain: Duration,

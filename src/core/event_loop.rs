@@ -1,7 +1,7 @@
 //! The event loop of one shard core: an io_uring ring that accepts, reads,
 //! parses, runs its shard, and writes replies, with no lock on the hot path.
 //!
-//! One turn of the loop:
+//! One turn of the loop ([`EventLoop::run`]):
 //! 1. submit what is queued and wait for completions, at most until the
 //!    shard's next timer deadline (or not at all if the inbox has work);
 //! 2. handle completions: new connections, received bytes (parsed in place
@@ -153,83 +153,112 @@ impl EventLoop {
         let mut stop_started = Instant::now();
         loop {
             self.wait(phase != StopPhase::Running)?;
-            self.state.now_ms = self.state.shared.now_ms();
-            self.handle_completions();
-            self.handle_inbox();
-            // A held core lets no lease or wait run out until the hand-off ends.
-            if self.state.role != CoreRole::Held {
-                self.shard.advance(self.state.now_ms);
-            }
-            self.retry_tokens();
-            self.handle_shard_effects();
-            // Grants and timeouts of this turn may have brought connections
-            // below the in-flight limit: they are read again before the sleep.
-            self.read_paused_connections();
+            self.serve();
             if phase == StopPhase::Running && self.state.shared.stop.load(Ordering::SeqCst) {
                 phase = StopPhase::Reading;
                 stop_started = Instant::now();
                 self.state.begin_stop();
             }
-            if phase == StopPhase::Draining && !self.state.parked.is_empty() {
-                // Stopping after a hand-off that failed or was cut short: the
-                // successor may have taken over all the same, so nothing held
-                // is served here; every held request is answered
-                // `shutting-down` (it had no effect), in order with the rest.
-                self.refuse_parked(ErrorCode::ShuttingDown);
+            if phase == StopPhase::Draining {
+                self.refuse_queued();
             }
-            if phase == StopPhase::Draining && self.shard.stats().waiters > 0 {
-                self.shard.fail_waiters(self.state.now_ms, ErrorCode::ShuttingDown);
-                self.handle_shard_effects();
-            }
-            self.state.retry_accept();
-            self.state.flush();
-            self.state.send_reports(&mut self.shard);
-            self.buffers.publish();
-            self.publish_stats();
-
-            let cores = self.state.cores;
-            match phase {
-                StopPhase::Running => {}
-                StopPhase::Reading => {
-                    // Once this core's batches are out, every request it will
-                    // ever route is in its target's inbox.
-                    if self.state.all_sent() {
-                        self.state.shared.stopped_reading.fetch_add(1, Ordering::SeqCst);
-                        phase = StopPhase::Draining;
-                    }
+            self.end_turn();
+            match self.next_stop_phase(phase, stop_started) {
+                Some(next) => phase = next,
+                None => {
+                    self.state.close_all();
+                    return Ok(());
                 }
-                StopPhase::Draining => {
-                    let everyone_stopped = self.state.shared.stopped_reading.load(Ordering::SeqCst) == cores;
-                    if everyone_stopped
-                        && self.inbox.receiver.is_empty()
-                        && self.state.all_sent()
-                        && self.shard.stats().waiters == 0
-                    {
-                        // Every reply this core owes another core is in that
-                        // core's inbox now.
-                        self.state.shared.drained.fetch_add(1, Ordering::SeqCst);
-                        phase = StopPhase::Drained;
-                    }
-                }
-                StopPhase::Drained => {
-                    let everyone_drained = self.state.shared.drained.load(Ordering::SeqCst) == cores;
-                    let flushed = self.state.connections.iter().all(|c| c.fd < 0 || c.closing() || c.flushed());
-                    if everyone_drained
-                        && self.inbox.receiver.is_empty()
-                        && self.state.all_sent()
-                        && (flushed || stop_started.elapsed() > STOP_FLUSH_TIMEOUT)
-                    {
-                        self.state.close_all();
-                        return Ok(());
-                    }
-                }
-            }
-            if phase != StopPhase::Running && stop_started.elapsed() > STOP_TIMEOUT {
-                tracing::warn!(core = self.state.core, "stop timed out waiting for the other cores; exiting");
-                self.state.close_all();
-                return Ok(());
             }
         }
+    }
+
+    /// Steps 2 to 4 of a turn: what the ring and the inbox brought, the
+    /// shard advanced to now, and what that made possible.
+    fn serve(&mut self) {
+        self.state.now_ms = self.state.shared.now_ms();
+        self.handle_completions();
+        self.handle_inbox();
+        // A held core lets no lease or wait run out until the hand-off ends.
+        if self.state.role != CoreRole::Held {
+            self.shard.advance(self.state.now_ms);
+        }
+        self.retry_tokens();
+        self.handle_shard_effects();
+        // Grants and timeouts of this turn may have brought connections
+        // below the in-flight limit: they are read again before the sleep.
+        self.read_paused_connections();
+    }
+
+    /// Once every core reads no more: answers every request still queued or
+    /// held `shutting-down`.
+    fn refuse_queued(&mut self) {
+        if !self.state.parked.is_empty() {
+            // Stopping after a hand-off that failed or was cut short: the
+            // successor may have taken over all the same, so nothing held
+            // is served here; every held request is answered
+            // `shutting-down` (it had no effect), in order with the rest.
+            self.refuse_parked(ErrorCode::ShuttingDown);
+        }
+        if self.shard.stats().waiters > 0 {
+            self.shard.fail_waiters(self.state.now_ms, ErrorCode::ShuttingDown);
+            self.handle_shard_effects();
+        }
+    }
+
+    /// Step 5 of a turn: sends, batches for other cores, reports for the
+    /// replication core, receive buffers given back, counters published.
+    fn end_turn(&mut self) {
+        self.state.retry_accept();
+        self.state.flush();
+        self.state.send_reports(&mut self.shard);
+        self.buffers.publish();
+        self.publish_stats();
+    }
+
+    /// Where the stop stands after this turn; `None` once the loop may exit
+    /// (or the stop took too long).
+    fn next_stop_phase(&mut self, phase: StopPhase, stop_started: Instant) -> Option<StopPhase> {
+        let cores = self.state.cores;
+        let shared = &self.state.shared;
+        let next = match phase {
+            StopPhase::Running => StopPhase::Running,
+            // Once this core's batches are out, every request it will ever
+            // route is in its target's inbox.
+            StopPhase::Reading if self.state.all_sent() => {
+                shared.stopped_reading.fetch_add(1, Ordering::SeqCst);
+                StopPhase::Draining
+            }
+            StopPhase::Draining
+                if shared.stopped_reading.load(Ordering::SeqCst) == cores
+                    && self.inbox.receiver.is_empty()
+                    && self.state.all_sent()
+                    && self.shard.stats().waiters == 0 =>
+            {
+                // Every reply this core owes another core is in that core's
+                // inbox now.
+                shared.drained.fetch_add(1, Ordering::SeqCst);
+                StopPhase::Drained
+            }
+            StopPhase::Drained => {
+                let everyone_drained = shared.drained.load(Ordering::SeqCst) == cores;
+                let flushed = self.state.connections.iter().all(|c| c.fd < 0 || c.closing() || c.flushed());
+                if everyone_drained
+                    && self.inbox.receiver.is_empty()
+                    && self.state.all_sent()
+                    && (flushed || stop_started.elapsed() > STOP_FLUSH_TIMEOUT)
+                {
+                    return None;
+                }
+                StopPhase::Drained
+            }
+            phase => phase,
+        };
+        if next != StopPhase::Running && stop_started.elapsed() > STOP_TIMEOUT {
+            tracing::warn!(core = self.state.core, "stop timed out waiting for the other cores; exiting");
+            return None;
+        }
+        Some(next)
     }
 
     /// Submits and sleeps until a completion, the next deadline, or a wake-up.
