@@ -1,6 +1,7 @@
 //! Start-up and shutdown: the epoch, the listeners, one pinned thread per
 //! shard core, and the signals that stop them.
 
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
@@ -18,7 +19,7 @@ use crate::core::per_ip::PerIpConnections;
 use crate::core::{EventLoop, build_ring, ring_mode_name};
 use crate::node::counters::CoreStats;
 use crate::node::epoch::EpochStore;
-use crate::node::role::ClusterLink;
+use crate::node::role::{ClusterLink, Report};
 use crate::node::seed::random_seed;
 use crate::node::shared::Shared;
 use crate::node::tokens::{TOKEN_RANGE_LEN, TokenAuthority};
@@ -41,13 +42,7 @@ pub fn run(config: Config) -> Result<(), String> {
     raise_descriptor_limit();
     ignore_sigpipe();
 
-    let store = EpochStore::open(&config.data_dir)?;
-    // A single node owns its epochs; in a cluster the replication core
-    // chooses them (ballots) and persists them before any token.
-    let (authority, cluster_store) = match &cluster {
-        None => (Arc::new(TokenAuthority::start(store, 0, TOKEN_RANGE_LEN)?), None),
-        Some(settings) => (Arc::new(TokenAuthority::cluster(settings.cluster.me as u64, TOKEN_RANGE_LEN)), Some(store)),
-    };
+    let (authority, cluster_store) = token_authority(&config, cluster.as_ref())?;
     // In a cluster the peer port is bound first, so that a taken port stops
     // the start before clients can connect.
     let peer_listener = cluster.as_ref().map(bind_peer_listener).transpose()?;
@@ -56,46 +51,15 @@ pub fn run(config: Config) -> Result<(), String> {
 
     let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.keepalive())?;
     let (mailboxes, inboxes) = inboxes(shards)?;
-    let shared = Arc::new(Shared {
-        mailboxes,
-        authority: authority.clone(),
-        advertised: local.to_string(),
-        lease_ms_max: config.max_lease.0,
-        max_connections: config.max_connections,
-        connections: AtomicU32::new(0),
-        next_core: AtomicUsize::new(0),
-        per_ip: PerIpConnections::new(config.max_connections_per_ip),
-        stop: AtomicBool::new(false),
-        stopping: AtomicBool::new(false),
-        stopped_reading: AtomicUsize::new(0),
-        drained: AtomicUsize::new(0),
-        stats: (0..shards).map(|_| Mutex::new(CoreStats::default())).collect(),
-        started: Instant::now(),
-        cluster: cluster.as_ref().map(|_| ClusterLink::new(report_sender)),
-    });
+    let link = cluster.as_ref().map(|_| ClusterLink::new(report_sender));
+    let shared = shared(&config, mailboxes, authority.clone(), local, link);
 
     // The loops must not take the signals: block them before the threads
     // start (they inherit the mask) and wait for them here.
-    let signals = handled_signals();
-    // SAFETY: changing this thread's signal mask with a valid set.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
+    let signals = block_handled_signals();
 
-    let (ready_sender, ready) = std::sync::mpsc::channel::<ShardReady>();
-    let mut threads: Vec<ShardThread> = Vec::with_capacity(shards);
-    for (core, (listener, inbox)) in listeners.into_iter().zip(inboxes).enumerate() {
-        let cpu = cpus.as_ref().map(|cpus| cpus[core]);
-        let shard_config = ShardConfig { hash_seed: random_seed() ^ core as u64, ..shard_config.clone() };
-        let start = ShardStart { core, cpu, shared: shared.clone(), shard_config, listener, inbox };
-        threads.push(spawn_shard(start, ready_sender.clone())?);
-    }
-    drop(ready_sender);
-    let defer_taskrun = match await_shards(&ready, shards) {
-        Ok(defer_taskrun) => defer_taskrun,
-        Err(error) => {
-            stop(&shared);
-            return Err(error);
-        }
-    };
+    let (threads, ready) = start_shards(&shared, &shard_config, cpus.as_deref(), listeners, inboxes)?;
+    let defer_taskrun = await_shards(&ready, shards).inspect_err(|_| stop(&shared))?;
     tracing::info!(
         listen = %local,
         shards,
@@ -107,23 +71,8 @@ pub fn run(config: Config) -> Result<(), String> {
     );
     let replication = match (cluster, cluster_store, peer_listener) {
         (Some(settings), Some(store), Some(listener)) => {
-            let start = replication::Start {
-                settings,
-                store,
-                shared: shared.clone(),
-                reports,
-                listener,
-                cpu: if config.no_pin { None } else { config.replication_cpu },
-                incarnation: wall_clock_micros(),
-                keys_max: usize::try_from(config.max_keys).unwrap_or(usize::MAX),
-            };
-            match replication::start(start) {
-                Ok(thread) => Some(thread),
-                Err(error) => {
-                    stop(&shared);
-                    return Err(error);
-                }
-            }
+            let started = start_replication(&config, settings, store, &shared, reports, listener);
+            Some(started.inspect_err(|_| stop(&shared))?)
         }
         _ => {
             if let Some(cpu) = config.replication_cpu {
@@ -135,11 +84,8 @@ pub fn run(config: Config) -> Result<(), String> {
 
     // Started once the cores serve, so that `/readyz` never says ready
     // before they do; after the signal mask, which the thread inherits.
-    if let Some(listener) = metrics_listener
-        && let Err(error) = serve_metrics(listener, &shared)
-    {
-        stop(&shared);
-        return Err(error);
+    if let Some(listener) = metrics_listener {
+        serve_metrics(listener, &shared).inspect_err(|_| stop(&shared))?;
     }
     sd_notify::notify(&format!("READY=1\nSTATUS=serving clients on {local}"));
     let drain = Duration::from_millis(config.drain_ms);
@@ -150,6 +96,20 @@ pub fn run(config: Config) -> Result<(), String> {
         tracing::info!("stopped");
     }
     result
+}
+
+/// The token authority: a single node's owns its epochs (the epoch file);
+/// in a cluster the replication core chooses them (ballots) and persists
+/// them before any token, so it gets the epoch file.
+fn token_authority(
+    config: &Config,
+    cluster: Option<&ClusterSettings>,
+) -> Result<(Arc<TokenAuthority>, Option<EpochStore>), String> {
+    let store = EpochStore::open(&config.data_dir)?;
+    Ok(match cluster {
+        None => (Arc::new(TokenAuthority::start(store, 0, TOKEN_RANGE_LEN)?), None),
+        Some(settings) => (Arc::new(TokenAuthority::cluster(settings.cluster.me as u64, TOKEN_RANGE_LEN)), Some(store)),
+    })
 }
 
 /// The shards' settings from the flags, checked.
@@ -165,6 +125,76 @@ fn shard_config(config: &Config, clustered: bool) -> Result<ShardConfig, String>
     };
     shard_config.validate()?;
     Ok(shard_config)
+}
+
+/// What every core shares, as the flags and the start so far set it.
+fn shared(
+    config: &Config,
+    mailboxes: Vec<Mailbox>,
+    authority: Arc<TokenAuthority>,
+    local: SocketAddr,
+    cluster: Option<ClusterLink>,
+) -> Arc<Shared> {
+    let shards = mailboxes.len();
+    Arc::new(Shared {
+        mailboxes,
+        authority,
+        advertised: local.to_string(),
+        lease_ms_max: config.max_lease.0,
+        max_connections: config.max_connections,
+        connections: AtomicU32::new(0),
+        next_core: AtomicUsize::new(0),
+        per_ip: PerIpConnections::new(config.max_connections_per_ip),
+        stop: AtomicBool::new(false),
+        stopping: AtomicBool::new(false),
+        stopped_reading: AtomicUsize::new(0),
+        drained: AtomicUsize::new(0),
+        stats: (0..shards).map(|_| Mutex::new(CoreStats::default())).collect(),
+        started: Instant::now(),
+        cluster,
+    })
+}
+
+/// Starts one thread per shard core, on its listener copy and inbox, each
+/// shard with a hash seed of its own; each says on the returned channel
+/// whether it could set up.
+fn start_shards(
+    shared: &Arc<Shared>,
+    shard_config: &ShardConfig,
+    cpus: Option<&[usize]>,
+    listeners: Vec<RawFd>,
+    inboxes: Vec<Inbox>,
+) -> Result<(Vec<ShardThread>, Receiver<ShardReady>), String> {
+    let (ready_sender, ready) = std::sync::mpsc::channel::<ShardReady>();
+    let mut threads: Vec<ShardThread> = Vec::with_capacity(listeners.len());
+    for (core, (listener, inbox)) in listeners.into_iter().zip(inboxes).enumerate() {
+        let cpu = cpus.map(|cpus| cpus[core]);
+        let shard_config = ShardConfig { hash_seed: random_seed() ^ core as u64, ..shard_config.clone() };
+        let start = ShardStart { core, cpu, shared: shared.clone(), shard_config, listener, inbox };
+        threads.push(spawn_shard(start, ready_sender.clone())?);
+    }
+    Ok((threads, ready))
+}
+
+/// Starts the replication core of a cluster node.
+fn start_replication(
+    config: &Config,
+    settings: ClusterSettings,
+    store: EpochStore,
+    shared: &Arc<Shared>,
+    reports: crossbeam_channel::Receiver<Report>,
+    listener: std::net::TcpListener,
+) -> Result<JoinHandle<Result<ExitReason, String>>, String> {
+    replication::start(replication::Start {
+        settings,
+        store,
+        shared: shared.clone(),
+        reports,
+        listener,
+        cpu: if config.no_pin { None } else { config.replication_cpu },
+        incarnation: wall_clock_micros(),
+        keys_max: usize::try_from(config.max_keys).unwrap_or(usize::MAX),
+    })
 }
 
 /// Binds the port the peers connect to.
@@ -342,19 +372,25 @@ fn wait_for_stop(
             }
         }
         if let Some(thread) = replication.take_if(|thread| thread.is_finished()) {
-            return match thread.join() {
-                Ok(Ok(reason)) if stopping => {
-                    tracing::info!(?reason, "left the cluster; closing connections");
-                    Ok(())
-                }
-                Ok(Ok(reason)) => Err(format!("the replication core ended on its own ({reason:?})")),
-                Ok(Err(error)) => Err(error),
-                Err(_) => Err("the replication core panicked".to_string()),
-            };
+            return replication_ended(thread, stopping);
         }
         if threads.iter().any(JoinHandle::is_finished) {
             return Err("a shard core stopped unexpectedly".to_string());
         }
+    }
+}
+
+/// The replication core's thread ended: after a stop asked for, it left the
+/// cluster, and the node stops; else the node cannot go on.
+fn replication_ended(thread: JoinHandle<Result<ExitReason, String>>, stopping: bool) -> Result<(), String> {
+    match thread.join() {
+        Ok(Ok(reason)) if stopping => {
+            tracing::info!(?reason, "left the cluster; closing connections");
+            Ok(())
+        }
+        Ok(Ok(reason)) => Err(format!("the replication core ended on its own ({reason:?})")),
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err("the replication core panicked".to_string()),
     }
 }
 
@@ -371,16 +407,19 @@ fn stop(shared: &Shared) {
     }
 }
 
-/// The signals the main thread waits for: SIGINT and SIGTERM stop the
-/// server, SIGHUP is only logged.
-fn handled_signals() -> libc::sigset_t {
-    // SAFETY: building a signal set in a zeroed value.
+/// Blocks, on this thread and the threads it starts from now on, the
+/// signals the main thread waits for: SIGINT and SIGTERM stop the server,
+/// SIGHUP is only logged. Returns their set.
+fn block_handled_signals() -> libc::sigset_t {
+    // SAFETY: building a signal set in a zeroed value, and changing this
+    // thread's signal mask with it.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
 }
