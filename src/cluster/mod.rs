@@ -22,6 +22,8 @@
 //! - `ballot`: epochs as ballots: a node's next epoch above all it has seen.
 //! - `election`: who promotes when no active is left.
 //! - `peer`: what a node knows of one peer (last heartbeat, liveness).
+//! - `receive`: a standby's rules for the snapshot and delta frames of the
+//!   replication stream, over any table (the mirror, or the simulator's).
 //! - `node_tests`: one hand-written schedule per rule of SPEC §5.
 //! - `sim`, `sim_rng`: the deterministic cluster simulator (tests only).
 //! - `sim_tests`: seeded simulation runs and their invariants.
@@ -33,6 +35,7 @@ mod election;
 mod message;
 mod node;
 mod peer;
+pub(crate) mod receive;
 pub mod wire;
 
 #[cfg(test)]

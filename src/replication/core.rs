@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
+use crate::cluster::receive::{Break, Received, StreamReceiver};
 use crate::cluster::wire::{self, ENTRIES_PER_FRAME_MAX, Frame, Hello, PROTOCOL_VERSION, SnapshotEntry};
 use crate::cluster::{Effect, ExitReason, Node, PeerMessage, PeerRole, TableVersion};
 use crate::config::PeerAddress;
@@ -24,9 +25,8 @@ use crate::node::epoch::EpochStore;
 use crate::node::role::{Control, NodeStatus, Report};
 use crate::node::shared::Shared;
 
-use super::mirror::Mirror;
+use super::mirror::{Mirror, OutOfOrder};
 use super::peers::{Events, Outboxes, PeerEvent, PeerLinks};
-use super::receive::{Break, Received, StreamReceiver};
 
 /// The longest pause between two turns: the time bound of a delta batch.
 pub const TURN_MS: u64 = 1;
@@ -87,7 +87,7 @@ pub struct ReplicationCore {
     /// The last turn left events or reports for the next one.
     backlog: bool,
     /// A standby's side of the stream: the snapshot under way, the stream applied.
-    receiver: StreamReceiver,
+    receiver: StreamReceiver<Mirror>,
     /// Cores that still owe a [`Report::Held`] after a hold.
     holding: Option<Vec<bool>>,
     /// Controls each core's full inbox refused, sent again next turn, in order.
@@ -571,7 +571,7 @@ impl ReplicationCore {
     }
 
     /// Tells the cluster logic what a table frame from `from` did.
-    fn received(&mut self, now_ms: u64, from: usize, received: Received) {
+    fn received(&mut self, now_ms: u64, from: usize, received: Received<OutOfOrder>) {
         match received {
             Received::Ignored | Received::SnapshotBegun => {}
             Received::SnapshotProgress => self.node.snapshot_progress(now_ms, from),

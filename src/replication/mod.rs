@@ -13,13 +13,10 @@
 //! - `core`: the loop: reports, peer frames, cluster effects.
 //! - `mirror`: the replicated table (pure).
 //! - `peers`: the peer connections and their handshake.
-//! - `receive`: a standby's rules for the snapshot and delta frames it
-//!   receives (pure).
 
 mod core;
 mod mirror;
 mod peers;
-mod receive;
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::IntoRawFd;

@@ -3,16 +3,35 @@
 //! delta stream, each delta numbered one above the last.
 //!
 //! Pure: no I/O, no clock (every input carries `now_ms`), no log. The
-//! replication core hands it the frames of one peer connection and tells the
-//! cluster logic what [`Received`] says; a peer's stream that breaks a rule
-//! ([`Break`]) is dropped, and the standby asks for a new snapshot.
+//! replication core hands it the frames of its peer connections and tells
+//! the cluster logic what [`Received`] says; a peer's stream that breaks a
+//! rule ([`Break`]) is dropped, and the standby asks for a new snapshot.
+//!
+//! The rules hold for any [`ReplicaTable`]: the replication core's is its
+//! mirror of the lock table, and the cluster simulator (`sim`) drives the
+//! same rules with its abstract table, through crashes, cuts and lost frames.
 
-use ringlock_shards::Delta;
+use std::fmt::Debug;
 
-use crate::cluster::TableVersion;
-use crate::cluster::wire::SnapshotEntry;
+use super::TableVersion;
 
-use super::mirror::{Mirror, OutOfOrder};
+/// What the receive rules need of a replicated table.
+pub trait ReplicaTable {
+    /// One key's state in a snapshot; it replaces what the table has for the key.
+    type Entry;
+    /// One change of the active's table.
+    type Delta;
+    /// Why the table refused a change.
+    type Refused: Debug + PartialEq + Eq;
+
+    fn empty() -> Self;
+    fn insert(&mut self, now_ms: u64, entry: Self::Entry);
+    fn apply(&mut self, now_ms: u64, delta: Self::Delta) -> Result<(), Self::Refused>;
+    /// Grants held.
+    fn len(&self) -> usize;
+    /// The highest epoch of any token applied, for the cluster logic.
+    fn token_epoch_max(&self) -> u64;
+}
 
 /// The stream this node applies as a standby.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,17 +43,16 @@ struct Replica {
 
 /// A snapshot being received: its table so far, and the version the deltas
 /// received between its slices brought it to.
-#[derive(Debug)]
-struct Incoming {
+struct Incoming<T> {
     from: usize,
     connection: u64,
     table: TableVersion,
-    mirror: Mirror,
+    mirror: T,
 }
 
 /// What a frame did, for the cluster logic.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Received {
+pub enum Received<Refused> {
     /// Not of the stream or snapshot under way (or this node serves): dropped.
     Ignored,
     /// A snapshot began.
@@ -46,35 +64,46 @@ pub enum Received {
     /// Deltas of the stream are applied: the table is at `table`.
     Applied { table: TableVersion, token_epoch_max: u64 },
     /// The stream or snapshot from this peer broke a rule and is dropped.
-    Broken(Break),
+    Broken(Break<Refused>),
 }
 
 /// The rule a stream or snapshot broke.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Break {
+pub enum Break<Refused> {
     /// Deltas between a snapshot's slices that do not follow its version, or
     /// that the table refused.
     SnapshotOutOfOrder { stream: u64, first_version: u64 },
     /// Deltas that do not follow the stream's last version.
     Gap { stream: u64, first_version: u64 },
     /// A delta the table refused (a grant whose token is not above the key's).
-    OutOfOrder(OutOfOrder),
+    OutOfOrder(Refused),
     /// The table would hold more grants than `--max-keys`.
     Overflow { what: &'static str },
 }
 
 /// A standby's receiving side of the replication stream. See the module
 /// documentation.
-#[derive(Debug, Default)]
-pub struct StreamReceiver {
+pub struct StreamReceiver<T: ReplicaTable> {
     replica: Option<Replica>,
-    incoming: Option<Incoming>,
+    incoming: Option<Incoming<T>>,
 }
 
-impl StreamReceiver {
+impl<T: ReplicaTable> Default for StreamReceiver<T> {
+    fn default() -> Self {
+        StreamReceiver { replica: None, incoming: None }
+    }
+}
+
+impl<T: ReplicaTable> StreamReceiver<T> {
     /// The table the applied stream has reached, if one is applied.
     pub fn replica_table(&self) -> Option<TableVersion> {
         self.replica.map(|replica| replica.table)
+    }
+
+    /// The peer whose stream is applied, if one is (for the simulator).
+    #[cfg(test)]
+    pub fn replica_from(&self) -> Option<usize> {
+        self.replica.map(|replica| replica.from)
     }
 
     /// Forgets the stream and any snapshot under way (the node serves now).
@@ -97,7 +126,13 @@ impl StreamReceiver {
     }
 
     /// A snapshot starts at `table`. A node that serves takes none.
-    pub fn snapshot_begin(&mut self, from: usize, connection: u64, table: TableVersion, serving: bool) -> Received {
+    pub fn snapshot_begin(
+        &mut self,
+        from: usize,
+        connection: u64,
+        table: TableVersion,
+        serving: bool,
+    ) -> Received<T::Refused> {
         if serving {
             return Received::Ignored;
         }
@@ -105,7 +140,7 @@ impl StreamReceiver {
         if self.is_replica(from, connection) {
             self.replica = None;
         }
-        self.incoming = Some(Incoming { from, connection, table, mirror: Mirror::new() });
+        self.incoming = Some(Incoming { from, connection, table, mirror: T::empty() });
         Received::SnapshotBegun
     }
 
@@ -115,9 +150,9 @@ impl StreamReceiver {
         now_ms: u64,
         from: usize,
         connection: u64,
-        entries: Vec<SnapshotEntry>,
+        entries: impl IntoIterator<Item = T::Entry>,
         keys_max: usize,
-    ) -> Received {
+    ) -> Received<T::Refused> {
         let Some(incoming) = self.incoming_of(from, connection) else { return Received::Ignored };
         for entry in entries {
             incoming.mirror.insert(now_ms, entry);
@@ -136,8 +171,8 @@ impl StreamReceiver {
         connection: u64,
         table: TableVersion,
         serving: bool,
-        mirror: &mut Mirror,
-    ) -> Received {
+        mirror: &mut T,
+    ) -> Received<T::Refused> {
         let Some(incoming) = self.incoming.take() else { return Received::Ignored };
         if incoming.from != from || incoming.connection != connection || incoming.table != table || serving {
             return Received::Ignored;
@@ -157,15 +192,20 @@ impl StreamReceiver {
         connection: u64,
         stream: u64,
         first_version: u64,
-        deltas: Vec<Delta>,
+        deltas: impl IntoIterator<Item = T::Delta>,
         keys_max: usize,
-        mirror: &mut Mirror,
-    ) -> Received {
+        mirror: &mut T,
+    ) -> Received<T::Refused> {
         if let Some(incoming) = self.incoming_of(from, connection) {
             let in_order = incoming.table.stream == stream && first_version == incoming.table.version + 1;
-            incoming.table.version += deltas.len() as u64;
-            let applied =
-                in_order && deltas.into_iter().try_for_each(|delta| incoming.mirror.apply(now_ms, delta)).is_ok();
+            let mut count = 0;
+            let mut applied = in_order;
+            for delta in deltas {
+                count += 1;
+                // Out of order, the rest is only counted.
+                applied = applied && incoming.mirror.apply(now_ms, delta).is_ok();
+            }
+            incoming.table.version += count;
             if incoming.mirror.len() > keys_max {
                 return self.overflow("snapshot");
             }
@@ -184,9 +224,8 @@ impl StreamReceiver {
             self.replica = None;
             return Received::Broken(Break::Gap { stream, first_version });
         }
-        replica.table.version += deltas.len() as u64;
-        let table = replica.table;
         for delta in deltas {
+            replica.table.version += 1;
             if let Err(error) = mirror.apply(now_ms, delta) {
                 // Not an active's stream as it should be: start over from a
                 // snapshot rather than trust the rest of it.
@@ -194,6 +233,7 @@ impl StreamReceiver {
                 return Received::Broken(Break::OutOfOrder(error));
             }
         }
+        let table = replica.table;
         if mirror.len() > keys_max {
             return self.overflow("replication stream");
         }
@@ -204,14 +244,14 @@ impl StreamReceiver {
         self.replica.is_some_and(|replica| replica.from == from && replica.connection == connection)
     }
 
-    fn incoming_of(&mut self, from: usize, connection: u64) -> Option<&mut Incoming> {
+    fn incoming_of(&mut self, from: usize, connection: u64) -> Option<&mut Incoming<T>> {
         self.incoming.as_mut().filter(|incoming| incoming.from == from && incoming.connection == connection)
     }
 
     /// The table would hold more than `--max-keys` grants: the snapshot and
     /// the stream are dropped (a peer cannot make this node hold more than
     /// its shards could).
-    fn overflow(&mut self, what: &'static str) -> Received {
+    fn overflow(&mut self, what: &'static str) -> Received<T::Refused> {
         self.clear();
         Received::Broken(Break::Overflow { what })
     }
@@ -219,29 +259,65 @@ impl StreamReceiver {
 
 #[cfg(test)]
 mod tests {
-    use ringlock_shards::{Key, token};
+    use std::collections::BTreeMap;
+
+    use ringlock_shards::token::{token, token_epoch};
 
     use super::*;
 
     const KEYS_MAX: usize = 100;
 
+    /// A table of the last token of each key, refusing a token not above it.
+    #[derive(Debug, Default)]
+    struct Table(BTreeMap<&'static str, u64>);
+
+    impl ReplicaTable for Table {
+        type Entry = (&'static str, u64);
+        type Delta = (&'static str, u64);
+        type Refused = (&'static str, u64);
+
+        fn empty() -> Table {
+            Table::default()
+        }
+
+        fn insert(&mut self, _now_ms: u64, (key, token): (&'static str, u64)) {
+            self.0.insert(key, token);
+        }
+
+        fn apply(&mut self, _now_ms: u64, (key, token): (&'static str, u64)) -> Result<(), (&'static str, u64)> {
+            if self.0.get(key).is_some_and(|&last| token <= last) {
+                return Err((key, token));
+            }
+            self.0.insert(key, token);
+            Ok(())
+        }
+
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+
+        fn token_epoch_max(&self) -> u64 {
+            self.0.values().map(|&token| token_epoch(token)).max().unwrap_or(0)
+        }
+    }
+
     fn table(stream: u64, version: u64) -> TableVersion {
         TableVersion { stream, version }
     }
 
-    fn grant(name: &str, sequence: u64) -> Delta {
-        Delta::Grant { key: Key::new(name.as_bytes()), token: token(32, sequence), lease_ms: 1000 }
+    fn grant(name: &'static str, sequence: u64) -> (&'static str, u64) {
+        (name, token(32, sequence))
     }
 
-    fn entry(name: &str, sequence: u64) -> SnapshotEntry {
-        SnapshotEntry { key: Key::new(name.as_bytes()), token: token(32, sequence), lease_left_ms: 1000 }
+    fn entry(name: &'static str, sequence: u64) -> (&'static str, u64) {
+        (name, token(32, sequence))
     }
 
     /// A receiver that applied a snapshot of one grant from peer 1 on
     /// connection 7, at version 5 of stream 32.
-    fn following() -> (StreamReceiver, Mirror) {
-        let mut receiver = StreamReceiver::default();
-        let mut mirror = Mirror::new();
+    fn following() -> (StreamReceiver<Table>, Table) {
+        let mut receiver = StreamReceiver::<Table>::default();
+        let mut mirror = Table::default();
         assert_eq!(receiver.snapshot_begin(1, 7, table(32, 5), false), Received::SnapshotBegun);
         assert_eq!(receiver.snapshot_chunk(0, 1, 7, vec![entry("a", 1)], KEYS_MAX), Received::SnapshotProgress);
         let applied = receiver.snapshot_end(1, 7, table(32, 5), false, &mut mirror);
@@ -251,8 +327,8 @@ mod tests {
 
     #[test]
     fn a_snapshot_in_slices_with_deltas_between_them_becomes_the_table() {
-        let mut receiver = StreamReceiver::default();
-        let mut mirror = Mirror::new();
+        let mut receiver = StreamReceiver::<Table>::default();
+        let mut mirror = Table::default();
         receiver.snapshot_begin(1, 7, table(32, 5), false);
         receiver.snapshot_chunk(0, 1, 7, vec![entry("a", 1)], KEYS_MAX);
         let between = receiver.deltas(0, 1, 7, 32, 6, vec![grant("b", 2), grant("c", 3)], KEYS_MAX, &mut mirror);
@@ -269,9 +345,9 @@ mod tests {
 
     #[test]
     fn a_snapshot_end_that_does_not_match_its_begin_is_dropped() {
-        let mut mirror = Mirror::new();
+        let mut mirror = Table::default();
         for (from, connection, end) in [(2, 7, table(32, 5)), (1, 8, table(32, 5)), (1, 7, table(32, 6))] {
-            let mut receiver = StreamReceiver::default();
+            let mut receiver = StreamReceiver::<Table>::default();
             receiver.snapshot_begin(1, 7, table(32, 5), false);
             assert_eq!(receiver.snapshot_end(from, connection, end, false, &mut mirror), Received::Ignored);
             assert_eq!(receiver.replica_table(), None);
@@ -282,8 +358,8 @@ mod tests {
 
     #[test]
     fn a_serving_node_takes_no_snapshot() {
-        let mut receiver = StreamReceiver::default();
-        let mut mirror = Mirror::new();
+        let mut receiver = StreamReceiver::<Table>::default();
+        let mut mirror = Table::default();
         assert_eq!(receiver.snapshot_begin(1, 7, table(32, 5), true), Received::Ignored);
         receiver.snapshot_begin(1, 7, table(32, 5), false);
         assert_eq!(receiver.snapshot_end(1, 7, table(32, 5), true, &mut mirror), Received::Ignored);
@@ -292,17 +368,17 @@ mod tests {
 
     #[test]
     fn deltas_out_of_order_within_a_snapshot_break_it() {
-        let mut mirror = Mirror::new();
+        let mut mirror = Table::default();
         // A version gap, and another stream.
         for (stream, first_version) in [(32, 7), (48, 6)] {
-            let mut receiver = StreamReceiver::default();
+            let mut receiver = StreamReceiver::<Table>::default();
             receiver.snapshot_begin(1, 7, table(32, 5), false);
             let broken = receiver.deltas(0, 1, 7, stream, first_version, vec![grant("b", 2)], KEYS_MAX, &mut mirror);
             assert_eq!(broken, Received::Broken(Break::SnapshotOutOfOrder { stream, first_version }));
             assert_eq!(receiver.snapshot_end(1, 7, table(32, 6), false, &mut mirror), Received::Ignored);
         }
         // A grant the table refuses.
-        let mut receiver = StreamReceiver::default();
+        let mut receiver = StreamReceiver::<Table>::default();
         receiver.snapshot_begin(1, 7, table(32, 5), false);
         receiver.snapshot_chunk(0, 1, 7, vec![entry("a", 4)], KEYS_MAX);
         let broken = receiver.deltas(0, 1, 7, 32, 6, vec![grant("a", 3)], KEYS_MAX, &mut mirror);
@@ -326,8 +402,7 @@ mod tests {
     fn a_refused_delta_breaks_the_stream() {
         let (mut receiver, mut mirror) = following();
         let broken = receiver.deltas(0, 1, 7, 32, 6, vec![grant("a", 1)], KEYS_MAX, &mut mirror);
-        let refused = OutOfOrder { key: Key::new(b"a"), token: token(32, 1), previous: token(32, 1) };
-        assert_eq!(broken, Received::Broken(Break::OutOfOrder(refused)));
+        assert_eq!(broken, Received::Broken(Break::OutOfOrder(("a", token(32, 1)))));
         assert_eq!(receiver.replica_table(), None);
     }
 
@@ -356,7 +431,7 @@ mod tests {
 
     #[test]
     fn more_grants_than_keys_max_drop_the_snapshot_and_the_stream() {
-        let mut receiver = StreamReceiver::default();
+        let mut receiver = StreamReceiver::<Table>::default();
         receiver.snapshot_begin(1, 7, table(32, 5), false);
         let entries = vec![entry("a", 1), entry("b", 2), entry("c", 3)];
         let broken = receiver.snapshot_chunk(0, 1, 7, entries, 2);
