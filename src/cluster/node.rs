@@ -650,26 +650,35 @@ impl Node {
             self.start_bump();
         }
         let Role::Active(active) = self.role else { unreachable!() };
-        if let Some(handoff) = active.handoff {
-            if self.now_ms >= handoff.deadline_ms {
-                self.fail_handoff();
-                return;
-            }
-            if let OutgoingState::Offered { version, resend_ms } = handoff.state
-                && self.now_ms >= resend_ms
-            {
-                let table = TableVersion { stream: active.stream, version };
-                let epoch_seen = self.epoch_known();
-                self.push(Effect::Send { to: handoff.to, message: PeerMessage::HandOff { table, epoch_seen } });
-                if let Role::Active(ActiveState { handoff: Some(handoff), .. }) = &mut self.role {
-                    handoff.state =
-                        OutgoingState::Offered { version, resend_ms: self.now_ms + self.config.heartbeat_ms };
-                }
-            }
+        match active.handoff {
+            Some(handoff) => self.progress_handoff(active, handoff),
+            None => self.maybe_hand_off_upwards(active),
+        }
+    }
+
+    /// An active's hand-off under way: it fails at its deadline, and its
+    /// offer is sent again every heartbeat period until answered.
+    fn progress_handoff(&mut self, active: ActiveState, handoff: OutgoingHandOff) {
+        if self.now_ms >= handoff.deadline_ms {
+            self.fail_handoff();
             return;
         }
-        // A higher-priority node that came back takes over by a hand-off, once
-        // it follows this node and holds a snapshot of its stream.
+        if let OutgoingState::Offered { version, resend_ms } = handoff.state
+            && self.now_ms >= resend_ms
+        {
+            let table = TableVersion { stream: active.stream, version };
+            let epoch_seen = self.epoch_known();
+            self.push(Effect::Send { to: handoff.to, message: PeerMessage::HandOff { table, epoch_seen } });
+            if let Role::Active(ActiveState { handoff: Some(handoff), .. }) = &mut self.role {
+                handoff.state = OutgoingState::Offered { version, resend_ms: self.now_ms + self.config.heartbeat_ms };
+            }
+        }
+    }
+
+    /// A higher-priority node that came back takes over by a hand-off, once
+    /// it follows this node and holds a snapshot of its stream.
+    fn maybe_hand_off_upwards(&mut self, active: ActiveState) {
+        let me = self.config.me;
         let top = self.live_peers().next();
         if !self.stopping
             && active.bump.is_none()
