@@ -522,21 +522,7 @@ impl Sim {
                 self.hosts[node].queued.push(event)
             }
             Event::Deliver { from, to, message, sender_life, sender_had_state } => {
-                if !self.hosts[to].is_up() {
-                    return;
-                }
-                self.log(|| format!("{from} -> {to} {message:?}"));
-                let now_ms = self.now_ms;
-                let host = &mut self.hosts[to];
-                host.knowledge = host.knowledge.max(message.epoch_max());
-                if let PeerMessage::Heartbeat(_) = message {
-                    host.heard_since_start[from] = true;
-                    if sender_had_state {
-                        host.stateful_heard[from] = Some((now_ms, sender_life));
-                    }
-                }
-                host.node.as_mut().expect("up").receive(now_ms, from, message);
-                self.drive(to);
+                self.deliver(from, to, message, sender_life, sender_had_state)
             }
             Event::Stream { from, to, from_life, to_life, connection, item } => {
                 if self.hosts[to].life == to_life && self.hosts[from].life == from_life && self.hosts[to].is_up() {
@@ -544,16 +530,7 @@ impl Sim {
                 }
             }
             Event::StreamBroken { from, to, from_life, to_life, connection } => {
-                let host = &mut self.hosts[to];
-                if host.life == to_life
-                    && self.hosts[from].life == from_life
-                    && self.hosts[to].receiver.connection_closed(from, connection)
-                {
-                    let host = &mut self.hosts[to];
-                    host.node.as_mut().expect("up").replica_broken(self.now_ms, from);
-                    self.log(|| format!("stream {from} -> {to} broke"));
-                    self.drive(to);
-                }
+                self.stream_broken(from, to, from_life, to_life, connection)
             }
             Event::Tick { node } => {
                 let host = &mut self.hosts[node];
@@ -566,22 +543,7 @@ impl Sim {
                     self.drive(node);
                 }
             }
-            Event::PersistDone { node, life, epoch } => {
-                let host = &mut self.hosts[node];
-                if host.life != life {
-                    return;
-                }
-                // The write is done even if the process is stopped; it learns so when it runs.
-                host.durable_epoch = host.durable_epoch.max(epoch);
-                if host.paused {
-                    host.queued.push(event);
-                    return;
-                }
-                if let Some(running) = host.node.as_mut() {
-                    running.epoch_persisted(self.now_ms, epoch);
-                    self.drive(node);
-                }
-            }
+            Event::PersistDone { node, life, epoch } => self.persist_done(node, life, epoch),
             Event::HoldDone { node, life } => {
                 let host = &mut self.hosts[node];
                 if host.life != life || !host.held {
@@ -593,15 +555,7 @@ impl Sim {
                     self.drive(node);
                 }
             }
-            Event::Grants => {
-                for index in 0..self.config.nodes {
-                    if self.hosts[index].is_serving() && !self.hosts[index].paused && self.rng.chance(500) {
-                        self.grant(index);
-                    }
-                }
-                let gap_ms = self.rng.between(1, (self.config.heartbeat_ms / 2).max(1));
-                self.schedule(self.now_ms + gap_ms, Event::Grants);
-            }
+            Event::Grants => self.grants(),
             Event::Chaos => {
                 if self.now_ms < self.heal_ms {
                     self.inject_fault();
@@ -619,6 +573,68 @@ impl Sim {
             Event::Heal => self.heal(),
             Event::End => {}
         }
+    }
+
+    /// A control message reaches `to`.
+    fn deliver(&mut self, from: usize, to: usize, message: PeerMessage, sender_life: u64, sender_had_state: bool) {
+        if !self.hosts[to].is_up() {
+            return;
+        }
+        self.log(|| format!("{from} -> {to} {message:?}"));
+        let now_ms = self.now_ms;
+        let host = &mut self.hosts[to];
+        host.knowledge = host.knowledge.max(message.epoch_max());
+        if let PeerMessage::Heartbeat(_) = message {
+            host.heard_since_start[from] = true;
+            if sender_had_state {
+                host.stateful_heard[from] = Some((now_ms, sender_life));
+            }
+        }
+        host.node.as_mut().expect("up").receive(now_ms, from, message);
+        self.drive(to);
+    }
+
+    /// The stream `from` → `to` on `connection` broke (a lost item).
+    fn stream_broken(&mut self, from: usize, to: usize, from_life: u64, to_life: u64, connection: u64) {
+        let host = &mut self.hosts[to];
+        if host.life == to_life
+            && self.hosts[from].life == from_life
+            && self.hosts[to].receiver.connection_closed(from, connection)
+        {
+            let host = &mut self.hosts[to];
+            host.node.as_mut().expect("up").replica_broken(self.now_ms, from);
+            self.log(|| format!("stream {from} -> {to} broke"));
+            self.drive(to);
+        }
+    }
+
+    /// An epoch write of `node` is done.
+    fn persist_done(&mut self, node: usize, life: u64, epoch: u64) {
+        let host = &mut self.hosts[node];
+        if host.life != life {
+            return;
+        }
+        // The write is done even if the process is stopped; it learns so when it runs.
+        host.durable_epoch = host.durable_epoch.max(epoch);
+        if host.paused {
+            host.queued.push(Event::PersistDone { node, life, epoch });
+            return;
+        }
+        if let Some(running) = host.node.as_mut() {
+            running.epoch_persisted(self.now_ms, epoch);
+            self.drive(node);
+        }
+    }
+
+    /// The client asks the serving nodes for grants now and then.
+    fn grants(&mut self) {
+        for index in 0..self.config.nodes {
+            if self.hosts[index].is_serving() && !self.hosts[index].paused && self.rng.chance(500) {
+                self.grant(index);
+            }
+        }
+        let gap_ms = self.rng.between(1, (self.config.heartbeat_ms / 2).max(1));
+        self.schedule(self.now_ms + gap_ms, Event::Grants);
     }
 
     fn start(&mut self, index: usize) {
@@ -677,27 +693,7 @@ impl Sim {
             self.log(|| format!("node {index}: {effect:?}"));
         }
         match effect {
-            Effect::Send { to, message } => {
-                let host = &self.hosts[index];
-                let had_state = host.table.is_some();
-                if let PeerMessage::Heartbeat(heartbeat) = message
-                    && heartbeat.caught_up != (had_state || heartbeat.role == super::PeerRole::Active)
-                    && heartbeat.role != super::PeerRole::Leaving
-                {
-                    let text =
-                        format!("node {index} says caught up {} but holds {:?}", heartbeat.caught_up, host.table);
-                    fail(&mut self.violation, text);
-                }
-                let life = host.life;
-                if let PeerMessage::Heartbeat(heartbeat) = message
-                    && heartbeat.role == super::PeerRole::Leaving
-                {
-                    // It is going away, and its state with it (a plain shutdown, or
-                    // after a hand-off): from now on no peer should wait for it.
-                    self.hosts[index].leaving = true;
-                }
-                self.send_control(index, to, message, life, had_state);
-            }
+            Effect::Send { to, message } => self.send(index, to, message),
             Effect::PersistEpoch { epoch } => {
                 let host = &mut self.hosts[index];
                 let done_ms = host.persist_done_ms.max(self.now_ms) + self.rng.between(1, 5);
@@ -738,29 +734,85 @@ impl Sim {
                 self.schedule(done_ms, Event::HoldDone { node: index, life });
             }
             Effect::Resume => self.hosts[index].held = false,
-            Effect::Exit { reason } => {
-                match reason {
-                    ExitReason::HandedOff => self.report.handoffs_done += 1,
-                    ExitReason::HandOffFailed => self.report.handoffs_failed += 1,
-                    ExitReason::Standby | ExitReason::NoSuccessor => {}
-                }
-                let host = &self.hosts[index];
-                if host.durable_epoch < host.knowledge {
-                    let text = format!(
-                        "node {index} exits having persisted epoch {} but knowing epoch {}",
-                        host.durable_epoch, host.knowledge
-                    );
-                    fail(&mut self.violation, text);
-                }
-                // Effects queued after Exit do not exist: the process is gone.
-                self.hosts[index].lose_memory();
+            Effect::Exit { reason } => self.exit(index, reason),
+        }
+    }
+
+    /// Node `index` sends a control message; its heartbeats must tell the truth.
+    fn send(&mut self, index: usize, to: usize, message: PeerMessage) {
+        let host = &self.hosts[index];
+        let had_state = host.table.is_some();
+        if let PeerMessage::Heartbeat(heartbeat) = message
+            && heartbeat.caught_up != (had_state || heartbeat.role == super::PeerRole::Active)
+            && heartbeat.role != super::PeerRole::Leaving
+        {
+            let text = format!("node {index} says caught up {} but holds {:?}", heartbeat.caught_up, host.table);
+            fail(&mut self.violation, text);
+        }
+        let life = host.life;
+        if let PeerMessage::Heartbeat(heartbeat) = message
+            && heartbeat.role == super::PeerRole::Leaving
+        {
+            // It is going away, and its state with it (a plain shutdown, or
+            // after a hand-off): from now on no peer should wait for it.
+            self.hosts[index].leaving = true;
+        }
+        self.send_control(index, to, message, life, had_state);
+    }
+
+    /// Node `index` exits: it must have persisted every epoch it knew.
+    fn exit(&mut self, index: usize, reason: ExitReason) {
+        match reason {
+            ExitReason::HandedOff => self.report.handoffs_done += 1,
+            ExitReason::HandOffFailed => self.report.handoffs_failed += 1,
+            ExitReason::Standby | ExitReason::NoSuccessor => {}
+        }
+        let host = &self.hosts[index];
+        if host.durable_epoch < host.knowledge {
+            let text = format!(
+                "node {index} exits having persisted epoch {} but knowing epoch {}",
+                host.durable_epoch, host.knowledge
+            );
+            fail(&mut self.violation, text);
+        }
+        // Effects queued after Exit do not exist: the process is gone.
+        self.hosts[index].lose_memory();
+    }
+
+    /// A node that becomes active with an empty table decides only after one
+    /// failover period or once it heard every peer, and never while a peer
+    /// heard lately holds the state.
+    fn check_empty_activation(&mut self, index: usize) {
+        let now_ms = self.now_ms;
+        let failover_ms = self.config.failover_ms;
+        let host = &self.hosts[index];
+        // With an empty table, a node decides only after one failover
+        // period or once it has heard from every peer (start-up rule).
+        let heard_all = (0..self.config.nodes).all(|peer| peer == index || host.heard_since_start[peer]);
+        if now_ms < host.started_ms + failover_ms && !heard_all {
+            let started_ms = host.started_ms;
+            let text = format!(
+                "node {index} becomes active with an empty table {} ms after its start without hearing every peer",
+                now_ms - started_ms
+            );
+            fail(&mut self.violation, text);
+        }
+        for (peer, other) in self.hosts.iter().enumerate() {
+            if let Some((heard_ms, life)) = host.stateful_heard[peer]
+                && now_ms < heard_ms + failover_ms
+                && other.life == life
+                && !other.leaving
+                && other.table.is_some()
+            {
+                let text = format!(
+                    "node {index} becomes active with an empty table while node {peer}, heard at {heard_ms} ms, holds the state"
+                );
+                fail(&mut self.violation, text);
             }
         }
     }
 
     fn activate(&mut self, index: usize, epoch: u64, stream: u64) {
-        let now_ms = self.now_ms;
-        let failover_ms = self.config.failover_ms;
         let host = &self.hosts[index];
         if epoch % 16 != index as u64 {
             fail(&mut self.violation, format!("node {index} activates epoch {epoch}, not one of its ballots"));
@@ -793,30 +845,7 @@ impl Sim {
         if fresh {
             self.report.activations += 1;
             if host.table.is_none() {
-                // With an empty table, a node decides only after one failover
-                // period or once it has heard from every peer (start-up rule).
-                let heard_all = (0..self.config.nodes).all(|peer| peer == index || host.heard_since_start[peer]);
-                if now_ms < host.started_ms + failover_ms && !heard_all {
-                    let started_ms = host.started_ms;
-                    let text = format!(
-                        "node {index} becomes active with an empty table {} ms after its start without hearing every peer",
-                        now_ms - started_ms
-                    );
-                    fail(&mut self.violation, text);
-                }
-                for (peer, other) in self.hosts.iter().enumerate() {
-                    if let Some((heard_ms, life)) = host.stateful_heard[peer]
-                        && now_ms < heard_ms + failover_ms
-                        && other.life == life
-                        && !other.leaving
-                        && other.table.is_some()
-                    {
-                        let text = format!(
-                            "node {index} becomes active with an empty table while node {peer}, heard at {heard_ms} ms, holds the state"
-                        );
-                        fail(&mut self.violation, text);
-                    }
-                }
+                self.check_empty_activation(index);
             }
         }
         let host = &mut self.hosts[index];
