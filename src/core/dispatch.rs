@@ -6,7 +6,6 @@ use ringlock_shards::{ClientId, Effect, Key, Shard, ShardReply, shard_of};
 
 use crate::core::client_id::{client_id, split_client_id};
 use crate::core::connection::{IN_FLIGHT_MAX, partial_line_end};
-use crate::core::event_loop::EventLoop;
 use crate::core::mailbox::{CoreMessage, RoutedRequest};
 use crate::core::state::{CoreState, live_connection};
 use crate::node::role::{ClusterLink, CoreRole};
@@ -77,31 +76,6 @@ impl<'a> Keyed<'a> {
             Keyed::Inspect { key } => shard.inspect(now_ms, client, key),
             Keyed::Reject { op, key, code } => shard.reject(now_ms, client, op, key, code),
         }
-    }
-}
-
-impl EventLoop {
-    pub(crate) fn handle_inbox(&mut self) {
-        while let Ok(batch) = self.inbox.receiver.try_recv() {
-            for message in batch {
-                match message {
-                    CoreMessage::Request { client, request } => {
-                        self.state.run_keyed(&mut self.shard, client, Keyed::of(&request))
-                    }
-                    CoreMessage::Reply { client, reply } => self.state.deliver(client, &reply),
-                    CoreMessage::ClientGone(client) => {
-                        let removed = self.shard.client_gone(self.state.now_ms, client);
-                        let (core, ..) = split_client_id(client);
-                        self.state.outgoing[core].push(CoreMessage::GoneAck { client, removed });
-                    }
-                    CoreMessage::GoneAck { client, removed } => self.state.gone_acknowledged(client, removed),
-                    CoreMessage::Control(control) => self.control(control),
-                    CoreMessage::Adopt { fd, peer_ip } => self.state.adopt(fd, peer_ip),
-                }
-                self.handle_shard_effects();
-            }
-        }
-        self.read_paused_connections();
     }
 }
 
@@ -339,42 +313,5 @@ impl CoreState {
             connection.dirty = true;
             self.dirty.push(slot);
         }
-    }
-
-    /// End of input: once the lines already received are handled, read no more.
-    pub(crate) fn finish_input(&mut self, shard: &mut Shard, slot: u32) {
-        let connection = &self.connections[slot as usize];
-        // A paused connection still has whole lines to handle; the resume
-        // after its replies drain comes back here.
-        if connection.reading() && !connection.is_paused() {
-            self.stop_reading(shard, slot);
-        }
-    }
-
-    /// The connection reads no more requests: every shard drops its queued
-    /// acquires and acknowledges, and the connection closes once the replies
-    /// still owed are out.
-    pub(crate) fn stop_reading(&mut self, shard: &mut Shard, slot: u32) {
-        let connection = &mut self.connections[slot as usize];
-        if !connection.stop_reading() {
-            return;
-        }
-        let client = client_id(self.core, slot, connection.generation);
-        connection.gone_acks = (self.cores - 1) as u32;
-        let removed = shard.client_gone(self.now_ms, client);
-        let connection = &mut self.connections[slot as usize];
-        connection.in_flight = connection.in_flight.saturating_sub(removed);
-        for target in (0..self.cores).filter(|&target| target != self.core) {
-            self.outgoing[target].push(CoreMessage::ClientGone(client));
-        }
-    }
-
-    /// A shard dropped `removed` requests of a connection that reads no more.
-    pub(crate) fn gone_acknowledged(&mut self, client: ClientId, removed: u32) {
-        let (_, slot, generation) = split_client_id(client);
-        let Some(connection) = self.connection(slot, generation) else { return };
-        connection.in_flight = connection.in_flight.saturating_sub(removed);
-        connection.gone_acks = connection.gone_acks.saturating_sub(1);
-        self.maybe_finish(slot);
     }
 }

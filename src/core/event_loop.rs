@@ -34,7 +34,9 @@ use ringlock_proto::ErrorCode;
 use ringlock_ring::{BufRing, poll_before_sleep};
 use ringlock_shards::{HotKeyCounts, Shard};
 
-use crate::core::mailbox::Inbox;
+use crate::core::client_id::split_client_id;
+use crate::core::dispatch::Keyed;
+use crate::core::mailbox::{CoreMessage, Inbox};
 use crate::core::ring::{
     COMPLETION_ENTRIES, Kind, RECV_BUFFER_GROUP, RECV_BUFFER_LEN, RECV_BUFFERS, send_entry, split_user_data,
 };
@@ -259,6 +261,30 @@ impl EventLoop {
             return None;
         }
         Some(next)
+    }
+
+    /// Step 3 of a turn: what other cores and the replication core sent.
+    fn handle_inbox(&mut self) {
+        while let Ok(batch) = self.inbox.receiver.try_recv() {
+            for message in batch {
+                match message {
+                    CoreMessage::Request { client, request } => {
+                        self.state.run_keyed(&mut self.shard, client, Keyed::of(&request))
+                    }
+                    CoreMessage::Reply { client, reply } => self.state.deliver(client, &reply),
+                    CoreMessage::ClientGone(client) => {
+                        let removed = self.shard.client_gone(self.state.now_ms, client);
+                        let (core, ..) = split_client_id(client);
+                        self.state.outgoing[core].push(CoreMessage::GoneAck { client, removed });
+                    }
+                    CoreMessage::GoneAck { client, removed } => self.state.gone_acknowledged(client, removed),
+                    CoreMessage::Control(control) => self.control(control),
+                    CoreMessage::Adopt { fd, peer_ip } => self.state.adopt(fd, peer_ip),
+                }
+                self.handle_shard_effects();
+            }
+        }
+        self.read_paused_connections();
     }
 
     /// Submits and sleeps until a completion, the next deadline, or a wake-up.

@@ -2,11 +2,13 @@
 //! its shard and writes replies, and talks to the other cores by mailbox.
 //!
 //! # Layout
-//! - `event_loop`: [`EventLoop`], the loop's turn, its sleep, and stopping.
+//! - `event_loop`: [`EventLoop`], the loop's turn (completions, inbox),
+//!   its sleep, and stopping.
 //! - `state`: `CoreState`, everything of a core beside its shard and buffers.
 //! - `ring`: building the ring, its sizes, and the tags of its completions.
 //! - `listener`: the clients' listening socket, and binding with retries.
-//! - `sockets`: accepting, receiving, sending, pausing and closing on the ring.
+//! - `sockets`: accepting, receiving, sending, pausing on the ring, and the
+//!   end of a connection (reading no more, acknowledgements, closing).
 //! - `connection`: one connection's buffers, and its lifecycle as a small
 //!   state machine (reading, paused, half-closed, closing).
 //! - `dispatch`: parsing request lines, routing them to their shard,

@@ -1,5 +1,6 @@
 //! The socket side of a shard core: accepting, arming receives and sends on
-//! the ring, pausing a connection that does not read, and closing.
+//! the ring, pausing a connection that does not read, and the end of a
+//! connection (reading no more, the shards' acknowledgements, closing).
 
 use std::io;
 use std::os::fd::RawFd;
@@ -8,8 +9,9 @@ use std::sync::atomic::Ordering;
 use io_uring::types::Fd;
 use io_uring::{cqueue, opcode};
 use ringlock_proto::{ErrorCode, Reply, encode_reply};
-use ringlock_shards::Shard;
+use ringlock_shards::{ClientId, Shard};
 
+use crate::core::client_id::{client_id, split_client_id};
 use crate::core::connection::Connection;
 use crate::core::mailbox::CoreMessage;
 use crate::core::ring::{Kind, RECV_BUFFER_GROUP, send_entry, user_data};
@@ -229,6 +231,43 @@ impl CoreState {
                 self.refused[target] = batch;
             }
         }
+    }
+
+    /// End of input: once the lines already received are handled, read no more.
+    pub(crate) fn finish_input(&mut self, shard: &mut Shard, slot: u32) {
+        let connection = &self.connections[slot as usize];
+        // A paused connection still has whole lines to handle; the resume
+        // after its replies drain comes back here.
+        if connection.reading() && !connection.is_paused() {
+            self.stop_reading(shard, slot);
+        }
+    }
+
+    /// The connection reads no more requests: every shard drops its queued
+    /// acquires and acknowledges, and the connection closes once the replies
+    /// still owed are out.
+    pub(crate) fn stop_reading(&mut self, shard: &mut Shard, slot: u32) {
+        let connection = &mut self.connections[slot as usize];
+        if !connection.stop_reading() {
+            return;
+        }
+        let client = client_id(self.core, slot, connection.generation);
+        connection.gone_acks = (self.cores - 1) as u32;
+        let removed = shard.client_gone(self.now_ms, client);
+        let connection = &mut self.connections[slot as usize];
+        connection.in_flight = connection.in_flight.saturating_sub(removed);
+        for target in (0..self.cores).filter(|&target| target != self.core) {
+            self.outgoing[target].push(CoreMessage::ClientGone(client));
+        }
+    }
+
+    /// A shard dropped `removed` requests of a connection that reads no more.
+    pub(crate) fn gone_acknowledged(&mut self, client: ClientId, removed: u32) {
+        let (_, slot, generation) = split_client_id(client);
+        let Some(connection) = self.connection(slot, generation) else { return };
+        connection.in_flight = connection.in_flight.saturating_sub(removed);
+        connection.gone_acks = connection.gone_acks.saturating_sub(1);
+        self.maybe_finish(slot);
     }
 
     /// The socket failed: nothing more can be sent, so close it now.
