@@ -125,7 +125,7 @@ impl CoreState {
 }
 
 /// The connection in `slot` if it is still the one of `generation` and open;
-/// a free function so that callers can borrow other fields of [`Io`] beside it.
+/// a free function so that callers can borrow other fields of [`CoreState`] beside it.
 pub(crate) fn live_connection(connections: &mut [Connection], slot: u32, generation: u32) -> Option<&mut Connection> {
     connections.get_mut(slot as usize).filter(|c| c.generation == generation && c.fd >= 0)
 }
