@@ -83,7 +83,7 @@ pub struct EventLoop {
 }
 
 impl EventLoop {
-    /// Sets up the loop of core `core` on a ring built by [`build_ring`] on
+    /// Sets up the loop of core `core` on a ring built by [`build_ring`](super::build_ring) on
     /// this thread.
     pub fn new(
         ring: IoUring,
