@@ -13,7 +13,7 @@ use crate::proto::is_valid_address;
 /// ```
 /// assert_eq!(ringlock_client::NODES_MAX, 16);
 /// ```
-pub const NODES_MAX: usize = 16;
+pub use crate::proto::NODES_MAX;
 
 /// Most connections the client keeps to one node.
 const CONNECTIONS_PER_NODE_MAX: usize = 64;

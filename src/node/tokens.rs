@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use ringlock_shards::TokenRange;
 use ringlock_shards::token::SEQUENCE_MAX;
 
-use crate::epoch::EpochStore;
+use crate::node::epoch::EpochStore;
 
 /// Tokens in one range handed to a shard.
 pub const TOKEN_RANGE_LEN: u64 = 1 << 16;
