@@ -79,7 +79,7 @@
 //! # }
 //! ```
 //!
-//! # What the client does for you (SPEC §4)
+//! # What the client does for you (docs/protocol.md §4)
 //!
 //! - **Connections.** One per node, two when given a single address; chosen
 //!   round-robin. A broken one is left out and reconnected in the

@@ -15,7 +15,7 @@
 //! A key that is neither held nor waited on has no slot: its state is gone.
 //!
 //! # Reply order
-//! SPEC §3 asks that replies for one (op, key) on one connection keep request
+//! docs/protocol.md §3 asks that replies for one (op, key) on one connection keep request
 //! order. Grants are FIFO, so two queued `A k` from one connection are granted
 //! in order; but a later one may time out first, or a later `A k` may be
 //! refused while an earlier one is queued. Such an answer is *held*: its waiter

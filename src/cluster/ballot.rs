@@ -1,4 +1,4 @@
-//! Epochs as ballots (SPEC §2): `round * 16 + node index`, so two nodes never
+//! Epochs as ballots (docs/protocol.md §2): `round * 16 + node index`, so two nodes never
 //! share one, and a node that starts serving moves to a round above every
 //! epoch it has persisted or seen. Pure arithmetic: persisting the epoch is
 //! the node's (`node::epoch`).

@@ -1,5 +1,5 @@
 //! The settings of one cluster member: who it is, how many peers there are,
-//! and the two timings of SPEC §5 (heartbeat period and failover timeout).
+//! and the two timings of docs/protocol.md §5 (heartbeat period and failover timeout).
 
 use ringlock_proto::NODES_MAX;
 
@@ -9,7 +9,7 @@ pub const HEARTBEAT_MS_DEFAULT: u64 = 100;
 /// Default time without a heartbeat after which a peer is dead (`--failover-ms`).
 pub const FAILOVER_MS_DEFAULT: u64 = 1000;
 
-/// A hand-off never waits less than this for its answer (SPEC §5).
+/// A hand-off never waits less than this for its answer (docs/protocol.md §5).
 pub const HANDOFF_TIMEOUT_MS_MIN: u64 = 1000;
 
 /// The settings of one [`Node`](super::Node).

@@ -73,7 +73,7 @@ pub enum ExitReason {
     /// The node was a standby (or became one while stopping): nothing to hand over.
     Standby,
     /// Active with no live, caught-up standby to hand over to: the plain
-    /// shutdown of SPEC §3 (queued acquires get `E A <key> shutting-down`).
+    /// shutdown of docs/protocol.md §3 (queued acquires get `E A <key> shutting-down`).
     NoSuccessor,
     /// The hand-off got no answer in time (or was refused): the plain shutdown.
     HandOffFailed,

@@ -1,4 +1,4 @@
-//! The cluster logic of SPEC §5 as a pure state machine: roles, heartbeats,
+//! The cluster logic of docs/protocol.md §5 as a pure state machine: roles, heartbeats,
 //! priority election, hand-off, catch-up before preemption, demotion and
 //! epoch ballots.
 //!
@@ -24,7 +24,7 @@
 //! - `peer`: what a node knows of one peer (last heartbeat, liveness).
 //! - `receive`: a standby's rules for the snapshot and delta frames of the
 //!   replication stream, over any table (the mirror, or the simulator's).
-//! - `node_tests`: one hand-written schedule per rule of SPEC §5.
+//! - `node_tests`: one hand-written schedule per rule of docs/protocol.md §5.
 //! - `sim`, `sim_rng`: the deterministic cluster simulator (tests only).
 //! - `sim_tests`: seeded simulation runs and their invariants.
 

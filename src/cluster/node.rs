@@ -1,4 +1,4 @@
-//! The cluster state machine of one member (SPEC §5): roles, heartbeats,
+//! The cluster state machine of one member (docs/protocol.md §5): roles, heartbeats,
 //! priority election, hand-off, catch-up before preemption, demotion and
 //! epoch ballots.
 //!
@@ -404,7 +404,7 @@ impl Node {
         self.evaluate();
     }
 
-    /// The active's shards are running out of sequences in this epoch (SPEC
+    /// The active's shards are running out of sequences in this epoch (docs/protocol.md
     /// §2.6): move to a new epoch (an `Activate` follows once it is persisted).
     pub fn epoch_exhausted(&mut self, now_ms: u64) {
         self.advance(now_ms);

@@ -1,4 +1,4 @@
-//! One hand-written schedule per rule of SPEC §5: a single [`Node`] is fed
+//! One hand-written schedule per rule of docs/protocol.md §5: a single [`Node`] is fed
 //! the heartbeats and messages its peers would send, and the effects it
 //! answers with are checked.
 

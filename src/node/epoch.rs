@@ -1,6 +1,6 @@
 //! The durable epoch: the only state a node keeps across restarts.
 //!
-//! Epochs are ballots (SPEC §2, see `cluster::ballot`), so two nodes never
+//! Epochs are ballots (docs/protocol.md §2, see `cluster::ballot`), so two nodes never
 //! share one. A node that starts serving moves to a round above every epoch it
 //! has persisted or seen, and writes the new epoch to `<data-dir>/epoch` with
 //! fsync (file, then directory) before it issues the first token of it. That
