@@ -601,10 +601,13 @@ fn thirty_two_clients_that_never_read_cost_at_most_their_reply_caps() {
     let stuck: Vec<TcpStream> = writers.into_iter().map(|writer| writer.join().unwrap()).collect();
     assert_served(&mut bystander, "while-stuck");
     let after = server.rss_bytes();
-    // Each stuck connection holds at most about 1 MiB of replies (docs/operations.md,
-    // back-pressure) plus its last receive buffers; 2 MiB each is generous, and the
-    // acquires that got in hold at most 100k small locks.
-    let bound = before + STUCK as u64 * 2 * MIB + 100_000 * 256;
+    // Each stuck connection holds at most about 1 MiB of replies queued and
+    // 1 MiB being sent (docs/operations.md, back-pressure); with the
+    // allocator's slack (freed send buffers are not all returned at once)
+    // the growth measured 2 to 2.6 MiB each, so 3 MiB each is the bound,
+    // where the 100k replies of a connection without its cap would take
+    // 100 MiB. The acquires that got in hold at most 100k small locks.
+    let bound = before + STUCK as u64 * 3 * MIB + 100_000 * 256;
     assert!(after < bound, "RSS grew from {before} to {after} bytes; bound {bound}");
     assert!(stat(&mut bystander, "keys") <= 100_000);
     for stream in stuck {
