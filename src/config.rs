@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use ringlock_client::proto::{LEASE_MS_MAX_DEFAULT, parse_seconds_ms};
+use ringlock_proto::{LEASE_MS_MAX_DEFAULT, parse_seconds_ms};
+use ringlock_ring::{CpuList, parse_cpu_list};
 
 /// ringlock: a lock server with FIFO hand-off, leases and fencing tokens.
 ///
@@ -211,10 +212,6 @@ pub struct ClusterSettings {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseMax(pub u64);
 
-/// A list of CPU numbers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CpuList(pub Vec<usize>);
-
 fn parse_lease_max(text: &str) -> Result<LeaseMax, String> {
     match parse_seconds_ms(text.as_bytes()) {
         Some(ms) if ms > 0 && ms <= u64::from(u32::MAX) => Ok(LeaseMax(ms)),
@@ -223,32 +220,6 @@ fn parse_lease_max(text: &str) -> Result<LeaseMax, String> {
             u32::MAX / 1000
         )),
     }
-}
-
-/// Parses `1,3,5-7` into `[1, 3, 5, 6, 7]`.
-pub fn parse_cpu_list(text: &str) -> Result<CpuList, String> {
-    let mut cpus = Vec::new();
-    for part in text.split(',').map(str::trim) {
-        let bad = || format!("expected CPU numbers such as `1,3` or `2-5`, not {part:?}");
-        match part.split_once('-') {
-            Some((first, last)) => {
-                let first: usize = first.trim().parse().map_err(|_| bad())?;
-                let last: usize = last.trim().parse().map_err(|_| bad())?;
-                if first > last || last - first > 4096 {
-                    return Err(bad());
-                }
-                cpus.extend(first..=last);
-            }
-            None => cpus.push(part.parse().map_err(|_| bad())?),
-        }
-    }
-    let mut seen = cpus.clone();
-    seen.sort_unstable();
-    seen.dedup();
-    if seen.len() != cpus.len() {
-        return Err(format!("CPU list {text:?} names a CPU twice"));
-    }
-    Ok(CpuList(cpus))
 }
 
 impl Default for LeaseMax {
@@ -378,16 +349,6 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpu_list("1").unwrap().0, vec![1]);
-        assert_eq!(parse_cpu_list("1,3,5-7").unwrap().0, vec![1, 3, 5, 6, 7]);
-        assert!(parse_cpu_list("3-1").is_err());
-        assert!(parse_cpu_list("1,1").is_err());
-        assert!(parse_cpu_list("x").is_err());
-        assert!(parse_cpu_list("").is_err());
-    }
 
     #[test]
     fn lease_max_is_decimal_seconds() {

@@ -1,4 +1,4 @@
-//! The client's connection set against the real server (SPEC §4): two
+//! The client's connection set against the real server (docs/protocol.md §4): two
 //! connections for one address, acquires that survive a cut connection,
 //! reconnection after a restart, releases retried after a cut, refused
 //! connections. Faults come from the test kit's proxy (`testkit/`).

@@ -1,4 +1,4 @@
-//! Pairing stays right under load (SPEC §3, §4): thousands of pipelined
+//! Pairing stays right under load (docs/protocol.md §3, §4): thousands of pipelined
 //! requests from many threads and tasks, many with the same (op, key), over
 //! shared connections to the real server.
 

@@ -1,4 +1,4 @@
-//! `M` replies teach the client the active node (SPEC §4): a fake standby
+//! `M` replies teach the client the active node (docs/protocol.md §4): a fake standby
 //! of the test kit, which answers every `A`, `R` and `X` with
 //! `M <op> <key> <addr>`, sends the client to the real server.
 

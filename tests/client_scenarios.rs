@@ -1,5 +1,5 @@
 //! The client scenarios every official client runs (`clients/scenarios.json`,
-//! SPEC §4), for the Rust client: each against the real server, with its
+//! docs/protocol.md §4), for the Rust client: each against the real server, with its
 //! faults made by the test kit driven over its control socket, as the tests
 //! of the other languages' clients drive it.
 

@@ -1,4 +1,4 @@
-//! Clusters of real nodes on loopback (SPEC §5), driven from outside:
+//! Clusters of real nodes on loopback (docs/protocol.md §5), driven from outside:
 //! the roles through `P`, locks through raw protocol lines and the official
 //! client, failures through signals (kill -9, Ctrl+C, SIGSTOP) and a proxy on
 //! every peer link that the test cuts.
@@ -254,7 +254,7 @@ fn sigstop_of_the_active_beyond_the_failover_timeout_then_sigcont_leaves_one_act
     }
     // The releases must reach the standbys before the pause, or node 1 would
     // promote with these keys still held (the last deltas before a failure
-    // are lost, SPEC §5).
+    // are lost, docs/protocol.md §5).
     wait_replicated(&cluster, 0, since, 8);
     drop(conn);
 
@@ -307,7 +307,7 @@ fn a_partition_between_peers_makes_two_actives_and_healing_it_demotes_one() {
     assert_eq!(epoch0, first_epoch, "node 0 did not change epoch while cut off");
     assert!(epoch1 > epoch0, "node 1's epoch {epoch1} is above node 0's {epoch0}");
 
-    // Both sides grant: the window SPEC §5 warns of, that tokens make safe.
+    // Both sides grant: the window docs/protocol.md §5 warns of, that tokens make safe.
     let mut conn1 = cluster.node(1).connect();
     let on_node1 = hold_keys(&cluster, &mut conn1, "split", 4);
     for ((key, token), (_, earlier)) in on_node1.iter().zip(&before) {
@@ -327,7 +327,7 @@ fn a_partition_between_peers_makes_two_actives_and_healing_it_demotes_one() {
     });
     let (active, final_epoch) = cluster.single_active(&pings).unwrap();
     eprintln!("after the heal: node {active} is the single active in epoch {final_epoch}");
-    assert_eq!(active, 0, "the lower-priority active steps down (SPEC §5)");
+    assert_eq!(active, 0, "the lower-priority active steps down (docs/protocol.md §5)");
     let mut conn = cluster.node(active).connect();
     let after = hold_keys(&cluster, &mut conn, "split", 4);
     for (index, (key, token)) in after.iter().enumerate() {

@@ -1,6 +1,6 @@
 //! A fenced resource behind a three-node cluster under kill -9, Ctrl+C,
 //! SIGSTOP/SIGCONT, a partition, cut client connections and a client that
-//! stops reading (SPEC §2, §5): the resource never accepts a write out of
+//! stops reading (docs/protocol.md §2, §5): the resource never accepts a write out of
 //! token order, and the history of every client is checked for overlapping
 //! holders, token order, FIFO order and answers outside the failover
 //! windows the faults open.

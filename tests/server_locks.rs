@@ -1,4 +1,4 @@
-//! The rules of SPEC §1 over the wire, against the real server process.
+//! The rules of docs/protocol.md §1 over the wire, against the real server process.
 
 mod common;
 

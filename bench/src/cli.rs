@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use ringlock_client::proto::parse_seconds_ms;
+use ringlock_proto::parse_seconds_ms;
 
 use crate::worker::Workload;
 
@@ -238,4 +238,4 @@ fn parse_decimal(text: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("expected a decimal number such as 10 or 0.5 (at most 3 decimals), not {text:?}"))
 }
 
-pub use ringlock::config::{CpuList, parse_cpu_list};
+pub use ringlock_ring::{CpuList, parse_cpu_list};

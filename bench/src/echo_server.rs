@@ -24,8 +24,7 @@ use std::time::Duration;
 use io_uring::types::{Fd, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode, squeue};
 
-use ringlock::buf_ring::BufRing;
-use ringlock::ring_poll::poll_before_sleep;
+use ringlock_ring::{BufRing, poll_before_sleep};
 
 const RECV_BUFFERS: u16 = 512;
 const RECV_BUFFER_LEN: usize = 16 << 10;

@@ -2,7 +2,7 @@
 //! key has the same length and a reply's key gives back its number without a
 //! lookup or an allocation.
 
-use ringlock_client::proto::eight_digits_ascii;
+use ringlock_proto::eight_digits_ascii;
 
 /// Longest key the load generator writes, in bytes.
 pub const KEY_LEN_MAX: usize = 64;
@@ -126,7 +126,7 @@ mod tests {
         for id in [0, 1, 9, 10, 9_999_999, 123_456_789_012_345] {
             let key = format.write(id, &mut buffer);
             assert_eq!(key.len(), 16);
-            assert!(ringlock_client::proto::is_valid_key(key));
+            assert!(ringlock_proto::is_valid_key(key));
             let key = key.to_vec();
             assert_eq!(format.parse(&key), Some(id));
         }

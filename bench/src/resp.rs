@@ -1,7 +1,7 @@
 //! Just enough RESP (the Redis protocol) for a lock workload: commands as
 //! arrays of bulk strings, and the five reply kinds Redis 7 sends to them.
 
-use ringlock_client::proto::{Decoded, write_u64};
+use ringlock_proto::{Decoded, write_u64};
 
 /// Longest reply header or simple line accepted, in bytes.
 const LINE_LEN_MAX: usize = 64 << 10;

@@ -248,8 +248,8 @@ fn redis_script_load(addr: SocketAddr) -> Result<[u8; 40], String> {
             return Err(format!("SCRIPT LOAD on Redis at {addr}: connection closed"));
         }
         match resp::decode(&reply) {
-            ringlock_client::proto::Decoded::Incomplete => continue,
-            ringlock_client::proto::Decoded::Line { item: Ok(RespValue::Bulk(sha)), .. } if sha.len() == 40 => {
+            ringlock_proto::Decoded::Incomplete => continue,
+            ringlock_proto::Decoded::Line { item: Ok(RespValue::Bulk(sha)), .. } if sha.len() == 40 => {
                 let mut out = [0u8; 40];
                 out.copy_from_slice(sha);
                 return Ok(out);

@@ -1,9 +1,9 @@
 //! What the load generator sends to each target and how it reads the answer:
-//! ringlock's line protocol (through `ringlock_client::proto`), Redis used as
+//! ringlock's line protocol (through `ringlock_proto`), Redis used as
 //! a lock (RESP), and the echo server (ringlock's request lines, answered by
 //! one fixed line each).
 
-use ringlock_client::proto::{Decoded, ErrorCode, Op, Reply, Request, decode_reply, encode_request};
+use ringlock_proto::{Decoded, ErrorCode, Op, Reply, Request, decode_reply, encode_request};
 
 use crate::echo_server::ECHO_TOKEN;
 use crate::keys::KeyFormat;
@@ -73,9 +73,7 @@ impl ErrorKind {
             ErrorKind::Unpaired => 6,
             ErrorKind::BadReply => 7,
             ErrorKind::ConnectionClosed => 8,
-            ErrorKind::Server(code) => {
-                9 + ErrorCode::ALL.iter().position(|known| *known == code).unwrap_or(ErrorCode::ALL.len())
-            }
+            ErrorKind::Server(code) => 9 + code.index().unwrap_or(ErrorCode::ALL.len()),
         }
     }
 

@@ -30,14 +30,13 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use io_uring::types::{Fd, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode, squeue};
-use ringlock_client::proto::Decoded;
+use ringlock_proto::Decoded;
 
 use crate::keys::{KEY_LEN_MAX, KeyFormat};
 use crate::open_loop::{Schedule, ScheduleStats};
 use crate::pending::{NO_LANE, PendingOp, PendingTable};
 use crate::wire::{AcquireLine, ErrorKind, Outcome, Parsed, Wire};
-use ringlock::buf_ring::BufRing;
-use ringlock::ring_poll::poll_before_sleep;
+use ringlock_ring::{BufRing, poll_before_sleep};
 
 /// Receive buffers per thread, and their size.
 const RECV_BUFFERS: u16 = 256;

@@ -20,7 +20,7 @@ use crate::router::Router;
 ///
 /// It keeps one connection per node (two when given one address) with
 /// background threads, pipelines requests from all callers over them, and
-/// moves, retries and redirects requests as SPEC §4 says. Cloning is cheap
+/// moves, retries and redirects requests as docs/protocol.md §4 says. Cloning is cheap
 /// and clones share the connections; they close when the last clone, and
 /// the last [`Lock`] and future made from it, are dropped.
 ///
@@ -427,7 +427,7 @@ impl Client {
     }
 
     /// A node's counters and gauges, as the one line of JSON of its `S`
-    /// reply (see the server's README for the fields).
+    /// reply (docs/protocol.md lists the fields).
     ///
     /// # Examples
     ///

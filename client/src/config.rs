@@ -1,4 +1,4 @@
-//! The client's settings: [`ClientBuilder`], with SPEC §4's defaults.
+//! The client's settings: [`ClientBuilder`], with the defaults of docs/protocol.md §4.
 
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use crate::proto::is_valid_address;
 /// ```
 /// assert_eq!(ringlock_client::NODES_MAX, 16);
 /// ```
-pub const NODES_MAX: usize = 16;
+pub use crate::proto::NODES_MAX;
 
 /// Most connections the client keeps to one node.
 const CONNECTIONS_PER_NODE_MAX: usize = 64;
@@ -32,7 +32,7 @@ const IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT: usize = 65_536;
 /// Settings for a [`Client`](crate::Client), then
 /// [`connect`](ClientBuilder::connect).
 ///
-/// Every setting has the default SPEC §4 gives; change them only for a
+/// Every setting has the default docs/protocol.md §4 gives; change them only for a
 /// reason (tests use short intervals, for example).
 ///
 /// # Examples

@@ -79,7 +79,7 @@
 //! # }
 //! ```
 //!
-//! # What the client does for you (SPEC §4)
+//! # What the client does for you (docs/protocol.md §4)
 //!
 //! - **Connections.** One per node, two when given a single address; chosen
 //!   round-robin. A broken one is left out and reconnected in the
@@ -126,8 +126,8 @@
 //!   the same connection is answered only after it.
 //!
 //! # Layout
-//! - [`proto`]: the wire protocol v1, shared by client, server and load
-//!   generator.
+//! - [`proto`]: the wire protocol v1, the `ringlock-proto` crate re-exported,
+//!   shared by client, server, load generator and fuzz targets.
 //! - `client.rs`: [`Client`], its methods and the checks made before sending.
 //! - `lock.rs`: [`Lock`] (token, extend, release, release on drop) and
 //!   [`ReleaseOutcome`].
@@ -160,9 +160,11 @@ mod lane;
 mod lock;
 mod operation;
 mod pairing;
-pub mod proto;
 mod router;
 mod timer;
+
+#[doc(inline)]
+pub use ringlock_proto as proto;
 
 pub use client::{Client, Inspection, Pong};
 pub use config::{ClientBuilder, NODES_MAX};

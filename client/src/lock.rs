@@ -14,7 +14,7 @@ use crate::operation::{Kind, Outcome};
 ///
 /// Pass [`token`](Self::token) to the resource the lock protects, which
 /// should refuse any token lower than the highest it has seen: that keeps it
-/// safe even from a holder whose lease ran out unnoticed (SPEC §2).
+/// safe even from a holder whose lease ran out unnoticed (docs/protocol.md §2).
 ///
 /// Dropping a `Lock` releases it in the background (retried like
 /// [`release`](Self::release)); call `release` to know the outcome. A held

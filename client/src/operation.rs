@@ -2,7 +2,7 @@
 //! what to send, and what to do next on each event (a reply, a cut
 //! connection, no usable connection at all).
 //!
-//! This is where SPEC §4's rules live (acquires move to the next connection,
+//! This is where the rules of docs/protocol.md §4 live (acquires move to the next connection,
 //! releases are retried, `M` redirects), as plain functions of the request,
 //! the event and `now` that return a [`Step`]. There is no I/O here: the
 //! router and the connections carry the steps out.

@@ -2,7 +2,7 @@
 //!
 //! Replies may come back in any order, but each echoes its request's
 //! operation and key, and replies for the same (op, key) on one connection
-//! come back in the order the requests were sent (SPEC §3). So a connection
+//! come back in the order the requests were sent (docs/protocol.md §3). So a connection
 //! keeps, for each (op, key) it has in flight, a FIFO queue of requests, and
 //! a reply takes the oldest request of its (op, key).
 //!

@@ -1,6 +1,6 @@
 //! The connection set and where each request goes: round-robin over the
 //! usable connections, the active node's first once an `M` reply has named
-//! it; and what happens to a request after each step (SPEC §4).
+//! it; and what happens to a request after each step (docs/protocol.md §4).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

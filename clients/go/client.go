@@ -54,7 +54,7 @@ type KeyState struct {
 //
 // It keeps one connection per node (two when given one address) with
 // background goroutines, pipelines the requests of all callers over them,
-// and moves, retries and redirects requests as SPEC §4 says. Make one with
+// and moves, retries and redirects requests as docs/protocol.md §4 says. Make one with
 // Dial and share it; Close it when done.
 type Client struct {
 	router *router

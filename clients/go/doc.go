@@ -18,7 +18,7 @@
 //		write(lock.Token()) // the storage refuses tokens below the highest it saw
 //	}
 //
-// # What the client does for you (SPEC §4)
+// # What the client does for you (docs/protocol.md §4)
 //
 //   - Connections: one per node, two when given a single address, chosen
 //     round-robin. A broken one is left out and reconnected in the

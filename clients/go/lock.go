@@ -11,7 +11,7 @@ import (
 //
 // Pass Token to the resource the lock protects, which should refuse any
 // token lower than the highest it has seen: that keeps it safe even from a
-// holder whose lease ran out unnoticed (SPEC §2).
+// holder whose lease ran out unnoticed (docs/protocol.md §2).
 //
 // A held lock is not tied to a connection: a broken connection does not
 // release it, and Release goes over any usable connection. Go has no

@@ -2,7 +2,7 @@ package ringlock
 
 // One request from the moment it is submitted until its outcome is known:
 // what to send, and what to do next on each event (a reply, a cut
-// connection, no usable connection). SPEC §4's rules live here (acquires
+// connection, no usable connection). The rules of docs/protocol.md §4 live here (acquires
 // move to the next connection, releases are retried, M redirects) as
 // methods that take the event and the time and return a step; the router
 // and the connections carry the steps out.

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Defaults, from SPEC §4.
+// Defaults, from docs/protocol.md §4.
 const (
 	// connectionsPerSingleNode is the connections to a node when the client
 	// is given one address: two, so a brief cut of one does not stop service.
@@ -75,7 +75,7 @@ func (o *options) validate() error {
 	return nil
 }
 
-// An Option changes a setting of Dial. Every setting has the default SPEC §4
+// An Option changes a setting of Dial. Every setting has the default docs/protocol.md §4
 // gives; change one only for a reason (tests use short intervals, say).
 type Option func(*options)
 

@@ -4,7 +4,7 @@ package ringlock
 //
 // Replies may come back in any order, but each echoes its request's
 // operation and key, and replies for the same (op, key) on one connection
-// come back in the order the requests were sent (SPEC §3). So a reply
+// come back in the order the requests were sent (docs/protocol.md §3). So a reply
 // takes the oldest request in flight with its (op, key): a connection keeps
 // its requests in flight in send order, and, while it has many, a FIFO of
 // requests for each (op, key) as well.

@@ -1,7 +1,7 @@
 package ringlock
 
 // The wire protocol v1 as the client needs it: request lines out, reply
-// lines in (SPEC §3). Nothing here does I/O.
+// lines in (docs/protocol.md §3). Nothing here does I/O.
 
 import (
 	"bytes"

@@ -2,7 +2,7 @@ package ringlock
 
 // The connection set: round-robin over every connection, the active node's
 // first once an M reply has named it, and carrying out each step of a
-// request (SPEC §4).
+// request (docs/protocol.md §4).
 
 import (
 	"context"

@@ -1,7 +1,7 @@
 package ringlock_test
 
 // The client scenarios every official client runs (clients/scenarios.json,
-// SPEC §4), each against the real server with its faults made by the test
+// docs/protocol.md §4), each against the real server with its faults made by the test
 // kit, driven over its control socket.
 
 import (

@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ringlock_client::proto::{Decoded, REPLY_LINE_LEN_MAX, decode_reply, encode_reply};
+use ringlock_proto::{Decoded, REPLY_LINE_LEN_MAX, decode_reply, encode_reply};
 
 fuzz_target!(|data: &[u8]| {
     let mut rest = data;

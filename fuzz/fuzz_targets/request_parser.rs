@@ -10,7 +10,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ringlock_client::proto::{
+use ringlock_proto::{
     Decoded, LEASE_MS_MAX_DEFAULT, LINE_LEN_MAX, Reply, decode_reply, decode_request, encode_reply,
     encode_request,
 };

@@ -47,7 +47,7 @@ fn shard() -> Shard {
     shard
 }
 
-/// 16-byte keys, as in the README's figures.
+/// 16-byte keys, as in the figures of docs/performance.md.
 fn key(index: u64) -> [u8; 16] {
     let mut key = *b"key-000000000000";
     let mut value = index;

@@ -1,7 +1,7 @@
 //! What a shard asks its caller to do: replies to send, deltas to replicate,
 //! token ranges to fetch.
 
-use ringlock_client::proto::{ErrorCode, Op, Reply};
+use ringlock_proto::{ErrorCode, Op, Reply};
 
 use crate::key::Key;
 

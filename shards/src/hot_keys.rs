@@ -11,7 +11,7 @@
 //! Recording allocates nothing: the key bytes are copied into fixed slots
 //! made when the sketch is built.
 
-use ringlock_client::proto::KEY_LEN_MAX;
+use ringlock_proto::KEY_LEN_MAX;
 
 /// Counters per window; the report keeps at most [`HOT_KEYS_REPORTED`].
 pub const HOT_KEYS_TRACKED: usize = 32;

@@ -1,6 +1,6 @@
 //! Named limits of one shard, each with the error a request gets when it hits it.
 
-use ringlock_client::proto::{LEASE_MS_MAX_DEFAULT, WAIT_MS_MAX};
+use ringlock_proto::{LEASE_MS_MAX_DEFAULT, WAIT_MS_MAX};
 
 /// The limits and settings of one shard.
 #[derive(Clone, Debug, PartialEq, Eq)]

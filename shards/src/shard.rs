@@ -15,7 +15,7 @@
 //! A key that is neither held nor waited on has no slot: its state is gone.
 //!
 //! # Reply order
-//! SPEC §3 asks that replies for one (op, key) on one connection keep request
+//! docs/protocol.md §3 asks that replies for one (op, key) on one connection keep request
 //! order. Grants are FIFO, so two queued `A k` from one connection are granted
 //! in order; but a later one may time out first, or a later `A k` may be
 //! refused while an earlier one is queued. Such an answer is *held*: its waiter
@@ -25,7 +25,7 @@
 
 use ahash::RandomState;
 use hashbrown::HashMap;
-use ringlock_client::proto::{ErrorCode, Op};
+use ringlock_proto::{ErrorCode, Op};
 
 use crate::effect::{ClientId, Delta, Effect, KeyState, ShardReply};
 use crate::histogram::Histogram;
@@ -179,12 +179,8 @@ impl ShardStats {
 
     /// Errors answered with `code`.
     pub fn errors_of(&self, code: ErrorCode) -> u64 {
-        error_index(code).map_or(0, |index| self.errors[index])
+        code.index().map_or(0, |index| self.errors[index])
     }
-}
-
-fn error_index(code: ErrorCode) -> Option<usize> {
-    ErrorCode::ALL.iter().position(|known| *known == code)
 }
 
 /// One lock shard. See the module documentation.
@@ -376,7 +372,7 @@ impl Shard {
     /// (the codec checks keys before a request reaches a shard).
     pub fn acquire(&mut self, now_ms: u64, client: ClientId, key: &[u8], lease_ms: u64, wait_ms: u64) {
         self.set_now(now_ms);
-        debug_assert!(ringlock_client::proto::is_valid_key(key));
+        debug_assert!(ringlock_proto::is_valid_key(key));
         if lease_ms == 0 || lease_ms > self.config.lease_ms_max {
             return self.acquire_error(client, key, ErrorCode::BadLease);
         }
@@ -821,7 +817,7 @@ impl Shard {
     }
 
     fn count_error(&mut self, code: ErrorCode) {
-        if let Some(index) = error_index(code) {
+        if let Some(index) = code.index() {
             self.stats.errors[index] += 1;
         }
     }

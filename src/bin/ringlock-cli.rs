@@ -217,57 +217,18 @@ fn run_holding(
         eprintln!("ringlock-cli: {key} was not granted within --wait; {} not run", command[0]);
         return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
     };
-    let token = lock.token();
-    let mut child = {
-        let mut builder = Command::new(&command[0]);
-        builder.args(&command[1..]).env("RINGLOCK_TOKEN", token.to_string()).env("RINGLOCK_KEY", key);
-        // SAFETY: only async-signal-safe calls between fork and exec:
-        // the command starts with no signal blocked, as a shell would run it.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            builder.pre_exec(|| {
-                let mut empty: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut empty);
-                libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-                Ok(())
-            });
-        }
-        match builder.spawn() {
-            Ok(child) => child,
-            Err(error) => {
-                let _ = lock.release();
-                return Err(format!("cannot run {:?}: {error}", command[0]));
-            }
+    let mut child = match spawn_command(command, key, lock.token()) {
+        Ok(child) => child,
+        Err(error) => {
+            let _ = lock.release();
+            return Err(format!("cannot run {:?}: {error}", command[0]));
         }
     };
     let pid = child.id() as i32;
     let done = Arc::new((Mutex::new(false), Condvar::new()));
-    let lost = Arc::new(AtomicBool::new(false));
+    let lost = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        // Extends the lease every third of it until the command ends. A
-        // lease that could not be extended in time means the lock may be
-        // someone else's: the command is stopped, since it no longer holds it.
-        scope.spawn(|| {
-            let (finished, wake) = &*done;
-            let mut finished = finished.lock().unwrap();
-            loop {
-                let (guard, _) = wake.wait_timeout(finished, lease / 3).unwrap();
-                finished = guard;
-                if *finished {
-                    return;
-                }
-                if let Err(error) = lock.extend(lease) {
-                    eprintln!(
-                        "ringlock-cli: cannot extend the lease of {key} ({error}); the lock may be lost: stopping {}",
-                        command[0]
-                    );
-                    lost.store(true, Ordering::SeqCst);
-                    // SAFETY: signalling the command this process started.
-                    unsafe { libc::kill(pid, libc::SIGTERM) };
-                    return;
-                }
-            }
-        });
+        scope.spawn(|| keep_extending(&lock, lease, &done, &lost, key, &command[0], pid));
         // Passes stop signals on to the command.
         scope.spawn(|| forward_signals(&signals, pid, &done.0));
         let status = child.wait();
@@ -280,22 +241,83 @@ fn run_holding(
     })
     .map_err(|error| format!("cannot wait for {:?}: {error}", command[0]))
     .map(|status| {
-        match lock.release() {
-            Ok(ReleaseOutcome::Released) => {}
-            Ok(ReleaseOutcome::NotHeld) if lost.load(Ordering::SeqCst) => {}
-            Ok(ReleaseOutcome::NotHeld) => {
-                eprintln!("ringlock-cli: {key} was no longer held when {} ended (its lease ran out)", command[0])
-            }
-            Err(error) => eprintln!("ringlock-cli: cannot release {key}: {error}; its lease will free it"),
-        }
-        use std::os::unix::process::ExitStatusExt;
-        let code = match (status.code(), status.signal()) {
-            (Some(code), _) => code,
-            (None, Some(signal)) => 128 + signal,
-            (None, None) => i32::from(EXIT_ERROR),
-        };
-        ExitCode::from(u8::try_from(code).unwrap_or(EXIT_ERROR))
+        release_after(lock, lost.load(Ordering::SeqCst), key, &command[0]);
+        exit_code_of(status)
     })
+}
+
+/// Starts the command with the lock's token and key in its environment.
+fn spawn_command(command: &[String], key: &str, token: u64) -> std::io::Result<std::process::Child> {
+    let mut builder = Command::new(&command[0]);
+    builder.args(&command[1..]).env("RINGLOCK_TOKEN", token.to_string()).env("RINGLOCK_KEY", key);
+    // SAFETY: only async-signal-safe calls between fork and exec:
+    // the command starts with no signal blocked, as a shell would run it.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        builder.pre_exec(|| {
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    builder.spawn()
+}
+
+/// Extends the lease every third of it until the command ends (`done`). A
+/// lease that could not be extended in time means the lock may be someone
+/// else's: the command is stopped, since it no longer holds it, and `lost` set.
+fn keep_extending(
+    lock: &Lock,
+    lease: Duration,
+    done: &(Mutex<bool>, Condvar),
+    lost: &AtomicBool,
+    key: &str,
+    program: &str,
+    pid: i32,
+) {
+    let (finished, wake) = done;
+    let mut finished = finished.lock().unwrap();
+    loop {
+        let (guard, _) = wake.wait_timeout(finished, lease / 3).unwrap();
+        finished = guard;
+        if *finished {
+            return;
+        }
+        if let Err(error) = lock.extend(lease) {
+            eprintln!(
+                "ringlock-cli: cannot extend the lease of {key} ({error}); the lock may be lost: stopping {program}"
+            );
+            lost.store(true, Ordering::SeqCst);
+            // SAFETY: signalling the command this process started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            return;
+        }
+    }
+}
+
+/// Releases the lock once the command ended, and says so if it was lost
+/// without this process knowing.
+fn release_after(lock: Lock, lost: bool, key: &str, program: &str) {
+    match lock.release() {
+        Ok(ReleaseOutcome::Released) => {}
+        Ok(ReleaseOutcome::NotHeld) if lost => {}
+        Ok(ReleaseOutcome::NotHeld) => {
+            eprintln!("ringlock-cli: {key} was no longer held when {program} ended (its lease ran out)")
+        }
+        Err(error) => eprintln!("ringlock-cli: cannot release {key}: {error}; its lease will free it"),
+    }
+}
+
+/// The command's exit code, or 128 plus the signal that ended it, as a shell says.
+fn exit_code_of(status: std::process::ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt;
+    let code = match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => 128 + signal,
+        (None, None) => i32::from(EXIT_ERROR),
+    };
+    ExitCode::from(u8::try_from(code).unwrap_or(EXIT_ERROR))
 }
 
 /// Blocks SIGINT, SIGTERM, SIGHUP and SIGUSR1 in this thread (and so in the

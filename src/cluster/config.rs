@@ -1,7 +1,7 @@
 //! The settings of one cluster member: who it is, how many peers there are,
-//! and the two timings of SPEC §5 (heartbeat period and failover timeout).
+//! and the two timings of docs/protocol.md §5 (heartbeat period and failover timeout).
 
-use crate::epoch::NODES_MAX;
+use ringlock_proto::NODES_MAX;
 
 /// Default period between two heartbeats to every peer (`--heartbeat-ms`).
 pub const HEARTBEAT_MS_DEFAULT: u64 = 100;
@@ -9,7 +9,7 @@ pub const HEARTBEAT_MS_DEFAULT: u64 = 100;
 /// Default time without a heartbeat after which a peer is dead (`--failover-ms`).
 pub const FAILOVER_MS_DEFAULT: u64 = 1000;
 
-/// A hand-off never waits less than this for its answer (SPEC §5).
+/// A hand-off never waits less than this for its answer (docs/protocol.md §5).
 pub const HANDOFF_TIMEOUT_MS_MIN: u64 = 1000;
 
 /// The settings of one [`Node`](super::Node).
@@ -35,7 +35,7 @@ impl ClusterConfig {
 
     /// Checks the settings; errors say which flag to fix.
     pub fn validate(&self) -> Result<(), String> {
-        if self.nodes == 0 || self.nodes as u64 > NODES_MAX {
+        if self.nodes == 0 || self.nodes > NODES_MAX {
             return Err(format!("--peers lists {} nodes; a cluster has 1 to {NODES_MAX}", self.nodes));
         }
         if self.me >= self.nodes {

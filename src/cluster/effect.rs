@@ -1,6 +1,6 @@
 //! What the cluster logic asks the replication core to do.
 
-use super::message::Message;
+use super::message::PeerMessage;
 
 /// One action for the caller of [`Node`](super::Node), drained with
 /// [`Node::poll_effect`](super::Node::poll_effect) in order.
@@ -11,7 +11,7 @@ pub enum Effect {
         /// The peer's index.
         to: usize,
         /// What to send.
-        message: Message,
+        message: PeerMessage,
     },
     /// Persist `epoch` with fsync (the store keeps the highest), then call
     /// [`Node::epoch_persisted`](super::Node::epoch_persisted).
@@ -73,7 +73,7 @@ pub enum ExitReason {
     /// The node was a standby (or became one while stopping): nothing to hand over.
     Standby,
     /// Active with no live, caught-up standby to hand over to: the plain
-    /// shutdown of SPEC §3 (queued acquires get `E A <key> shutting-down`).
+    /// shutdown of docs/protocol.md §3 (queued acquires get `E A <key> shutting-down`).
     NoSuccessor,
     /// The hand-off got no answer in time (or was refused): the plain shutdown.
     HandOffFailed,

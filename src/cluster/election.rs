@@ -1,4 +1,4 @@
-//! Who promotes when no active is left (SPEC §5): the highest-priority live
+//! Who promotes when no active is left (docs/protocol.md §5): the highest-priority live
 //! node among those that hold a complete table; only if none does, the
 //! highest-priority live node. This is how "highest priority" and "never
 //! active with an empty table while a live peer has the state" fit together.

@@ -62,7 +62,7 @@ pub struct Heartbeat {
 
 /// One message of the cluster protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Message {
+pub enum PeerMessage {
     /// Liveness, role, epoch and table of the sender.
     Heartbeat(Heartbeat),
     /// A standby asks the active for a full snapshot followed by its delta
@@ -80,7 +80,7 @@ pub enum Message {
     },
     /// The successor is active in `epoch` with the state of `table`.
     HandOffDone {
-        /// The hand-off answered (as in [`Message::HandOff`]).
+        /// The hand-off answered (as in [`PeerMessage::HandOff`]).
         table: TableVersion,
         /// The successor's new epoch.
         epoch: u64,
@@ -88,33 +88,33 @@ pub enum Message {
     /// The node will not take over (it follows someone else, is stopping, or
     /// could not catch up in time); the active resumes at once.
     HandOffRefused {
-        /// The hand-off refused (as in [`Message::HandOff`]).
+        /// The hand-off refused (as in [`PeerMessage::HandOff`]).
         table: TableVersion,
     },
 }
 
-impl Message {
+impl PeerMessage {
     /// Every epoch the message carries (a table's stream names one).
     pub fn epochs(&self) -> [Option<u64>; 3] {
         let stream = |table: &TableVersion| Some(table.stream);
         match self {
-            Message::Heartbeat(heartbeat) => {
+            PeerMessage::Heartbeat(heartbeat) => {
                 [Some(heartbeat.epoch), Some(heartbeat.epoch_seen), heartbeat.table.as_ref().and_then(stream)]
             }
-            Message::SnapshotRequest => [None; 3],
-            Message::HandOff { table, epoch_seen } => [stream(table), Some(*epoch_seen), None],
-            Message::HandOffDone { table, epoch } => [stream(table), Some(*epoch), None],
-            Message::HandOffRefused { table } => [stream(table), None, None],
+            PeerMessage::SnapshotRequest => [None; 3],
+            PeerMessage::HandOff { table, epoch_seen } => [stream(table), Some(*epoch_seen), None],
+            PeerMessage::HandOffDone { table, epoch } => [stream(table), Some(*epoch), None],
+            PeerMessage::HandOffRefused { table } => [stream(table), None, None],
         }
     }
 
     /// The highest epoch the message tells of.
     pub fn epoch_max(&self) -> u64 {
         match self {
-            Message::Heartbeat(heartbeat) => heartbeat.epoch.max(heartbeat.epoch_seen),
-            Message::SnapshotRequest | Message::HandOffRefused { .. } => 0,
-            Message::HandOff { epoch_seen, .. } => *epoch_seen,
-            Message::HandOffDone { epoch, .. } => *epoch,
+            PeerMessage::Heartbeat(heartbeat) => heartbeat.epoch.max(heartbeat.epoch_seen),
+            PeerMessage::SnapshotRequest | PeerMessage::HandOffRefused { .. } => 0,
+            PeerMessage::HandOff { epoch_seen, .. } => *epoch_seen,
+            PeerMessage::HandOffDone { epoch, .. } => *epoch,
         }
     }
 }

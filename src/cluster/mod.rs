@@ -1,4 +1,4 @@
-//! The cluster logic of SPEC §5 as a pure state machine: roles, heartbeats,
+//! The cluster logic of docs/protocol.md §5 as a pure state machine: roles, heartbeats,
 //! priority election, hand-off, catch-up before preemption, demotion and
 //! epoch ballots.
 //!
@@ -19,18 +19,23 @@
 //! - `message`: the cluster protocol between peers.
 //! - `wire`: the binary codec of peer connections (frames, snapshots, deltas).
 //! - `config`: node index, cluster size, heartbeat and failover timings.
+//! - `ballot`: epochs as ballots: a node's next epoch above all it has seen.
 //! - `election`: who promotes when no active is left.
 //! - `peer`: what a node knows of one peer (last heartbeat, liveness).
-//! - `node_tests`: one hand-written schedule per rule of SPEC §5.
+//! - `receive`: a standby's rules for the snapshot and delta frames of the
+//!   replication stream, over any table (the mirror, or the simulator's).
+//! - `node_tests`: one hand-written schedule per rule of docs/protocol.md §5.
 //! - `sim`, `sim_rng`: the deterministic cluster simulator (tests only).
 //! - `sim_tests`: seeded simulation runs and their invariants.
 
+mod ballot;
 mod config;
 mod effect;
 mod election;
 mod message;
 mod node;
 mod peer;
+pub(crate) mod receive;
 pub mod wire;
 
 #[cfg(test)]
@@ -42,7 +47,8 @@ mod sim_rng;
 #[cfg(test)]
 mod sim_tests;
 
+pub use ballot::next_epoch;
 pub use config::{ClusterConfig, FAILOVER_MS_DEFAULT, HEARTBEAT_MS_DEFAULT};
 pub use effect::{Effect, ExitReason};
-pub use message::{Heartbeat, Message, PeerRole, TableVersion};
+pub use message::{Heartbeat, PeerMessage, PeerRole, TableVersion};
 pub use node::{Node, Status};

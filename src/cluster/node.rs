@@ -1,4 +1,4 @@
-//! The cluster state machine of one member (SPEC §5): roles, heartbeats,
+//! The cluster state machine of one member (docs/protocol.md §5): roles, heartbeats,
 //! priority election, hand-off, catch-up before preemption, demotion and
 //! epoch ballots.
 //!
@@ -21,12 +21,12 @@ use std::collections::VecDeque;
 
 use ringlock_shards::token::EPOCH_MAX;
 
-use crate::epoch::next_epoch;
+use crate::cluster::next_epoch;
 
 use super::config::ClusterConfig;
 use super::effect::{Effect, ExitReason};
 use super::election::{self, Candidate};
-use super::message::{Heartbeat, Message, PeerRole, TableVersion};
+use super::message::{Heartbeat, PeerMessage, PeerRole, TableVersion};
 use super::peer::PeerView;
 
 /// Effects one input may queue: a few heartbeat rounds to at most 15 peers
@@ -268,7 +268,7 @@ impl Node {
     }
 
     /// A message from peer `from` (an index the transport checked at its handshake).
-    pub fn receive(&mut self, now_ms: u64, from: usize, message: Message) {
+    pub fn receive(&mut self, now_ms: u64, from: usize, message: PeerMessage) {
         if from >= self.config.nodes || from == self.config.me {
             return;
         }
@@ -284,16 +284,16 @@ impl Node {
             return;
         }
         match message {
-            Message::Heartbeat(heartbeat) => {
+            PeerMessage::Heartbeat(heartbeat) => {
                 self.peers[from].accept(now_ms, heartbeat);
             }
-            Message::SnapshotRequest => {
+            PeerMessage::SnapshotRequest => {
                 if matches!(self.role, Role::Active(_)) {
                     self.push(Effect::SendSnapshot { to: from });
                 }
             }
-            Message::HandOff { table, .. } => self.receive_handoff(from, table),
-            Message::HandOffDone { table, epoch } => {
+            PeerMessage::HandOff { table, .. } => self.receive_handoff(from, table),
+            PeerMessage::HandOffDone { table, epoch } => {
                 if self.offered_to(from, table) {
                     // The answer says as much as a heartbeat of the new active would.
                     let peer = &mut self.peers[from];
@@ -309,7 +309,7 @@ impl Node {
                     self.become_standby(Some(from), ExitReason::HandedOff);
                 }
             }
-            Message::HandOffRefused { table } => {
+            PeerMessage::HandOffRefused { table } => {
                 if self.offered_to(from, table) {
                     self.fail_handoff();
                 }
@@ -404,7 +404,7 @@ impl Node {
         self.evaluate();
     }
 
-    /// The active's shards are running out of sequences in this epoch (SPEC
+    /// The active's shards are running out of sequences in this epoch (docs/protocol.md
     /// §2.6): move to a new epoch (an `Activate` follows once it is persisted).
     pub fn epoch_exhausted(&mut self, now_ms: u64) {
         self.advance(now_ms);
@@ -438,7 +438,7 @@ impl Node {
             handoff.state = OutgoingState::Offered { version, resend_ms: now_ms + self.config.heartbeat_ms };
             let to = handoff.to;
             let table = TableVersion { stream: active.stream, version };
-            self.push(Effect::Send { to, message: Message::HandOff { table, epoch_seen } });
+            self.push(Effect::Send { to, message: PeerMessage::HandOff { table, epoch_seen } });
         }
         self.evaluate();
     }
@@ -650,26 +650,35 @@ impl Node {
             self.start_bump();
         }
         let Role::Active(active) = self.role else { unreachable!() };
-        if let Some(handoff) = active.handoff {
-            if self.now_ms >= handoff.deadline_ms {
-                self.fail_handoff();
-                return;
-            }
-            if let OutgoingState::Offered { version, resend_ms } = handoff.state
-                && self.now_ms >= resend_ms
-            {
-                let table = TableVersion { stream: active.stream, version };
-                let epoch_seen = self.epoch_known();
-                self.push(Effect::Send { to: handoff.to, message: Message::HandOff { table, epoch_seen } });
-                if let Role::Active(ActiveState { handoff: Some(handoff), .. }) = &mut self.role {
-                    handoff.state =
-                        OutgoingState::Offered { version, resend_ms: self.now_ms + self.config.heartbeat_ms };
-                }
-            }
+        match active.handoff {
+            Some(handoff) => self.progress_handoff(active, handoff),
+            None => self.maybe_hand_off_upwards(active),
+        }
+    }
+
+    /// An active's hand-off under way: it fails at its deadline, and its
+    /// offer is sent again every heartbeat period until answered.
+    fn progress_handoff(&mut self, active: ActiveState, handoff: OutgoingHandOff) {
+        if self.now_ms >= handoff.deadline_ms {
+            self.fail_handoff();
             return;
         }
-        // A higher-priority node that came back takes over by a hand-off, once
-        // it follows this node and holds a snapshot of its stream.
+        if let OutgoingState::Offered { version, resend_ms } = handoff.state
+            && self.now_ms >= resend_ms
+        {
+            let table = TableVersion { stream: active.stream, version };
+            let epoch_seen = self.epoch_known();
+            self.push(Effect::Send { to: handoff.to, message: PeerMessage::HandOff { table, epoch_seen } });
+            if let Role::Active(ActiveState { handoff: Some(handoff), .. }) = &mut self.role {
+                handoff.state = OutgoingState::Offered { version, resend_ms: self.now_ms + self.config.heartbeat_ms };
+            }
+        }
+    }
+
+    /// A higher-priority node that came back takes over by a hand-off, once
+    /// it follows this node and holds a snapshot of its stream.
+    fn maybe_hand_off_upwards(&mut self, active: ActiveState) {
+        let me = self.config.me;
         let top = self.live_peers().next();
         if !self.stopping
             && active.bump.is_none()
@@ -695,7 +704,7 @@ impl Node {
         let retry_ms = self.config.snapshot_retry_ms();
         if self.snapshot_requested_ms.is_none_or(|requested_ms| self.now_ms >= requested_ms + retry_ms) {
             self.snapshot_requested_ms = Some(self.now_ms);
-            self.push(Effect::Send { to: active, message: Message::SnapshotRequest });
+            self.push(Effect::Send { to: active, message: PeerMessage::SnapshotRequest });
         }
     }
 
@@ -737,14 +746,14 @@ impl Node {
             Role::Promoting { handoff: Some(handoff), .. } if handoff.from == from && handoff.table == table => {}
             Role::Active(active) if active.promoted_by == Some((from, table)) => {
                 let epoch = active.epoch;
-                self.push(Effect::Send { to: from, message: Message::HandOffDone { table, epoch } });
+                self.push(Effect::Send { to: from, message: PeerMessage::HandOffDone { table, epoch } });
             }
-            _ => self.push(Effect::Send { to: from, message: Message::HandOffRefused { table } }),
+            _ => self.push(Effect::Send { to: from, message: PeerMessage::HandOffRefused { table } }),
         }
     }
 
     fn refuse(&mut self, handoff: IncomingHandOff) {
-        self.push(Effect::Send { to: handoff.from, message: Message::HandOffRefused { table: handoff.table } });
+        self.push(Effect::Send { to: handoff.from, message: PeerMessage::HandOffRefused { table: handoff.table } });
     }
 
     /// True if this node is active and has offered `table` to `to`.
@@ -792,7 +801,7 @@ impl Node {
         self.snapshot_requested_ms = None;
         self.push(Effect::Activate { epoch, stream: epoch });
         if let Some(handoff) = handoff {
-            let message = Message::HandOffDone { table: handoff.table, epoch };
+            let message = PeerMessage::HandOffDone { table: handoff.table, epoch };
             self.push(Effect::Send { to: handoff.from, message });
         }
         self.send_heartbeats();
@@ -1037,7 +1046,7 @@ impl Node {
         };
         for to in 0..self.config.nodes {
             if to != self.config.me {
-                self.push(Effect::Send { to, message: Message::Heartbeat(heartbeat) });
+                self.push(Effect::Send { to, message: PeerMessage::Heartbeat(heartbeat) });
             }
         }
         self.next_heartbeat_ms = self.now_ms + self.config.heartbeat_ms;

@@ -1,4 +1,4 @@
-//! One hand-written schedule per rule of SPEC §5: a single [`Node`] is fed
+//! One hand-written schedule per rule of docs/protocol.md §5: a single [`Node`] is fed
 //! the heartbeats and messages its peers would send, and the effects it
 //! answers with are checked.
 
@@ -21,7 +21,7 @@ fn heartbeats(effects: &[Effect]) -> Vec<(usize, Heartbeat)> {
     effects
         .iter()
         .filter_map(|effect| match effect {
-            Effect::Send { to, message: Message::Heartbeat(heartbeat) } => Some((*to, *heartbeat)),
+            Effect::Send { to, message: PeerMessage::Heartbeat(heartbeat) } => Some((*to, *heartbeat)),
             _ => None,
         })
         .collect()
@@ -31,7 +31,7 @@ fn heartbeats(effects: &[Effect]) -> Vec<(usize, Heartbeat)> {
 fn others(effects: &[Effect]) -> Vec<Effect> {
     effects
         .iter()
-        .filter(|effect| !matches!(effect, Effect::Send { message: Message::Heartbeat(_), .. }))
+        .filter(|effect| !matches!(effect, Effect::Send { message: PeerMessage::Heartbeat(_), .. }))
         .cloned()
         .collect()
 }
@@ -74,8 +74,8 @@ fn active(sequence: u64, epoch: u64) -> Heartbeat {
     }
 }
 
-fn hb(heartbeat: Heartbeat) -> Message {
-    Message::Heartbeat(heartbeat)
+fn hb(heartbeat: Heartbeat) -> PeerMessage {
+    PeerMessage::Heartbeat(heartbeat)
 }
 
 /// Ticks `node` every heartbeat period from `from_ms` to `to_ms`, as the
@@ -92,7 +92,7 @@ fn tick_until(node: &mut Node, from_ms: u64, to_ms: u64) {
 fn active_alone(me: usize, nodes: usize) -> (Node, u64) {
     let mut node = Node::new(config(me, nodes), 0, 1, 0);
     tick_until(&mut node, 0, FAILOVER_MS);
-    let epoch = crate::epoch::next_epoch(0, me as u64).unwrap();
+    let epoch = crate::cluster::next_epoch(0, me as u64).unwrap();
     assert!(others(&drain(&mut node)).contains(&Effect::PersistEpoch { epoch }));
     node.epoch_persisted(FAILOVER_MS, epoch);
     assert!(others(&drain(&mut node)).contains(&Effect::Activate { epoch, stream: epoch }));
@@ -150,7 +150,7 @@ fn a_standby_follows_the_active_it_hears_even_during_start_up() {
         effects,
         vec![
             Effect::Follow { active: Some(2) },
-            Effect::Send { to: 2, message: Message::SnapshotRequest },
+            Effect::Send { to: 2, message: PeerMessage::SnapshotRequest },
             Effect::PersistEpoch { epoch: 18 }
         ]
     );
@@ -337,10 +337,10 @@ fn a_stopping_active_hands_off_to_its_caught_up_successor_then_redirects_and_exi
     let table = TableVersion { stream: 16, version: 7 };
     assert_eq!(
         others(&drain(&mut node)),
-        vec![Effect::Send { to: 1, message: Message::HandOff { table, epoch_seen: 16 } }]
+        vec![Effect::Send { to: 1, message: PeerMessage::HandOff { table, epoch_seen: 16 } }]
     );
     assert!(node.status().active, "still the active until the successor answers");
-    node.receive(now + 5, 1, Message::HandOffDone { table, epoch: 33 });
+    node.receive(now + 5, 1, PeerMessage::HandOffDone { table, epoch: 33 });
     let effects = drain(&mut node);
     assert_eq!(others(&effects), vec![Effect::Follow { active: Some(1) }, Effect::PersistEpoch { epoch: 33 }]);
     assert!(heartbeats(&effects).iter().all(|(_, heartbeat)| heartbeat.role == PeerRole::Leaving));
@@ -366,7 +366,7 @@ fn a_stop_hand_off_without_answer_fails_after_max_one_second_twice_failover() {
     drain(&mut node);
     node.tick(now + HANDOFF_TIMEOUT_MS - 1);
     let effects = others(&drain(&mut node));
-    assert!(effects.iter().all(|effect| matches!(effect, Effect::Send { message: Message::HandOff { .. }, .. })));
+    assert!(effects.iter().all(|effect| matches!(effect, Effect::Send { message: PeerMessage::HandOff { .. }, .. })));
     assert!(!effects.is_empty(), "the offer is repeated in case it was lost");
     node.tick(now + HANDOFF_TIMEOUT_MS);
     assert_eq!(others(&drain(&mut node)), vec![Effect::Exit { reason: ExitReason::HandOffFailed }]);
@@ -382,7 +382,7 @@ fn a_refused_hand_off_fails_at_once() {
     node.clients_held(FAILOVER_MS + 20, 3);
     drain(&mut node);
     let table = TableVersion { stream: 16, version: 3 };
-    node.receive(FAILOVER_MS + 30, 1, Message::HandOffRefused { table });
+    node.receive(FAILOVER_MS + 30, 1, PeerMessage::HandOffRefused { table });
     assert_eq!(others(&drain(&mut node)), vec![Effect::Exit { reason: ExitReason::HandOffFailed }]);
 }
 
@@ -418,7 +418,7 @@ fn the_successor_promotes_once_it_has_applied_the_offered_state() {
     node.snapshot_applied(5, 0, TableVersion { stream: 16, version: 5 }, 16);
     drain(&mut node);
     let table = TableVersion { stream: 16, version: 7 };
-    node.receive(10, 0, Message::HandOff { table, epoch_seen: 16 });
+    node.receive(10, 0, PeerMessage::HandOff { table, epoch_seen: 16 });
     assert!(others(&drain(&mut node)).is_empty(), "deltas 6 and 7 are not applied yet");
     node.replica_applied(11, 0, table, 16);
     assert_eq!(others(&drain(&mut node)), vec![Effect::PersistEpoch { epoch: 33 }]);
@@ -428,16 +428,16 @@ fn the_successor_promotes_once_it_has_applied_the_offered_state() {
         others(&drain(&mut node)),
         vec![
             Effect::Activate { epoch: 33, stream: 33 },
-            Effect::Send { to: 0, message: Message::HandOffDone { table, epoch: 33 } }
+            Effect::Send { to: 0, message: PeerMessage::HandOffDone { table, epoch: 33 } }
         ]
     );
     // The old active still says it is active, handing off to us: not a rival.
     node.receive(13, 0, hb(Heartbeat { handing_off_to: Some(1), ..active(2, 16) }));
     // Its repeated offer gets the answer again (the first may have been lost).
-    node.receive(14, 0, Message::HandOff { table, epoch_seen: 16 });
+    node.receive(14, 0, PeerMessage::HandOff { table, epoch_seen: 16 });
     assert_eq!(
         others(&drain(&mut node)),
-        vec![Effect::Send { to: 0, message: Message::HandOffDone { table, epoch: 33 } }]
+        vec![Effect::Send { to: 0, message: PeerMessage::HandOffDone { table, epoch: 33 } }]
     );
     assert!(node.status().active);
 }
@@ -449,15 +449,15 @@ fn an_offer_that_cannot_be_caught_up_in_time_is_refused() {
     node.snapshot_applied(5, 0, TableVersion { stream: 16, version: 5 }, 16);
     drain(&mut node);
     let table = TableVersion { stream: 16, version: 9 };
-    node.receive(10, 0, Message::HandOff { table, epoch_seen: 16 });
+    node.receive(10, 0, PeerMessage::HandOff { table, epoch_seen: 16 });
     node.receive(10 + HEARTBEAT_MS, 0, hb(active(2, 16)));
     node.receive(10 + HANDOFF_TIMEOUT_MS / 2, 0, hb(active(3, 16)));
     let effects = others(&drain(&mut node));
-    assert_eq!(effects, vec![Effect::Send { to: 0, message: Message::HandOffRefused { table } }]);
+    assert_eq!(effects, vec![Effect::Send { to: 0, message: PeerMessage::HandOffRefused { table } }]);
     // The stream from node 0 is stuck (the active held still and the state
     // never came): the node re-syncs so that the next offer can succeed.
     node.receive(10 + HANDOFF_TIMEOUT_MS / 2 + 1, 0, hb(active(4, 16)));
-    assert_eq!(others(&drain(&mut node)), vec![Effect::Send { to: 0, message: Message::SnapshotRequest }]);
+    assert_eq!(others(&drain(&mut node)), vec![Effect::Send { to: 0, message: PeerMessage::SnapshotRequest }]);
 }
 
 #[test]
@@ -470,7 +470,7 @@ fn a_higher_priority_node_that_comes_back_catches_up_then_takes_over_by_hand_off
         others(&drain(&mut returning)),
         vec![
             Effect::Follow { active: Some(1) },
-            Effect::Send { to: 1, message: Message::SnapshotRequest },
+            Effect::Send { to: 1, message: PeerMessage::SnapshotRequest },
             Effect::PersistEpoch { epoch: 33 }
         ]
     );
@@ -479,7 +479,7 @@ fn a_higher_priority_node_that_comes_back_catches_up_then_takes_over_by_hand_off
     let (mut node, epoch) = active_alone(1, 2);
     let mut now = FAILOVER_MS + 10;
     node.receive(now, 0, hb(follower(1, 1, None)));
-    node.receive(now, 0, Message::SnapshotRequest);
+    node.receive(now, 0, PeerMessage::SnapshotRequest);
     assert_eq!(others(&drain(&mut node)), vec![Effect::SendSnapshot { to: 0 }]);
     now += HEARTBEAT_MS;
     node.receive(now, 0, hb(follower(2, 1, Some(epoch))));
@@ -488,14 +488,14 @@ fn a_higher_priority_node_that_comes_back_catches_up_then_takes_over_by_hand_off
     let table = TableVersion { stream: epoch, version: 4 };
     assert_eq!(
         others(&drain(&mut node)),
-        vec![Effect::Send { to: 0, message: Message::HandOff { table, epoch_seen: epoch } }]
+        vec![Effect::Send { to: 0, message: PeerMessage::HandOff { table, epoch_seen: epoch } }]
     );
-    node.receive(now + 5, 0, Message::HandOffDone { table, epoch: 48 });
+    node.receive(now + 5, 0, PeerMessage::HandOffDone { table, epoch: 48 });
     assert_eq!(
         others(&drain(&mut node)),
         vec![
             Effect::Follow { active: Some(0) },
-            Effect::Send { to: 0, message: Message::SnapshotRequest },
+            Effect::Send { to: 0, message: PeerMessage::SnapshotRequest },
             Effect::PersistEpoch { epoch: 48 }
         ],
         "it stays, as a standby of the new active, and re-syncs from it"
@@ -537,7 +537,7 @@ fn when_two_actives_meet_the_lower_priority_one_steps_down_and_resyncs() {
         others(&drain(&mut node)),
         vec![
             Effect::Follow { active: Some(0) },
-            Effect::Send { to: 0, message: Message::SnapshotRequest },
+            Effect::Send { to: 0, message: PeerMessage::SnapshotRequest },
             Effect::PersistEpoch { epoch: 32 },
         ]
     );
@@ -619,19 +619,19 @@ fn a_standby_asks_for_a_snapshot_again_when_its_stream_breaks() {
     assert_eq!(heartbeat.table, Some(TableVersion { stream: 16, version: 3 }));
     assert!(heartbeat.caught_up);
     node.replica_broken(HEARTBEAT_MS + 1, 0);
-    assert_eq!(others(&drain(&mut node)), vec![Effect::Send { to: 0, message: Message::SnapshotRequest }]);
+    assert_eq!(others(&drain(&mut node)), vec![Effect::Send { to: 0, message: PeerMessage::SnapshotRequest }]);
     // No answer: asked again after the retry period, not before.
     node.receive(HEARTBEAT_MS + 2, 0, hb(active(2, 16)));
     assert!(others(&drain(&mut node)).is_empty());
     node.receive(HEARTBEAT_MS + 1 + 2 * FAILOVER_MS, 0, hb(active(3, 16)));
-    assert!(others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: Message::SnapshotRequest }));
+    assert!(others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: PeerMessage::SnapshotRequest }));
 }
 
 #[test]
 fn a_snapshot_that_keeps_arriving_is_not_asked_for_again() {
     let mut node = Node::new(config(1, 2), 0, 1, 0);
     node.receive(0, 0, hb(active(1, 16)));
-    assert!(others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: Message::SnapshotRequest }));
+    assert!(others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: PeerMessage::SnapshotRequest }));
     // Parts keep coming for three retry periods: no second request.
     let mut now_ms = 0;
     let mut sequence = 1;
@@ -640,7 +640,7 @@ fn a_snapshot_that_keeps_arriving_is_not_asked_for_again() {
         sequence += 1;
         node.snapshot_progress(now_ms, 0);
         node.receive(now_ms, 0, hb(active(sequence, 16)));
-        assert!(!others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: Message::SnapshotRequest }));
+        assert!(!others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: PeerMessage::SnapshotRequest }));
     }
     // Then it stalls: asked again one retry period after the last part.
     let last_part_ms = now_ms;
@@ -651,7 +651,7 @@ fn a_snapshot_that_keeps_arriving_is_not_asked_for_again() {
         assert!(others(&drain(&mut node)).is_empty());
     }
     node.receive(last_part_ms + 2 * FAILOVER_MS, 0, hb(active(sequence + 1, 16)));
-    assert!(others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: Message::SnapshotRequest }));
+    assert!(others(&drain(&mut node)).contains(&Effect::Send { to: 0, message: PeerMessage::SnapshotRequest }));
 }
 
 #[test]
@@ -694,7 +694,7 @@ fn an_epoch_move_during_a_hand_off_that_fails_resumes_in_the_new_epoch() {
     assert_eq!(others(&drain(&mut node)), vec![Effect::PersistEpoch { epoch: 49 }], "already holding");
     node.epoch_persisted(now + 2, 49);
     assert!(others(&drain(&mut node)).is_empty(), "an Activate now would end the hand-off's hold");
-    node.receive(now + 3, 0, Message::HandOffRefused { table: TableVersion { stream: epoch, version: 2 } });
+    node.receive(now + 3, 0, PeerMessage::HandOffRefused { table: TableVersion { stream: epoch, version: 2 } });
     assert_eq!(others(&drain(&mut node)), vec![Effect::Activate { epoch: 49, stream: epoch }]);
 }
 
@@ -717,7 +717,7 @@ fn an_active_that_a_peer_refuses_steps_down_and_serves_again_once_refusals_stop(
     // The settings are fixed: after two failover periods without a refusal,
     // the node is elected again, in a new epoch.
     tick_until(&mut node, now_ms, now_ms + 2 * FAILOVER_MS + HEARTBEAT_MS);
-    let next = crate::epoch::next_epoch(epoch, 0).unwrap();
+    let next = crate::cluster::next_epoch(epoch, 0).unwrap();
     assert_eq!(others(&drain(&mut node)), vec![Effect::PersistEpoch { epoch: next }]);
 }
 
@@ -728,8 +728,8 @@ fn a_refused_standby_refuses_a_hand_off_offered_to_it() {
     drain(&mut node);
     let table = TableVersion { stream: 16, version: 0 };
     node.refused_by(20, 0);
-    node.receive(30, 0, Message::HandOff { table, epoch_seen: 16 });
-    assert_eq!(others(&drain(&mut node)), vec![Effect::Send { to: 0, message: Message::HandOffRefused { table } }]);
+    node.receive(30, 0, PeerMessage::HandOff { table, epoch_seen: 16 });
+    assert_eq!(others(&drain(&mut node)), vec![Effect::Send { to: 0, message: PeerMessage::HandOffRefused { table } }]);
 }
 
 #[test]
@@ -771,8 +771,8 @@ fn messages_with_an_epoch_no_token_can_carry_are_ignored_whole() {
         hb(Heartbeat { epoch_seen: too_high, ..follower(1, 0, None) }),
         hb(Heartbeat { epoch_seen: u64::MAX, ..follower(1, 0, None) }),
         hb(Heartbeat { epoch: u64::MAX, ..active(1, 17) }),
-        Message::HandOff { table: TableVersion { stream: 1, version: 0 }, epoch_seen: u64::MAX },
-        Message::HandOffDone { table: TableVersion { stream: u64::MAX, version: 0 }, epoch: 17 },
+        PeerMessage::HandOff { table: TableVersion { stream: 1, version: 0 }, epoch_seen: u64::MAX },
+        PeerMessage::HandOffDone { table: TableVersion { stream: u64::MAX, version: 0 }, epoch: 17 },
     ] {
         node.receive(now, 1, message);
         assert!(others(&drain(&mut node)).is_empty(), "{message:?}");

@@ -3,8 +3,9 @@
 //!
 //! Each simulated host runs one [`Node`] and a stand-in for the replication
 //! core: an abstract lock table of [`KEYS`] keys (the last token granted on
-//! each), a delta stream to the standbys that asked for a snapshot, an epoch
-//! store that survives crashes, and a client that asks the active for grants.
+//! each), a delta stream to the standbys that asked for a snapshot, received
+//! by the replication core's own rules ([`StreamReceiver`]), an epoch store
+//! that survives crashes, and a client that asks the active for grants.
 //! The network loses, delays and reorders control messages, can be cut
 //! (both ways or one way), and carries the replication stream in order per
 //! link like TCP, where a lost item breaks the stream. Hosts crash (memory
@@ -20,8 +21,9 @@ use std::fmt::Write as _;
 
 use ringlock_shards::token::{token, token_epoch};
 
+use super::receive::{Break, Received, ReplicaTable, StreamReceiver};
 use super::sim_rng::SimRng;
-use super::{ClusterConfig, Effect, ExitReason, Message, Node, TableVersion};
+use super::{ClusterConfig, Effect, ExitReason, Node, PeerMessage, TableVersion};
 
 /// Keys of the abstract lock table.
 pub const KEYS: usize = 4;
@@ -179,6 +181,41 @@ impl SimTable {
     }
 }
 
+/// A token the table refused: key, token, and the key's token before.
+type Refused = (usize, u64, u64);
+
+/// The receive rules run on the abstract table: a snapshot entry and a delta
+/// are both a key and its new token.
+impl ReplicaTable for SimTable {
+    type Entry = (usize, u64);
+    type Delta = (usize, u64);
+    type Refused = Refused;
+
+    fn empty() -> SimTable {
+        SimTable { stream: 0, version: 0, tokens: [0; KEYS] }
+    }
+
+    fn insert(&mut self, _now_ms: u64, (key, token): (usize, u64)) {
+        self.tokens[key] = token;
+    }
+
+    fn apply(&mut self, _now_ms: u64, (key, token): (usize, u64)) -> Result<(), Refused> {
+        if token <= self.tokens[key] {
+            return Err((key, token, self.tokens[key]));
+        }
+        self.tokens[key] = token;
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.tokens.iter().filter(|&&token| token > 0).count()
+    }
+
+    fn token_epoch_max(&self) -> u64 {
+        SimTable::token_epoch_max(self)
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 enum StreamItem {
     Snapshot(SimTable),
@@ -187,9 +224,9 @@ enum StreamItem {
 
 #[derive(Clone, Debug)]
 enum Event {
-    Deliver { from: usize, to: usize, message: Message, sender_life: u64, sender_had_state: bool },
-    Stream { from: usize, to: usize, from_life: u64, to_life: u64, item: StreamItem },
-    StreamBroken { from: usize, to: usize, from_life: u64, to_life: u64 },
+    Deliver { from: usize, to: usize, message: PeerMessage, sender_life: u64, sender_had_state: bool },
+    Stream { from: usize, to: usize, from_life: u64, to_life: u64, connection: u64, item: StreamItem },
+    StreamBroken { from: usize, to: usize, from_life: u64, to_life: u64, connection: u64 },
     Tick { node: usize },
     PersistDone { node: usize, life: u64, epoch: u64 },
     HoldDone { node: usize, life: u64 },
@@ -251,7 +288,8 @@ struct Host {
     table: Option<SimTable>,
     followers: Vec<bool>,
     following: Option<usize>,
-    stream_from: Option<usize>,
+    /// The replication core's receive rules: the stream applied, if any.
+    receiver: StreamReceiver<SimTable>,
     sequence: u64,
     /// The highest epoch this life could know: the data directory at start,
     /// every epoch received, and its own activations.
@@ -281,7 +319,7 @@ impl Host {
             table: None,
             followers: vec![false; nodes],
             following: None,
-            stream_from: None,
+            receiver: StreamReceiver::default(),
             sequence: 0,
             knowledge: 0,
             stateful_heard: vec![None; nodes],
@@ -304,7 +342,7 @@ impl Host {
         self.table = None;
         self.followers.fill(false);
         self.following = None;
-        self.stream_from = None;
+        self.receiver = StreamReceiver::default();
         self.sequence = 0;
         self.knowledge = self.durable_epoch;
         self.stateful_heard.fill(None);
@@ -331,6 +369,8 @@ struct Network {
     stream_arrival_ms: Vec<Vec<u64>>,
     /// The stream on this link lost an item; nothing passes until a new snapshot.
     stream_broken: Vec<Vec<bool>>,
+    /// The connection each link's stream is on: a new one for every snapshot.
+    stream_connection: Vec<Vec<u64>>,
 }
 
 /// One seeded run.
@@ -365,6 +405,7 @@ impl Sim {
             delay_ms_max: config.delay_ms_max,
             stream_arrival_ms: vec![vec![0; nodes]; nodes],
             stream_broken: vec![vec![false; nodes]; nodes],
+            stream_connection: vec![vec![0; nodes]; nodes],
         };
         Sim {
             rng: SimRng::new(config.seed),
@@ -481,39 +522,15 @@ impl Sim {
                 self.hosts[node].queued.push(event)
             }
             Event::Deliver { from, to, message, sender_life, sender_had_state } => {
-                if !self.hosts[to].is_up() {
-                    return;
-                }
-                self.log(|| format!("{from} -> {to} {message:?}"));
-                let now_ms = self.now_ms;
-                let host = &mut self.hosts[to];
-                host.knowledge = host.knowledge.max(message.epoch_max());
-                if let Message::Heartbeat(_) = message {
-                    host.heard_since_start[from] = true;
-                    if sender_had_state {
-                        host.stateful_heard[from] = Some((now_ms, sender_life));
-                    }
-                }
-                host.node.as_mut().expect("up").receive(now_ms, from, message);
-                self.drive(to);
+                self.deliver(from, to, message, sender_life, sender_had_state)
             }
-            Event::Stream { from, to, from_life, to_life, item } => {
+            Event::Stream { from, to, from_life, to_life, connection, item } => {
                 if self.hosts[to].life == to_life && self.hosts[from].life == from_life && self.hosts[to].is_up() {
-                    self.receive_stream(from, to, item);
+                    self.receive_stream(from, to, connection, item);
                 }
             }
-            Event::StreamBroken { from, to, from_life, to_life } => {
-                let host = &mut self.hosts[to];
-                if host.life == to_life
-                    && self.hosts[from].life == from_life
-                    && self.hosts[to].stream_from == Some(from)
-                {
-                    let host = &mut self.hosts[to];
-                    host.stream_from = None;
-                    host.node.as_mut().expect("up").replica_broken(self.now_ms, from);
-                    self.log(|| format!("stream {from} -> {to} broke"));
-                    self.drive(to);
-                }
+            Event::StreamBroken { from, to, from_life, to_life, connection } => {
+                self.stream_broken(from, to, from_life, to_life, connection)
             }
             Event::Tick { node } => {
                 let host = &mut self.hosts[node];
@@ -526,22 +543,7 @@ impl Sim {
                     self.drive(node);
                 }
             }
-            Event::PersistDone { node, life, epoch } => {
-                let host = &mut self.hosts[node];
-                if host.life != life {
-                    return;
-                }
-                // The write is done even if the process is stopped; it learns so when it runs.
-                host.durable_epoch = host.durable_epoch.max(epoch);
-                if host.paused {
-                    host.queued.push(event);
-                    return;
-                }
-                if let Some(running) = host.node.as_mut() {
-                    running.epoch_persisted(self.now_ms, epoch);
-                    self.drive(node);
-                }
-            }
+            Event::PersistDone { node, life, epoch } => self.persist_done(node, life, epoch),
             Event::HoldDone { node, life } => {
                 let host = &mut self.hosts[node];
                 if host.life != life || !host.held {
@@ -553,15 +555,7 @@ impl Sim {
                     self.drive(node);
                 }
             }
-            Event::Grants => {
-                for index in 0..self.config.nodes {
-                    if self.hosts[index].is_serving() && !self.hosts[index].paused && self.rng.chance(500) {
-                        self.grant(index);
-                    }
-                }
-                let gap_ms = self.rng.between(1, (self.config.heartbeat_ms / 2).max(1));
-                self.schedule(self.now_ms + gap_ms, Event::Grants);
-            }
+            Event::Grants => self.grants(),
             Event::Chaos => {
                 if self.now_ms < self.heal_ms {
                     self.inject_fault();
@@ -579,6 +573,68 @@ impl Sim {
             Event::Heal => self.heal(),
             Event::End => {}
         }
+    }
+
+    /// A control message reaches `to`.
+    fn deliver(&mut self, from: usize, to: usize, message: PeerMessage, sender_life: u64, sender_had_state: bool) {
+        if !self.hosts[to].is_up() {
+            return;
+        }
+        self.log(|| format!("{from} -> {to} {message:?}"));
+        let now_ms = self.now_ms;
+        let host = &mut self.hosts[to];
+        host.knowledge = host.knowledge.max(message.epoch_max());
+        if let PeerMessage::Heartbeat(_) = message {
+            host.heard_since_start[from] = true;
+            if sender_had_state {
+                host.stateful_heard[from] = Some((now_ms, sender_life));
+            }
+        }
+        host.node.as_mut().expect("up").receive(now_ms, from, message);
+        self.drive(to);
+    }
+
+    /// The stream `from` → `to` on `connection` broke (a lost item).
+    fn stream_broken(&mut self, from: usize, to: usize, from_life: u64, to_life: u64, connection: u64) {
+        let host = &mut self.hosts[to];
+        if host.life == to_life
+            && self.hosts[from].life == from_life
+            && self.hosts[to].receiver.connection_closed(from, connection)
+        {
+            let host = &mut self.hosts[to];
+            host.node.as_mut().expect("up").replica_broken(self.now_ms, from);
+            self.log(|| format!("stream {from} -> {to} broke"));
+            self.drive(to);
+        }
+    }
+
+    /// An epoch write of `node` is done.
+    fn persist_done(&mut self, node: usize, life: u64, epoch: u64) {
+        let host = &mut self.hosts[node];
+        if host.life != life {
+            return;
+        }
+        // The write is done even if the process is stopped; it learns so when it runs.
+        host.durable_epoch = host.durable_epoch.max(epoch);
+        if host.paused {
+            host.queued.push(Event::PersistDone { node, life, epoch });
+            return;
+        }
+        if let Some(running) = host.node.as_mut() {
+            running.epoch_persisted(self.now_ms, epoch);
+            self.drive(node);
+        }
+    }
+
+    /// The client asks the serving nodes for grants now and then.
+    fn grants(&mut self) {
+        for index in 0..self.config.nodes {
+            if self.hosts[index].is_serving() && !self.hosts[index].paused && self.rng.chance(500) {
+                self.grant(index);
+            }
+        }
+        let gap_ms = self.rng.between(1, (self.config.heartbeat_ms / 2).max(1));
+        self.schedule(self.now_ms + gap_ms, Event::Grants);
     }
 
     fn start(&mut self, index: usize) {
@@ -633,31 +689,11 @@ impl Sim {
     }
 
     fn apply(&mut self, index: usize, effect: Effect) {
-        if !matches!(effect, Effect::Send { message: Message::Heartbeat(_), .. }) {
+        if !matches!(effect, Effect::Send { message: PeerMessage::Heartbeat(_), .. }) {
             self.log(|| format!("node {index}: {effect:?}"));
         }
         match effect {
-            Effect::Send { to, message } => {
-                let host = &self.hosts[index];
-                let had_state = host.table.is_some();
-                if let Message::Heartbeat(heartbeat) = message
-                    && heartbeat.caught_up != (had_state || heartbeat.role == super::PeerRole::Active)
-                    && heartbeat.role != super::PeerRole::Leaving
-                {
-                    let text =
-                        format!("node {index} says caught up {} but holds {:?}", heartbeat.caught_up, host.table);
-                    fail(&mut self.violation, text);
-                }
-                let life = host.life;
-                if let Message::Heartbeat(heartbeat) = message
-                    && heartbeat.role == super::PeerRole::Leaving
-                {
-                    // It is going away, and its state with it (a plain shutdown, or
-                    // after a hand-off): from now on no peer should wait for it.
-                    self.hosts[index].leaving = true;
-                }
-                self.send_control(index, to, message, life, had_state);
-            }
+            Effect::Send { to, message } => self.send(index, to, message),
             Effect::PersistEpoch { epoch } => {
                 let host = &mut self.hosts[index];
                 let done_ms = host.persist_done_ms.max(self.now_ms) + self.rng.between(1, 5);
@@ -672,8 +708,8 @@ impl Sim {
                 host.held = false;
                 host.followers.fill(false);
                 host.following = active;
-                if host.stream_from != active {
-                    host.stream_from = None;
+                if host.receiver.replica_from() != active {
+                    host.receiver.clear();
                 }
             }
             Effect::SendSnapshot { to } => {
@@ -698,29 +734,85 @@ impl Sim {
                 self.schedule(done_ms, Event::HoldDone { node: index, life });
             }
             Effect::Resume => self.hosts[index].held = false,
-            Effect::Exit { reason } => {
-                match reason {
-                    ExitReason::HandedOff => self.report.handoffs_done += 1,
-                    ExitReason::HandOffFailed => self.report.handoffs_failed += 1,
-                    ExitReason::Standby | ExitReason::NoSuccessor => {}
-                }
-                let host = &self.hosts[index];
-                if host.durable_epoch < host.knowledge {
-                    let text = format!(
-                        "node {index} exits having persisted epoch {} but knowing epoch {}",
-                        host.durable_epoch, host.knowledge
-                    );
-                    fail(&mut self.violation, text);
-                }
-                // Effects queued after Exit do not exist: the process is gone.
-                self.hosts[index].lose_memory();
+            Effect::Exit { reason } => self.exit(index, reason),
+        }
+    }
+
+    /// Node `index` sends a control message; its heartbeats must tell the truth.
+    fn send(&mut self, index: usize, to: usize, message: PeerMessage) {
+        let host = &self.hosts[index];
+        let had_state = host.table.is_some();
+        if let PeerMessage::Heartbeat(heartbeat) = message
+            && heartbeat.caught_up != (had_state || heartbeat.role == super::PeerRole::Active)
+            && heartbeat.role != super::PeerRole::Leaving
+        {
+            let text = format!("node {index} says caught up {} but holds {:?}", heartbeat.caught_up, host.table);
+            fail(&mut self.violation, text);
+        }
+        let life = host.life;
+        if let PeerMessage::Heartbeat(heartbeat) = message
+            && heartbeat.role == super::PeerRole::Leaving
+        {
+            // It is going away, and its state with it (a plain shutdown, or
+            // after a hand-off): from now on no peer should wait for it.
+            self.hosts[index].leaving = true;
+        }
+        self.send_control(index, to, message, life, had_state);
+    }
+
+    /// Node `index` exits: it must have persisted every epoch it knew.
+    fn exit(&mut self, index: usize, reason: ExitReason) {
+        match reason {
+            ExitReason::HandedOff => self.report.handoffs_done += 1,
+            ExitReason::HandOffFailed => self.report.handoffs_failed += 1,
+            ExitReason::Standby | ExitReason::NoSuccessor => {}
+        }
+        let host = &self.hosts[index];
+        if host.durable_epoch < host.knowledge {
+            let text = format!(
+                "node {index} exits having persisted epoch {} but knowing epoch {}",
+                host.durable_epoch, host.knowledge
+            );
+            fail(&mut self.violation, text);
+        }
+        // Effects queued after Exit do not exist: the process is gone.
+        self.hosts[index].lose_memory();
+    }
+
+    /// A node that becomes active with an empty table decides only after one
+    /// failover period or once it heard every peer, and never while a peer
+    /// heard lately holds the state.
+    fn check_empty_activation(&mut self, index: usize) {
+        let now_ms = self.now_ms;
+        let failover_ms = self.config.failover_ms;
+        let host = &self.hosts[index];
+        // With an empty table, a node decides only after one failover
+        // period or once it has heard from every peer (start-up rule).
+        let heard_all = (0..self.config.nodes).all(|peer| peer == index || host.heard_since_start[peer]);
+        if now_ms < host.started_ms + failover_ms && !heard_all {
+            let started_ms = host.started_ms;
+            let text = format!(
+                "node {index} becomes active with an empty table {} ms after its start without hearing every peer",
+                now_ms - started_ms
+            );
+            fail(&mut self.violation, text);
+        }
+        for (peer, other) in self.hosts.iter().enumerate() {
+            if let Some((heard_ms, life)) = host.stateful_heard[peer]
+                && now_ms < heard_ms + failover_ms
+                && other.life == life
+                && !other.leaving
+                && other.table.is_some()
+            {
+                let text = format!(
+                    "node {index} becomes active with an empty table while node {peer}, heard at {heard_ms} ms, holds the state"
+                );
+                fail(&mut self.violation, text);
             }
         }
     }
 
     fn activate(&mut self, index: usize, epoch: u64, stream: u64) {
-        let now_ms = self.now_ms;
-        let failover_ms = self.config.failover_ms;
         let host = &self.hosts[index];
         if epoch % 16 != index as u64 {
             fail(&mut self.violation, format!("node {index} activates epoch {epoch}, not one of its ballots"));
@@ -753,30 +845,7 @@ impl Sim {
         if fresh {
             self.report.activations += 1;
             if host.table.is_none() {
-                // With an empty table, a node decides only after one failover
-                // period or once it has heard from every peer (start-up rule).
-                let heard_all = (0..self.config.nodes).all(|peer| peer == index || host.heard_since_start[peer]);
-                if now_ms < host.started_ms + failover_ms && !heard_all {
-                    let started_ms = host.started_ms;
-                    let text = format!(
-                        "node {index} becomes active with an empty table {} ms after its start without hearing every peer",
-                        now_ms - started_ms
-                    );
-                    fail(&mut self.violation, text);
-                }
-                for (peer, other) in self.hosts.iter().enumerate() {
-                    if let Some((heard_ms, life)) = host.stateful_heard[peer]
-                        && now_ms < heard_ms + failover_ms
-                        && other.life == life
-                        && !other.leaving
-                        && other.table.is_some()
-                    {
-                        let text = format!(
-                            "node {index} becomes active with an empty table while node {peer}, heard at {heard_ms} ms, holds the state"
-                        );
-                        fail(&mut self.violation, text);
-                    }
-                }
+                self.check_empty_activation(index);
             }
         }
         let host = &mut self.hosts[index];
@@ -785,7 +854,7 @@ impl Sim {
             host.table = Some(SimTable { stream, version: 0, tokens });
             host.stream = stream;
             host.followers.fill(false);
-            host.stream_from = None;
+            host.receiver.clear();
             host.following = None;
         }
         host.serving_epoch = Some(epoch);
@@ -852,44 +921,63 @@ impl Sim {
         self.last_sole_grant[key] = Some((granted, epoch));
     }
 
-    fn receive_stream(&mut self, from: usize, to: usize, item: StreamItem) {
+    /// A stream item reaches `to`, through the replication core's receive
+    /// rules: a snapshot (sent whole here) as its begin, one chunk and its
+    /// end, a delta as a batch of one.
+    fn receive_stream(&mut self, from: usize, to: usize, connection: u64, item: StreamItem) {
         let now_ms = self.now_ms;
         let host = &mut self.hosts[to];
         // As the replication core does: any stream frame shows its sender alive.
         host.node.as_mut().expect("up").stream_heard(now_ms, from);
-        match item {
+        let serving = host.serving_epoch.is_some();
+        let received = match item {
             StreamItem::Snapshot(table) => {
-                if host.following != Some(from) || host.serving_epoch.is_some() {
+                // A host takes the snapshot of the active it follows only.
+                if host.following != Some(from) {
                     return;
                 }
-                host.table = Some(table);
-                host.stream_from = Some(from);
-                let epoch = table.token_epoch_max();
-                host.knowledge = host.knowledge.max(epoch);
-                host.node.as_mut().expect("up").snapshot_applied(now_ms, from, table.version(), epoch);
+                let entries = table.tokens.into_iter().enumerate().filter(|&(_, token)| token > 0);
+                let receiver = &mut host.receiver;
+                let mut received = receiver.snapshot_begin(from, connection, table.version(), serving);
+                if received == Received::SnapshotBegun {
+                    received = receiver.snapshot_chunk(now_ms, from, connection, entries, KEYS);
+                }
+                if received == Received::SnapshotProgress {
+                    let mut replica = SimTable::empty();
+                    received = receiver.snapshot_end(from, connection, table.version(), serving, &mut replica);
+                    if let Received::SnapshotApplied { table: version, .. } = received {
+                        host.table = Some(SimTable { stream: version.stream, version: version.version, ..replica });
+                    }
+                }
+                received
             }
             StreamItem::Delta { stream, version, key, token: granted } => {
                 let Some(table) = host.table.as_mut() else { return };
-                if host.stream_from != Some(from) || table.stream != stream || version <= table.version {
-                    return;
+                let received =
+                    host.receiver.deltas(now_ms, from, connection, stream, version, [(key, granted)], KEYS, table);
+                if let Received::Applied { table: applied, .. } = received {
+                    table.version = applied.version;
                 }
-                if version > table.version + 1 {
-                    host.stream_from = None;
-                    host.node.as_mut().expect("up").replica_broken(now_ms, from);
-                } else {
-                    if granted <= table.tokens[key] {
-                        let text =
-                            format!("node {to} applies key {key} token {granted:#x} below {:#x}", table.tokens[key]);
-                        fail(&mut self.violation, text);
-                        return;
-                    }
-                    table.tokens[key] = granted;
-                    table.version = version;
-                    let applied = table.version();
-                    host.knowledge = host.knowledge.max(token_epoch(granted));
-                    host.node.as_mut().expect("up").replica_applied(now_ms, from, applied, token_epoch(granted));
-                }
+                received
             }
+        };
+        match received {
+            Received::Ignored => return,
+            Received::SnapshotBegun | Received::SnapshotProgress => {}
+            Received::SnapshotApplied { table, token_epoch_max, .. } => {
+                host.knowledge = host.knowledge.max(token_epoch_max);
+                host.node.as_mut().expect("up").snapshot_applied(now_ms, from, table, token_epoch_max);
+            }
+            Received::Applied { table, token_epoch_max } => {
+                host.knowledge = host.knowledge.max(token_epoch_max);
+                host.node.as_mut().expect("up").replica_applied(now_ms, from, table, token_epoch_max);
+            }
+            Received::Broken(Break::OutOfOrder((key, granted, previous))) => {
+                let text = format!("node {to} applies key {key} token {granted:#x} below {previous:#x}");
+                fail(&mut self.violation, text);
+                return;
+            }
+            Received::Broken(_) => host.node.as_mut().expect("up").replica_broken(now_ms, from),
         }
         self.drive(to);
     }
@@ -903,7 +991,7 @@ impl Sim {
         }
     }
 
-    fn send_control(&mut self, from: usize, to: usize, message: Message, sender_life: u64, sender_had_state: bool) {
+    fn send_control(&mut self, from: usize, to: usize, message: PeerMessage, sender_life: u64, sender_had_state: bool) {
         if self.network.cut[from][to] || self.rng.chance(self.network.loss_per_mille) {
             return;
         }
@@ -917,7 +1005,9 @@ impl Sim {
         // learns it a little later (a reset or a keep-alive timeout).
         if matches!(item, StreamItem::Snapshot(_)) {
             self.network.stream_broken[from][to] = false;
+            self.network.stream_connection[from][to] += 1;
         }
+        let connection = self.network.stream_connection[from][to];
         if self.network.stream_broken[from][to] {
             return;
         }
@@ -928,14 +1018,14 @@ impl Sim {
                 .max(self.network.stream_arrival_ms[from][to]);
             self.network.stream_arrival_ms[from][to] = at_ms;
             let (from_life, to_life) = (self.hosts[from].life, self.hosts[to].life);
-            self.schedule(at_ms, Event::StreamBroken { from, to, from_life, to_life });
+            self.schedule(at_ms, Event::StreamBroken { from, to, from_life, to_life, connection });
             return;
         }
         let at_ms = (self.now_ms + self.rng.between(0, self.network.delay_ms_max))
             .max(self.network.stream_arrival_ms[from][to]);
         self.network.stream_arrival_ms[from][to] = at_ms;
         let (from_life, to_life) = (self.hosts[from].life, self.hosts[to].life);
-        self.schedule(at_ms, Event::Stream { from, to, from_life, to_life, item });
+        self.schedule(at_ms, Event::Stream { from, to, from_life, to_life, connection, item });
     }
 
     fn inject_fault(&mut self) {
@@ -1076,7 +1166,8 @@ impl Sim {
         for index in top + 1..self.config.nodes {
             let host = &self.hosts[index];
             let Some(node) = &host.node else { continue };
-            let synced = host.stream_from == Some(top) && host.table.is_some_and(|table| table.stream == stream);
+            let synced =
+                host.receiver.replica_from() == Some(top) && host.table.is_some_and(|table| table.stream == stream);
             if node.status().active_node != Some(top) || !synced {
                 let text = format!(
                     "after settling, node {index} follows {:?} with table {:?}, not node {top}'s stream {stream}",

@@ -64,13 +64,12 @@
 
 use std::fmt;
 
-use ringlock_client::proto::{KEY_LEN_MAX, is_valid_key};
+use ringlock_proto::{KEY_LEN_MAX, NODES_MAX, is_valid_key};
 use ringlock_shards::limits::LEASE_MS_LIMIT;
 use ringlock_shards::token::EPOCH_MAX;
 use ringlock_shards::{Delta, Key};
 
-use crate::cluster::{Heartbeat, Message, PeerRole, TableVersion};
-use crate::epoch::NODES_MAX;
+use crate::cluster::{Heartbeat, PeerMessage, PeerRole, TableVersion};
 
 /// The peer protocol version a node speaks; a Hello with another is refused.
 /// Version 2: a snapshot is sent in slices, with the deltas made meanwhile
@@ -103,10 +102,8 @@ const LEN_PREFIX_BYTES: usize = 4;
 /// The index byte that stands for `None`.
 const INDEX_NONE: u8 = 0xFF;
 
-const NODES_MAX_USIZE: usize = NODES_MAX as usize;
-
 // The "none" byte must never be a valid index.
-const _: () = assert!(NODES_MAX_USIZE < INDEX_NONE as usize);
+const _: () = assert!(NODES_MAX < INDEX_NONE as usize);
 
 /// Frame type bytes.
 mod frame_type {
@@ -244,7 +241,7 @@ pub enum Frame {
     /// The first frame on every peer connection (connector to acceptor).
     Hello(Hello),
     /// A control message of the cluster protocol.
-    Message(Message),
+    Message(PeerMessage),
     /// A snapshot starts at `table`. Chunks follow, and between them the
     /// deltas made meanwhile, numbered on from `table`'s version, in the
     /// order the active made both.
@@ -386,26 +383,26 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
 }
 
 /// Appends a [`Frame::Message`] to `out`, without building the frame.
-pub fn encode_message(message: &Message, out: &mut Vec<u8>) {
+pub fn encode_message(message: &PeerMessage, out: &mut Vec<u8>) {
     match message {
-        Message::Heartbeat(heartbeat) => encode_heartbeat(heartbeat, out),
-        Message::SnapshotRequest => {
+        PeerMessage::Heartbeat(heartbeat) => encode_heartbeat(heartbeat, out),
+        PeerMessage::SnapshotRequest => {
             let start = begin_frame(frame_type::SNAPSHOT_REQUEST, out);
             end_frame(start, out);
         }
-        Message::HandOff { table, epoch_seen } => {
+        PeerMessage::HandOff { table, epoch_seen } => {
             let start = begin_frame(frame_type::HAND_OFF, out);
             put_table(*table, out);
             put_u64(*epoch_seen, out);
             end_frame(start, out);
         }
-        Message::HandOffDone { table, epoch } => {
+        PeerMessage::HandOffDone { table, epoch } => {
             let start = begin_frame(frame_type::HAND_OFF_DONE, out);
             put_table(*table, out);
             put_u64(*epoch, out);
             end_frame(start, out);
         }
-        Message::HandOffRefused { table } => encode_table_frame(frame_type::HAND_OFF_REFUSED, *table, out),
+        PeerMessage::HandOffRefused { table } => encode_table_frame(frame_type::HAND_OFF_REFUSED, *table, out),
     }
 }
 
@@ -457,7 +454,7 @@ pub fn encode_snapshot_chunk(entries: &[SnapshotEntry], out: &mut Vec<u8>) {
 }
 
 fn encode_hello(hello: &Hello, out: &mut Vec<u8>) {
-    assert!((1..=NODES_MAX_USIZE).contains(&hello.nodes), "hello with {} nodes", hello.nodes);
+    assert!((1..=NODES_MAX).contains(&hello.nodes), "hello with {} nodes", hello.nodes);
     assert!(hello.node < hello.nodes, "hello from node {} of {}", hello.node, hello.nodes);
     let start = begin_frame(frame_type::HELLO, out);
     out.extend_from_slice(&HELLO_MAGIC);
@@ -523,7 +520,7 @@ fn put_table(table: TableVersion, out: &mut Vec<u8>) {
 fn put_index(index: Option<usize>, out: &mut Vec<u8>) {
     match index {
         Some(index) => {
-            assert!(index < NODES_MAX_USIZE, "node index {index}");
+            assert!(index < NODES_MAX, "node index {index}");
             out.push(index as u8);
         }
         None => out.push(INDEX_NONE),
@@ -584,15 +581,15 @@ pub fn decode(input: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
     let mut reader = Reader { bytes: body };
     let frame = match reader.u8()? {
         frame_type::HELLO => Frame::Hello(read_hello(&mut reader)?),
-        frame_type::HEARTBEAT => Frame::Message(Message::Heartbeat(read_heartbeat(&mut reader)?)),
-        frame_type::SNAPSHOT_REQUEST => Frame::Message(Message::SnapshotRequest),
+        frame_type::HEARTBEAT => Frame::Message(PeerMessage::Heartbeat(read_heartbeat(&mut reader)?)),
+        frame_type::SNAPSHOT_REQUEST => Frame::Message(PeerMessage::SnapshotRequest),
         frame_type::HAND_OFF => {
-            Frame::Message(Message::HandOff { table: reader.table()?, epoch_seen: reader.epoch()? })
+            Frame::Message(PeerMessage::HandOff { table: reader.table()?, epoch_seen: reader.epoch()? })
         }
         frame_type::HAND_OFF_DONE => {
-            Frame::Message(Message::HandOffDone { table: reader.table()?, epoch: reader.epoch()? })
+            Frame::Message(PeerMessage::HandOffDone { table: reader.table()?, epoch: reader.epoch()? })
         }
-        frame_type::HAND_OFF_REFUSED => Frame::Message(Message::HandOffRefused { table: reader.table()? }),
+        frame_type::HAND_OFF_REFUSED => Frame::Message(PeerMessage::HandOffRefused { table: reader.table()? }),
         frame_type::SNAPSHOT_BEGIN => Frame::SnapshotBegin { table: reader.table()? },
         frame_type::SNAPSHOT_CHUNK => Frame::SnapshotChunk(read_snapshot_chunk(&mut reader)?),
         frame_type::SNAPSHOT_END => Frame::SnapshotEnd { table: reader.table()? },
@@ -619,7 +616,7 @@ fn read_hello(reader: &mut Reader<'_>) -> Result<Hello, WireError> {
         return Err(WireError::BadVersion(version));
     }
     let nodes = reader.u8()?;
-    if !(1..=NODES_MAX_USIZE).contains(&usize::from(nodes)) {
+    if !(1..=NODES_MAX).contains(&usize::from(nodes)) {
         return Err(WireError::BadNodes(nodes));
     }
     let node = reader.u8()?;
@@ -757,7 +754,7 @@ impl Reader<'_> {
     fn index(&mut self) -> Result<Option<usize>, WireError> {
         match self.u8()? {
             INDEX_NONE => Ok(None),
-            index if usize::from(index) < NODES_MAX_USIZE => Ok(Some(usize::from(index))),
+            index if usize::from(index) < NODES_MAX => Ok(Some(usize::from(index))),
             other => Err(WireError::BadIndex(other)),
         }
     }
@@ -861,8 +858,8 @@ mod tests {
     fn one_of_each() -> Vec<Frame> {
         vec![
             hello(),
-            Frame::Message(Message::Heartbeat(heartbeat())),
-            Frame::Message(Message::Heartbeat(Heartbeat {
+            Frame::Message(PeerMessage::Heartbeat(heartbeat())),
+            Frame::Message(PeerMessage::Heartbeat(Heartbeat {
                 role: PeerRole::Standby,
                 following: None,
                 caught_up: false,
@@ -870,10 +867,10 @@ mod tests {
                 handing_off_to: None,
                 ..heartbeat()
             })),
-            Frame::Message(Message::SnapshotRequest),
-            Frame::Message(Message::HandOff { table: table(17, 5), epoch_seen: 50 }),
-            Frame::Message(Message::HandOffDone { table: table(17, 5), epoch: 66 }),
-            Frame::Message(Message::HandOffRefused { table: table(17, 5) }),
+            Frame::Message(PeerMessage::SnapshotRequest),
+            Frame::Message(PeerMessage::HandOff { table: table(17, 5), epoch_seen: 50 }),
+            Frame::Message(PeerMessage::HandOffDone { table: table(17, 5), epoch: 66 }),
+            Frame::Message(PeerMessage::HandOffRefused { table: table(17, 5) }),
             Frame::SnapshotBegin { table: table(17, 0) },
             Frame::SnapshotChunk(vec![entry(b"a", 1, 0), entry(&[b'k'; KEY_LEN_MAX], u64::MAX, LEASE_MS_LIMIT)]),
             Frame::SnapshotChunk(Vec::new()),
@@ -916,7 +913,7 @@ mod tests {
 
     #[test]
     fn encode_message_matches_encode_of_the_frame() {
-        let message = Message::Heartbeat(heartbeat());
+        let message = PeerMessage::Heartbeat(heartbeat());
         let mut out = Vec::new();
         encode_message(&message, &mut out);
         assert_eq!(out, encoded(&Frame::Message(message)));
@@ -927,8 +924,8 @@ mod tests {
         assert_eq!(encoded(&hello()).len(), PAYLOAD_AT + 35);
         assert_eq!(encoded(&Frame::HelloRefused(Refusal::PeerList)).len(), HELLO_REFUSED_FRAME_BYTES);
         assert_eq!(encoded(&hello()).len(), HELLO_FRAME_BYTES);
-        assert_eq!(encoded(&Frame::Message(Message::Heartbeat(heartbeat()))).len(), PAYLOAD_AT + 53);
-        assert_eq!(encoded(&Frame::Message(Message::SnapshotRequest)).len(), PAYLOAD_AT);
+        assert_eq!(encoded(&Frame::Message(PeerMessage::Heartbeat(heartbeat()))).len(), PAYLOAD_AT + 53);
+        assert_eq!(encoded(&Frame::Message(PeerMessage::SnapshotRequest)).len(), PAYLOAD_AT);
         assert_eq!(encoded(&Frame::SnapshotBegin { table: table(1, 2) }).len(), PAYLOAD_AT + 16);
     }
 
@@ -970,9 +967,9 @@ mod tests {
     fn decode_uses_one_frame_and_leaves_the_next() {
         let mut bytes = encoded(&hello());
         let first_len = bytes.len();
-        encode(&Frame::Message(Message::SnapshotRequest), &mut bytes);
+        encode(&Frame::Message(PeerMessage::SnapshotRequest), &mut bytes);
         assert_eq!(decode(&bytes), Ok(Some((hello(), first_len))));
-        assert_eq!(decode(&bytes[first_len..]), Ok(Some((Frame::Message(Message::SnapshotRequest), 5))));
+        assert_eq!(decode(&bytes[first_len..]), Ok(Some((Frame::Message(PeerMessage::SnapshotRequest), 5))));
     }
 
     #[test]
@@ -1066,7 +1063,7 @@ mod tests {
 
     #[test]
     fn heartbeat_indexes_must_be_below_nodes_max_or_none() {
-        let heartbeat_bytes = encoded(&Frame::Message(Message::Heartbeat(heartbeat())));
+        let heartbeat_bytes = encoded(&Frame::Message(PeerMessage::Heartbeat(heartbeat())));
         for at in [PAYLOAD_AT + 33, PAYLOAD_AT + 52] {
             for index in [NODES_MAX as u8, 0x7F, 0xFE] {
                 let mut bytes = heartbeat_bytes.clone();
@@ -1080,14 +1077,14 @@ mod tests {
     fn epoch_fields() -> Vec<(Frame, usize)> {
         vec![
             (hello(), PAYLOAD_AT + 18),
-            (Frame::Message(Message::Heartbeat(heartbeat())), PAYLOAD_AT + 17),
-            (Frame::Message(Message::Heartbeat(heartbeat())), PAYLOAD_AT + 25),
-            (Frame::Message(Message::Heartbeat(heartbeat())), PAYLOAD_AT + 36),
-            (Frame::Message(Message::HandOff { table: table(17, 5), epoch_seen: 50 }), PAYLOAD_AT),
-            (Frame::Message(Message::HandOff { table: table(17, 5), epoch_seen: 50 }), PAYLOAD_AT + 16),
-            (Frame::Message(Message::HandOffDone { table: table(17, 5), epoch: 66 }), PAYLOAD_AT),
-            (Frame::Message(Message::HandOffDone { table: table(17, 5), epoch: 66 }), PAYLOAD_AT + 16),
-            (Frame::Message(Message::HandOffRefused { table: table(17, 5) }), PAYLOAD_AT),
+            (Frame::Message(PeerMessage::Heartbeat(heartbeat())), PAYLOAD_AT + 17),
+            (Frame::Message(PeerMessage::Heartbeat(heartbeat())), PAYLOAD_AT + 25),
+            (Frame::Message(PeerMessage::Heartbeat(heartbeat())), PAYLOAD_AT + 36),
+            (Frame::Message(PeerMessage::HandOff { table: table(17, 5), epoch_seen: 50 }), PAYLOAD_AT),
+            (Frame::Message(PeerMessage::HandOff { table: table(17, 5), epoch_seen: 50 }), PAYLOAD_AT + 16),
+            (Frame::Message(PeerMessage::HandOffDone { table: table(17, 5), epoch: 66 }), PAYLOAD_AT),
+            (Frame::Message(PeerMessage::HandOffDone { table: table(17, 5), epoch: 66 }), PAYLOAD_AT + 16),
+            (Frame::Message(PeerMessage::HandOffRefused { table: table(17, 5) }), PAYLOAD_AT),
             (Frame::SnapshotBegin { table: table(17, 0) }, PAYLOAD_AT),
             (Frame::SnapshotEnd { table: table(17, 0) }, PAYLOAD_AT),
             (deltas_frame(vec![grant(b"k", 1)]), PAYLOAD_AT),
@@ -1146,7 +1143,7 @@ mod tests {
             bytes[PAYLOAD_AT + 26] = role;
             assert_eq!(decode(&bytes), Err(WireError::BadRole(role)));
 
-            let mut bytes = encoded(&Frame::Message(Message::Heartbeat(heartbeat())));
+            let mut bytes = encoded(&Frame::Message(PeerMessage::Heartbeat(heartbeat())));
             bytes[PAYLOAD_AT + 16] = role;
             assert_eq!(decode(&bytes), Err(WireError::BadRole(role)));
         }
@@ -1156,7 +1153,7 @@ mod tests {
     fn flags_must_be_zero_or_one() {
         for at in [PAYLOAD_AT + 34, PAYLOAD_AT + 35] {
             for flag in [2, 0xFF] {
-                let mut bytes = encoded(&Frame::Message(Message::Heartbeat(heartbeat())));
+                let mut bytes = encoded(&Frame::Message(PeerMessage::Heartbeat(heartbeat())));
                 bytes[at] = flag;
                 assert_eq!(decode(&bytes), Err(WireError::BadFlag(flag)), "byte {at}");
             }
@@ -1165,12 +1162,12 @@ mod tests {
 
     #[test]
     fn an_absent_table_must_be_zeros() {
-        let mut bytes = encoded(&Frame::Message(Message::Heartbeat(heartbeat())));
+        let mut bytes = encoded(&Frame::Message(PeerMessage::Heartbeat(heartbeat())));
         bytes[PAYLOAD_AT + 35] = 0;
         assert_eq!(decode(&bytes), Err(WireError::AbsentTableNotZero));
         // With zeros it is a heartbeat without a table.
         bytes[PAYLOAD_AT + 36..PAYLOAD_AT + 52].fill(0);
-        let expected = Frame::Message(Message::Heartbeat(Heartbeat { table: None, ..heartbeat() }));
+        let expected = Frame::Message(PeerMessage::Heartbeat(Heartbeat { table: None, ..heartbeat() }));
         assert_eq!(decode(&bytes), Ok(Some((expected, bytes.len()))));
     }
 
@@ -1367,11 +1364,11 @@ mod tests {
     }
 
     fn index_strategy() -> impl Strategy<Value = Option<usize>> {
-        proptest::option::of(0..NODES_MAX_USIZE)
+        proptest::option::of(0..NODES_MAX)
     }
 
     fn hello_strategy() -> impl Strategy<Value = Hello> {
-        (1..=NODES_MAX_USIZE).prop_flat_map(|nodes| (Just(nodes), 0..nodes)).prop_flat_map(|(nodes, node)| {
+        (1..=NODES_MAX).prop_flat_map(|nodes| (Just(nodes), 0..nodes)).prop_flat_map(|(nodes, node)| {
             (u64_strategy(), epoch_strategy(), role_strategy(), u64_strategy()).prop_map(
                 move |(incarnation, epoch, role, peers_fingerprint)| Hello {
                     version: PROTOCOL_VERSION,
@@ -1408,13 +1405,14 @@ mod tests {
             )
     }
 
-    fn message_strategy() -> impl Strategy<Value = Message> {
+    fn message_strategy() -> impl Strategy<Value = PeerMessage> {
         prop_oneof![
-            heartbeat_strategy().prop_map(Message::Heartbeat),
-            Just(Message::SnapshotRequest),
-            (table_strategy(), epoch_strategy()).prop_map(|(table, epoch_seen)| Message::HandOff { table, epoch_seen }),
-            (table_strategy(), epoch_strategy()).prop_map(|(table, epoch)| Message::HandOffDone { table, epoch }),
-            table_strategy().prop_map(|table| Message::HandOffRefused { table }),
+            heartbeat_strategy().prop_map(PeerMessage::Heartbeat),
+            Just(PeerMessage::SnapshotRequest),
+            (table_strategy(), epoch_strategy())
+                .prop_map(|(table, epoch_seen)| PeerMessage::HandOff { table, epoch_seen }),
+            (table_strategy(), epoch_strategy()).prop_map(|(table, epoch)| PeerMessage::HandOffDone { table, epoch }),
+            table_strategy().prop_map(|table| PeerMessage::HandOffRefused { table }),
         ]
     }
 

@@ -16,15 +16,16 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
+use crate::cluster::receive::{Break, Received, StreamReceiver};
 use crate::cluster::wire::{self, ENTRIES_PER_FRAME_MAX, Frame, Hello, PROTOCOL_VERSION, SnapshotEntry};
-use crate::cluster::{Effect, ExitReason, Message, Node, PeerRole, TableVersion};
+use crate::cluster::{Effect, ExitReason, Node, PeerMessage, PeerRole, TableVersion};
 use crate::config::PeerAddress;
-use crate::epoch::EpochStore;
-use crate::event_loop::Shared;
-use crate::role::{Control, NodeStatus, Report};
-use crate::router::Message as CoreMessage;
+use crate::core::mailbox::CoreMessage;
+use crate::node::epoch::EpochStore;
+use crate::node::role::{Control, NodeStatus, Report};
+use crate::node::shared::Shared;
 
-use super::mirror::Mirror;
+use super::mirror::{Mirror, OutOfOrder};
 use super::peers::{Events, Outboxes, PeerEvent, PeerLinks};
 
 /// The longest pause between two turns: the time bound of a delta batch.
@@ -65,22 +66,6 @@ struct Stream {
     snapshot_next_slot: Option<usize>,
 }
 
-/// The stream this node applies as a standby.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Replica {
-    from: usize,
-    connection: u64,
-    table: TableVersion,
-}
-
-/// A snapshot being received.
-struct Incoming {
-    from: usize,
-    connection: u64,
-    table: TableVersion,
-    mirror: Mirror,
-}
-
 pub struct ReplicationCore {
     node: Node,
     peers: Vec<PeerAddress>,
@@ -101,8 +86,8 @@ pub struct ReplicationCore {
     streams: Vec<Option<Stream>>,
     /// The last turn left events or reports for the next one.
     backlog: bool,
-    replica: Option<Replica>,
-    incoming: Option<Incoming>,
+    /// A standby's side of the stream: the snapshot under way, the stream applied.
+    receiver: StreamReceiver<Mirror>,
     /// Cores that still owe a [`Report::Held`] after a hold.
     holding: Option<Vec<bool>>,
     /// Controls each core's full inbox refused, sent again next turn, in order.
@@ -152,12 +137,11 @@ impl ReplicationCore {
             hello,
             mirror: Mirror::new(),
             backlog: false,
+            receiver: StreamReceiver::default(),
             serving: None,
             cores_active: false,
             batch: Vec::with_capacity(BATCH_BYTES_INITIAL),
             streams: vec![None; nodes],
-            replica: None,
-            incoming: None,
             holding: None,
             controls: (0..cores).map(|_| VecDeque::new()).collect(),
             persist_retry: None,
@@ -332,8 +316,7 @@ impl ReplicationCore {
             self.serving = Some(TableVersion { stream, version: 0 });
             self.batch.clear();
             self.streams.iter_mut().for_each(|stream| *stream = None);
-            self.replica = None;
-            self.incoming = None;
+            self.receiver.clear();
         }
         self.holding = None;
         if self.cores_active {
@@ -435,7 +418,7 @@ impl ReplicationCore {
         self.node.table_changed(now_ms, serving.version);
     }
 
-    fn send_message(&mut self, to: usize, message: &Message) {
+    fn send_message(&mut self, to: usize, message: &PeerMessage) {
         let mut bytes = Vec::with_capacity(96);
         wire::encode_message(message, &mut bytes);
         self.outboxes[to].borrow_mut().push(&bytes);
@@ -537,147 +520,91 @@ impl ReplicationCore {
     }
 
     fn connection_closed(&mut self, now_ms: u64, from: usize, connection: u64) {
-        if self.incoming.as_ref().is_some_and(|incoming| incoming.from == from && incoming.connection == connection) {
-            self.incoming = None;
-        }
-        if self.replica.is_some_and(|replica| replica.from == from && replica.connection == connection) {
-            self.replica = None;
+        if self.receiver.connection_closed(from, connection) {
             self.node.replica_broken(now_ms, from);
         }
     }
 
     fn frame(&mut self, now_ms: u64, from: usize, connection: u64, frame: Frame) {
-        if matches!(
-            frame,
-            Frame::SnapshotBegin { .. } | Frame::SnapshotChunk(_) | Frame::SnapshotEnd { .. } | Frame::Deltas { .. }
-        ) {
-            self.node.stream_heard(now_ms, from);
-        }
-        match frame {
+        let serving = self.serving.is_some();
+        let received = match frame {
             // A hello comes only first, and a refusal only to the connector:
             // the transport takes both.
-            Frame::Hello(_) | Frame::HelloRefused(_) => {}
-            Frame::Message(message) => {
-                if let Message::Heartbeat(_) = message {
-                    let latest = &mut self.heartbeat_connections[from];
-                    if connection < *latest {
-                        return;
-                    }
-                    if connection > *latest {
-                        *latest = connection;
-                        self.node.peer_reconnected(now_ms, from);
-                    }
-                }
-                self.node.receive(now_ms, from, message)
-            }
-            Frame::SnapshotBegin { table } => {
-                if self.serving.is_none() {
-                    // The deltas on this connection belong to the new
-                    // snapshot from here on.
-                    if self.replica.is_some_and(|replica| replica.from == from && replica.connection == connection) {
-                        self.replica = None;
-                    }
-                    let mirror = Mirror::new();
-                    self.incoming = Some(Incoming { from, connection, table, mirror });
-                }
-            }
+            Frame::Hello(_) | Frame::HelloRefused(_) => return,
+            Frame::Message(message) => return self.message(now_ms, from, connection, message),
+            Frame::SnapshotBegin { table } => self.receiver.snapshot_begin(from, connection, table, serving),
             Frame::SnapshotChunk(entries) => {
-                if let Some(incoming) = &mut self.incoming
-                    && incoming.from == from
-                    && incoming.connection == connection
-                {
-                    for entry in entries {
-                        incoming.mirror.insert(now_ms, entry);
-                    }
-                    if incoming.mirror.len() > self.keys_max {
-                        self.table_overflow(now_ms, from, "snapshot");
-                        return;
-                    }
-                    self.node.snapshot_progress(now_ms, from);
-                }
+                self.receiver.snapshot_chunk(now_ms, from, connection, entries, self.keys_max)
             }
             Frame::SnapshotEnd { table } => {
-                let Some(incoming) = self.incoming.take() else { return };
-                if incoming.from != from || incoming.connection != connection || incoming.table != table {
-                    return;
-                }
-                if self.serving.is_some() {
-                    return;
-                }
-                self.mirror = incoming.mirror;
-                self.replica = Some(Replica { from, connection, table });
-                tracing::info!(peer = from, grants = self.mirror.len(), version = table.version, "snapshot applied");
-                self.node.snapshot_applied(now_ms, from, table, self.mirror.token_epoch_max());
+                self.receiver.snapshot_end(from, connection, table, serving, &mut self.mirror)
             }
-            Frame::Deltas { stream, first_version, deltas } => {
-                if let Some(incoming) = &mut self.incoming
-                    && incoming.from == from
-                    && incoming.connection == connection
-                {
-                    // Deltas made while the snapshot is sent, between its slices.
-                    let in_order = incoming.table.stream == stream && first_version == incoming.table.version + 1;
-                    incoming.table.version += deltas.len() as u64;
-                    let applied = in_order
-                        && deltas.into_iter().try_for_each(|delta| incoming.mirror.apply(now_ms, delta)).is_ok();
-                    if incoming.mirror.len() > self.keys_max {
-                        self.table_overflow(now_ms, from, "snapshot");
-                    } else if applied {
-                        self.node.snapshot_progress(now_ms, from);
-                    } else {
-                        tracing::warn!(
-                            peer = from,
-                            stream,
-                            first_version,
-                            "snapshot stream out of order; asking again"
-                        );
-                        self.incoming = None;
-                        self.node.replica_broken(now_ms, from);
-                    }
-                    return;
-                }
-                let Some(replica) = &mut self.replica else { return };
-                if replica.from != from || replica.connection != connection {
-                    return;
-                }
-                if replica.table.stream != stream || first_version != replica.table.version + 1 {
-                    tracing::warn!(peer = from, stream, first_version, "gap in the replication stream");
-                    self.replica = None;
-                    self.node.replica_broken(now_ms, from);
-                    return;
-                }
-                replica.table.version += deltas.len() as u64;
-                let table = replica.table;
-                for delta in deltas {
-                    if let Err(error) = self.mirror.apply(now_ms, delta) {
-                        // Not an active's stream as it should be: start over
-                        // from a snapshot rather than trust the rest of it.
-                        tracing::warn!(peer = from, %error, "replication stream out of order; asking for a snapshot");
-                        self.replica = None;
-                        self.node.replica_broken(now_ms, from);
-                        return;
-                    }
-                }
-                if self.mirror.len() > self.keys_max {
-                    self.table_overflow(now_ms, from, "replication stream");
-                    return;
-                }
-                self.node.replica_applied(now_ms, from, table, self.mirror.token_epoch_max());
-            }
-        }
+            Frame::Deltas { stream, first_version, deltas } => self.receiver.deltas(
+                now_ms,
+                from,
+                connection,
+                stream,
+                first_version,
+                deltas,
+                self.keys_max,
+                &mut self.mirror,
+            ),
+        };
+        // Any stream frame shows its sender alive.
+        self.node.stream_heard(now_ms, from);
+        self.received(now_ms, from, received);
     }
 
-    /// A snapshot or stream from `from` would make the table hold more than
-    /// `--max-keys` locks: it is dropped (and a new snapshot asked for).
-    fn table_overflow(&mut self, now_ms: u64, from: usize, what: &str) {
-        tracing::warn!(
-            peer = from,
-            keys_max = self.keys_max,
-            "the {what} from this peer holds more locks than --max-keys; dropping it (give every node the same \
-             --max-keys)"
-        );
-        self.incoming = None;
-        self.replica = None;
-        self.node.replica_broken(now_ms, from);
+    /// A control message of the cluster protocol, for the cluster logic.
+    fn message(&mut self, now_ms: u64, from: usize, connection: u64, message: PeerMessage) {
+        if let PeerMessage::Heartbeat(_) = message {
+            let latest = &mut self.heartbeat_connections[from];
+            if connection < *latest {
+                return;
+            }
+            if connection > *latest {
+                *latest = connection;
+                self.node.peer_reconnected(now_ms, from);
+            }
+        }
+        self.node.receive(now_ms, from, message)
+    }
+
+    /// Tells the cluster logic what a table frame from `from` did.
+    fn received(&mut self, now_ms: u64, from: usize, received: Received<OutOfOrder>) {
+        match received {
+            Received::Ignored | Received::SnapshotBegun => {}
+            Received::SnapshotProgress => self.node.snapshot_progress(now_ms, from),
+            Received::SnapshotApplied { table, grants, token_epoch_max } => {
+                tracing::info!(peer = from, grants, version = table.version, "snapshot applied");
+                self.node.snapshot_applied(now_ms, from, table, token_epoch_max);
+            }
+            Received::Applied { table, token_epoch_max } => {
+                self.node.replica_applied(now_ms, from, table, token_epoch_max)
+            }
+            Received::Broken(broken) => {
+                match broken {
+                    Break::SnapshotOutOfOrder { stream, first_version } => {
+                        tracing::warn!(peer = from, stream, first_version, "snapshot stream out of order; asking again")
+                    }
+                    Break::Gap { stream, first_version } => {
+                        tracing::warn!(peer = from, stream, first_version, "gap in the replication stream")
+                    }
+                    Break::OutOfOrder(error) => tracing::warn!(
+                        peer = from,
+                        %error,
+                        "replication stream out of order; asking for a snapshot"
+                    ),
+                    Break::Overflow { what } => tracing::warn!(
+                        peer = from,
+                        keys_max = self.keys_max,
+                        "the {what} from this peer holds more locks than --max-keys; dropping it (give every node \
+                         the same --max-keys)"
+                    ),
+                }
+                self.node.replica_broken(now_ms, from);
+            }
+        }
     }
 
     fn control_every_core(&mut self, control: impl Fn() -> Control) {
@@ -707,12 +634,12 @@ impl ReplicationCore {
 
     fn publish_status(&mut self) {
         if let Some(link) = &self.shared.cluster {
-            let table = self.serving.or(self.replica.map(|replica| replica.table));
+            let table = self.serving.or(self.receiver.replica_table());
             let table = table.unwrap_or(TableVersion { stream: 0, version: 0 });
             link.table_stream.store(table.stream, Ordering::Relaxed);
             link.table_version.store(table.version, Ordering::Relaxed);
             link.caught_up.store(self.node.caught_up(), Ordering::Relaxed);
-            let lag = self.node.replication_lag().unwrap_or(crate::role::LAG_UNKNOWN);
+            let lag = self.node.replication_lag().unwrap_or(crate::node::role::LAG_UNKNOWN);
             link.replication_lag.store(lag, Ordering::Relaxed);
         }
         let status = self.node.status();

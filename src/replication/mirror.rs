@@ -12,6 +12,7 @@
 use ringlock_shards::lock_index::LockIndex;
 use ringlock_shards::{Delta, Key, shard_of, token_epoch};
 
+use crate::cluster::receive::ReplicaTable;
 use crate::cluster::wire::SnapshotEntry;
 
 /// One held grant.
@@ -60,7 +61,7 @@ impl Mirror {
     /// An empty mirror.
     pub fn new() -> Mirror {
         // Keys come from clients: a seeded hash keeps them from aiming at one bucket.
-        let seed = crate::server::random_seed();
+        let seed = crate::node::seed::random_seed();
         let hasher = ahash::RandomState::with_seeds(seed, seed.rotate_left(17), seed ^ 0x9e37_79b9, 0x5bd1_e995);
         Mirror { slots: Vec::new(), free: Vec::new(), index: LockIndex::new(hasher), token_epoch_max: 0 }
     }
@@ -219,6 +220,33 @@ fn entry_of(grant: &Grant, now_ms: u64) -> Option<SnapshotEntry> {
         token: grant.token,
         lease_left_ms: grant.lease_end_ms - now_ms,
     })
+}
+
+/// The receive rules of `cluster::receive` run on the mirror.
+impl ReplicaTable for Mirror {
+    type Entry = SnapshotEntry;
+    type Delta = Delta;
+    type Refused = OutOfOrder;
+
+    fn empty() -> Mirror {
+        Mirror::new()
+    }
+
+    fn insert(&mut self, now_ms: u64, entry: SnapshotEntry) {
+        Mirror::insert(self, now_ms, entry);
+    }
+
+    fn apply(&mut self, now_ms: u64, delta: Delta) -> Result<(), OutOfOrder> {
+        Mirror::apply(self, now_ms, delta)
+    }
+
+    fn len(&self) -> usize {
+        Mirror::len(self)
+    }
+
+    fn token_epoch_max(&self) -> u64 {
+        Mirror::token_epoch_max(self)
+    }
 }
 
 #[cfg(test)]

@@ -30,9 +30,9 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::cluster::{ExitReason, Node, wire};
 use crate::config::ClusterSettings;
-use crate::epoch::EpochStore;
-use crate::event_loop::Shared;
-use crate::role::Report;
+use crate::node::epoch::EpochStore;
+use crate::node::role::Report;
+use crate::node::shared::Shared;
 
 use self::core::ReplicationCore;
 use self::peers::{EventQueue, Identity, Outbox, PeerLinks};
@@ -60,7 +60,7 @@ pub struct Start {
 }
 
 /// Starts the replication thread; it returns once the node has left the
-/// cluster (after a stop request, see [`crate::role::ClusterLink::stop`]).
+/// cluster (after a stop request, see [`crate::node::role::ClusterLink::stop`]).
 pub fn start(start: Start) -> Result<JoinHandle<Result<ExitReason, String>>, String> {
     let placement = match start.cpu {
         Some(cpu) => Placement::Fixed(cpu),

@@ -115,6 +115,21 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    /// A new connection to the peer starts, with nothing queued.
+    fn open(&mut self) {
+        self.buffer.clear();
+        self.connected = true;
+        self.generation += 1;
+        self.reset = false;
+    }
+
+    /// The connection ended: what is queued is dropped with it.
+    fn close(&mut self) {
+        self.connected = false;
+        self.reset = false;
+        self.buffer = Vec::new();
+    }
+
     /// The current connection, if there is one.
     pub fn connection(&self) -> Option<u64> {
         self.connected.then_some(self.generation)
@@ -394,48 +409,18 @@ fn check_hello(hello: &Hello, identity: Identity) -> Result<usize, HelloError> {
 pub async fn write(to: usize, address: SocketAddr, links: PeerLinks, retry: Duration, stall: Duration) {
     let PeerLinks { events, outboxes, hello } = links;
     let outbox = &outboxes[to];
-    let mut logged_down = false;
     loop {
-        let mut stream = match TcpStream::connect_timeout(address, stall).await {
-            Ok(stream) => stream,
-            Err(error) => {
-                if !logged_down {
-                    tracing::info!(peer = to, %address, %error, "peer unreachable; retrying");
-                    logged_down = true;
-                }
-                glommio::timer::sleep(retry).await;
-                continue;
-            }
-        };
-        logged_down = false;
+        let mut stream = connect(to, address, retry, stall).await;
         let _ = stream.set_nodelay(true);
         watch_for_refusal(&stream, to, events.clone());
         let mut chunk = Vec::new();
         wire::encode(&Frame::Hello(hello.get()), &mut chunk);
-        {
-            let mut outbox = outbox.borrow_mut();
-            outbox.buffer.clear();
-            outbox.connected = true;
-            outbox.generation += 1;
-            outbox.reset = false;
-        }
+        outbox.borrow_mut().open();
         tracing::info!(peer = to, %address, "connected to peer");
         loop {
             if !chunk.is_empty() {
                 outbox.borrow_mut().writing = true;
-                // The stall bound is on progress, piece by piece: a peer that
-                // reads steadily but slower than this node writes is slow,
-                // not gone (the outbox bound deals with slow).
-                let mut written = Ok(());
-                for piece in chunk.chunks(WRITE_PIECE_BYTES) {
-                    written = glommio::timer::timeout(stall, async {
-                        stream.write_all(piece).await.map_err(glommio::GlommioError::from)
-                    })
-                    .await;
-                    if written.is_err() {
-                        break;
-                    }
-                }
+                let written = write_chunk(&mut stream, &chunk, stall).await;
                 outbox.borrow_mut().writing = false;
                 if let Err(error) = written {
                     tracing::info!(peer = to, %error, "peer connection lost");
@@ -443,36 +428,74 @@ pub async fn write(to: usize, address: SocketAddr, links: PeerLinks, retry: Dura
                 }
                 chunk.clear();
             }
-            let reset = futures_lite::future::poll_fn(|context| {
-                let mut outbox = outbox.borrow_mut();
-                if outbox.reset {
-                    return Poll::Ready(true);
-                }
-                if outbox.buffer.is_empty() {
-                    outbox.waker = Some(context.waker().clone());
-                    return Poll::Pending;
-                }
-                std::mem::swap(&mut outbox.buffer, &mut chunk);
-                Poll::Ready(false)
-            })
-            .await;
-            if reset {
+            if next_chunk(outbox, &mut chunk).await == Next::Reset {
                 tracing::warn!(peer = to, "peer reads too slowly; dropping its connection to start over");
                 break;
             }
         }
-        {
-            let mut outbox = outbox.borrow_mut();
-            outbox.connected = false;
-            outbox.reset = false;
-            outbox.buffer = Vec::new();
-        }
+        outbox.borrow_mut().close();
         // Shutting the socket down also ends the refusal watcher's read
         // on its duplicate descriptor.
         let _ = stream.shutdown(std::net::Shutdown::Both).await;
         let _ = stream.close().await;
         glommio::timer::sleep(retry).await;
     }
+}
+
+/// Connects to peer `to`, trying again every `retry` until it answers; logs
+/// once that it is unreachable.
+async fn connect(to: usize, address: SocketAddr, retry: Duration, stall: Duration) -> TcpStream {
+    let mut logged_down = false;
+    loop {
+        match TcpStream::connect_timeout(address, stall).await {
+            Ok(stream) => return stream,
+            Err(error) => {
+                if !logged_down {
+                    tracing::info!(peer = to, %address, %error, "peer unreachable; retrying");
+                    logged_down = true;
+                }
+                glommio::timer::sleep(retry).await;
+            }
+        }
+    }
+}
+
+/// Writes `chunk` piece by piece, each within `stall`: the bound is on
+/// progress, so a peer that reads steadily but slower than this node writes
+/// is slow, not gone (the outbox bound deals with slow).
+async fn write_chunk(stream: &mut TcpStream, chunk: &[u8], stall: Duration) -> glommio::Result<(), ()> {
+    for piece in chunk.chunks(WRITE_PIECE_BYTES) {
+        glommio::timer::timeout(stall, async { stream.write_all(piece).await.map_err(glommio::GlommioError::from) })
+            .await?;
+    }
+    Ok(())
+}
+
+/// What the writer does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Write the chunk it was given.
+    Write,
+    /// Drop the connection: the peer reads too slowly.
+    Reset,
+}
+
+/// Waits until the outbox has bytes, and swaps them into `chunk`, or until
+/// the connection is to be reset.
+async fn next_chunk(outbox: &RefCell<Outbox>, chunk: &mut Vec<u8>) -> Next {
+    futures_lite::future::poll_fn(|context| {
+        let mut outbox = outbox.borrow_mut();
+        if outbox.reset {
+            return Poll::Ready(Next::Reset);
+        }
+        if outbox.buffer.is_empty() {
+            outbox.waker = Some(context.waker().clone());
+            return Poll::Pending;
+        }
+        std::mem::swap(&mut outbox.buffer, chunk);
+        Poll::Ready(Next::Write)
+    })
+    .await
 }
 
 /// Watches a connection this node opened for the one frame the peer may

@@ -1,6 +1,6 @@
 //! A fake standby: a node that serves no lock and answers every lock
 //! request with `M <op> <key> <active>`, as a standby of a cluster does, so
-//! that a test can check that a client follows redirects (SPEC §4).
+//! that a test can check that a client follows redirects (docs/protocol.md §4).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

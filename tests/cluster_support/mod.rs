@@ -1,4 +1,4 @@
-//! Test support for clusters of real `ringlock` processes on loopback (SPEC §5).
+//! Test support for clusters of real `ringlock` processes on loopback (docs/protocol.md §5).
 //!
 //! A [`Cluster`] starts every node with its own free client and peer ports and
 //! its own data directory, watches the roles through `P`, and can kill,

@@ -1,4 +1,4 @@
-//! A resource protected by fencing tokens (SPEC §2): for each key it keeps
+//! A resource protected by fencing tokens (docs/protocol.md §2): for each key it keeps
 //! the highest token it has accepted and refuses a write with a lower token.
 //! The holder of that highest token may write again, so that one holder can
 //! make several writes in its critical section. It stands for the storage a

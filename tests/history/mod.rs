@@ -1,4 +1,4 @@
-//! A record of what lock clients saw, and a checker of the promises of SPEC
+//! A record of what lock clients saw, and a checker of the promises of docs/protocol.md
 //! §1 and §2 against it.
 //!
 //! During a run, clients note every request they send ([`History::send`]),
@@ -28,7 +28,7 @@
 //!   keeps mutual exclusion.
 //! - **Tokens**: grant B is surely later than grant A if A's reply arrived
 //!   before B's acquire was sent, or if A's interval ended before B's began;
-//!   then B's token must be greater (SPEC §2, guarantee 2). No token is ever
+//!   then B's token must be greater (docs/protocol.md §2, guarantee 2). No token is ever
 //!   granted twice (guarantee 1).
 //! - **FIFO**: two acquires of one key sent on raw connections to one node,
 //!   both granted by that node, where the node had surely read the first (a
@@ -42,7 +42,7 @@
 //!   that no longer held the lock by the rules above (its lease ran out), or
 //!   from a failover window; accepted writes of a key never go down in token.
 //!
-//! Failover windows (SPEC §5 allows two actives and lost grants there)
+//! Failover windows (docs/protocol.md §5 allows two actives and lost grants there)
 //! excuse an overlap, a token order or a FIFO order, or a refused write, when
 //! the span of a holder involved (from its acquire's send to its interval's
 //! end) meets a window: such findings are counted apart, by window label.
@@ -135,7 +135,7 @@ pub struct Write {
     pub accepted: bool,
 }
 
-/// A period in which SPEC §5 allows two actives and lost grants.
+/// A period in which docs/protocol.md §5 allows two actives and lost grants.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Window {
     pub label: String,

@@ -1,5 +1,5 @@
 """The pure parts, without a server: request lines, reply fields, pairing,
-and SPEC §4's rules as the request state machine applies them."""
+and the rules of docs/protocol.md §4 as the request state machine applies them."""
 
 from __future__ import annotations
 

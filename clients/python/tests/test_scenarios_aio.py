@@ -1,4 +1,4 @@
-"""SPEC §4 behaviours of the asyncio client, one test per id of
+"""docs/protocol.md §4 behaviours of the asyncio client, one test per id of
 ``clients/scenarios.json``, against the real server and ringlock-testkit.
 
 Control commands block until the kit answers, so they run in a thread

@@ -1,4 +1,4 @@
-"""SPEC §4 behaviours of the sync client, one test per id of
+"""docs/protocol.md §4 behaviours of the sync client, one test per id of
 ``clients/scenarios.json``, against the real server and ringlock-testkit."""
 
 from __future__ import annotations

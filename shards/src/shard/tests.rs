@@ -1,4 +1,4 @@
-//! The rules of SPEC §1, one test each, on a shard driven by hand.
+//! The rules of docs/protocol.md §1, one test each, on a shard driven by hand.
 
 use super::*;
 use crate::token::token;

@@ -2,7 +2,7 @@
 
 ``ringlock.Client`` is the sync client (background threads do the I/O, so
 many threads share one client); ``ringlock.aio.Client`` is the asyncio
-client, with the same names. Both keep SPEC §4: persistent connections
+client, with the same names. Both follow docs/protocol.md §4: persistent connections
 (two for a single address), round-robin, pipelining, acquires moved off cut
 connections, releases retried, ``M`` redirects followed.
 
@@ -19,9 +19,9 @@ Example::
 - ``client``: the sync :class:`Client` and :class:`Lock`.
 - ``aio``: the asyncio ``Client`` and ``Lock``.
 - ``errors``: the exceptions.
-- ``_protocol``: request lines and reply fields (SPEC §3).
+- ``_protocol``: request lines and reply fields (docs/protocol.md §3).
 - ``_pairing``: replies paired with requests by (op, key).
-- ``_operation``: one request's life and SPEC §4's rules, without I/O.
+- ``_operation``: one request's life and the rules of docs/protocol.md §4, without I/O.
 - ``_router``: round-robin, redirects, what happens after each step.
 - ``_threaded``: the sync client's connection and timer threads.
 - ``_settings``: the settings both clients take.

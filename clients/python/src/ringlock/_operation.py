@@ -2,7 +2,7 @@
 and what to do next on each event (a reply, a cut connection, no usable
 connection at all).
 
-This is where SPEC §4's rules live (acquires move to the next connection,
+This is where the rules of docs/protocol.md §4 live (acquires move to the next connection,
 releases are retried, ``M`` redirects are followed), as plain methods of the
 request that take the event and ``now`` and return a step. There is no I/O
 here: the router and the connections, threaded or asyncio, carry the steps

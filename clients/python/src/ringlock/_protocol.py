@@ -1,4 +1,4 @@
-"""Wire protocol v1 (SPEC §3): checking arguments, writing request lines,
+"""Wire protocol v1 (docs/protocol.md §3): checking arguments, writing request lines,
 and splitting reply lines into the fields that pair them with requests.
 
 Nothing here does I/O, so the sync and asyncio clients share it.

@@ -1,5 +1,5 @@
 """Which connection a request goes to, and what happens to it after each
-step (SPEC §4): round-robin over the usable connections, the active node's
+step (docs/protocol.md §4): round-robin over the usable connections, the active node's
 first once an ``M`` reply has named it.
 
 The router is shared by the threaded and the asyncio client. They differ
@@ -67,7 +67,7 @@ class Runtime(Protocol):
 
 
 class Router:
-    """The nodes, their connections, and the rules of SPEC §4."""
+    """The nodes, their connections, and the rules of docs/protocol.md §4."""
 
     def __init__(self, addresses: Sequence[str], connections_per_node: int, policy: Policy, runtime: Runtime) -> None:
         self.policy = policy

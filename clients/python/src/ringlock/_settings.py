@@ -13,7 +13,7 @@ from ._router import check_addresses
 class Settings:
     """Every setting, checked.
 
-    The defaults are SPEC §4's: two connections when given one address (one
+    The defaults are those of docs/protocol.md §4: two connections when given one address (one
     per address otherwise), reconnection every 3 s, releases retried every
     200 ms for 5 s.
     """

@@ -80,7 +80,7 @@ class Client(ClientBase):
     cluster, in any order). The client connects in the background and
     returns at once; requests made before a connection is up wait for it.
 
-    The keyword settings are SPEC §4's defaults and rarely need changing:
+    The keyword settings are the defaults of docs/protocol.md §4 and rarely need changing:
     ``connections_per_node`` (2 with one address, else 1),
     ``reconnect_interval`` (3 s), ``connect_timeout`` (1 s),
     ``release_retry_interval`` (0.2 s, also spaces "no active known"

@@ -1,56 +1,33 @@
 //! The socket side of a shard core: accepting, arming receives and sends on
-//! the ring, pausing a connection that does not read, and closing.
+//! the ring, pausing a connection that does not read, and the end of a
+//! connection (reading no more, the shards' acknowledgements, closing).
 
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 
 use io_uring::types::Fd;
-use io_uring::{cqueue, opcode, squeue};
-use ringlock_client::proto::{ErrorCode, Reply, encode_reply};
-use ringlock_shards::Shard;
+use io_uring::{cqueue, opcode};
+use ringlock_proto::{ErrorCode, Reply, encode_reply};
+use ringlock_shards::{ClientId, Shard};
 
-use crate::connection::Connection;
-use crate::event_loop::{Io, Kind, RECV_BUFFER_GROUP, user_data};
-use crate::router::Message;
+use crate::core::client_id::{client_id, split_client_id};
+use crate::core::connection::Connection;
+use crate::core::mailbox::CoreMessage;
+use crate::core::ring::{Kind, RECV_BUFFER_GROUP, send_entry, user_data};
+use crate::core::state::CoreState;
 
 /// Connections per core (slot numbers have 24 bits in a client id).
 const CONNECTIONS_PER_CORE_MAX: usize = 1 << 24;
 /// Pause before accepting again after the process ran out of descriptors.
 const ACCEPT_RETRY_MS: u64 = 100;
 
-pub(crate) fn send_entry(fd: RawFd, pointer: *const u8, len: u32, slot: u32, generation: u32) -> squeue::Entry {
-    opcode::Send::new(Fd(fd), pointer, len).flags(libc::MSG_NOSIGNAL).build().user_data(user_data(
-        Kind::Send,
-        slot,
-        generation,
-    ))
-}
-
-impl Io {
-    pub(crate) fn push(&mut self, entry: squeue::Entry) {
-        loop {
-            // SAFETY: every buffer an entry points to (send buffers, the wake
-            // buffer) stays alive and unmoved until its completion arrives.
-            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                return;
-            }
-            // The submission queue is full: hand it to the kernel to make room.
-            if let Err(error) = self.ring.submit() {
-                tracing::warn!(core = self.core, "io_uring submit failed: {error}");
-            }
-        }
-    }
-
-    pub(crate) fn connection(&mut self, slot: u32, generation: u32) -> Option<&mut Connection> {
-        live_connection(&mut self.connections, slot, generation)
-    }
-
+impl CoreState {
     /// Arms a multishot accept on the listening socket every core shares.
     /// Which core's accept the kernel wakes is not spread evenly (one core
     /// may take every connection that arrives while the server is idle), so
     /// the core that accepts hands connections round the cores (see
-    /// [`Io::accepted`]).
+    /// [`CoreState::accepted`]).
     pub(crate) fn arm_accept(&mut self) {
         if self.accept_armed || self.stopping {
             return;
@@ -141,7 +118,7 @@ impl Io {
         if target == self.core {
             self.adopt(fd, peer_ip);
         } else {
-            self.outgoing[target].push(Message::Adopt { fd, peer_ip });
+            self.outgoing[target].push(CoreMessage::Adopt { fd, peer_ip });
         }
     }
 
@@ -200,10 +177,10 @@ impl Io {
     /// and the connection may read again.
     pub(crate) fn maybe_rearm_recv(&mut self, slot: u32) {
         let connection = &self.connections[slot as usize];
-        if connection.recv_armed || connection.closing || connection.fd < 0 || connection.eof {
+        if connection.recv_armed || connection.closing() || connection.fd < 0 || connection.input_ended() {
             return;
         }
-        if !connection.reading || connection.is_paused() {
+        if !connection.reading() || connection.is_paused() {
             return;
         }
         self.arm_recv(slot);
@@ -256,6 +233,43 @@ impl Io {
         }
     }
 
+    /// End of input: once the lines already received are handled, read no more.
+    pub(crate) fn finish_input(&mut self, shard: &mut Shard, slot: u32) {
+        let connection = &self.connections[slot as usize];
+        // A paused connection still has whole lines to handle; the resume
+        // after its replies drain comes back here.
+        if connection.reading() && !connection.is_paused() {
+            self.stop_reading(shard, slot);
+        }
+    }
+
+    /// The connection reads no more requests: every shard drops its queued
+    /// acquires and acknowledges, and the connection closes once the replies
+    /// still owed are out.
+    pub(crate) fn stop_reading(&mut self, shard: &mut Shard, slot: u32) {
+        let connection = &mut self.connections[slot as usize];
+        if !connection.stop_reading() {
+            return;
+        }
+        let client = client_id(self.core, slot, connection.generation);
+        connection.gone_acks = (self.cores - 1) as u32;
+        let removed = shard.client_gone(self.now_ms, client);
+        let connection = &mut self.connections[slot as usize];
+        connection.in_flight = connection.in_flight.saturating_sub(removed);
+        for target in (0..self.cores).filter(|&target| target != self.core) {
+            self.outgoing[target].push(CoreMessage::ClientGone(client));
+        }
+    }
+
+    /// A shard dropped `removed` requests of a connection that reads no more.
+    pub(crate) fn gone_acknowledged(&mut self, client: ClientId, removed: u32) {
+        let (_, slot, generation) = split_client_id(client);
+        let Some(connection) = self.connection(slot, generation) else { return };
+        connection.in_flight = connection.in_flight.saturating_sub(removed);
+        connection.gone_acks = connection.gone_acks.saturating_sub(1);
+        self.maybe_finish(slot);
+    }
+
     /// The socket failed: nothing more can be sent, so close it now.
     pub(crate) fn kill(&mut self, shard: &mut Shard, slot: u32) {
         self.stop_reading(shard, slot);
@@ -272,11 +286,11 @@ impl Io {
         }
         // While stopping, connections stay open until the core exits, so the
         // `shutting-down` answers still on their way reach them.
-        if !connection.closing && !self.stopping && connection.finished() {
+        if !connection.closing() && !self.stopping && connection.finished() {
             self.begin_close(slot);
         }
         let connection = &mut self.connections[slot as usize];
-        if connection.closing && !connection.recv_armed && !connection.send_in_flight {
+        if connection.closing() && !connection.recv_armed && !connection.send_in_flight {
             // SAFETY: closing a descriptor this connection owns, with no I/O on it.
             unsafe { libc::close(connection.fd) };
             connection.fd = -1;
@@ -294,11 +308,9 @@ impl Io {
 
     fn begin_close(&mut self, slot: u32) {
         let connection = &mut self.connections[slot as usize];
-        if connection.closing || connection.fd < 0 {
+        if connection.fd < 0 || !connection.begin_close() {
             return;
         }
-        connection.closing = true;
-        connection.reading = false;
         self.open -= 1;
         // Shutting the socket down ends the multishot receive, so the
         // descriptor can be closed once its completions are in.
@@ -314,8 +326,7 @@ impl Io {
         // on it (every core's: they all stop now).
         unsafe { libc::shutdown(self.listener, libc::SHUT_RDWR) };
         for connection in &mut self.connections {
-            connection.reading = false;
-            connection.input = Vec::new();
+            connection.stop_for_shutdown();
         }
     }
 
@@ -361,7 +372,7 @@ fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
     };
     // A client that reaches an IPv6 listener over IPv4 counts as its IPv4
     // address, so both ways of reaching the server share one count.
-    Some(crate::server::socket_address_of(&storage).ip().to_canonical())
+    Some(crate::core::listener::socket_address_of(&storage).ip().to_canonical())
 }
 
 /// Answers a connection the server cannot take, and closes it.
@@ -374,10 +385,4 @@ fn refuse(fd: RawFd, code: ErrorCode) {
         libc::send(fd, line.as_ptr().cast(), line.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
         libc::close(fd);
     }
-}
-
-/// The connection in `slot` if it is still the one of `generation` and open;
-/// a free function so that callers can borrow other fields of [`Io`] beside it.
-pub(crate) fn live_connection(connections: &mut [Connection], slot: u32, generation: u32) -> Option<&mut Connection> {
-    connections.get_mut(slot as usize).filter(|c| c.generation == generation && c.fd >= 0)
 }

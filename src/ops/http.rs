@@ -13,8 +13,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::event_loop::Shared;
-use crate::metrics::{self, Readiness};
+use crate::node::shared::Shared;
+use crate::ops::metrics::{self, Readiness};
 
 /// Longest request head (request line and headers) read.
 const REQUEST_HEAD_MAX: usize = 8 << 10;
@@ -23,8 +23,8 @@ const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Binds the endpoint; errors are for the operator.
 pub fn bind(address: SocketAddr) -> Result<TcpListener, String> {
-    crate::server::bind_retrying(address, "--metrics-listen", || TcpListener::bind(address))
-        .map_err(|error| crate::server::listen_error("for metrics ", address, "--metrics-listen", &error))
+    crate::core::listener::bind_retrying(address, "--metrics-listen", || TcpListener::bind(address))
+        .map_err(|error| crate::core::listener::listen_error("for metrics ", address, "--metrics-listen", &error))
 }
 
 /// Serves the endpoint on a new thread until the process exits. The thread

@@ -1,22 +1,20 @@
 //! Requests and replies on a shard core: parsing lines, routing each request
 //! to the core that owns its key, and delivering replies to connections.
 
-use ringlock_client::proto::{
-    Decoded, ErrorCode, LINE_LEN_MAX, Op, Reply, Request, Role, decode_request, encode_reply,
-};
+use ringlock_proto::{Decoded, ErrorCode, Op, Reply, Request, Role, decode_request, encode_reply};
 use ringlock_shards::{ClientId, Effect, Key, Shard, ShardReply, shard_of};
 
-use crate::connection::IN_FLIGHT_MAX;
-use crate::event_loop::{EventLoop, Io, TOKEN_RETRY_MS, client_id, split_client_id};
-use crate::role::{ClusterLink, Control, CoreRole, Report};
-use crate::router::{Message, RoutedRequest};
-use crate::sockets::live_connection;
-use crate::stats;
+use crate::core::client_id::{client_id, split_client_id};
+use crate::core::connection::{IN_FLIGHT_MAX, partial_line_end};
+use crate::core::mailbox::{CoreMessage, RoutedRequest};
+use crate::core::state::{CoreState, live_connection};
+use crate::node::role::{ClusterLink, CoreRole};
+use crate::node::stats_reply;
 
 /// A request on a key, borrowing the key from the line it was parsed from:
 /// it becomes an owned [`RoutedRequest`] only if another core owns the key.
 #[derive(Clone, Copy)]
-enum Keyed<'a> {
+pub(super) enum Keyed<'a> {
     Acquire { key: &'a [u8], lease_ms: u64, wait_ms: u64 },
     Release { key: &'a [u8], token: u64 },
     Extend { key: &'a [u8], token: u64, lease_ms: u64 },
@@ -25,14 +23,14 @@ enum Keyed<'a> {
 }
 
 impl<'a> Keyed<'a> {
-    fn key(self) -> &'a [u8] {
+    pub(super) fn key(self) -> &'a [u8] {
         match self {
             Keyed::Acquire { key, .. } | Keyed::Release { key, .. } | Keyed::Extend { key, .. } => key,
             Keyed::Inspect { key } | Keyed::Reject { key, .. } => key,
         }
     }
 
-    fn op(self) -> Op {
+    pub(super) fn op(self) -> Op {
         match self {
             Keyed::Acquire { .. } => Op::Acquire,
             Keyed::Release { .. } => Op::Release,
@@ -42,7 +40,7 @@ impl<'a> Keyed<'a> {
         }
     }
 
-    fn of(request: &'a RoutedRequest) -> Keyed<'a> {
+    pub(super) fn of(request: &'a RoutedRequest) -> Keyed<'a> {
         match request {
             RoutedRequest::Acquire { key, lease_ms, wait_ms } => {
                 Keyed::Acquire { key: key.as_bytes(), lease_ms: *lease_ms, wait_ms: *wait_ms }
@@ -81,133 +79,14 @@ impl<'a> Keyed<'a> {
     }
 }
 
-impl EventLoop {
-    pub(crate) fn handle_inbox(&mut self) {
-        while let Ok(batch) = self.inbox.receiver.try_recv() {
-            for message in batch {
-                match message {
-                    Message::Request { client, request } => {
-                        self.io.run_keyed(&mut self.shard, client, Keyed::of(&request))
-                    }
-                    Message::Reply { client, reply } => self.io.deliver(client, &reply),
-                    Message::ClientGone(client) => {
-                        let removed = self.shard.client_gone(self.io.now_ms, client);
-                        let (core, ..) = split_client_id(client);
-                        self.io.outgoing[core].push(Message::GoneAck { client, removed });
-                    }
-                    Message::GoneAck { client, removed } => self.io.gone_acknowledged(client, removed),
-                    Message::Control(control) => self.control(control),
-                    Message::Adopt { fd, peer_ip } => self.io.adopt(fd, peer_ip),
-                }
-                self.handle_effects();
-            }
-        }
-        self.resume_paused();
-    }
-
-    /// Routes the shard's effects: replies to connections here or to their
-    /// core, token requests to the authority.
-    pub(crate) fn handle_effects(&mut self) {
-        loop {
-            self.io.handle_effects(&mut self.shard);
-            // Tokens come only while active: a shortage found meanwhile
-            // waits for the role to come back.
-            if !self.io.need_tokens || self.io.role != CoreRole::Active {
-                return;
-            }
-            self.io.need_tokens = false;
-            match self.io.shared.authority.take_range() {
-                Ok(range) => {
-                    if let Err(error) = self.shard.add_token_range(self.io.now_ms, range) {
-                        tracing::error!(core = self.io.core, ?error, "token range refused");
-                        self.io.token_retry_at_ms = Some(self.io.now_ms + TOKEN_RETRY_MS);
-                    }
-                }
-                Err(error) => {
-                    // Without a persisted epoch no token may be issued: acquires
-                    // wait, the operator is told why, and the core asks again.
-                    tracing::error!(core = self.io.core, "cannot get tokens: {error}");
-                    self.io.token_retry_at_ms = Some(self.io.now_ms + TOKEN_RETRY_MS);
-                    return;
-                }
-            }
-        }
-    }
-}
-
-impl EventLoop {
-    /// An order from the replication core.
-    fn control(&mut self, control: Control) {
-        let now_ms = self.io.now_ms;
-        match control {
-            Control::Activate { restore } => {
-                for (key, token, lease_ms) in restore {
-                    debug_assert_eq!(shard_of(key.as_bytes(), self.io.cores), self.io.core);
-                    if !self.shard.restore(now_ms, key.as_bytes(), token, lease_ms) {
-                        tracing::warn!(core = self.io.core, "a replicated grant could not be restored (table full)");
-                    }
-                }
-                self.io.role = CoreRole::Active;
-                self.io.active_address = None;
-                // Whatever tokens the core still holds may be of an older
-                // epoch: a fresh range of the current one replaces them.
-                self.io.need_tokens = true;
-                self.handle_effects();
-                self.resume();
-            }
-            Control::Follow { active } => {
-                self.io.role = CoreRole::Standby;
-                self.io.active_address = active.map(String::into_bytes);
-                for (client, request) in std::mem::take(&mut self.io.parked) {
-                    self.io.run_keyed(&mut self.shard, client, Keyed::of(&request));
-                }
-                self.shard.step_down(now_ms);
-            }
-            Control::Hold => {
-                if self.io.role == CoreRole::Active {
-                    self.io.role = CoreRole::Held;
-                }
-                // Every delta so far goes before the report that says so.
-                self.handle_effects();
-                self.io.queue_deltas(&mut self.shard);
-                self.io.reports.push_back(Report::Held { core: self.io.core });
-            }
-            Control::Resume => self.resume(),
-        }
-        self.handle_effects();
-    }
-
-    /// Answers every held request `E <op> <key> <code>`, behind the earlier
-    /// requests of the same connection and key.
-    pub(crate) fn refuse_parked(&mut self, code: ErrorCode) {
-        let now_ms = self.io.now_ms;
-        for (client, request) in std::mem::take(&mut self.io.parked) {
-            let keyed = Keyed::of(&request);
-            self.shard.reject(now_ms, client, keyed.op(), keyed.key(), code);
-        }
-        self.handle_effects();
-    }
-
-    /// Serves again, starting with the requests held meanwhile, in order.
-    pub(crate) fn resume(&mut self) {
-        if self.io.role == CoreRole::Held {
-            self.io.role = CoreRole::Active;
-        }
-        for (client, request) in std::mem::take(&mut self.io.parked) {
-            self.io.run_keyed(&mut self.shard, client, Keyed::of(&request));
-        }
-        self.handle_effects();
-    }
-}
-
-impl Io {
+impl CoreState {
     /// Handles every whole request line at the front of `data`, until the
     /// connection pauses or stops reading; returns the bytes used.
     pub(crate) fn parse(&mut self, shard: &mut Shard, slot: u32, data: &[u8]) -> usize {
         let mut offset = 0;
         loop {
             let connection = &self.connections[slot as usize];
-            if !connection.reading || connection.is_paused() {
+            if !connection.reading() || connection.is_paused() {
                 if connection.in_flight >= IN_FLIGHT_MAX {
                     self.in_flight_pauses += 1;
                 }
@@ -249,13 +128,13 @@ impl Io {
     /// Received bytes: parse whole lines, keep the rest.
     pub(crate) fn input(&mut self, shard: &mut Shard, slot: u32, data: &[u8]) {
         let connection = &mut self.connections[slot as usize];
-        if !connection.reading {
+        if !connection.reading() {
             return;
         }
         if connection.input.is_empty() {
             let consumed = self.parse(shard, slot, data);
             let connection = &mut self.connections[slot as usize];
-            if connection.reading {
+            if connection.reading() {
                 connection.input.extend_from_slice(&data[consumed..]);
             }
         } else if connection.is_paused() {
@@ -263,22 +142,21 @@ impl Io {
         } else {
             // A partial line is waiting: complete it with the bytes up to the
             // first newline, then parse the rest in place.
-            let bound = data.len().min(LINE_LEN_MAX + 2);
-            let take = data[..bound].iter().position(|&byte| byte == b'\n').map_or(bound, |at| at + 1);
+            let take = partial_line_end(data);
             connection.input.extend_from_slice(&data[..take]);
             let pending = std::mem::take(&mut connection.input);
             let consumed = self.parse(shard, slot, &pending);
             let mut rest = pending;
             rest.drain(..consumed);
             let connection = &self.connections[slot as usize];
-            if rest.is_empty() && connection.reading && !connection.is_paused() {
+            if rest.is_empty() && connection.reading() && !connection.is_paused() {
                 let consumed = self.parse(shard, slot, &data[take..]);
                 rest.extend_from_slice(&data[take + consumed..]);
             } else {
                 rest.extend_from_slice(&data[take..]);
             }
             let connection = &mut self.connections[slot as usize];
-            if connection.reading {
+            if connection.reading() {
                 connection.input = rest;
             }
         }
@@ -315,7 +193,7 @@ impl Io {
                         (status.role(), status.epoch)
                     }
                 };
-                let json = stats::json(&self.shared, role, epoch);
+                let json = stats_reply::json(&self.shared, role, epoch);
                 let reply = Reply::Stats { json: json.as_bytes() };
                 self.requests.count(&reply);
                 self.write(slot, &reply);
@@ -337,31 +215,31 @@ impl Io {
         let client = client_id(self.core, slot, connection.generation);
         let target = shard_of(request.key(), self.cores);
         if target != self.core {
-            self.outgoing[target].push(Message::Request { client, request: request.to_routed() });
+            self.outgoing[target].push(CoreMessage::Request { client, request: request.to_routed() });
             return;
         }
         if self.role != CoreRole::Active {
             self.run_keyed(shard, client, request);
-            self.handle_effects(shard);
+            self.deliver_replies(shard);
             return;
         }
         // Served here and now, the common case.
         request.apply(shard, self.now_ms, client);
-        self.handle_effects_asked_by(shard, Some((slot, client)));
+        self.deliver_replies_asked_by(shard, Some((slot, client)));
     }
 
     /// Delivers the shard's replies and notes a call for tokens. The effects
     /// are read where the shard put them (see [`Shard::effects`]).
     #[inline]
-    fn handle_effects(&mut self, shard: &mut Shard) {
-        self.handle_effects_asked_by(shard, None);
+    pub(super) fn deliver_replies(&mut self, shard: &mut Shard) {
+        self.deliver_replies_asked_by(shard, None);
     }
 
-    /// [`Io::handle_effects`] right after the shard ran a request of the
+    /// [`CoreState::deliver_replies`] right after the shard ran a request of the
     /// connection at `slot`, known as `client`: a reply to it goes straight
     /// to that connection, which is live, as its input is being read.
     #[inline(always)]
-    fn handle_effects_asked_by(&mut self, shard: &mut Shard, asker: Option<(u32, ClientId)>) {
+    fn deliver_replies_asked_by(&mut self, shard: &mut Shard, asker: Option<(u32, ClientId)>) {
         for effect in shard.effects() {
             match effect {
                 Effect::Reply { client, reply } => match asker {
@@ -376,7 +254,7 @@ impl Io {
 
     /// A request for one of this core's keys, as the core's role says:
     /// served, held, or (checked already) redirected to the active.
-    fn run_keyed(&mut self, shard: &mut Shard, client: ClientId, request: Keyed<'_>) {
+    pub(super) fn run_keyed(&mut self, shard: &mut Shard, client: ClientId, request: Keyed<'_>) {
         match (self.role, request) {
             (CoreRole::Active, request) => request.apply(shard, self.now_ms, client),
             (CoreRole::Held, request) => self.parked.push((client, request.to_routed())),
@@ -392,7 +270,7 @@ impl Io {
     pub(crate) fn deliver(&mut self, client: ClientId, reply: &ShardReply) {
         let (core, slot, generation) = split_client_id(client);
         if core != self.core {
-            self.outgoing[core].push(Message::Reply { client, reply: reply.clone() });
+            self.outgoing[core].push(CoreMessage::Reply { client, reply: reply.clone() });
             return;
         }
         if live_connection(&mut self.connections, slot, generation).is_some() {
@@ -410,7 +288,7 @@ impl Io {
         // A connection that stopped being read at the in-flight limit is
         // read again once it is below it.
         let below_limit_again = connection.in_flight == IN_FLIGHT_MAX - 1;
-        if connection.closing {
+        if connection.closing() {
             return;
         }
         let reply = reply.to_wire(self.active_address.as_deref());
@@ -435,45 +313,5 @@ impl Io {
             connection.dirty = true;
             self.dirty.push(slot);
         }
-    }
-
-    /// End of input: once the lines already received are handled, read no more.
-    pub(crate) fn finish_input(&mut self, shard: &mut Shard, slot: u32) {
-        let connection = &self.connections[slot as usize];
-        // A paused connection still has whole lines to handle; the resume
-        // after its replies drain comes back here.
-        if connection.reading && !connection.is_paused() {
-            self.stop_reading(shard, slot);
-        }
-    }
-
-    /// The connection reads no more requests: every shard drops its queued
-    /// acquires and acknowledges, and the connection closes once the replies
-    /// still owed are out.
-    pub(crate) fn stop_reading(&mut self, shard: &mut Shard, slot: u32) {
-        let connection = &mut self.connections[slot as usize];
-        connection.reading = false;
-        connection.input = Vec::new();
-        if connection.gone {
-            return;
-        }
-        connection.gone = true;
-        let client = client_id(self.core, slot, connection.generation);
-        connection.gone_acks = (self.cores - 1) as u32;
-        let removed = shard.client_gone(self.now_ms, client);
-        let connection = &mut self.connections[slot as usize];
-        connection.in_flight = connection.in_flight.saturating_sub(removed);
-        for target in (0..self.cores).filter(|&target| target != self.core) {
-            self.outgoing[target].push(Message::ClientGone(client));
-        }
-    }
-
-    /// A shard dropped `removed` requests of a connection that reads no more.
-    pub(crate) fn gone_acknowledged(&mut self, client: ClientId, removed: u32) {
-        let (_, slot, generation) = split_client_id(client);
-        let Some(connection) = self.connection(slot, generation) else { return };
-        connection.in_flight = connection.in_flight.saturating_sub(removed);
-        connection.gone_acks = connection.gone_acks.saturating_sub(1);
-        self.maybe_finish(slot);
     }
 }

@@ -1,7 +1,8 @@
 //! The ringlock wire protocol v1: text lines over TCP.
 //!
-//! This module is shared by the client, the server and the load generator, so
-//! that all three agree on every byte. Parsing is zero-copy: decoded requests
+//! This crate is shared by the client, the server, the load generator and the
+//! fuzz targets, so that all of them agree on every byte; the client
+//! re-exports it as `ringlock_client::proto`. Parsing is zero-copy: decoded requests
 //! and replies borrow their keys from the caller's buffer. Encoding appends to
 //! a caller's `Vec<u8>`, so a connection can coalesce many lines into one
 //! buffer and one `send`.
@@ -11,7 +12,7 @@
 //! client does the same with [`decode_reply`]:
 //!
 //! ```
-//! use ringlock_client::proto::{Decoded, Reply, Request, decode_request, encode_reply, LEASE_MS_MAX_DEFAULT};
+//! use ringlock_proto::{Decoded, Reply, Request, decode_request, encode_reply, LEASE_MS_MAX_DEFAULT};
 //!
 //! let mut input: &[u8] = b"A orders/42 30 0\nA orders/42 0 0\nP";
 //! let mut output = Vec::new();
@@ -28,7 +29,7 @@
 //! ```
 //!
 //! # Layout
-//! - `mod.rs` (this file): the limits, [`Op`] and [`ErrorCode`], shared by
+//! - `lib.rs` (this file): the limits, [`Op`] and [`ErrorCode`], shared by
 //!   requests and replies.
 //! - `line.rs`: line framing: [`Decoded`], the bounded newline search and
 //!   the split of a line into fields.
@@ -78,6 +79,15 @@ pub const WAIT_MS_MAX: u64 = 86_400_000;
 
 /// Default longest lease (86400 s), in milliseconds; servers may set another.
 pub const LEASE_MS_MAX_DEFAULT: u64 = 86_400_000;
+
+/// Most nodes in a cluster: a server refuses a longer `--peers`, the peer
+/// protocol refuses a larger cluster, and a client takes at most this many
+/// addresses.
+///
+/// ```
+/// assert_eq!(ringlock_proto::NODES_MAX, 16);
+/// ```
+pub const NODES_MAX: usize = 16;
 
 /// The operation of a request, echoed in its reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -196,6 +206,34 @@ impl ErrorCode {
         }
     }
 
+    /// The code's place in [`ErrorCode::ALL`], for arrays of counters indexed
+    /// by code; `None` for [`ErrorCode::Unknown`], which is not counted.
+    ///
+    /// ```
+    /// use ringlock_proto::ErrorCode;
+    ///
+    /// assert_eq!(ErrorCode::BadRequest.index(), Some(0));
+    /// assert_eq!(ErrorCode::Unknown.index(), None);
+    /// ```
+    pub const fn index(self) -> Option<usize> {
+        let index = match self {
+            ErrorCode::BadRequest => 0,
+            ErrorCode::NotHolder => 1,
+            ErrorCode::BadLease => 2,
+            ErrorCode::BadWait => 3,
+            ErrorCode::BadToken => 4,
+            ErrorCode::BadKey => 5,
+            ErrorCode::BadOp => 6,
+            ErrorCode::LineTooLong => 7,
+            ErrorCode::TooManyWaiters => 8,
+            ErrorCode::TooManyKeys => 9,
+            ErrorCode::TooManyConnections => 10,
+            ErrorCode::ShuttingDown => 11,
+            ErrorCode::Unknown => return None,
+        };
+        Some(index)
+    }
+
     /// The code named by a field; [`ErrorCode::Unknown`] for any other text.
     pub fn from_field(field: &[u8]) -> ErrorCode {
         ErrorCode::ALL.into_iter().find(|code| code.as_str().as_bytes() == field).unwrap_or(ErrorCode::Unknown)
@@ -205,6 +243,19 @@ impl ErrorCode {
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_is_the_place_in_all() {
+        for (place, code) in ErrorCode::ALL.into_iter().enumerate() {
+            assert_eq!(code.index(), Some(place), "{code}");
+        }
+        assert_eq!(ErrorCode::Unknown.index(), None);
     }
 }
 

@@ -59,7 +59,7 @@ impl<'a> Request<'a> {
     /// # Examples
     ///
     /// ```
-    /// use ringlock_client::proto::{Op, Request};
+    /// use ringlock_proto::{Op, Request};
     ///
     /// assert_eq!(Request::Release { key: b"k", token: 7 }.op(), Op::Release);
     /// ```
@@ -82,7 +82,7 @@ impl<'a> Request<'a> {
     /// # Examples
     ///
     /// ```
-    /// use ringlock_client::proto::Request;
+    /// use ringlock_proto::Request;
     ///
     /// assert_eq!(Request::Release { key: b"k", token: 7 }.key(), Some(&b"k"[..]));
     /// assert_eq!(Request::Ping.key(), None);
@@ -119,7 +119,7 @@ impl RequestError<'static> {
     /// # Examples
     ///
     /// ```
-    /// use ringlock_client::proto::{RequestError, encode_reply};
+    /// use ringlock_proto::{RequestError, encode_reply};
     ///
     /// let mut out = Vec::new();
     /// encode_reply(&RequestError::LINE_TOO_LONG.to_reply(), &mut out);
@@ -134,7 +134,7 @@ impl<'a> RequestError<'a> {
     /// # Examples
     ///
     /// ```
-    /// use ringlock_client::proto::{Decoded, encode_reply, decode_request, LEASE_MS_MAX_DEFAULT};
+    /// use ringlock_proto::{Decoded, encode_reply, decode_request, LEASE_MS_MAX_DEFAULT};
     ///
     /// let Decoded::Line { item: Err(error), .. } = decode_request(b"A k 0 0\n", LEASE_MS_MAX_DEFAULT) else {
     ///     panic!("a zero lease is an error");
@@ -169,7 +169,7 @@ impl<'a> RequestError<'a> {
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::{Decoded, Request, decode_request, LEASE_MS_MAX_DEFAULT};
+/// use ringlock_proto::{Decoded, Request, decode_request, LEASE_MS_MAX_DEFAULT};
 ///
 /// let mut buf: &[u8] = b"A orders/42 30 0.5\r\nP\nR orders";
 /// let Decoded::Line { consumed, item } = decode_request(buf, LEASE_MS_MAX_DEFAULT) else { panic!() };
@@ -339,7 +339,7 @@ fn parse_wait_ms(field: &[u8]) -> Option<u64> {
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::{Request, encode_request};
+/// use ringlock_proto::{Request, encode_request};
 ///
 /// let mut out = Vec::new();
 /// encode_request(&Request::Acquire { key: b"orders/42", lease_ms: 30_000, wait_ms: 500 }, &mut out);
@@ -381,7 +381,7 @@ pub fn encode_request(request: &Request<'_>, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{KEY_LEN_MAX, LEASE_MS_MAX_DEFAULT, encode_reply};
+    use crate::{KEY_LEN_MAX, LEASE_MS_MAX_DEFAULT, encode_reply};
     use proptest::prelude::*;
 
     /// Decodes `line` (which must be one whole line) and returns the request,
@@ -1057,7 +1057,7 @@ mod tests {
                         let zeros = vec![b'0'; len - line.len()];
                         line.splice(space + 1..space + 1, zeros);
                     }
-                    crate::proto::damage::apply(&mut line, edits);
+                    crate::damage::apply(&mut line, edits);
                     line.extend_from_slice(ending);
                     line.extend_from_slice(after);
                     (line, lease_ms_max)

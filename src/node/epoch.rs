@@ -1,6 +1,6 @@
 //! The durable epoch: the only state a node keeps across restarts.
 //!
-//! Epochs are ballots (SPEC §2): `round * 16 + node index`, so two nodes never
+//! Epochs are ballots (docs/protocol.md §2, see `cluster::ballot`), so two nodes never
 //! share one. A node that starts serving moves to a round above every epoch it
 //! has persisted or seen, and writes the new epoch to `<data-dir>/epoch` with
 //! fsync (file, then directory) before it issues the first token of it. That
@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 
 use ringlock_shards::token::EPOCH_MAX;
 
-/// Nodes a cluster may have; also the stride between one node's epochs.
-pub const NODES_MAX: u64 = 16;
+use crate::cluster::next_epoch;
 
 /// The epoch file of one data directory, locked against a second server.
 #[derive(Debug)]
@@ -112,19 +111,6 @@ impl EpochStore {
     }
 }
 
-/// The first epoch of `node` in a round above `highest`.
-pub fn next_epoch(highest: u64, node: u64) -> Result<u64, String> {
-    assert!(node < NODES_MAX);
-    let epoch = (highest / NODES_MAX + 1).checked_mul(NODES_MAX).and_then(|round| round.checked_add(node));
-    match epoch {
-        Some(epoch) if epoch <= EPOCH_MAX => Ok(epoch),
-        _ => Err(format!(
-            "the epoch space is exhausted (no epoch of node {node} above {highest} is at most {EPOCH_MAX}); \
-             see \"When the epoch space runs out\" in the README"
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,24 +119,6 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ringlock-epoch-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         dir
-    }
-
-    #[test]
-    fn epochs_are_ballots_above_everything_seen() {
-        assert_eq!(next_epoch(0, 0), Ok(16));
-        assert_eq!(next_epoch(16, 0), Ok(32));
-        assert_eq!(next_epoch(16, 3), Ok(35));
-        assert_eq!(next_epoch(35, 1), Ok(49));
-        assert!(next_epoch(EPOCH_MAX, 0).is_err());
-        assert_eq!(next_epoch(EPOCH_MAX - 16, 15), Ok(EPOCH_MAX));
-        assert!(next_epoch(EPOCH_MAX - 15, 0).is_err());
-        // Numbers a broken peer or file could hold never wrap to a small epoch.
-        for highest in [u64::MAX, u64::MAX - 15, 1 << 60, (1 << 60) - 1] {
-            for node in [0, 15] {
-                let error = next_epoch(highest, node).unwrap_err();
-                assert!(error.contains("exhausted"), "{highest}, {node}: {error}");
-            }
-        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::KEY_LEN_MAX;
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::is_valid_key;
+/// use ringlock_proto::is_valid_key;
 ///
 /// assert!(is_valid_key(b"orders/42"));
 /// assert!(is_valid_key("clé".as_bytes()));
@@ -67,7 +67,7 @@ pub(crate) fn key_bytes_len(bytes: &[u8]) -> usize {
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::is_valid_address;
+/// use ringlock_proto::is_valid_address;
 ///
 /// assert!(is_valid_address(b"10.0.0.1:7700"));
 /// assert!(is_valid_address(b"[::1]:7700"));

@@ -22,7 +22,7 @@ impl Role {
     /// # Examples
     ///
     /// ```
-    /// use ringlock_client::proto::Role;
+    /// use ringlock_proto::Role;
     ///
     /// assert_eq!(Role::Standby.as_str(), "standby");
     /// ```
@@ -38,7 +38,7 @@ impl Role {
     /// # Examples
     ///
     /// ```
-    /// use ringlock_client::proto::Role;
+    /// use ringlock_proto::Role;
     ///
     /// assert_eq!(Role::from_field(b"active"), Some(Role::Active));
     /// assert_eq!(Role::from_field(b"Active"), None);
@@ -146,7 +146,7 @@ impl<'a> Reply<'a> {
     /// # Examples
     ///
     /// ```
-    /// use ringlock_client::proto::{Op, Reply};
+    /// use ringlock_proto::{Op, Reply};
     ///
     /// assert_eq!(Reply::TimedOut { key: b"k" }.op(), Some(Op::Acquire));
     /// ```
@@ -173,7 +173,7 @@ impl<'a> Reply<'a> {
     /// # Examples
     ///
     /// ```
-    /// use ringlock_client::proto::Reply;
+    /// use ringlock_proto::Reply;
     ///
     /// assert_eq!(Reply::Released { key: b"k" }.key(), Some(&b"k"[..]));
     /// assert_eq!(Reply::Stats { json: b"{}" }.key(), None);
@@ -241,7 +241,7 @@ impl std::error::Error for ReplyError {}
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::{Decoded, Reply, Role, decode_reply};
+/// use ringlock_proto::{Decoded, Reply, Role, decode_reply};
 ///
 /// let buf = b"A orders/42 1099511627777\nP standby 3 10.0.0.1:7700\n";
 /// let Decoded::Line { consumed, item } = decode_reply(buf) else { panic!() };
@@ -396,7 +396,7 @@ fn is_valid_json_field(json: &[u8]) -> bool {
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::{ErrorCode, Op, Reply, encode_reply};
+/// use ringlock_proto::{ErrorCode, Op, Reply, encode_reply};
 ///
 /// let mut out = Vec::new();
 /// encode_reply(&Reply::Acquired { key: b"k", token: 7 }, &mut out);
@@ -963,7 +963,7 @@ mod tests {
                 line.push(b' ');
                 line.extend_from_slice(&field);
             }
-            crate::proto::damage::apply(&mut line, edits);
+            crate::damage::apply(&mut line, edits);
             line.extend_from_slice(ending);
             line.extend_from_slice(after);
             line

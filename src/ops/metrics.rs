@@ -13,12 +13,12 @@
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
-use ringlock_client::proto::{ErrorCode, Role};
-use ringlock_shards::{HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS_MS, Histogram};
+use ringlock_proto::{ErrorCode, Role};
+use ringlock_shards::{HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS_MS, Histogram, ShardStats};
 
-use crate::event_loop::{Shared, total_stats};
-use crate::role::LAG_UNKNOWN;
-use crate::stats::{REQUEST_OPS, REQUEST_RESULTS, hot_keys};
+use crate::node::counters::{CoreStats, REQUEST_OPS, REQUEST_RESULTS, RequestCounters, hot_keys};
+use crate::node::role::{ClusterLink, LAG_UNKNOWN};
+use crate::node::shared::{Shared, total_stats};
 
 /// Whether the node should receive clients, for `/readyz`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,10 +94,23 @@ fn histogram(out: &mut String, name: &str, label: &str, value: &str, histogram: 
 pub fn render(shared: &Shared) -> String {
     let (cores, total) = total_stats(shared);
     let mut out = String::with_capacity(16 << 10);
+    render_node(&mut out, shared);
+    if let Some(link) = &shared.cluster {
+        render_cluster(&mut out, link);
+    }
+    render_requests(&mut out, &cores, &total);
+    render_per_shard(&mut out, &cores);
+    render_connections(&mut out, &cores);
+    render_latencies(&mut out, &total);
+    render_hot_keys(&mut out, &cores);
+    out
+}
 
-    family(&mut out, "ringlock_build_info", "gauge", "Always 1; the labels name the build.");
+/// The build, uptime, role, readiness and epoch of the node.
+fn render_node(out: &mut String, shared: &Shared) {
+    family(out, "ringlock_build_info", "gauge", "Always 1; the labels name the build.");
     let _ = writeln!(out, "ringlock_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
-    family(&mut out, "ringlock_uptime_seconds", "gauge", "Seconds since the server started.");
+    family(out, "ringlock_uptime_seconds", "gauge", "Seconds since the server started.");
     let _ = writeln!(out, "ringlock_uptime_seconds {}", seconds(shared.started.elapsed().as_millis() as u64));
 
     let (role, epoch) = match &shared.cluster {
@@ -107,64 +120,64 @@ pub fn render(shared: &Shared) -> String {
             (status.role(), status.epoch)
         }
     };
-    family(
-        &mut out,
-        "ringlock_role",
-        "gauge",
-        "1 for the role this node has now (active or standby), 0 for the other.",
-    );
+    family(out, "ringlock_role", "gauge", "1 for the role this node has now (active or standby), 0 for the other.");
     for candidate in [Role::Active, Role::Standby] {
         let _ = writeln!(out, "ringlock_role{{role=\"{}\"}} {}", candidate.as_str(), u8::from(candidate == role));
     }
     family(
-        &mut out,
+        out,
         "ringlock_ready",
         "gauge",
         "1 when /readyz answers 200: active, or a caught-up standby, and not stopping.",
     );
     let _ = writeln!(out, "ringlock_ready {}", u8::from(readiness(shared) == Readiness::Ready));
     family(
-        &mut out,
+        out,
         "ringlock_epoch",
         "gauge",
         "The epoch of the active's tokens (this node's, or the active it follows; 0 if none).",
     );
     let _ = writeln!(out, "ringlock_epoch {epoch}");
-    if let Some(link) = &shared.cluster {
-        family(
-            &mut out,
-            "ringlock_failovers_total",
-            "counter",
-            "Times this node became active (start-up election, failover or hand-off).",
-        );
-        let _ = writeln!(out, "ringlock_failovers_total {}", link.activations.load(Ordering::Relaxed));
-        family(
-            &mut out,
-            "ringlock_replication_caught_up",
-            "gauge",
-            "1 when this node holds a complete table (the active always does).",
-        );
-        let _ = writeln!(out, "ringlock_replication_caught_up {}", u8::from(link.caught_up.load(Ordering::Relaxed)));
-        let lag = link.replication_lag.load(Ordering::Relaxed);
-        if lag != LAG_UNKNOWN {
-            family(
-                &mut out,
-                "ringlock_replication_lag_deltas",
-                "gauge",
-                "Table changes a standby has yet to apply, from the last heartbeats; on the active, the largest over its standbys.",
-            );
-            let _ = writeln!(out, "ringlock_replication_lag_deltas {lag}");
-        }
-        family(&mut out, "ringlock_table_version", "gauge", "Changes of the active's stream this node's table holds.");
-        let _ = writeln!(out, "ringlock_table_version {}", link.table_version.load(Ordering::Relaxed));
-    }
+}
 
-    let mut requests = crate::stats::RequestCounters::default();
-    for core in &cores {
+/// What only a cluster node has: failovers, catch-up, lag and table version.
+fn render_cluster(out: &mut String, link: &ClusterLink) {
+    family(
+        out,
+        "ringlock_failovers_total",
+        "counter",
+        "Times this node became active (start-up election, failover or hand-off).",
+    );
+    let _ = writeln!(out, "ringlock_failovers_total {}", link.activations.load(Ordering::Relaxed));
+    family(
+        out,
+        "ringlock_replication_caught_up",
+        "gauge",
+        "1 when this node holds a complete table (the active always does).",
+    );
+    let _ = writeln!(out, "ringlock_replication_caught_up {}", u8::from(link.caught_up.load(Ordering::Relaxed)));
+    let lag = link.replication_lag.load(Ordering::Relaxed);
+    if lag != LAG_UNKNOWN {
+        family(
+            out,
+            "ringlock_replication_lag_deltas",
+            "gauge",
+            "Table changes a standby has yet to apply, from the last heartbeats; on the active, the largest over its standbys.",
+        );
+        let _ = writeln!(out, "ringlock_replication_lag_deltas {lag}");
+    }
+    family(out, "ringlock_table_version", "gauge", "Changes of the active's stream this node's table holds.");
+    let _ = writeln!(out, "ringlock_table_version {}", link.table_version.load(Ordering::Relaxed));
+}
+
+/// Replies by operation and result, errors by code, and the shards' counters.
+fn render_requests(out: &mut String, cores: &[CoreStats], total: &ShardStats) {
+    let mut requests = RequestCounters::default();
+    for core in cores {
         requests.add(&core.requests);
     }
     family(
-        &mut out,
+        out,
         "ringlock_requests_total",
         "counter",
         "Requests answered, by operation and result (ok, timeout, moved, error).",
@@ -175,12 +188,12 @@ pub fn render(shared: &Shared) -> String {
             let _ = writeln!(out, "ringlock_requests_total{{op=\"{op}\",result=\"{result}\"}} {count}");
         }
     }
-    family(&mut out, "ringlock_errors_total", "counter", "Error replies and refused connections, by error code.");
+    family(out, "ringlock_errors_total", "counter", "Error replies and refused connections, by error code.");
     for (index, code) in ErrorCode::ALL.iter().enumerate() {
         let _ = writeln!(out, "ringlock_errors_total{{code=\"{}\"}} {}", code.as_str(), total.errors[index]);
     }
     family(
-        &mut out,
+        out,
         "ringlock_grants_total",
         "counter",
         "Grants, by how: immediate (the key was free), handoff (after a release), expiry (after a lease ran out), token_wait (after waiting for tokens).",
@@ -195,35 +208,38 @@ pub fn render(shared: &Shared) -> String {
     ] {
         let _ = writeln!(out, "ringlock_grants_total{{how=\"{how}\"}} {count}");
     }
-    family(&mut out, "ringlock_releases_total", "counter", "Grants released by their holder.");
+    family(out, "ringlock_releases_total", "counter", "Grants released by their holder.");
     let _ = writeln!(out, "ringlock_releases_total {}", total.releases);
-    family(&mut out, "ringlock_lease_expirations_total", "counter", "Leases that ran out; the key was taken back.");
+    family(out, "ringlock_lease_expirations_total", "counter", "Leases that ran out; the key was taken back.");
     let _ = writeln!(out, "ringlock_lease_expirations_total {}", total.expiries);
-    family(&mut out, "ringlock_extensions_total", "counter", "Leases extended.");
+    family(out, "ringlock_extensions_total", "counter", "Leases extended.");
     let _ = writeln!(out, "ringlock_extensions_total {}", total.extends);
-    family(&mut out, "ringlock_wait_timeouts_total", "counter", "Acquires whose wait ran out (answered T).");
+    family(out, "ringlock_wait_timeouts_total", "counter", "Acquires whose wait ran out (answered T).");
     let _ = writeln!(out, "ringlock_wait_timeouts_total {}", total.timeouts);
+}
 
+/// Gauges per shard: held keys, waiters, keys, connections.
+fn render_per_shard(out: &mut String, cores: &[CoreStats]) {
     for (name, help, value) in [
-        (
-            "ringlock_held_keys",
-            "Keys held now, per shard.",
-            (|core: &crate::stats::CoreStats| core.shard.held_keys) as fn(&_) -> u64,
-        ),
+        ("ringlock_held_keys", "Keys held now, per shard.", (|core: &CoreStats| core.shard.held_keys) as fn(&_) -> u64),
         ("ringlock_waiters", "Acquires queued now, per shard.", |core| core.shard.waiters),
         ("ringlock_keys", "Keys held or waited on now, per shard.", |core| core.shard.keys),
         ("ringlock_connections", "Client connections open now, per shard core.", |core| core.connections),
     ] {
-        family(&mut out, name, "gauge", help);
+        family(out, name, "gauge", help);
         for (index, core) in cores.iter().enumerate() {
             let _ = writeln!(out, "{name}{{shard=\"{index}\"}} {}", value(core));
         }
     }
-    let sum = |value: fn(&crate::stats::CoreStats) -> u64| cores.iter().map(value).sum::<u64>();
-    family(&mut out, "ringlock_connections_accepted_total", "counter", "Client connections admitted and served.");
+}
+
+/// Connections admitted, refused by limit, and paused at the in-flight limit.
+fn render_connections(out: &mut String, cores: &[CoreStats]) {
+    let sum = |value: fn(&CoreStats) -> u64| cores.iter().map(value).sum::<u64>();
+    family(out, "ringlock_connections_accepted_total", "counter", "Client connections admitted and served.");
     let _ = writeln!(out, "ringlock_connections_accepted_total {}", sum(|core| core.accepted));
     family(
-        &mut out,
+        out,
         "ringlock_connections_refused_total",
         "counter",
         "Client connections refused, by limit: max_connections, per_ip, shutting_down.",
@@ -236,31 +252,32 @@ pub fn render(shared: &Shared) -> String {
         let _ = writeln!(out, "ringlock_connections_refused_total{{reason=\"{reason}\"}} {count}");
     }
     family(
-        &mut out,
+        out,
         "ringlock_in_flight_pauses_total",
         "counter",
         "Times a connection stopped being read at the in-flight request limit.",
     );
     let _ = writeln!(out, "ringlock_in_flight_pauses_total {}", sum(|core| core.in_flight_pauses));
+}
 
+/// Waits of acquires and holds of grants, as histograms.
+fn render_latencies(out: &mut String, total: &ShardStats) {
     family(
-        &mut out,
+        out,
         "ringlock_acquire_wait_seconds",
         "histogram",
         "Time acquires waited, by outcome: granted (0 when the key was free) or timed_out.",
     );
-    histogram(&mut out, "ringlock_acquire_wait_seconds", "outcome", "granted", &total.wait_granted);
-    histogram(&mut out, "ringlock_acquire_wait_seconds", "outcome", "timed_out", &total.wait_timed_out);
-    family(
-        &mut out,
-        "ringlock_hold_seconds",
-        "histogram",
-        "Time grants were held, by how they ended: release or expiry.",
-    );
-    histogram(&mut out, "ringlock_hold_seconds", "end", "release", &total.hold_released);
-    histogram(&mut out, "ringlock_hold_seconds", "end", "expiry", &total.hold_expired);
+    histogram(out, "ringlock_acquire_wait_seconds", "outcome", "granted", &total.wait_granted);
+    histogram(out, "ringlock_acquire_wait_seconds", "outcome", "timed_out", &total.wait_timed_out);
+    family(out, "ringlock_hold_seconds", "histogram", "Time grants were held, by how they ended: release or expiry.");
+    histogram(out, "ringlock_hold_seconds", "end", "release", &total.hold_released);
+    histogram(out, "ringlock_hold_seconds", "end", "expiry", &total.hold_expired);
+}
 
-    let (waits, handoffs) = hot_keys(&cores);
+/// The hot keys of every core.
+fn render_hot_keys(out: &mut String, cores: &[CoreStats]) {
+    let (waits, handoffs) = hot_keys(cores);
     for (name, help, list) in [
         (
             "ringlock_hot_key_waits",
@@ -273,15 +290,14 @@ pub fn render(shared: &Shared) -> String {
             &handoffs,
         ),
     ] {
-        family(&mut out, name, "gauge", help);
+        family(out, name, "gauge", help);
         for (key, count) in list {
             out.push_str(name);
             out.push_str("{key=\"");
-            label_value(&mut out, key);
+            label_value(out, key);
             let _ = writeln!(out, "\"}} {count}");
         }
     }
-    out
 }
 
 #[cfg(test)]

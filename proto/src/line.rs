@@ -46,7 +46,7 @@ impl<T> Decoded<T> {
     /// # Examples
     ///
     /// ```
-    /// use ringlock_client::proto::Decoded;
+    /// use ringlock_proto::Decoded;
     ///
     /// let decoded = Decoded::Line { consumed: 3, item: 2 };
     /// assert_eq!(decoded.map(|n| n * 10), Decoded::Line { consumed: 3, item: 20 });
@@ -192,7 +192,7 @@ pub(crate) fn line_ending_len(rest: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::LINE_LEN_MAX;
+    use crate::LINE_LEN_MAX;
     use proptest::prelude::*;
 
     fn line_of(len: usize) -> Vec<u8> {

@@ -9,7 +9,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use ringlock_client::proto::{ErrorCode, Op};
+use ringlock_proto::{ErrorCode, Op};
 use ringlock_shards::{ClientId, Key, ShardReply};
 
 /// Batches a core's inbox may hold before senders must keep theirs.
@@ -33,19 +33,19 @@ pub enum RoutedRequest {
 
 /// One message between cores.
 #[derive(Debug)]
-pub enum Message {
+pub enum CoreMessage {
     /// A request from `client`, a connection of the sending core.
     Request { client: ClientId, request: RoutedRequest },
     /// A reply for `client`, a connection of the receiving core.
     Reply { client: ClientId, reply: ShardReply },
     /// The connection reads no more: its queued requests leave their queues.
     ClientGone(ClientId),
-    /// Answer to [`Message::ClientGone`]: the shard dropped `removed` of the
+    /// Answer to [`CoreMessage::ClientGone`]: the shard dropped `removed` of the
     /// client's requests unanswered. It follows every reply the shard sent the
     /// client before, so once every shard has acknowledged, nothing more comes.
     GoneAck { client: ClientId, removed: u32 },
     /// From the replication core: a change of this core's role.
-    Control(crate::role::Control),
+    Control(crate::node::role::Control),
     /// A connection another core accepted and admitted (it counts in the
     /// connection limits already), for this core to serve.
     Adopt { fd: RawFd, peer_ip: Option<std::net::IpAddr> },
@@ -54,14 +54,14 @@ pub enum Message {
 /// The sending side of one core's inbox.
 #[derive(Clone)]
 pub struct Mailbox {
-    sender: Sender<Vec<Message>>,
+    sender: Sender<Vec<CoreMessage>>,
     eventfd: RawFd,
     asleep: std::sync::Arc<AtomicBool>,
 }
 
 /// The receiving side, owned by the core's event loop.
 pub struct Inbox {
-    pub receiver: Receiver<Vec<Message>>,
+    pub receiver: Receiver<Vec<CoreMessage>>,
     pub eventfd: RawFd,
     pub asleep: std::sync::Arc<AtomicBool>,
 }
@@ -80,7 +80,7 @@ pub fn inbox() -> std::io::Result<(Mailbox, Inbox)> {
 
 impl Mailbox {
     /// Sends a batch; gives it back if the inbox is full, for a later turn.
-    pub fn send(&self, batch: Vec<Message>) -> Result<(), Vec<Message>> {
+    pub fn send(&self, batch: Vec<CoreMessage>) -> Result<(), Vec<CoreMessage>> {
         match self.sender.try_send(batch) {
             Ok(()) => {
                 self.wake();

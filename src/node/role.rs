@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use ringlock_client::proto::Role;
+use ringlock_proto::Role;
 use ringlock_shards::{Delta, Key};
 
 /// What a core does with requests for its keys.

@@ -4,7 +4,7 @@
 //! from one counter per epoch, so every range is above the ones before it.
 //! A single node owns its epoch store: when the sequence space of an epoch
 //! nears its end it moves to a new epoch, persisted before its first range is
-//! handed out (SPEC §2.6). In a cluster the replication core decides the
+//! handed out (docs/protocol.md §2.6). In a cluster the replication core decides the
 //! epoch (an election ballot, persisted by the core) and sets it with
 //! [`TokenAuthority::activate`]; a used-up epoch is reported to it instead.
 
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use ringlock_shards::TokenRange;
 use ringlock_shards::token::SEQUENCE_MAX;
 
-use crate::epoch::EpochStore;
+use crate::node::epoch::EpochStore;
 
 /// Tokens in one range handed to a shard.
 pub const TOKEN_RANGE_LEN: u64 = 1 << 16;

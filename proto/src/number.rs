@@ -15,7 +15,7 @@
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::parse_u64;
+/// use ringlock_proto::parse_u64;
 ///
 /// assert_eq!(parse_u64(b"42"), Some(42));
 /// assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
@@ -135,7 +135,7 @@ fn eight_digits(digits: u64) -> u64 {
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::write_u64;
+/// use ringlock_proto::write_u64;
 ///
 /// let mut out = Vec::new();
 /// write_u64(1234, &mut out);
@@ -248,7 +248,7 @@ const POWERS_OF_TEN_U64: [u64; 20] = {
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::eight_digits_ascii;
+/// use ringlock_proto::eight_digits_ascii;
 ///
 /// assert_eq!(&eight_digits_ascii(1234), b"00001234");
 /// assert_eq!(&eight_digits_ascii(99_999_999), b"99999999");
@@ -287,7 +287,7 @@ pub fn eight_digits_ascii(value: u32) -> [u8; 8] {
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::parse_seconds_ms;
+/// use ringlock_proto::parse_seconds_ms;
 ///
 /// assert_eq!(parse_seconds_ms(b"30"), Some(30_000));
 /// assert_eq!(parse_seconds_ms(b"0.5"), Some(500));
@@ -374,7 +374,7 @@ pub(crate) fn parse_seconds_prefix(bytes: &[u8]) -> Option<(u64, usize)> {
 /// # Examples
 ///
 /// ```
-/// use ringlock_client::proto::write_seconds;
+/// use ringlock_proto::write_seconds;
 ///
 /// let mut out = Vec::new();
 /// for ms in [30_000, 500, 2_125, 1_010, 0] {
@@ -411,7 +411,7 @@ fn digit_value(byte: u8) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::WAIT_MS_MAX;
+    use crate::WAIT_MS_MAX;
     use proptest::prelude::*;
 
     fn seconds(ms: u64) -> Vec<u8> {

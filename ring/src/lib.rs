@@ -1,0 +1,17 @@
+//! The per-core plumbing the ringlock server and its load generator share,
+//! so that the load generator needs neither the server nor its runtime.
+//!
+//! # Layout
+//! - `buf_ring`: [`BufRing`], the provided receive buffers of an io_uring ring.
+//! - `poll`: [`poll_before_sleep`], polling a ring for a moment before
+//!   sleeping on it.
+//! - `cpu_list`: [`CpuList`] and [`parse_cpu_list`], the CPUs threads are
+//!   pinned to (`--cpus`).
+
+mod buf_ring;
+mod cpu_list;
+mod poll;
+
+pub use buf_ring::BufRing;
+pub use cpu_list::{CpuList, parse_cpu_list};
+pub use poll::poll_before_sleep;
