@@ -52,6 +52,10 @@ SKIP_CHART=1
 # shellcheck source=scripts/bench-lib.sh
 . scripts/bench-lib.sh
 
+if [ "${PERF:-0}" = 1 ] && ! command -v perf >/dev/null; then
+    echo "PERF=1 needs perf on PATH (Debian: apt-get install linux-perf)" >&2
+    exit 1
+fi
 bench_prerequisites
 bench_workdir ringlock-shard-cost
 
