@@ -10,7 +10,9 @@
 #   per try until a try is undisturbed and appends the kept JSON to RUN_FILES.
 #
 # QUIET_WAIT_S (default 120) bounds how long wait_quiet waits for the CPU
-# pressure to fall below MAX_PRESSURE before a run.
+# pressure to fall below MAX_PRESSURE before a run. RINGLOCK_BIN (default
+# $BIN/ringlock) names the server binary start_ringlock runs, so that a copy
+# built from another commit can be measured against the current one.
 
 log() { printf '== %s\n' "$*" >&2; }
 
@@ -93,7 +95,7 @@ start_echo() {
 start_ringlock() {
     local shards=${1:-1} cpus=${2:-$SERVER_CPU}
     rm -rf "$WORK/ringlock-data"
-    taskset -c "$cpus" "$BIN/ringlock" --listen 127.0.0.1:0 --data-dir "$WORK/ringlock-data" \
+    taskset -c "$cpus" "${RINGLOCK_BIN:-$BIN/ringlock}" --listen 127.0.0.1:0 --data-dir "$WORK/ringlock-data" \
         --shards "$shards" --cpus "$cpus" 2>"$WORK/ringlock.log" &
     RINGLOCK_PID=$!
     PIDS+=("$RINGLOCK_PID")

@@ -30,7 +30,8 @@
 # Output: bench/results/shard-cost.md and shard-cost.json.
 # Settings (environment): ROUNDS [3], DURATION [4], WARMUP [1],
 # CONNECTIONS [16], DEPTH [64], MAX_PRESSURE [5], TRIES [2], QUIET_WAIT_S
-# [10], RESULTS [bench/results]. About 1-2 minutes.
+# [10], RESULTS [bench/results], RINGLOCK_BIN [target/release/ringlock]. About
+# 1-2 minutes.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
