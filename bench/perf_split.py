@@ -31,11 +31,12 @@ GROUPS = {
     # Moving a request to the core that owns its key and its reply back:
     # routing, the batches (allocated per turn), the eventfd wake-up.
     "cross-core messages": {
-        "ringlock::dispatch::<impl ringlock::event_loop::Io>::route",
-        "ringlock::dispatch::<impl ringlock::event_loop::Io>::deliver", "ringlock::dispatch::Keyed::to_routed",
-        "ringlock::router::Mailbox::send", "realloc", "malloc", "_int_free", "free", "_int_malloc",
+        "ringlock::core::dispatch::<impl ringlock::core::state::CoreState>::route",
+        "ringlock::core::dispatch::<impl ringlock::core::state::CoreState>::deliver",
+        "ringlock::core::dispatch::Keyed::to_routed",
+        "ringlock::core::mailbox::Mailbox::send", "realloc", "malloc", "_int_free", "free", "_int_malloc",
         "cfree@GLIBC_2.2.5", "eventfd_write", "_raw_spin_unlock_irq", "try_to_wake_up", "llist_reverse_order",
-        "ringlock::dispatch::<impl ringlock::event_loop::EventLoop>::handle_effects",
+        "ringlock::core::effects::<impl ringlock::core::event_loop::EventLoop>::handle_shard_effects",
     },
 }
 
