@@ -1347,6 +1347,29 @@ fn a_hello_that_impersonates_a_peer_and_leaves_does_not_cut_the_real_peer_off() 
     }
 }
 
+#[test]
+fn one_heartbeat_sent_in_a_peers_name_on_a_connection_kept_open_does_not_cut_the_real_peer_off() {
+    let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "500"]);
+    // To the active, in its standby's name: one heartbeat of a standby that
+    // follows nobody, then silence on a connection that stays open, newer
+    // than the real standby's.
+    let mut as_standby = pair.impersonate(0, 1);
+    as_standby.write_all(&heartbeat(1, 1, STANDBY, 0, pair.epoch, None)).unwrap();
+    // To the standby, in the active's name.
+    let mut as_active = pair.impersonate(1, 0);
+    as_active.write_all(&heartbeat(1, 1, ACTIVE, pair.epoch, pair.epoch, None)).unwrap();
+    // Several failover periods: long enough for a node that stopped hearing
+    // its real peer to declare it dead.
+    std::thread::sleep(Duration::from_millis(2000));
+    pair.assert_healthy();
+    // The active still hears its real standby, caught up and following it:
+    // a stop hands the role over to it.
+    assert!(pair.nodes[0].stop("TERM").success());
+    let log = pair.nodes[0].log();
+    assert!(log.contains("reason=HandedOff"), "the active handed off to its standby:\n{log}");
+    drop((as_active, as_standby));
+}
+
 // ---------------------------------------------------------------------------
 // Valid but abusive peer traffic: well-formed frames in floods, extreme
 // numbers, and nodes whose settings disagree

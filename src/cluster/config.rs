@@ -77,6 +77,14 @@ impl ClusterConfig {
     pub fn stall_ms(&self) -> u64 {
         2 * self.heartbeat_ms
     }
+
+    /// A peer's newest connection that sent no heartbeat for this long no
+    /// longer hides its older ones (see [`super::peer::HeartbeatSource`]):
+    /// long enough for a real peer's next heartbeat, short enough that the
+    /// heartbeats it hid are missed for well under the failover timeout.
+    pub fn heartbeat_quiet_ms(&self) -> u64 {
+        (self.failover_ms / 4).max(self.heartbeat_ms)
+    }
 }
 
 #[cfg(test)]

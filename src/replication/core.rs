@@ -18,7 +18,7 @@ use crossbeam_channel::Receiver;
 
 use crate::cluster::receive::{Break, Received, StreamReceiver};
 use crate::cluster::wire::{self, ENTRIES_PER_FRAME_MAX, Frame, Hello, PROTOCOL_VERSION, SnapshotEntry};
-use crate::cluster::{Effect, ExitReason, Node, PeerMessage, PeerRole, TableVersion};
+use crate::cluster::{Effect, ExitReason, HeartbeatFrom, HeartbeatSource, Node, PeerMessage, PeerRole, TableVersion};
 use crate::config::PeerAddress;
 use crate::core::mailbox::CoreMessage;
 use crate::node::epoch::EpochStore;
@@ -99,9 +99,10 @@ pub struct ReplicationCore {
     /// more is dropped (a peer cannot make this node hold more than its
     /// shards could).
     keys_max: usize,
-    /// Per peer: the connection its last heartbeat came on. Heartbeats of
-    /// older connections are late messages of a previous life, dropped.
-    heartbeat_connections: Vec<u64>,
+    /// Per peer: the connection its heartbeats are taken from. Heartbeats
+    /// of older connections are late messages of a previous life, dropped
+    /// while that connection is open and speaking.
+    heartbeat_sources: Vec<HeartbeatSource>,
     /// Per peer: when its refusal of this node was last logged.
     refusal_logged_ms: Vec<Option<u64>>,
     /// Since when the cores hold their clients (a hand-off or an epoch
@@ -148,7 +149,7 @@ impl ReplicationCore {
             status: NodeStatus::default(),
             stop_asked: false,
             keys_max,
-            heartbeat_connections: vec![0; nodes],
+            heartbeat_sources: vec![HeartbeatSource::default(); nodes],
             refusal_logged_ms: vec![None; nodes],
             held_since_ms: None,
             held_logged: false,
@@ -520,6 +521,7 @@ impl ReplicationCore {
     }
 
     fn connection_closed(&mut self, now_ms: u64, from: usize, connection: u64) {
+        self.heartbeat_sources[from].closed(connection);
         if self.receiver.connection_closed(from, connection) {
             self.node.replica_broken(now_ms, from);
         }
@@ -558,13 +560,11 @@ impl ReplicationCore {
     /// A control message of the cluster protocol, for the cluster logic.
     fn message(&mut self, now_ms: u64, from: usize, connection: u64, message: PeerMessage) {
         if let PeerMessage::Heartbeat(_) = message {
-            let latest = &mut self.heartbeat_connections[from];
-            if connection < *latest {
-                return;
-            }
-            if connection > *latest {
-                *latest = connection;
-                self.node.peer_reconnected(now_ms, from);
+            let quiet_ms = self.node.config().heartbeat_quiet_ms();
+            match self.heartbeat_sources[from].heartbeat(now_ms, connection, quiet_ms) {
+                HeartbeatFrom::Current => {}
+                HeartbeatFrom::Switched => self.node.peer_reconnected(now_ms, from),
+                HeartbeatFrom::Stale => return,
             }
         }
         self.node.receive(now_ms, from, message)
