@@ -11,6 +11,14 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     cargo install cargo-nextest --locked
 fi
 
+# The tests of vanished client hosts make network namespaces with `ip`
+# (iproute2); as root they must run, so install it if it is missing.
+if [ "$(id -u)" -eq 0 ] && ! command -v ip >/dev/null 2>&1; then
+    echo "test.sh: ip is missing; installing Debian's iproute2 package" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 >/dev/null
+fi
+
 # One optimised build with debug assertions on serves every test; the
 # black-box tests start the server binary that cargo builds for them.
 cargo nextest run --workspace --lib --bins --tests --cargo-profile test-release "$@"

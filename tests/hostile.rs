@@ -909,11 +909,13 @@ fn refused_acquires_held_behind_a_queued_one_cost_bounded_memory_and_keep_their_
     let flood: Vec<u8> =
         keys.iter().map(|key| format!("A {key} 0 600\n")).collect::<String>().repeat(LINES_PER_KEY).into();
     let flood = std::thread::spawn(move || writer.write_all(&flood).unwrap());
-    // Either the server takes the whole flood in, or it stops reading the
-    // connection at its limit of requests in flight (and says so in `S`).
-    wait_until("the flood to be taken in, or the connection to stop being read", || {
-        flood.is_finished() || stat_or_zero(&mut holder, "in_flight_pauses") > 0
+    // The flood is many times the limit of requests in flight of one
+    // connection: the server stops reading the connection there (and says
+    // so in `S`), rather than take the whole flood in.
+    wait_until("the connection to stop being read at its limit of requests in flight", || {
+        stat_or_zero(&mut holder, "in_flight_pauses") > 0
     });
+    assert!(!flood.is_finished(), "the server read the whole flood of held answers");
     assert_eq!(stat(&mut holder, "waiters"), 2, "the held answers are not waiters");
     assert_served(&mut holder, "during-flood");
     let held_growth = peak_rss_bytes(server.pid()).saturating_sub(rss_before);

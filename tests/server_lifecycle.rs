@@ -263,6 +263,16 @@ fn a_new_epoch_file_is_logged_with_its_absolute_path_and_an_existing_one_is_not(
 }
 
 #[test]
+fn a_new_epoch_file_under_a_relative_data_dir_is_logged_with_its_absolute_path() {
+    let working_dir = Arc::new(DataDir::new());
+    let server = Server::start_from(working_dir.clone(), &["--data-dir", "state"]);
+    let path = std::fs::canonicalize(&working_dir.0).unwrap().join("state").join("epoch");
+    let warning = server.log().lines().find(|line| line.contains("no epoch file")).map(str::to_string);
+    let warning = warning.unwrap_or_else(|| panic!("a new epoch file is logged:\n{}", server.log()));
+    assert!(warning.contains(&path.display().to_string()), "the absolute path {}:\n{warning}", path.display());
+}
+
+#[test]
 fn an_epoch_file_out_of_range_stops_the_start_with_the_recovery_named() {
     for (text, expected) in [("18446744073709551615", "from 0 to 16777215"), ("16777215", "epoch space is exhausted")] {
         let data_dir = Arc::new(DataDir::new());

@@ -63,8 +63,26 @@ impl Server {
             .unwrap_or_else(|log| panic!("the server did not start:\n{log}"))
     }
 
-    fn try_start_with_env(data_dir: Arc<DataDir>, env: &[(&str, &str)], args: &[&str]) -> Result<Server, String> {
+    /// Starts a server whose working directory is `working_dir` (made if
+    /// missing), which `args` may name relative paths in (`--data-dir`).
+    pub fn start_from(working_dir: Arc<DataDir>, args: &[&str]) -> Server {
+        std::fs::create_dir_all(&working_dir.0).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+        command.current_dir(&working_dir.0);
+        Server::try_start_command(command, working_dir, &[], args)
+            .unwrap_or_else(|log| panic!("the server did not start:\n{log}"))
+    }
+
+    fn try_start_with_env(data_dir: Arc<DataDir>, env: &[(&str, &str)], args: &[&str]) -> Result<Server, String> {
+        Server::try_start_command(Command::new(env!("CARGO_BIN_EXE_ringlock")), data_dir, env, args)
+    }
+
+    fn try_start_command(
+        mut command: Command,
+        data_dir: Arc<DataDir>,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Result<Server, String> {
         command.envs(env.iter().copied());
         if !args.contains(&"--listen") {
             command.args(["--listen", "127.0.0.1:0"]);
@@ -76,7 +94,10 @@ impl Server {
         if !args.iter().any(|arg| *arg == "--cpus" || *arg == "--no-pin") && !from_env("RINGLOCK_NO_PIN") {
             command.arg("--no-pin");
         }
-        command.arg("--data-dir").arg(&data_dir.0).args(args);
+        if !args.contains(&"--data-dir") {
+            command.arg("--data-dir").arg(&data_dir.0);
+        }
+        command.args(args);
         command.env_remove("RUST_LOG").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = command.spawn().expect("start the ringlock binary");
         let stderr = child.stderr.take().expect("stderr");
