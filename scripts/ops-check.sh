@@ -63,13 +63,32 @@ token=$("$bin/ringlock-cli" --servers "$listen" acquire ops/hot --lease 0.2)
 "$bin/ringlock-cli" --servers "$listen" acquire ops/hot --lease 5 >/dev/null
 "$bin/ringlock-cli" --servers "$listen" release ops/hot "$token" >/dev/null 2>&1 || true
 "$bin/ringlock-cli" --servers "$listen" inspect ops/hot >/dev/null
+# Waits on keys that are awkward as label values: bytes outside UTF-8, a
+# double quote, a backslash. Each must be its own valid series.
+python3 - "$listen" <<'PY'
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+holder = socket.create_connection((host, int(port)))
+waiter = socket.create_connection((host, int(port)))
+for key in (b"ops/\xff", b"ops/\xfe", b'ops/"q\\'):
+    holder.sendall(b"A " + key + b" 5 0\n")
+    assert holder.recv(4096).startswith(b"A "), key
+    waiter.sendall(b"A " + key + b" 5 0.01\n")
+    assert waiter.recv(4096).startswith(b"T "), key
+PY
 # The hot keys are published every 250 ms: scrape until they show.
 for _ in $(seq 100); do
     curl -fsS "http://$metrics/metrics" >"$work/metrics"
-    grep -q '^ringlock_hot_key_waits{key="ops/hot"}' "$work/metrics" && break
+    grep -qF 'ringlock_hot_key_waits{key="ops/\"q\\\\"}' "$work/metrics" && break
     sleep 0.1
 done
 grep -q '^ringlock_hot_key_waits{key="ops/hot"}' "$work/metrics"
+for label in 'ops/\\xff' 'ops/\\xfe' 'ops/\"q\\\\'; do
+    grep -qF "ringlock_hot_key_waits{key=\"$label\"}" "$work/metrics" || {
+        echo "ops-check: no hot-key series for $label" >&2
+        exit 1
+    }
+done
 promtool check metrics <"$work/metrics"
 curl -fsS "http://$metrics/readyz" >/dev/null
 kill -TERM "$server_pid"

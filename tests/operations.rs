@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
+use std::time::Duration;
 
 use common::{Conn, Server, token_of, wait_until};
 
@@ -167,6 +168,37 @@ fn the_endpoint_answers_health_and_refuses_what_it_does_not_serve() {
     let _ = stream.read_to_string(&mut response);
     assert!(response.is_empty() || response.starts_with("HTTP/1.1 431"), "{response}");
     assert_eq!(get(metrics, "/livez").0, 200);
+}
+
+#[test]
+fn a_client_that_trickles_its_request_neither_delays_readyz_nor_keeps_its_connection() {
+    let server = Server::start(&["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = metrics_address(&server);
+    // A request head sent a byte every 100 ms: each read is quick, the head
+    // never ends (about 100 bytes over the ten seconds it keeps trying).
+    let mut slow = TcpStream::connect(metrics).unwrap();
+    slow.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let trickle = std::thread::spawn(move || {
+        for sent in 0..100 {
+            if slow.write_all(b"x").is_err() {
+                return Some(sent);
+            }
+            let mut byte = [0u8; 1];
+            match slow.read(&mut byte) {
+                Ok(0) => return Some(sent),
+                Err(error) if error.kind() != std::io::ErrorKind::WouldBlock => return Some(sent),
+                _ => {}
+            }
+        }
+        None
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Probes are answered while the slow client is still sending.
+    assert_eq!(get(metrics, "/readyz"), (200, "ready\n".to_string()));
+    assert!(!trickle.is_finished(), "/readyz was answered only after the slow client gave up");
+    // And the slow client is cut off, long before its head could fill the limit.
+    let cut_after = trickle.join().unwrap();
+    assert!(cut_after.is_some(), "the endpoint kept a connection that trickled 100 bytes");
 }
 
 #[test]

@@ -2,24 +2,29 @@
 //! responder on a thread of its own, so that a scrape never runs on a shard
 //! core nor waits for one (it reads what the cores published).
 //!
-//! It serves `GET` (and `HEAD`) of `/metrics`, `/livez` and `/readyz`, one
-//! connection at a time, each closed after its answer (`Connection: close`).
-//! A request head is read up to [`REQUEST_HEAD_MAX`] bytes and
-//! [`IO_TIMEOUT`], so a client that sends nothing or too much is dropped
-//! without holding the endpoint for long.
+//! It serves `GET` (and `HEAD`) of `/metrics`, `/livez` and `/readyz`, each
+//! connection on a thread of its own (at most [`CONNECTIONS_MAX`] at once;
+//! more are closed at once) and closed after its answer (`Connection:
+//! close`). A request head must arrive whole within [`IO_TIMEOUT`] and
+//! [`REQUEST_HEAD_MAX`] bytes, so a client that sends nothing, too much, or
+//! a byte at a time is dropped, and never keeps a probe of `/readyz` waiting.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::node::shared::Shared;
 use crate::ops::metrics::{self, Readiness};
 
 /// Longest request head (request line and headers) read.
 const REQUEST_HEAD_MAX: usize = 8 << 10;
-/// Longest a connection may take to send its request or read the answer.
+/// Longest a connection may take to send its whole request head, and to
+/// take each part of the answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections served at once; one more is closed without an answer.
+const CONNECTIONS_MAX: usize = 16;
 
 /// Binds the endpoint; errors are for the operator.
 pub fn bind(address: SocketAddr) -> Result<TcpListener, String> {
@@ -34,13 +39,10 @@ pub fn spawn(listener: TcpListener, shared: Arc<Shared>) -> Result<(), String> {
     std::thread::Builder::new()
         .name("ringlock-metrics".to_string())
         .spawn(move || {
+            let serving = Arc::new(AtomicUsize::new(0));
             for stream in listener.incoming() {
                 match stream {
-                    Ok(stream) => {
-                        if let Err(error) = serve(stream, &shared) {
-                            tracing::debug!("metrics endpoint: {error}");
-                        }
-                    }
+                    Ok(stream) => serve_apart(stream, &shared, &serving),
                     // Out of descriptors, or a connection reset before it
                     // was taken: try again after a moment.
                     Err(error) => {
@@ -52,6 +54,27 @@ pub fn spawn(listener: TcpListener, shared: Arc<Shared>) -> Result<(), String> {
         })
         .map(|_| ())
         .map_err(|error| format!("cannot start the metrics thread: {error}"))
+}
+
+/// Serves `stream` on a thread of its own, or closes it if
+/// [`CONNECTIONS_MAX`] are being served.
+fn serve_apart(stream: TcpStream, shared: &Arc<Shared>, serving: &Arc<AtomicUsize>) {
+    if serving.fetch_add(1, Ordering::AcqRel) >= CONNECTIONS_MAX {
+        serving.fetch_sub(1, Ordering::AcqRel);
+        tracing::debug!("metrics endpoint: {CONNECTIONS_MAX} connections served already; closing a new one");
+        return;
+    }
+    let (shared, done) = (shared.clone(), serving.clone());
+    let spawned = std::thread::Builder::new().name("ringlock-metrics-conn".to_string()).spawn(move || {
+        if let Err(error) = serve(stream, &shared) {
+            tracing::debug!("metrics endpoint: {error}");
+        }
+        done.fetch_sub(1, Ordering::AcqRel);
+    });
+    if let Err(error) = spawned {
+        serving.fetch_sub(1, Ordering::AcqRel);
+        tracing::warn!("metrics endpoint cannot start a thread for a connection: {error}");
+    }
 }
 
 /// One response: status line, content type, body.
@@ -66,9 +89,8 @@ fn text(status: &'static str, body: impl Into<String>) -> Response {
 }
 
 fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let head = match read_head(&mut stream)? {
+    let head = match read_head(&mut stream, Instant::now() + IO_TIMEOUT)? {
         Some(head) => head,
         None => {
             let response = text("431 Request Header Fields Too Large", "request head too large\n");
@@ -98,8 +120,8 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
 }
 
 /// Reads up to the blank line that ends the request head; `None` if it is
-/// longer than [`REQUEST_HEAD_MAX`].
-fn read_head(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
+/// longer than [`REQUEST_HEAD_MAX`]; an error if it is not whole by `deadline`.
+fn read_head(stream: &mut TcpStream, deadline: Instant) -> io::Result<Option<Vec<u8>>> {
     let mut head = Vec::with_capacity(1024);
     let mut buffer = [0u8; 1024];
     loop {
@@ -109,6 +131,11 @@ fn read_head(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
         if head.len() > REQUEST_HEAD_MAX {
             return Ok(None);
         }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the request head did not arrive in time"));
+        }
+        stream.set_read_timeout(Some(left))?;
         let read = stream.read(&mut buffer)?;
         if read == 0 {
             // The client closed early: answer what it sent, if anything.

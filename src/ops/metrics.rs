@@ -60,15 +60,30 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-/// A label value in the text format: backslash, double quote and newline
-/// escaped; bytes that are not UTF-8 replaced (the format is UTF-8).
+/// A key as a label value in the text format. The format is UTF-8 and a key
+/// is any bytes, so a byte that is not part of UTF-8 is shown as `\xNN`
+/// (and a backslash of the key as two), which keeps distinct keys distinct
+/// series; then backslash, double quote and newline are escaped as the
+/// format asks.
 fn label_value(out: &mut String, value: &[u8]) {
-    for character in String::from_utf8_lossy(value).chars() {
-        match character {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            character => out.push(character),
+    let mut push = |character: char| match character {
+        '\\' => out.push_str("\\\\"),
+        '"' => out.push_str("\\\""),
+        '\n' => out.push_str("\\n"),
+        character => out.push(character),
+    };
+    for chunk in value.utf8_chunks() {
+        for character in chunk.valid().chars() {
+            if character == '\\' {
+                push('\\');
+            }
+            push(character);
+        }
+        for byte in chunk.invalid() {
+            push('\\');
+            for character in format!("x{byte:02x}").chars() {
+                push(character);
+            }
         }
     }
 }
@@ -308,7 +323,19 @@ mod tests {
     fn label_values_are_escaped_and_seconds_keep_milliseconds() {
         let mut out = String::new();
         label_value(&mut out, b"a\"b\\c\nd\xff");
-        assert_eq!(out, "a\\\"b\\\\c\\nd\u{fffd}");
+        // The label value is a"b\\c<newline>d\xff, escaped for the format.
+        assert_eq!(out, r#"a\"b\\\\c\nd\\xff"#);
+        // Keys that differ only in bytes outside UTF-8, or in a backslash
+        // that looks like one of those, stay distinct.
+        let labels: Vec<String> = [&b"k\xfe"[..], b"k\xff", b"k\\xff", "k\u{fffd}".as_bytes()]
+            .iter()
+            .map(|key| {
+                let mut out = String::new();
+                label_value(&mut out, key);
+                out
+            })
+            .collect();
+        assert_eq!(labels, [r"k\\xfe", r"k\\xff", r"k\\\\xff", "k\u{fffd}"]);
         assert_eq!(seconds(0), "0.000");
         assert_eq!(seconds(1), "0.001");
         assert_eq!(seconds(268_435_456), "268435.456");
