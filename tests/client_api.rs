@@ -196,3 +196,26 @@ fn ping_names_the_active() {
     assert!(pong.epoch > 0);
     assert_eq!(pong.active, Some(server.addr.to_string()));
 }
+
+#[test]
+fn inspect_reports_free_held_and_queued_keys_sync_and_async() {
+    let server = Server::start(&[]);
+    let client = client_of(&server);
+    let free = client.inspect("api/inspect").unwrap();
+    assert_eq!((free.token, free.lease_left, free.waiters), (None, Duration::ZERO, 0));
+    let lock = client.acquire("api/inspect", LEASE, None).unwrap().expect("free key");
+    let held = client.inspect("api/inspect").unwrap();
+    assert_eq!((held.token, held.waiters), (Some(lock.token()), 0));
+    assert!(held.lease_left > Duration::from_secs(500) && held.lease_left <= LEASE, "{held:?}");
+    // A second client queues behind the holder.
+    let other = client_of(&server);
+    let waiting = thread::spawn(move || other.acquire("api/inspect", LEASE, None).unwrap());
+    wait_until("the second acquire to queue", || client.inspect("api/inspect").unwrap().waiters == 1);
+    let queued = block_on(client.inspect_async("api/inspect")).unwrap();
+    assert_eq!((queued.token, queued.waiters), (Some(lock.token()), 1));
+    let first = lock.token();
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+    let next = waiting.join().unwrap().expect("granted on release");
+    assert!(next.token() > first);
+    assert_eq!(client.inspect("api/inspect").unwrap().token, Some(next.token()));
+}
