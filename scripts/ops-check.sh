@@ -34,8 +34,10 @@ bin=target/test-release
 
 work=$(mktemp -d)
 server_pid=
+cluster_pids=()
 cleanup() {
     if [ -n "$server_pid" ]; then kill -9 "$server_pid" 2>/dev/null || true; fi
+    for pid in "${cluster_pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -94,6 +96,44 @@ curl -fsS "http://$metrics/readyz" >/dev/null
 kill -TERM "$server_pid"
 wait "$server_pid"
 server_pid=
+echo "ok"
+
+echo "== promtool check metrics on a two-node cluster's scrapes"
+# Free loopback ports: two client ports, two peer ports, two metrics ports.
+read -r -a ports <<<"$(python3 -c 'import socket
+socks = [socket.socket() for _ in range(6)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))')"
+peers="127.0.0.1:${ports[0]}@127.0.0.1:${ports[2]},127.0.0.1:${ports[1]}@127.0.0.1:${ports[3]}"
+for node in 0 1; do
+    "$bin/ringlock" --listen "127.0.0.1:${ports[$node]}" --peers "$peers" --node "$node" --no-pin \
+        --heartbeat-ms 50 --failover-ms 500 --metrics-listen "127.0.0.1:${ports[$((node + 4))]}" \
+        --data-dir "$work/node$node" 2>"$work/node$node.log" &
+    cluster_pids+=($!)
+done
+ready() { curl -fsS "http://127.0.0.1:${ports[$1]}/readyz" >/dev/null 2>&1; }
+for _ in $(seq 200); do
+    ready 4 && ready 5 && break
+    sleep 0.1
+done
+if ! ready 4 || ! ready 5; then
+    echo "ops-check: the cluster's nodes did not become ready:" >&2
+    cat "$work/node0.log" "$work/node1.log" >&2
+    exit 1
+fi
+"$bin/ringlock-cli" --servers "127.0.0.1:${ports[1]},127.0.0.1:${ports[0]}" run --key ops/cluster --lease 5 -- true
+for node in 0 1; do
+    curl -fsS "http://127.0.0.1:${ports[$((node + 4))]}/metrics" >"$work/node$node.metrics"
+    promtool check metrics <"$work/node$node.metrics"
+done
+grep -q '^ringlock_role{role="active"} 1' "$work/node0.metrics"
+grep -q '^ringlock_role{role="standby"} 1' "$work/node1.metrics"
+grep -q '^ringlock_replication_caught_up 1' "$work/node1.metrics"
+grep -q '^ringlock_table_version ' "$work/node1.metrics"
+grep -q "^ringlock_replication_lag_deltas 0" "$work/node1.metrics"
+for pid in "${cluster_pids[@]}"; do kill -TERM "$pid"; done
+for pid in "${cluster_pids[@]}"; do wait "$pid"; done
+cluster_pids=()
 echo "ok"
 
 echo "== systemd-analyze verify deploy/ringlock.service"
