@@ -1372,6 +1372,35 @@ fn one_heartbeat_sent_in_a_peers_name_on_a_connection_kept_open_does_not_cut_the
     drop((as_active, as_standby));
 }
 
+#[test]
+fn an_epoch_move_that_cannot_be_written_holds_clients_says_so_and_serves_once_it_can() {
+    let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "300"]);
+    pair.assert_healthy();
+    // A directory where the active writes its next epoch file: every try to
+    // persist an epoch fails (even as root) until it is gone.
+    let blocker = pair.nodes[0].data_dir().0.join("epoch.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    // A heartbeat in the standby's name that has seen a later epoch, within
+    // range: the active must move above it before it grants again.
+    let seen = pair.epoch + 16;
+    let mut as_standby = pair.impersonate(0, 1);
+    as_standby.write_all(&heartbeat(1, 1, STANDBY, 0, seen, None)).unwrap();
+    wait_until("the active to log that its cores held requests past the hand-off timeout", || {
+        pair.nodes[0].log().contains("held client requests for longer than the hand-off timeout")
+    });
+    // No grant without a persisted epoch: an acquire meanwhile is held.
+    let mut waiting = pair.nodes[0].connect();
+    waiting.request("A during-hold 30 0");
+    assert_eq!(waiting.try_line(Duration::from_millis(300)), None, "nothing is granted while the epoch is unwritten");
+    std::fs::remove_dir(&blocker).unwrap();
+    let token = token_of(&waiting.line(), "during-hold");
+    assert!(token >> 40 > seen, "the grant comes from an epoch above the one seen: {token}");
+    let persisted: u64 =
+        std::fs::read_to_string(pair.nodes[0].data_dir().0.join("epoch")).unwrap().trim().parse().unwrap();
+    assert_eq!(token >> 40, persisted, "and that epoch is on disk");
+    drop(as_standby);
+}
+
 // ---------------------------------------------------------------------------
 // Valid but abusive peer traffic: well-formed frames in floods, extreme
 // numbers, and nodes whose settings disagree
