@@ -1,0 +1,142 @@
+"""The README's examples: every ```python block of ``clients/python/README.md``
+runs, as a program of its own, against a real server, with the address the
+examples use (127.0.0.1:7700) replaced by the server's. A block fails its
+test if it raises (or prints a traceback, say from a callback on a client
+thread) or runs for over a minute.
+
+A block that cannot run alone is skipped only if the README marks it, with
+``<!-- not run: reason -->`` as the last non-blank line before its fence;
+keep such marks rare, and rather make the example runnable."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness import Server
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+EXAMPLE_ADDRESS = "127.0.0.1:7700"
+"""The address the examples connect to."""
+NOT_RUN = re.compile(r"^<!--\s*not run\s*:\s*(.*?)\s*-->$")
+FENCE = re.compile(r"^(`{3,}|~{3,})\s*([^`\s]*)")
+PYTHON = {"python", "python3", "py"}
+TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int
+    """The line of its opening fence (from 1)."""
+    code: str
+    not_run: str | None
+    """The reason of its ``<!-- not run: ... -->`` mark, ``None`` if unmarked."""
+
+
+def python_blocks(text: str) -> tuple[list[Block], list[int]]:
+    """The Python blocks of a Markdown text, and the lines of the
+    ``not run`` marks that precede no Python block."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    marks: dict[int, str] = {}  # line index -> reason
+    previous: int | None = None  # index of the last non-blank line outside blocks
+    index = 0
+    while index < len(lines):
+        stripped = lines[index].strip()
+        fence = FENCE.match(stripped)
+        if fence is None:
+            mark = NOT_RUN.match(stripped)
+            if mark is not None:
+                marks[index] = mark.group(1)
+            if stripped:
+                previous = index
+            index += 1
+            continue
+        marker, info = fence.groups()
+        opening = index
+        index += 1
+        body: list[str] = []
+        # A closing fence: the same character, at least as many, nothing else.
+        while index < len(lines):
+            closing = lines[index].strip()
+            if closing.startswith(marker) and not closing.strip(marker[0]):
+                break
+            body.append(lines[index])
+            index += 1
+        index += 1
+        if info.lower() in PYTHON:
+            reason = marks.pop(previous) if previous is not None and previous in marks else None
+            blocks.append(Block(opening + 1, textwrap.dedent("\n".join(body)) + "\n", reason))
+        previous = opening
+    return blocks, [line + 1 for line in sorted(marks)]
+
+
+BLOCKS, STRAY_MARKS = python_blocks(README.read_text(encoding="utf-8"))
+
+
+def program(block: Block, address: str) -> str:
+    """The block as a program for the server at ``address``: an ``async def
+    main`` that the block does not run itself is run with ``asyncio.run``."""
+    code = block.code.replace(EXAMPLE_ADDRESS, address)
+    defines_main = re.search(r"^async def main\(", code, re.MULTILINE)
+    calls_main = re.search(r"(?<!def )\bmain\(", code)
+    if defines_main and not calls_main:
+        code += "\nimport asyncio\n\nasyncio.run(main())\n"
+    return code
+
+
+def test_the_readme_has_python_examples() -> None:
+    assert len(BLOCKS) >= 3, f"found {len(BLOCKS)} ```python blocks in {README}"
+
+
+def test_not_run_marks_are_rare_and_explained() -> None:
+    assert not STRAY_MARKS, f"`not run` marks on lines {STRAY_MARKS} of {README} precede no ```python block"
+    unexplained = [block.line for block in BLOCKS if block.not_run == ""]
+    assert not unexplained, f"`not run` marks without a reason before the blocks on lines {unexplained}"
+    skipped = [block.line for block in BLOCKS if block.not_run is not None]
+    assert len(skipped) * 2 < len(BLOCKS), f"most examples are not run: {skipped}"
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        pytest.param(
+            block,
+            id=f"line-{block.line}",
+            marks=[pytest.mark.skip(reason=f"README: not run: {block.not_run}")] if block.not_run is not None else [],
+        )
+        for block in BLOCKS
+    ],
+)
+def test_readme_example_runs(block: Block, fresh_server: Server, tmp_path: Path) -> None:
+    if "Client(" in block.code:
+        assert EXAMPLE_ADDRESS in block.code, (
+            f"the block on line {block.line} makes a client but not for {EXAMPLE_ADDRESS}, the address"
+            " this test replaces with its server's (or mark it `<!-- not run: reason -->`)"
+        )
+    source = tmp_path / f"readme_line_{block.line}.py"
+    source.write_text(program(block, fresh_server.address), encoding="utf-8")
+    try:
+        ran = subprocess.run(
+            [sys.executable, str(source)],
+            check=False,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    except subprocess.TimeoutExpired as expired:
+        stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else expired.stderr
+        pytest.fail(f"the block on line {block.line} of {README} ran for over {TIMEOUT:.0f} s:\nstderr:\n{stderr}")
+    report = f"the block on line {block.line} of {README}:\nstdout:\n{ran.stdout}\nstderr:\n{ran.stderr}"
+    if ran.returncode != 0:
+        pytest.fail(f"exit status {ran.returncode}, {report}")
+    if "Traceback" in ran.stderr:
+        pytest.fail(f"a traceback, {report}")
