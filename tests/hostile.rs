@@ -1398,6 +1398,9 @@ fn an_epoch_move_that_cannot_be_written_holds_clients_says_so_and_serves_once_it
     let persisted: u64 =
         std::fs::read_to_string(pair.nodes[0].data_dir().0.join("epoch")).unwrap().trim().parse().unwrap();
     assert_eq!(token >> 40, persisted, "and that epoch is on disk");
+    let log = pair.nodes[0].log();
+    assert!(log.contains("cannot persist the epoch") && log.contains("Is a directory"), "the cause is logged:\n{log}");
+    wait_until("the recovery to be logged", || pair.nodes[0].log().contains("epoch persisted after failed tries"));
     drop(as_standby);
 }
 

@@ -39,6 +39,8 @@ const EXIT_FLUSH: Duration = Duration::from_millis(500);
 
 /// How long to wait before trying again to persist an epoch that failed.
 const PERSIST_RETRY_MS: u64 = 100;
+/// While an epoch cannot be persisted, its error is logged this often.
+const PERSIST_LOG_INTERVAL_MS: u64 = 5_000;
 
 /// Table entries (deltas, snapshot entries) a turn takes in from the peers,
 /// and again from the shards, before it goes on to heartbeats and sending:
@@ -93,6 +95,9 @@ pub struct ReplicationCore {
     /// Controls each core's full inbox refused, sent again next turn, in order.
     controls: Vec<VecDeque<Control>>,
     persist_retry: Option<(u64, u64)>,
+    /// While persisting fails: how many tries failed, and when that was
+    /// last logged.
+    persist_failures: Option<(u64, Option<u64>)>,
     status: NodeStatus,
     stop_asked: bool,
     /// `--max-keys`: a snapshot or stream that would make the table hold
@@ -146,6 +151,7 @@ impl ReplicationCore {
             holding: None,
             controls: (0..cores).map(|_| VecDeque::new()).collect(),
             persist_retry: None,
+            persist_failures: None,
             status: NodeStatus::default(),
             stop_asked: false,
             keys_max,
@@ -294,11 +300,27 @@ impl ReplicationCore {
 
     fn persist(&mut self, now_ms: u64, epoch: u64) {
         match self.store.persist(epoch) {
-            Ok(()) => self.node.epoch_persisted(now_ms, epoch),
+            Ok(()) => {
+                if let Some((failures, _)) = self.persist_failures.take() {
+                    tracing::info!(epoch, failures, "epoch persisted after failed tries");
+                }
+                self.node.epoch_persisted(now_ms, epoch)
+            }
             Err(error) => {
                 // No token of this epoch may be issued until it is durable:
-                // the node waits and tries again, and says why.
-                tracing::error!(epoch, %error, "cannot persist the epoch; retrying");
+                // the node waits and tries again, and says why (at once,
+                // then every PERSIST_LOG_INTERVAL_MS while it fails).
+                let (failures, logged_ms) = self.persist_failures.get_or_insert((0, None));
+                *failures += 1;
+                if logged_ms.is_none_or(|logged_ms| now_ms >= logged_ms + PERSIST_LOG_INTERVAL_MS) {
+                    *logged_ms = Some(now_ms);
+                    tracing::error!(
+                        epoch,
+                        %error,
+                        failures = *failures,
+                        "cannot persist the epoch; retrying every {PERSIST_RETRY_MS} ms (no grant until it is written)"
+                    );
+                }
                 self.persist_retry = Some((epoch, now_ms + PERSIST_RETRY_MS));
             }
         }
