@@ -27,6 +27,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -89,6 +90,11 @@ type connection struct {
 	inFlight pairing
 	// queued counts the requests in out.
 	queued int
+	// gathering is set while the connection is up and out holds requests
+	// no write has taken yet: the batch the router's turn joins (see
+	// router.turn). A connection still connecting does not gather, so that
+	// requests are not held on a connect that may fail.
+	gathering atomic.Bool
 	// writerWoken is set while the writer has been woken and has not yet
 	// found out empty, so callers wake it only once per batch.
 	writerWoken bool
@@ -143,6 +149,9 @@ func (c *connection) trySend(o *operation, now time.Time, inFlightMax int) refus
 	}
 	c.out = o.encode(c.out, now)
 	c.queued++
+	if c.queued == 1 && c.conn != nil {
+		c.gathering.Store(true)
+	}
 	c.inFlight.push(o)
 	// Before the connect, install wakes the writer once connected.
 	wake := c.conn != nil && !c.writerWoken
@@ -201,6 +210,7 @@ func (c *connection) takeDown() []*operation {
 	c.conn = nil
 	c.out = c.out[:0]
 	c.queued = 0
+	c.gathering.Store(false)
 	// A closing writer waiting for the first connect's outcome may go.
 	if c.phase == phaseClosed && !c.writerWoken {
 		c.writerWoken = true
@@ -300,6 +310,7 @@ func (c *connection) writeOut(drain bool) bool {
 		c.out = c.spare[:0]
 		c.spare = nil
 		c.queued = 0
+		c.gathering.Store(false)
 		c.mu.Unlock()
 		if _, err := conn.Write(batch); err != nil {
 			// The reader sees the socket fail and takes the requests back.
