@@ -21,8 +21,9 @@
 // # What the client does for you (docs/protocol.md §4)
 //
 //   - Connections: one per node, two when given a single address, chosen
-//     round-robin. A broken one is left out and reconnected in the
-//     background every 3 s.
+//     round-robin a write at a time (requests queued while a connection
+//     gathers its next write join it). A broken one is left out and
+//     reconnected in the background every 3 s.
 //   - Pipelining: requests from all goroutines share the connections;
 //     replies are paired with requests by (operation, key), and several
 //     requests with the same (operation, key) on one connection are paired
