@@ -7,10 +7,13 @@ Usage:
       closed-loop runs labelled LABEL (on a shared machine a disturbed round
       only ever measures less than the server can do)
   latency_report.py report --json OUT.json --markdown OUT.md [--chart OUT.png]
-                    [--command CMD] [--shape CxD] [--elapsed-s S] RUN.json...
+                    [--command CMD] [--shape CxD] [--throughput-shape CxD]
+                    [--elapsed-s S] RUN.json...
 
-Runs are told apart by their label: `closed-<shape>` and `closed-64x1`
-(closed loop, the saturation rounds), `sweep-<fraction>` (open loop at that
+--shape is the sweep's (connections x lanes), --throughput-shape the
+pipelined throughput goal's. Runs are told apart by their label:
+`closed-<shape>`, `closed-<throughput shape>` and `closed-64x1` (closed
+loop, the saturation rounds), `sweep-<fraction>` (open loop at that
 fraction of the target's own saturation), `goal-at-ringlock-0.8` and
 `goal-at-redis-1.0` (open loop at another target's rate, for the goals) and
 `contended-<rate>`. Latencies are acquire latencies in microseconds, from
@@ -104,7 +107,7 @@ def goal(name, value, limit, direction, detail):
     return {"goal": name, "value": value, "limit": limit, "direction": direction, "met": met, "detail": detail}
 
 
-def goals(runs, points, shape):
+def goals(runs, points, throughput_shape):
     out = []
     ours, echo = find_fraction(points, "ringlock", 0.8), find(points, "echo", "goal-at-ringlock-0.8")
     value = ours["p99_us"] / echo["p99_us"] if ours and echo and echo["p99_us"] > 0 else None
@@ -118,7 +121,8 @@ def goals(runs, points, shape):
               f"at {redis['offered_ops_per_s'] / 1e3:.0f} k ops/s") if value is not None else "not measured"
     out.append(goal("ringlock p99 / Redis p99, at Redis's saturation rate", value,
                     GOAL_RINGLOCK_VS_REDIS_P99, "<=", detail))
-    for label, limit, name in [(f"closed-{shape}", GOAL_PIPELINED_VS_ECHO, f"pipelined throughput {shape}"),
+    for label, limit, name in [(f"closed-{throughput_shape}", GOAL_PIPELINED_VS_ECHO,
+                                f"pipelined throughput {throughput_shape}"),
                                ("closed-64x1", GOAL_UNPIPELINED_VS_ECHO, "unpipelined throughput 64x1")]:
         value, rounds = by_round_ratio(runs, label, "ringlock", "echo")
         detail = ("rounds " + ", ".join(f"{r:.3f}" for r in rounds)) if rounds else "not measured"
@@ -293,7 +297,7 @@ def host_facts():
     return facts
 
 
-def summarize(runs, command, shape, elapsed_s):
+def summarize(runs, command, shape, throughput_shape, elapsed_s):
     points = [point(r) for r in runs if r.get("open_loop")]
     closed_labels = []
     for r in runs:
@@ -309,6 +313,7 @@ def summarize(runs, command, shape, elapsed_s):
         "elapsed_s": elapsed_s,
         "host": host_facts(),
         "shape": shape,
+        "throughput_shape": throughput_shape,
         "saturation": {t: max(closed_ops(runs, f"closed-{shape}", t)) for t in TARGETS
                        if closed_ops(runs, f"closed-{shape}", t)},
         "closed": closed,
@@ -316,7 +321,7 @@ def summarize(runs, command, shape, elapsed_s):
                              and p["fraction"] is not None], key=lambda p: p["fraction"]) for t in TARGETS},
         "goal_points": [p for p in points if p["label"].startswith("goal-")],
         "contended": [p for p in points if p["workload"] == "contended"],
-        "goals": goals(runs, points, shape),
+        "goals": goals(runs, points, throughput_shape),
         "noise": {
             "runs": len(runs),
             "pressure_median": median(pressures) or 0.0,
@@ -344,10 +349,11 @@ def main(argv):
     parser.add_argument("--chart")
     parser.add_argument("--command", default="scripts/latency.sh")
     parser.add_argument("--shape", default="16x64")
+    parser.add_argument("--throughput-shape", default="16x64")
     parser.add_argument("--elapsed-s", type=int, default=0)
     parser.add_argument("runs", nargs="+")
     args = parser.parse_args(argv[1:])
-    summary = summarize(load(args.runs), args.command, args.shape, args.elapsed_s)
+    summary = summarize(load(args.runs), args.command, args.shape, args.throughput_shape, args.elapsed_s)
     with open(args.json, "w") as f:
         json.dump(summary, f, indent=1)
         f.write("\n")

@@ -6,9 +6,11 @@
 #   scripts/latency.sh
 #
 # 1. Saturation: each target's closed-loop throughput with the sweep's shape
-#    (CONNECTIONS x DEPTH, pipelined), and unpipelined (64 x 1), in ROUNDS
-#    rounds, the targets' order reversed every other round; the median is
-#    the target's saturation rate.
+#    (CONNECTIONS x LANES), with scripts/bench.sh's pipelined shape
+#    (CONNECTIONS x DEPTH, the same unless LANES is set) and unpipelined
+#    (64 x 1), in ROUNDS rounds, the targets' order reversed every other
+#    round. A target's saturation rate is its best round at the sweep's
+#    shape.
 # 2. Sweep: `ringlock-bench run --rate R` at each of FRACTIONS of the
 #    target's own saturation, latency counted from each request's intended
 #    send time, so waiting behind a slow reply counts (no coordinated
@@ -31,9 +33,15 @@
 #
 # Settings (environment), defaults in brackets, about 4 minutes on a quiet
 # machine and at most about 15 on a busy one:
-#   CONNECTIONS [16], DEPTH [64]: the sweep's shape (DEPTH is the most
-#     requests a connection keeps in flight; past it a request waits, and
-#     its wait counts in its latency)
+#   CONNECTIONS [16], DEPTH [64]: scripts/bench.sh's pipelined shape, for
+#     the pipelined throughput goal
+#   LANES [DEPTH]: the sweep's depth, the most requests a connection keeps
+#     in flight (past it a request waits, and its wait counts in its
+#     latency; `held` says how many did). With 64, requests wait for a lane
+#     from about half of saturation on, even the echo server's; LANES=256
+#     makes that rarer, with its own saturation rounds at CONNECTIONS x
+#     LANES, but the generator then tracks 4 times the requests and falls
+#     behind its schedule sooner (docs/performance.md)
 #   FRACTIONS ["0.1 0.25 0.5 0.7 0.8 0.9 1.0 1.1 1.25"]
 #   DURATION [3], WARMUP [1]: seconds per sweep point
 #   SAT_DURATION [4], ROUNDS [3]: the closed-loop saturation runs
@@ -47,6 +55,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CONNECTIONS=${CONNECTIONS:-16}
 DEPTH=${DEPTH:-64}
+LANES=${LANES:-$DEPTH}
 FRACTIONS=${FRACTIONS:-0.1 0.25 0.5 0.7 0.8 0.9 1.0 1.1 1.25}
 DURATION=${DURATION:-3}
 WARMUP=${WARMUP:-1}
@@ -64,7 +73,7 @@ RETRY_BUDGET_S=${RETRY_BUDGET_S:-180 300 120}
 read -r -a STEP_BUDGETS <<<"$RETRY_BUDGET_S"
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 BIN=$TARGET_DIR/release
-COMMAND="CONNECTIONS=$CONNECTIONS DEPTH=$DEPTH FRACTIONS=\"$FRACTIONS\" DURATION=$DURATION WARMUP=$WARMUP \
+COMMAND="CONNECTIONS=$CONNECTIONS LANES=$LANES DEPTH=$DEPTH FRACTIONS=\"$FRACTIONS\" DURATION=$DURATION WARMUP=$WARMUP \
 SAT_DURATION=$SAT_DURATION ROUNDS=$ROUNDS CONTENDED_RATES=\"$CONTENDED_RATES\" scripts/latency.sh"
 
 # shellcheck source=scripts/bench-lib.sh
@@ -111,19 +120,23 @@ step() {
 
 step 1
 log "1. saturation: closed loop, $ROUNDS round(s) of ${SAT_DURATION} s"
-SHAPE=(--workload uncontended -c "$CONNECTIONS" -d "$DEPTH")
+SHAPE=(--workload uncontended -c "$CONNECTIONS" -d "$LANES")
 for round in $(seq 1 "$ROUNDS"); do
     order=$TARGETS
     if [ $((round % 2)) -eq 0 ]; then
         order=$(echo "$TARGETS" | tr ' ' '\n' | tac | tr '\n' ' ')
     fi
     for target in $order; do
-        on "$target" "closed-${CONNECTIONS}x${DEPTH}" "${SHAPE[@]}" --duration "$SAT_DURATION" --warmup 1
+        on "$target" "closed-${CONNECTIONS}x${LANES}" "${SHAPE[@]}" --duration "$SAT_DURATION" --warmup 1
+        if [ "$DEPTH" != "$LANES" ]; then
+            on "$target" "closed-${CONNECTIONS}x${DEPTH}" --workload uncontended -c "$CONNECTIONS" -d "$DEPTH" \
+                --duration "$SAT_DURATION" --warmup 1
+        fi
         on "$target" closed-64x1 --workload uncontended -c 64 -d 1 --duration "$SAT_DURATION" --warmup 1
     done
 done
 saturation() {
-    python3 bench/latency_report.py saturation "closed-${CONNECTIONS}x${DEPTH}" "$1" "${RUN_FILES[@]}"
+    python3 bench/latency_report.py saturation "closed-${CONNECTIONS}x${LANES}" "$1" "${RUN_FILES[@]}"
 }
 declare -A SATURATION
 for target in $TARGETS; do
@@ -168,7 +181,8 @@ if [ "${SKIP_CHART:-0}" = 1 ]; then
     chart=()
 fi
 python3 bench/latency_report.py report --json "$RESULTS/latency.json" --markdown "$RESULTS/latency.md" \
-    "${chart[@]}" --command "$COMMAND" --shape "${CONNECTIONS}x${DEPTH}" --elapsed-s $((SECONDS - started)) \
+    "${chart[@]}" --command "$COMMAND" --shape "${CONNECTIONS}x${LANES}" \
+    --throughput-shape "${CONNECTIONS}x${DEPTH}" --elapsed-s $((SECONDS - started)) \
     "${RUN_FILES[@]}"
 cat "$RESULTS/latency.md"
 log "results: $RESULTS/latency.md, $RESULTS/latency.json${chart:+, $RESULTS/latency.png} ($((SECONDS - started)) s)"
