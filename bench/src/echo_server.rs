@@ -161,17 +161,7 @@ impl EchoServer {
             return;
         }
         let fd = result;
-        let one: libc::c_int = 1;
-        // SAFETY: setting an option on a socket we own.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&one as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
+        ringlock_ring::set_nodelay(fd);
         let connection = Connection {
             fd,
             line_op: None,

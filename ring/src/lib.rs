@@ -7,11 +7,14 @@
 //!   sleeping on it.
 //! - `cpu_list`: [`CpuList`] and [`parse_cpu_list`], the CPUs threads are
 //!   pinned to (`--cpus`).
+//! - `socket`: [`set_nodelay`], the option set on accepted connections.
 
 mod buf_ring;
 mod cpu_list;
 mod poll;
+mod socket;
 
 pub use buf_ring::BufRing;
 pub use cpu_list::{CpuList, parse_cpu_list};
 pub use poll::poll_before_sleep;
+pub use socket::set_nodelay;

@@ -101,17 +101,7 @@ impl CoreState {
             refuse(fd, ErrorCode::TooManyConnections);
             return;
         }
-        let one: libc::c_int = 1;
-        // SAFETY: setting an option on a socket we own; failure is harmless.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&one as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
+        ringlock_ring::set_nodelay(fd);
         // Connections go round the cores, whichever core accepted them.
         let target =
             if self.cores > 1 { self.shared.next_core.fetch_add(1, Ordering::Relaxed) % self.cores } else { self.core };
