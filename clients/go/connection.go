@@ -44,6 +44,11 @@ const closeLinger = time.Second
 // flight on one connection while the server answers the other half.
 const flushRequests = 32
 
+// gatherRequestsMax is the most requests the router's turn adds to one
+// batch (see router.turn). Batches end at flushRequests when writes keep
+// up, so it is reached only while a write is stuck or slow.
+const gatherRequestsMax = 4 * flushRequests
+
 // writerYieldsMax bounds how many times the writer lets ready goroutines
 // run before it writes (see runWriter).
 const writerYieldsMax = 8
@@ -93,7 +98,8 @@ type connection struct {
 	// gathering is set while the connection is up and out holds requests
 	// no write has taken yet: the batch the router's turn joins (see
 	// router.turn). A connection still connecting does not gather, so that
-	// requests are not held on a connect that may fail.
+	// requests are not held on a connect that may fail, nor does one whose
+	// batch reached gatherRequestsMax.
 	gathering atomic.Bool
 	// writerWoken is set while the writer has been woken and has not yet
 	// found out empty, so callers wake it only once per batch.
@@ -149,8 +155,14 @@ func (c *connection) trySend(o *operation, now time.Time, inFlightMax int) refus
 	}
 	c.out = o.encode(c.out, now)
 	c.queued++
-	if c.queued == 1 && c.conn != nil {
+	switch {
+	case c.queued == 1 && c.conn != nil:
 		c.gathering.Store(true)
+	case c.queued == gatherRequestsMax:
+		// No write has taken the batch: the socket may be stuck (a
+		// server that stopped reading). The turn moves on, and this
+		// connection gathers again only once a write took its queue.
+		c.gathering.Store(false)
 	}
 	c.inFlight.push(o)
 	// Before the connect, install wakes the writer once connected.

@@ -217,8 +217,10 @@ func (r *router) sendAt(o *operation, at time.Time) {
 		r.finish(o, outcome{err: ErrTimeout})
 		return
 	}
-	t := r.topology.Load()
+	// active before topology: noteMoved stores a grown topology before
+	// naming a new node active, so the topology read after holds it.
 	active := r.active.Load() - 1
+	t := r.topology.Load()
 	first := t.connections
 	if active >= 0 {
 		first = t.nodes[active].connections
@@ -282,7 +284,9 @@ func (r *router) sendToActive(o *operation) {
 // carries about as many requests as one connection's would, instead of
 // each connection's writes carrying a share of them (a write on loopback
 // costs several microseconds whatever it carries); one request at a time
-// still goes to each connection in turn.
+// still goes to each connection in turn. A batch stops gathering at
+// gatherRequestsMax, so a connection whose write is stuck does not draw
+// every request: it then takes one each time the turn comes round.
 func (r *router) turn(connections []*connection) uint64 {
 	at := r.next.Load()
 	if connections[at%uint64(len(connections))].gathering.Load() {
