@@ -153,11 +153,11 @@ func TestAConnectionWhoseWriteIsStuckDoesNotDrawEveryRequest(t *testing.T) {
 	mu.Lock()
 	started := stuck.started
 	mu.Unlock()
-	for sent := 0; ; sent++ {
+	for tries := 0; ; tries++ {
 		select {
 		case <-started:
 		default:
-			if sent > 1000 || time.Now().After(deadline) {
+			if tries > 1000 || time.Now().After(deadline) {
 				t.Fatal("no request went to the stuck connection")
 			}
 			ping()

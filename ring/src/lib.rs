@@ -7,7 +7,8 @@
 //!   sleeping on it.
 //! - `cpu_list`: [`CpuList`] and [`parse_cpu_list`], the CPUs threads are
 //!   pinned to (`--cpus`).
-//! - `socket`: [`set_nodelay`], the option set on accepted connections.
+//! - `socket`: [`set_nodelay`], the option set on accepted connections,
+//!   and [`set_flag`], a boolean socket option.
 
 mod buf_ring;
 mod cpu_list;
@@ -17,4 +18,4 @@ mod socket;
 pub use buf_ring::BufRing;
 pub use cpu_list::{CpuList, parse_cpu_list};
 pub use poll::poll_before_sleep;
-pub use socket::set_nodelay;
+pub use socket::{set_flag, set_nodelay};

@@ -1,4 +1,5 @@
-//! Socket options set on accepted connections.
+//! Socket options: the one set on accepted connections, and boolean
+//! options in general.
 
 use std::os::fd::RawFd;
 
@@ -6,17 +7,23 @@ use std::os::fd::RawFd;
 /// goes out when it is sent. A failure is ignored: the socket still works,
 /// only with Nagle's delay.
 pub fn set_nodelay(fd: RawFd) {
+    let _ = set_flag(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY);
+}
+
+/// Sets the boolean socket option `name` of `level` on `fd`; false if the
+/// kernel refused it.
+pub fn set_flag(fd: RawFd, level: libc::c_int, name: libc::c_int) -> bool {
     let one: libc::c_int = 1;
-    // SAFETY: setsockopt reads `one` for the length given; `fd` is a socket
-    // the caller owns, and a bad one only makes the call fail.
+    // SAFETY: setsockopt reads `one` for the length given; a bad `fd` only
+    // makes the call fail.
     unsafe {
         libc::setsockopt(
             fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
+            level,
+            name,
             (&one as *const libc::c_int).cast(),
             size_of::<libc::c_int>() as libc::socklen_t,
-        );
+        ) == 0
     }
 }
 

@@ -126,14 +126,7 @@ fn listen_on(address: SocketAddr) -> io::Result<RawFd> {
         // SO_REUSEADDR lets a restart bind while connections of the last run
         // are in TIME_WAIT; unlike SO_REUSEPORT, it never lets two listening
         // sockets share the address.
-        let one: libc::c_int = 1;
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&one as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        );
+        ringlock_ring::set_flag(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR);
         let (storage, len) = socket_address(address);
         if libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) != 0 || libc::listen(fd, 4096) != 0 {
             let error = io::Error::last_os_error();
