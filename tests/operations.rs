@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{Conn, Server, token_of, wait_until};
@@ -199,6 +201,98 @@ fn a_client_that_trickles_its_request_neither_delays_readyz_nor_keeps_its_connec
     // And the slow client is cut off, long before its head could fill the limit.
     let cut_after = trickle.join().unwrap();
     assert!(cut_after.is_some(), "the endpoint kept a connection that trickled 100 bytes");
+}
+
+/// Whether the endpoint closed `stream` (which sent nothing): a read finds
+/// its end, or a reset, rather than waiting.
+fn closed_by_endpoint(mut stream: &TcpStream) -> bool {
+    stream.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+    !matches!(
+        stream.read(&mut [0u8; 1]),
+        Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+    )
+}
+
+/// Opens a connection to `metrics`, and again each time the endpoint closes
+/// it (after its 2 s for a request head), until `stop`; each sends nothing,
+/// or a byte every 20 ms if `trickle`. Counts in `opened` the connections
+/// opened.
+fn reopen_until(metrics: SocketAddr, trickle: bool, opened: &AtomicU32, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut stream) = TcpStream::connect(metrics) else { continue };
+        opened.fetch_add(1, Ordering::Relaxed);
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
+        while !stop.load(Ordering::Relaxed) {
+            if trickle && stream.write_all(b"G").is_err() {
+                break;
+            }
+            match stream.read(&mut [0u8; 1]) {
+                Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                }
+                _ => break,
+            }
+        }
+    }
+}
+
+#[test]
+fn connections_that_send_nothing_never_keep_probes_unanswered() {
+    let server = Server::start(&["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = metrics_address(&server);
+    // Three times as many silent connections as the endpoint serves at
+    // once (64), all held open: a probe takes the place of the oldest.
+    let silent: Vec<TcpStream> = (0..192).map(|_| TcpStream::connect(metrics).unwrap()).collect();
+    for _ in 0..10 {
+        assert_eq!(get(metrics, "/readyz"), (200, "ready\n".to_string()));
+        assert_eq!(get(metrics, "/livez"), (200, "ok\n".to_string()));
+    }
+    let closed = silent.iter().filter(|stream| closed_by_endpoint(stream)).count();
+    assert!(closed >= 192 - 64, "the endpoint closed {closed} of 192 silent connections");
+    drop(silent);
+    // Twenty loops that reopen a connection as soon as theirs is closed,
+    // sending nothing, and twenty that trickle a request a byte at a time,
+    // while probes come.
+    let (opened, stop) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicBool::new(false)));
+    let reopeners: Vec<_> = (0..40)
+        .map(|each| {
+            let (opened, stop) = (opened.clone(), stop.clone());
+            std::thread::spawn(move || reopen_until(metrics, each % 2 == 1, &opened, &stop))
+        })
+        .collect();
+    wait_until("forty connections opened", || opened.load(Ordering::Relaxed) >= 40);
+    for _ in 0..30 {
+        assert_eq!(get(metrics, "/readyz"), (200, "ready\n".to_string()));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for thread in reopeners {
+        thread.join().unwrap();
+    }
+    // The node serves locks throughout.
+    let mut conn = server.connect();
+    assert!(conn.acquire("k", "5", "0") > 0);
+}
+
+#[test]
+fn a_flood_of_valid_scrapes_is_answered_whole_and_probes_still_pass() {
+    let server = Server::start(&["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = metrics_address(&server);
+    let scrapers: Vec<_> = (0..8)
+        .map(|_| std::thread::spawn(move || (0..100).map(|_| get(metrics, "/metrics").0).collect::<Vec<_>>()))
+        .collect();
+    for _ in 0..20 {
+        assert_eq!(get(metrics, "/livez").0, 200);
+    }
+    for scraper in scrapers {
+        let statuses = scraper.join().unwrap();
+        assert!(statuses.iter().all(|&status| status == 200), "{statuses:?}");
+    }
+    // A head of exactly the limit with no end is refused; the endpoint goes on.
+    let mut stream = TcpStream::connect(metrics).unwrap();
+    let _ = stream.write_all(&vec![b'x'; 8 << 10]);
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    assert!(response.starts_with("HTTP/1.1 431"), "{response}");
+    assert_eq!(get(metrics, "/readyz"), (200, "ready\n".to_string()));
 }
 
 #[test]

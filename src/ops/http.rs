@@ -3,16 +3,21 @@
 //! core nor waits for one (it reads what the cores published).
 //!
 //! It serves `GET` (and `HEAD`) of `/metrics`, `/livez` and `/readyz`, each
-//! connection on a thread of its own (at most [`CONNECTIONS_MAX`] at once;
-//! more are closed at once) and closed after its answer (`Connection:
-//! close`). A request head must arrive whole within [`IO_TIMEOUT`] and
-//! [`REQUEST_HEAD_MAX`] bytes, so a client that sends nothing, too much, or
-//! a byte at a time is dropped, and never keeps a probe of `/readyz` waiting.
+//! connection on a thread of its own and closed after its answer
+//! (`Connection: close`). A request head must arrive whole within
+//! [`IO_TIMEOUT`] and [`REQUEST_HEAD_MAX`] bytes, and the answer must be
+//! taken within [`IO_TIMEOUT`], so a client that sends nothing, too much, or
+//! a byte at a time is dropped. At most [`CONNECTIONS_MAX`] are served at
+//! once; a new connection beyond that takes the place of the oldest one that
+//! has sent nothing, or else of the oldest still sending its head, so
+//! connections that send nothing or trickle, however many and however often
+//! reopened, never keep a probe of `/readyz` unanswered: a probe sends its
+//! whole head at once, and is the newest.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::node::shared::Shared;
@@ -21,15 +26,29 @@ use crate::ops::metrics::{self, Readiness};
 /// Longest request head (request line and headers) read.
 const REQUEST_HEAD_MAX: usize = 8 << 10;
 /// Longest a connection may take to send its whole request head, and to
-/// take each part of the answer.
+/// take the whole answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
-/// Connections served at once; one more is closed without an answer.
-const CONNECTIONS_MAX: usize = 16;
+/// Connections served at once, each on a thread. Many, so that a probe is
+/// taken over by new connections only if this many come between its connect
+/// and the first byte of its request, which it sends at once.
+const CONNECTIONS_MAX: usize = 64;
+/// Stack of a connection's thread: it only reads a head and writes an answer.
+const CONNECTION_STACK: usize = 256 << 10;
+/// Connections the kernel queues for accept (std's default is 128, which a
+/// burst of connects fills, and a probe's connect is then dropped).
+const BACKLOG: libc::c_int = 1024;
 
 /// Binds the endpoint; errors are for the operator.
 pub fn bind(address: SocketAddr) -> Result<TcpListener, String> {
-    crate::core::listener::bind_retrying(address, "--metrics-listen", || TcpListener::bind(address))
-        .map_err(|error| crate::core::listener::listen_error("for metrics ", address, "--metrics-listen", &error))
+    let listener = crate::core::listener::bind_retrying(address, "--metrics-listen", || TcpListener::bind(address))
+        .map_err(|error| crate::core::listener::listen_error("for metrics ", address, "--metrics-listen", &error))?;
+    // Listening again on a listening socket sets its backlog.
+    // SAFETY: a listening socket this function owns.
+    if unsafe { libc::listen(listener.as_raw_fd(), BACKLOG) } != 0 {
+        let error = io::Error::last_os_error();
+        return Err(format!("cannot listen for metrics on {address}: {error}; check --metrics-listen"));
+    }
+    Ok(listener)
 }
 
 /// Serves the endpoint on a new thread until the process exits. The thread
@@ -39,10 +58,10 @@ pub fn spawn(listener: TcpListener, shared: Arc<Shared>) -> Result<(), String> {
     std::thread::Builder::new()
         .name("ringlock-metrics".to_string())
         .spawn(move || {
-            let serving = Arc::new(AtomicUsize::new(0));
+            let served = Arc::new(Served::default());
             for stream in listener.incoming() {
                 match stream {
-                    Ok(stream) => serve_apart(stream, &shared, &serving),
+                    Ok(stream) => serve_apart(stream, &shared, &served),
                     // Out of descriptors, or a connection reset before it
                     // was taken: try again after a moment.
                     Err(error) => {
@@ -56,23 +75,125 @@ pub fn spawn(listener: TcpListener, shared: Arc<Shared>) -> Result<(), String> {
         .map_err(|error| format!("cannot start the metrics thread: {error}"))
 }
 
-/// Serves `stream` on a thread of its own, or closes it if
-/// [`CONNECTIONS_MAX`] are being served.
-fn serve_apart(stream: TcpStream, shared: &Arc<Shared>, serving: &Arc<AtomicUsize>) {
-    if serving.fetch_add(1, Ordering::AcqRel) >= CONNECTIONS_MAX {
-        serving.fetch_sub(1, Ordering::AcqRel);
-        tracing::debug!("metrics endpoint: {CONNECTIONS_MAX} connections served already; closing a new one");
-        return;
+/// The connections being served, oldest first.
+#[derive(Default)]
+struct Served {
+    slots: Mutex<Slots>,
+}
+
+#[derive(Default)]
+struct Slots {
+    /// Ids are never reused, so a slot taken over is never mistaken for a
+    /// newer one.
+    next_id: u64,
+    entries: Vec<Slot>,
+}
+
+struct Slot {
+    id: u64,
+    /// A handle on the connection's socket, to shut it when it is taken over.
+    stream: TcpStream,
+    stage: Stage,
+}
+
+/// How far a connection has got.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Nothing read from it yet.
+    Silent,
+    /// Part of its request head has come.
+    Sending,
+    /// Its whole head has come; it is being answered, and is never taken over.
+    Answering,
+}
+
+/// A connection's place among the served ones, given up when dropped.
+struct Place {
+    served: Arc<Served>,
+    id: u64,
+}
+
+impl Served {
+    fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
-    let (shared, done) = (shared.clone(), serving.clone());
-    let spawned = std::thread::Builder::new().name("ringlock-metrics-conn".to_string()).spawn(move || {
-        if let Err(error) = serve(stream, &shared) {
-            tracing::debug!("metrics endpoint: {error}");
+
+    /// A place for `stream`: a free one, or else that of the oldest
+    /// connection that has sent nothing (no byte waiting either), or else
+    /// that of the oldest still sending its head; the connection taken
+    /// over is shut. `None` if every place is answering (each for at most
+    /// [`IO_TIMEOUT`]).
+    fn admit(self: &Arc<Self>, stream: &TcpStream) -> io::Result<Option<Place>> {
+        let handle = stream.try_clone()?;
+        let mut slots = self.slots();
+        if slots.entries.len() >= CONNECTIONS_MAX {
+            let silent = slots.entries.iter().position(|slot| slot.stage == Stage::Silent && !has_bytes(&slot.stream));
+            let sending = || slots.entries.iter().position(|slot| slot.stage == Stage::Sending);
+            let Some(oldest) = silent.or_else(sending) else {
+                return Ok(None);
+            };
+            let taken = slots.entries.remove(oldest);
+            // Its thread's read ends at once, and the thread with it.
+            let _ = taken.stream.shutdown(Shutdown::Both);
+            tracing::debug!("metrics endpoint: {CONNECTIONS_MAX} connections served; closing the oldest idle one");
         }
-        done.fetch_sub(1, Ordering::AcqRel);
-    });
+        let id = slots.next_id;
+        slots.next_id += 1;
+        slots.entries.push(Slot { id, stream: handle, stage: Stage::Silent });
+        Ok(Some(Place { served: self.clone(), id }))
+    }
+}
+
+/// Whether bytes (or the client's close) wait to be read on `stream`,
+/// without waiting and without changing the socket's blocking mode, which
+/// its serving thread shares.
+fn has_bytes(stream: &TcpStream) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte peek into a local, on a socket `stream` owns.
+    let peeked =
+        unsafe { libc::recv(stream.as_raw_fd(), (&raw mut byte).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    peeked > 0
+}
+
+impl Place {
+    /// The connection got to `stage`, which protects it from being taken
+    /// over by new ones (for good once it is answering).
+    fn reached(&self, stage: Stage) {
+        if let Some(slot) = self.served.slots().entries.iter_mut().find(|slot| slot.id == self.id) {
+            slot.stage = stage;
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.served.slots().entries.retain(|slot| slot.id != self.id);
+    }
+}
+
+/// Serves `stream` on a thread of its own, in a place [`Served::admit`] gives.
+fn serve_apart(stream: TcpStream, shared: &Arc<Shared>, served: &Arc<Served>) {
+    let place = match served.admit(&stream) {
+        Ok(Some(place)) => place,
+        Ok(None) => {
+            tracing::debug!("metrics endpoint: {CONNECTIONS_MAX} connections being answered; closing a new one");
+            return;
+        }
+        Err(error) => {
+            tracing::warn!("metrics endpoint cannot keep a connection: {error}");
+            return;
+        }
+    };
+    let shared = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name("ringlock-metrics-conn".to_string())
+        .stack_size(CONNECTION_STACK)
+        .spawn(move || {
+            if let Err(error) = serve(stream, &shared, &place) {
+                tracing::debug!("metrics endpoint: {error}");
+            }
+        });
     if let Err(error) = spawned {
-        serving.fetch_sub(1, Ordering::AcqRel);
         tracing::warn!("metrics endpoint cannot start a thread for a connection: {error}");
     }
 }
@@ -88,15 +209,37 @@ fn text(status: &'static str, body: impl Into<String>) -> Response {
     Response { status, content_type: "text/plain; charset=utf-8", body: body.into() }
 }
 
-fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let head = match read_head(&mut stream, Instant::now() + IO_TIMEOUT)? {
-        Some(head) => head,
-        None => {
+/// What arrived of a request head.
+enum Head {
+    /// The head up to and including the blank line that ends it.
+    Whole(Vec<u8>),
+    /// [`REQUEST_HEAD_MAX`] bytes and no end.
+    TooLarge,
+    /// The client closed first, having sent this much.
+    Cut(Vec<u8>),
+}
+
+fn serve(mut stream: TcpStream, shared: &Shared, place: &Place) -> io::Result<()> {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    // Wait for the first byte without taking it, so that the connection
+    // counts as silent (first to be taken over) only while nothing came.
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    if stream.peek(&mut [0u8; 1])? == 0 {
+        return Ok(());
+    }
+    place.reached(Stage::Sending);
+    let head = match read_head(&mut stream, deadline)? {
+        Head::Whole(head) => head,
+        // Answer what a client that closed early sent, if anything.
+        Head::Cut(head) if !head.is_empty() => head,
+        Head::Cut(_) => return Ok(()),
+        Head::TooLarge => {
+            place.reached(Stage::Answering);
             let response = text("431 Request Header Fields Too Large", "request head too large\n");
             return write_response(&mut stream, &response, true);
         }
     };
+    place.reached(Stage::Answering);
     let request_line = head.split(|&byte| byte == b'\n').next().unwrap_or_default();
     let request_line = String::from_utf8_lossy(request_line);
     let mut parts = request_line.trim_end().split(' ');
@@ -119,29 +262,40 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
     write_response(&mut stream, &response, method != "HEAD")
 }
 
-/// Reads up to the blank line that ends the request head; `None` if it is
-/// longer than [`REQUEST_HEAD_MAX`]; an error if it is not whole by `deadline`.
-fn read_head(stream: &mut TcpStream, deadline: Instant) -> io::Result<Option<Vec<u8>>> {
+/// Whether `head` ends with the blank line that ends a request head, looked
+/// for from `from` on (where the last read started, less three bytes for a
+/// terminator split across reads), so each byte is looked at about once.
+fn head_ends(head: &[u8], from: usize) -> bool {
+    let tail = &head[from.saturating_sub(3)..];
+    tail.windows(4).any(|window| window == b"\r\n\r\n") || tail.windows(2).any(|window| window == b"\n\n")
+}
+
+/// Reads the request head, at most [`REQUEST_HEAD_MAX`] bytes of it; an
+/// error if it is not whole by `deadline`.
+fn read_head(stream: &mut TcpStream, deadline: Instant) -> io::Result<Head> {
     let mut head = Vec::with_capacity(1024);
     let mut buffer = [0u8; 1024];
     loop {
-        if head.windows(4).any(|window| window == b"\r\n\r\n") || head.windows(2).any(|window| window == b"\n\n") {
-            return Ok(Some(head));
-        }
-        if head.len() > REQUEST_HEAD_MAX {
-            return Ok(None);
-        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "the request head did not arrive in time"));
         }
         stream.set_read_timeout(Some(left))?;
-        let read = stream.read(&mut buffer)?;
-        if read == 0 {
-            // The client closed early: answer what it sent, if anything.
-            return Ok(Some(head));
-        }
+        let room = buffer.len().min(REQUEST_HEAD_MAX - head.len());
+        let read = match stream.read(&mut buffer[..room]) {
+            Ok(0) => return Ok(Head::Cut(head)),
+            Ok(read) => read,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => return Err(error),
+        };
+        let from = head.len();
         head.extend_from_slice(&buffer[..read]);
+        if head_ends(&head, from) {
+            return Ok(Head::Whole(head));
+        }
+        if head.len() == REQUEST_HEAD_MAX {
+            return Ok(Head::TooLarge);
+        }
     }
 }
 
@@ -156,6 +310,39 @@ fn write_response(stream: &mut TcpStream, response: &Response, with_body: bool) 
     if with_body {
         out.extend_from_slice(response.body.as_bytes());
     }
-    stream.write_all(&out)?;
-    stream.flush()
+    write_all_by(stream, &out, Instant::now() + IO_TIMEOUT)
+}
+
+/// Writes all of `bytes` by `deadline`, however slowly the client reads.
+fn write_all_by(stream: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> io::Result<()> {
+    while !bytes.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the client did not take the answer in time"));
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => bytes = &bytes[written..],
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_ends_at_a_blank_line_even_split_across_reads() {
+        assert!(head_ends(b"GET / HTTP/1.1\r\n\r\n", 0));
+        assert!(head_ends(b"GET / HTTP/1.1\n\n", 0));
+        assert!(!head_ends(b"GET / HTTP/1.1\r\nHost: x\r\n", 0));
+        // The last read brought only the final "\n".
+        let head = b"GET / HTTP/1.1\r\n\r\n";
+        assert!(head_ends(head, head.len() - 1));
+        assert!(head_ends(b"GET /\n\n", 6));
+    }
 }
