@@ -273,6 +273,34 @@ fn connections_that_send_nothing_never_keep_probes_unanswered() {
 }
 
 #[test]
+fn a_probe_is_not_the_connection_taken_over_while_older_ones_trickle() {
+    let server = Server::start(&["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = metrics_address(&server);
+    // Every place held by a connection that sent one byte of a request.
+    let trickling: Vec<TcpStream> = (0..64)
+        .map(|_| {
+            let mut stream = TcpStream::connect(metrics).unwrap();
+            stream.write_all(b"G").unwrap();
+            stream
+        })
+        .collect();
+    // A probe connects; before its request arrives, one more connection
+    // comes and takes a place: the oldest trickling one's, not the probe's.
+    let mut probe = TcpStream::connect(metrics).unwrap();
+    let mut newer = TcpStream::connect(metrics).unwrap();
+    newer.write_all(b"G").unwrap();
+    wait_until("a connection closed by the endpoint", || {
+        closed_by_endpoint(&probe) || trickling.iter().any(closed_by_endpoint)
+    });
+    assert!(closed_by_endpoint(&trickling[0]), "the oldest trickling connection was kept");
+    probe.set_read_timeout(None).unwrap();
+    write!(probe, "GET /readyz HTTP/1.1\r\nHost: ringlock\r\n\r\n").unwrap();
+    let mut response = String::new();
+    probe.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response:?}");
+}
+
+#[test]
 fn a_flood_of_valid_scrapes_is_answered_whole_and_probes_still_pass() {
     let server = Server::start(&["--metrics-listen", "127.0.0.1:0"]);
     let metrics = metrics_address(&server);

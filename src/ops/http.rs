@@ -8,11 +8,11 @@
 //! [`IO_TIMEOUT`] and [`REQUEST_HEAD_MAX`] bytes, and the answer must be
 //! taken within [`IO_TIMEOUT`], so a client that sends nothing, too much, or
 //! a byte at a time is dropped. At most [`CONNECTIONS_MAX`] are served at
-//! once; a new connection beyond that takes the place of the oldest one that
-//! has sent nothing, or else of the oldest still sending its head, so
-//! connections that send nothing or trickle, however many and however often
-//! reopened, never keep a probe of `/readyz` unanswered: a probe sends its
-//! whole head at once, and is the newest.
+//! once; a new connection beyond that takes the place of another (see
+//! [`place_to_take`]), never of one whose whole request has come, so that
+//! connections that send nothing, trickle or do not read, however many and
+//! however often reopened, never keep a probe of `/readyz` (which sends its
+//! whole request at once) unanswered.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -28,14 +28,16 @@ const REQUEST_HEAD_MAX: usize = 8 << 10;
 /// Longest a connection may take to send its whole request head, and to
 /// take the whole answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
-/// Connections served at once, each on a thread. Many, so that a probe is
-/// taken over by new connections only if this many come between its connect
-/// and the first byte of its request, which it sends at once.
+/// Connections served at once, each on a thread. Many, so that a probe,
+/// which is taken over only once it is the oldest connection whose request
+/// has not come whole, would need this many new connections between its
+/// connect and its request's arrival, which follows at once.
 const CONNECTIONS_MAX: usize = 64;
 /// Stack of a connection's thread: it only reads a head and writes an answer.
 const CONNECTION_STACK: usize = 256 << 10;
 /// Connections the kernel queues for accept (std's default is 128, which a
-/// burst of connects fills, and a probe's connect is then dropped).
+/// burst of connects fills, and a probe's connect is then dropped). The
+/// kernel caps it at `net.core.somaxconn` (4096 since Linux 5.4).
 const BACKLOG: libc::c_int = 1024;
 
 /// Binds the endpoint; errors are for the operator.
@@ -93,18 +95,8 @@ struct Slot {
     id: u64,
     /// A handle on the connection's socket, to shut it when it is taken over.
     stream: TcpStream,
-    stage: Stage,
-}
-
-/// How far a connection has got.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Nothing read from it yet.
-    Silent,
-    /// Part of its request head has come.
-    Sending,
-    /// Its whole head has come; it is being answered, and is never taken over.
-    Answering,
+    /// Whether its whole request has come and is being answered.
+    answering: bool,
 }
 
 /// A connection's place among the served ones, given up when dropped.
@@ -118,50 +110,66 @@ impl Served {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A place for `stream`: a free one, or else that of the oldest
-    /// connection that has sent nothing (no byte waiting either), or else
-    /// that of the oldest still sending its head; the connection taken
-    /// over is shut. `None` if every place is answering (each for at most
-    /// [`IO_TIMEOUT`]).
+    /// A place for `stream`: a free one, or else the one [`place_to_take`]
+    /// names, whose connection is shut. `None` if there is none to take.
     fn admit(self: &Arc<Self>, stream: &TcpStream) -> io::Result<Option<Place>> {
         let handle = stream.try_clone()?;
         let mut slots = self.slots();
         if slots.entries.len() >= CONNECTIONS_MAX {
-            let silent = slots.entries.iter().position(|slot| slot.stage == Stage::Silent && !has_bytes(&slot.stream));
-            let sending = || slots.entries.iter().position(|slot| slot.stage == Stage::Sending);
-            let Some(oldest) = silent.or_else(sending) else {
+            let Some(taken) = place_to_take(&slots.entries) else {
                 return Ok(None);
             };
-            let taken = slots.entries.remove(oldest);
-            // Its thread's read ends at once, and the thread with it.
+            let taken = slots.entries.remove(taken);
+            // Its thread's read or write fails at once, and the thread ends.
             let _ = taken.stream.shutdown(Shutdown::Both);
-            tracing::debug!("metrics endpoint: {CONNECTIONS_MAX} connections served; closing the oldest idle one");
+            tracing::debug!(
+                "metrics endpoint: {CONNECTIONS_MAX} connections served; closing the oldest that {}",
+                if taken.answering { "does not take its answer" } else { "has not sent a whole request" }
+            );
         }
         let id = slots.next_id;
         slots.next_id += 1;
-        slots.entries.push(Slot { id, stream: handle, stage: Stage::Silent });
+        slots.entries.push(Slot { id, stream: handle, answering: false });
         Ok(Some(Place { served: self.clone(), id }))
     }
 }
 
-/// Whether bytes (or the client's close) wait to be read on `stream`,
-/// without waiting and without changing the socket's blocking mode, which
-/// its serving thread shares.
-fn has_bytes(stream: &TcpStream) -> bool {
-    let mut byte = 0u8;
-    // SAFETY: a one-byte peek into a local, on a socket `stream` owns.
-    let peeked =
-        unsafe { libc::recv(stream.as_raw_fd(), (&raw mut byte).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    peeked > 0
+/// The place a new connection takes when all are taken (`entries` are
+/// oldest first): the oldest whose request has not come whole (a client
+/// that sends nothing or trickles), or else the oldest being answered (a
+/// client that does not take its answer; a probe takes its answer at once).
+/// A connection whose whole request head waits to be read is never taken:
+/// its thread answers it as soon as it runs.
+fn place_to_take(entries: &[Slot]) -> Option<usize> {
+    let unfinished = |slot: &Slot| !slot.answering && !head_waiting(&slot.stream);
+    entries.iter().position(unfinished).or_else(|| entries.iter().position(|slot| slot.answering))
+}
+
+/// Longest request head [`head_waiting`] looks for; a probe's is a few
+/// hundred bytes.
+const HEAD_PEEK_MAX: usize = 1 << 10;
+
+/// Whether a whole request head waits to be read on `stream` (one of at most
+/// [`HEAD_PEEK_MAX`] bytes), looked at without reading it, without waiting
+/// and without changing the socket's blocking mode, which its serving
+/// thread shares.
+fn head_waiting(stream: &TcpStream) -> bool {
+    let mut head = [0u8; HEAD_PEEK_MAX];
+    // SAFETY: a peek into a local buffer of this length, on a socket
+    // `stream` owns.
+    let peeked = unsafe {
+        libc::recv(stream.as_raw_fd(), head.as_mut_ptr().cast(), head.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
+    usize::try_from(peeked).is_ok_and(|peeked| head_ends(&head[..peeked], 0))
 }
 
 impl Place {
-    /// The connection got to `stage`, which protects it from being taken
-    /// over by new ones (for good once it is answering).
-    fn reached(&self, stage: Stage) {
-        if let Some(slot) = self.served.slots().entries.iter_mut().find(|slot| slot.id == self.id) {
-            slot.stage = stage;
-        }
+    /// Its whole request has come; false if a new connection took its
+    /// place meanwhile (and shut it).
+    fn answering(&self) -> bool {
+        let mut slots = self.served.slots();
+        let slot = slots.entries.iter_mut().find(|slot| slot.id == self.id);
+        slot.map(|slot| slot.answering = true).is_some()
     }
 }
 
@@ -220,26 +228,21 @@ enum Head {
 }
 
 fn serve(mut stream: TcpStream, shared: &Shared, place: &Place) -> io::Result<()> {
-    let deadline = Instant::now() + IO_TIMEOUT;
-    // Wait for the first byte without taking it, so that the connection
-    // counts as silent (first to be taken over) only while nothing came.
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    if stream.peek(&mut [0u8; 1])? == 0 {
-        return Ok(());
-    }
-    place.reached(Stage::Sending);
-    let head = match read_head(&mut stream, deadline)? {
+    let head = match read_head(&mut stream, Instant::now() + IO_TIMEOUT)? {
         Head::Whole(head) => head,
         // Answer what a client that closed early sent, if anything.
         Head::Cut(head) if !head.is_empty() => head,
         Head::Cut(_) => return Ok(()),
+        Head::TooLarge if !place.answering() => return Ok(()),
         Head::TooLarge => {
-            place.reached(Stage::Answering);
             let response = text("431 Request Header Fields Too Large", "request head too large\n");
             return write_response(&mut stream, &response, true);
         }
     };
-    place.reached(Stage::Answering);
+    // A connection taken over (its read ended) is not answered.
+    if !place.answering() {
+        return Ok(());
+    }
     let request_line = head.split(|&byte| byte == b'\n').next().unwrap_or_default();
     let request_line = String::from_utf8_lossy(request_line);
     let mut parts = request_line.trim_end().split(' ');
@@ -344,5 +347,38 @@ mod tests {
         let head = b"GET / HTTP/1.1\r\n\r\n";
         assert!(head_ends(head, head.len() - 1));
         assert!(head_ends(b"GET /\n\n", 6));
+    }
+
+    /// A served connection's slot, and its client's end.
+    fn slot(listener: &TcpListener, id: u64, sent: &[u8], answering: bool) -> (Slot, TcpStream) {
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.write_all(sent).unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        // Wait until what was sent can be peeked.
+        let mut peeked = vec![0u8; sent.len()];
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        while !sent.is_empty() && stream.peek(&mut peeked).unwrap() < sent.len() {}
+        (Slot { id, stream, answering }, client)
+    }
+
+    #[test]
+    fn the_place_taken_is_the_oldest_without_a_whole_request_then_the_oldest_answering() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let whole = b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n";
+        let (answering, _a) = slot(&listener, 0, b"", true);
+        let (waiting, _b) = slot(&listener, 1, whole, false);
+        let (part, _c) = slot(&listener, 2, b"GET /re", false);
+        let (silent, _d) = slot(&listener, 3, b"", false);
+        let mut entries = vec![answering, waiting, part, silent];
+        // A trickling client, older than a silent one, goes first; a whole
+        // request waiting to be read is never taken.
+        assert_eq!(place_to_take(&entries).map(|at| entries[at].id), Some(2));
+        entries.remove(2);
+        assert_eq!(place_to_take(&entries).map(|at| entries[at].id), Some(3));
+        entries.remove(2);
+        // Only one being answered and one with its request waiting: the first.
+        assert_eq!(place_to_take(&entries).map(|at| entries[at].id), Some(0));
+        entries.remove(0);
+        assert_eq!(place_to_take(&entries), None);
     }
 }
