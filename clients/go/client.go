@@ -226,7 +226,10 @@ func (c *Client) Ping(ctx context.Context) (Pong, error) {
 		return Pong{}, err
 	}
 	result, err := c.request(ctx, c.router.newOperation(kindPing, "", true))
-	return result.pong, err
+	if err != nil {
+		return Pong{}, err
+	}
+	return result.answer.pong, nil
 }
 
 // Stats returns a node's counters and gauges, as one JSON object (README
@@ -239,7 +242,7 @@ func (c *Client) Stats(ctx context.Context) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.RawMessage(result.stats), nil
+	return json.RawMessage(result.answer.stats), nil
 }
 
 // Inspect asks who holds key now, how long its lease has left and how many
@@ -266,5 +269,5 @@ func (c *Client) Inspect(ctx context.Context, key string) (KeyState, error) {
 	if err != nil {
 		return KeyState{}, err
 	}
-	return result.state, nil
+	return result.answer.state, nil
 }

@@ -397,6 +397,7 @@ func (c *connection) readReplies(conn net.Conn) error {
 	buffer := make([]byte, 2*replyLineLenMax)
 	filled := 0
 	var replies []answered
+	var parsed reply
 	for {
 		read, err := conn.Read(buffer[filled:])
 		if read == 0 && err != nil {
@@ -417,34 +418,35 @@ func (c *connection) readReplies(conn net.Conn) error {
 				break
 			}
 			line := buffer[consumed : consumed+end]
-			line = bytes.TrimSuffix(line, []byte{'\r'})
+			if n := len(line); n > 0 && line[n-1] == '\r' {
+				line = line[:n-1]
+			}
 			if len(line) > replyLineLenMax {
 				stop = protocolError("reply line too long", nil)
 				break
 			}
-			reply, parseErr := parseReply(line)
-			if parseErr != nil {
+			if parseReplyInto(line, &parsed) != nil {
 				stop = protocolError("malformed reply", line)
 				break
 			}
-			if reply.op == 0 {
+			if parsed.op == 0 {
 				// E - - code: the server could not read a line as a
 				// request, or refuses the connection; it closes it.
-				stop = &ServerError{Code: reply.code, Op: "-"}
+				stop = &ServerError{Code: parsed.code, Op: "-"}
 				break
 			}
-			o := c.inFlight.take(reply.op, reply.key)
+			o := c.inFlight.take(parsed.op, parsed.key)
 			if o == nil {
 				stop = protocolError("a reply that answers no request in flight", line)
 				break
 			}
-			if reply.kind == 'M' && now.IsZero() {
+			if parsed.kind == 'M' && now.IsZero() {
 				now = time.Now()
 			}
-			a := answered{operation: o, step: o.onReply(&reply, now, &r.policy)}
-			if reply.kind == 'M' {
+			a := answered{operation: o, step: o.onReply(&parsed, now, &r.policy)}
+			if parsed.kind == 'M' {
 				a.moved = true
-				a.active = string(reply.address)
+				a.active = string(parsed.address)
 			}
 			replies = append(replies, a)
 			consumed += end + 1

@@ -38,12 +38,21 @@ const (
 	kindInspect
 )
 
-// outcome is the end of a request, handed to whoever waits for it.
+// outcome is the end of a request, handed to whoever waits for it. It is
+// copied several times on its way (into a step, through the waiter's
+// channel), so it keeps what the rare requests return out of line.
 type outcome struct {
 	// err is nil for success; ErrTimeout for an acquire answered T.
 	err error
 	// token is an acquire's grant.
 	token uint64
+	// answer is what a ping, stats or inspect request returns; nil for
+	// the others.
+	answer *answer
+}
+
+// answer is what a P, S or I reply says.
+type answer struct {
 	// pong is a ping's answer.
 	pong Pong
 	// stats is an S reply's JSON, copied out of the read buffer.
@@ -270,16 +279,16 @@ func (o *operation) onReply(r *reply, now time.Time, p *policy) step {
 			if r.address != nil {
 				pong.Active = string(r.address)
 			}
-			return done(outcome{pong: pong})
+			return done(outcome{answer: &answer{pong: pong}})
 		}
 	case kindStats:
 		if r.kind == 'S' {
-			return done(outcome{stats: append([]byte(nil), r.json...)})
+			return done(outcome{answer: &answer{stats: append([]byte(nil), r.json...)}})
 		}
 	case kindInspect:
 		if r.kind == 'I' {
-			return done(outcome{state: KeyState{Key: o.key, Token: r.token, Held: r.held,
-				LeaseLeft: durationOfMs(r.leaseLeftMs), Waiters: r.waiters}})
+			return done(outcome{answer: &answer{state: KeyState{Key: o.key, Token: r.token, Held: r.held,
+				LeaseLeft: durationOfMs(r.leaseLeftMs), Waiters: r.waiters}}})
 		}
 	}
 	// Pairing by (op, key) leaves no other combination.

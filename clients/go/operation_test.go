@@ -62,7 +62,7 @@ func TestAnInspectReplyIsTheKeyState(t *testing.T) {
 		}
 		inspect := newOperation(kindInspect, "k", 1, &testPolicy, false)
 		s := inspect.onReply(&r, now, &testPolicy)
-		if s.kind != stepDone || s.outcome.err != nil || s.outcome.state != want {
+		if s.kind != stepDone || s.outcome.err != nil || s.outcome.answer.state != want {
 			t.Errorf("%q: %+v, want %+v", text, s, want)
 		}
 	}
@@ -213,7 +213,7 @@ func TestRepliesEndRequests(t *testing.T) {
 	}
 	ping := newOperation(kindPing, "", 1, &testPolicy, false)
 	s = onReply(ping, "P active 16 127.0.0.1:7700")
-	if s.outcome.err != nil || s.outcome.pong != (Pong{Role: RoleActive, Epoch: 16, Active: "127.0.0.1:7700"}) {
+	if s.outcome.err != nil || s.outcome.answer.pong != (Pong{Role: RoleActive, Epoch: 16, Active: "127.0.0.1:7700"}) {
 		t.Errorf("P: %+v", s)
 	}
 }

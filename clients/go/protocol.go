@@ -122,18 +122,26 @@ var errMalformedReply = errors.New("malformed reply")
 // parseReply reads one reply line without its line ending.
 func parseReply(line []byte) (reply, error) {
 	var r reply
+	err := parseReplyInto(line, &r)
+	return r, err
+}
+
+// parseReplyInto is parseReply into r, which the reader reuses: a reply is
+// large enough that returning it costs a measurable copy per line.
+func parseReplyInto(line []byte, r *reply) error {
+	*r = reply{}
 	if len(line) < 1 {
-		return r, errMalformedReply
+		return errMalformedReply
 	}
 	r.kind = line[0]
 	if r.kind == 'S' {
 		// The rest of the line is one JSON object, not parsed here.
 		if len(line) < 3 || line[1] != ' ' {
-			return r, errMalformedReply
+			return errMalformedReply
 		}
 		r.op = opStats
 		r.json = line[2:]
-		return r, nil
+		return nil
 	}
 	var fieldsBuffer [6][]byte
 	fields := fieldsBuffer[:0]
@@ -144,17 +152,17 @@ func parseReply(line []byte) (reply, error) {
 			break
 		}
 		if len(fields) == len(fieldsBuffer)-1 {
-			return r, errMalformedReply
+			return errMalformedReply
 		}
 		fields = append(fields, rest[:at])
 		rest = rest[at+1:]
 	}
 	if len(fields[0]) != 1 {
-		return r, errMalformedReply
+		return errMalformedReply
 	}
 	for _, field := range fields[1:] {
 		if len(field) == 0 {
-			return r, errMalformedReply
+			return errMalformedReply
 		}
 	}
 	var err error
@@ -220,9 +228,10 @@ func parseReply(line []byte) (reply, error) {
 		err = errMalformedReply
 	}
 	if err != nil {
-		return reply{}, errMalformedReply
+		*r = reply{}
+		return errMalformedReply
 	}
-	return r, nil
+	return nil
 }
 
 func keyField(field []byte) ([]byte, error) {
