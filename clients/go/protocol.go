@@ -130,6 +130,15 @@ func parseReply(line []byte) (reply, error) {
 // large enough that returning it costs a measurable copy per line.
 func parseReplyInto(line []byte, r *reply) error {
 	*r = reply{}
+	if parseGrantOrRelease(line, r) {
+		return nil
+	}
+	*r = reply{}
+	return parseReplyFields(line, r)
+}
+
+// parseReplyFields parses any reply by splitting it into its fields.
+func parseReplyFields(line []byte, r *reply) error {
 	if len(line) < 1 {
 		return errMalformedReply
 	}
@@ -233,6 +242,42 @@ func parseReplyInto(line []byte, r *reply) error {
 	}
 	return nil
 }
+
+// parseGrantOrRelease parses the two replies nearly every line is, "A
+// <key> <token>" and "R <key>", in one pass over the line (the general path
+// looks at each byte several times); false for any other line, which the
+// general path then parses or rejects.
+func parseGrantOrRelease(line []byte, r *reply) bool {
+	if len(line) < 3 || line[1] != ' ' || (line[0] != 'A' && line[0] != 'R') {
+		return false
+	}
+	rest := line[2:]
+	end := 0
+	for end < len(rest) && rest[end] != ' ' {
+		if forbiddenReplyKeyBytes[rest[end]] {
+			return false
+		}
+		end++
+	}
+	if end == 0 || end > KeyLenMax {
+		return false
+	}
+	r.kind, r.key = line[0], rest[:end]
+	if r.kind == 'R' {
+		r.op = opRelease
+		return end == len(rest)
+	}
+	if end == len(rest) {
+		return false
+	}
+	token, err := parseUint64(rest[end+1:])
+	r.op, r.token = opAcquire, token
+	return err == nil
+}
+
+// forbiddenReplyKeyBytes marks the bytes keyField refuses in a key (a space
+// ends it).
+var forbiddenReplyKeyBytes = [256]bool{0: true, '\t': true, '\r': true}
 
 func keyField(field []byte) ([]byte, error) {
 	if len(field) > KeyLenMax || bytes.IndexByte(field, 0) >= 0 || bytes.IndexByte(field, '\t') >= 0 ||

@@ -2,6 +2,7 @@ package ringlock
 
 import (
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -149,5 +150,52 @@ func TestParseReplyRefusesMalformedLines(t *testing.T) {
 		if r, err := parseReply([]byte(line)); err == nil {
 			t.Errorf("%q read as %+v", line, r)
 		}
+	}
+}
+
+// The one-pass path for A and R replies reads what the general path reads,
+// and leaves every other line to it: checked on well-formed lines and on
+// random mutations of them.
+func TestTheGrantAndReleasePathAgreesWithTheGeneralOne(t *testing.T) {
+	lines := []string{"A k 1", "R k", "A orders/42 17592186044416", "R orders/42", "A k 18446744073709551615",
+		"A k 18446744073709551616", "A k", "R k 5", "A  k 5", "A k  5", "A k 5 ", "R k ", "R ", "A", "T k",
+		"X k 5", "E R k not-holder", "M A k 10.0.0.2:7700", "P active 1 -", "A k\t1 5", "A k\r 5", "R \x00"}
+	random := rand.New(rand.NewPCG(1, 2))
+	alphabet := []byte("AR k0123456789 \t\r\x00x")
+	for range 20000 {
+		line := []byte(lines[random.IntN(len(lines))])
+		for range random.IntN(4) {
+			switch at := random.IntN(len(line) + 1); random.IntN(3) {
+			case 0:
+				line = append(line[:at:at], append([]byte{alphabet[random.IntN(len(alphabet))]}, line[at:]...)...)
+			case 1:
+				if at < len(line) {
+					line = append(line[:at:at], line[at+1:]...)
+				}
+			default:
+				if at < len(line) {
+					line[at] = alphabet[random.IntN(len(alphabet))]
+				}
+			}
+		}
+		lines = append(lines, string(line))
+	}
+	fast := 0
+	for _, line := range lines {
+		var quick, general reply
+		if !parseGrantOrRelease([]byte(line), &quick) {
+			continue
+		}
+		fast++
+		if err := parseReplyFields([]byte(line), &general); err != nil {
+			t.Fatalf("%q: the one-pass path accepts what the general one refuses: %v", line, err)
+		}
+		if quick.kind != general.kind || quick.op != general.op || string(quick.key) != string(general.key) ||
+			quick.token != general.token {
+			t.Fatalf("%q: one-pass %+v, general %+v", line, quick, general)
+		}
+	}
+	if fast < 200 {
+		t.Fatalf("only %d of %d lines took the one-pass path", fast, len(lines))
 	}
 }
