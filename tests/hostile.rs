@@ -1564,6 +1564,39 @@ fn a_peer_that_restarts_with_its_clock_stepped_back_is_heard_again() {
 }
 
 #[test]
+fn connections_that_never_say_hello_do_not_keep_a_real_peer_out() {
+    // The test plays node 0 of two; the real server is node 1.
+    let addresses = free_addrs(4);
+    let (client_0, client_1, peer_0, peer_1) = (addresses[0], addresses[1], addresses[2], addresses[3]);
+    let peers = format!("{client_0}@{peer_0},{client_1}@{peer_1}");
+    let fingerprint = fingerprint(&[client_0, client_1]);
+    let server = start_node(client_1, &peers, "1");
+    let mut conn = server.connect();
+    // Twice as many connections as may wait for their hello, all held
+    // open: half send nothing, half the first 15 bytes of a hello.
+    let hello = hello_with(PEER_PROTOCOL, 2, 0, 1_000_000, fingerprint);
+    let waiting: Vec<TcpStream> = (0..128)
+        .map(|index| {
+            let mut stream = TcpStream::connect(peer_1).unwrap();
+            if index % 2 == 1 {
+                stream.write_all(&hello[..15]).unwrap();
+            }
+            stream
+        })
+        .collect();
+    // Node 0 connects behind them, says hello and beats: node 1 hears it.
+    let mut node_0 = TcpStream::connect(peer_1).unwrap();
+    node_0.write_all(&hello).unwrap();
+    let mut sequence = 0;
+    wait_until("node 1 to follow node 0", || {
+        sequence += 1;
+        let _ = node_0.write_all(&heartbeat(1_000_000, sequence, ACTIVE, 16, 16, Some((16, 0))));
+        conn.call("P") == format!("P standby 16 {client_0}")
+    });
+    drop(waiting);
+}
+
+#[test]
 fn a_snapshot_beyond_max_keys_is_dropped_and_memory_stays_bounded() {
     let mut pair = Pair::start(&["--heartbeat-ms", "50", "--failover-ms", "1000", "--max-keys", "1000"]);
     let before = pair.nodes[1].rss_bytes();

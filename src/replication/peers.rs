@@ -15,6 +15,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
@@ -44,7 +45,9 @@ pub const EVENTS_BYTES_MAX: usize = 8 << 20;
 /// Bytes asked of the socket per read.
 const READ_CHUNK_BYTES: usize = 64 << 10;
 
-/// Inbound connections that have not said hello yet; more are closed at once.
+/// Inbound connections that have not said hello yet. One more takes the
+/// place of the oldest that has not sent a whole hello (see
+/// [`Unintroduced::make_room`]).
 const UNINTRODUCED_MAX: usize = 64;
 
 /// Bytes written to a peer under one stall timeout.
@@ -197,21 +200,21 @@ pub struct Identity {
 /// Accepts peer connections for as long as the executor runs.
 pub async fn accept(listener: TcpListener, identity: Identity, events: Events) {
     let mut next_connection = 0u64;
-    let unintroduced = Rc::new(Cell::new(0usize));
+    let unintroduced = Rc::new(RefCell::new(Unintroduced::default()));
     loop {
         match listener.accept().await {
             Ok(stream) => {
-                if unintroduced.get() >= UNINTRODUCED_MAX {
+                if !unintroduced.borrow_mut().make_room() {
                     tracing::warn!(
                         peer = ?stream.peer_addr().ok(),
-                        "peer connection refused: {UNINTRODUCED_MAX} connections have not said hello yet"
+                        "peer connection refused: {UNINTRODUCED_MAX} connections have their hello waiting to be read"
                     );
                     continue;
                 }
                 next_connection += 1;
                 let _ = stream.set_nodelay(true);
-                unintroduced.set(unintroduced.get() + 1);
-                let task = read(stream, next_connection, identity, events.clone(), unintroduced.clone());
+                let introduction = Introduction::register(&unintroduced, &stream);
+                let task = read(stream, next_connection, identity, events.clone(), introduction);
                 glommio::spawn_local(task).detach();
             }
             Err(error) => {
@@ -222,17 +225,78 @@ pub async fn accept(listener: TcpListener, identity: Identity, events: Events) {
     }
 }
 
+/// The inbound connections that have not said hello yet, oldest first,
+/// each by its id and its socket.
+#[derive(Default)]
+struct Unintroduced {
+    next_id: u64,
+    waiting: VecDeque<(u64, RawFd)>,
+}
+
+impl Unintroduced {
+    /// Makes room for one more: if [`UNINTRODUCED_MAX`] are waiting, shuts
+    /// the oldest that has not sent a whole hello (its read ends, and its
+    /// task with it). A peer sends its hello as soon as it connects, so
+    /// connections that send nothing or trickle, however many and however
+    /// often reopened, never keep it out: it would have to be the oldest
+    /// of them. False if every waiting one has its whole hello in its socket.
+    fn make_room(&mut self) -> bool {
+        if self.waiting.len() < UNINTRODUCED_MAX {
+            return true;
+        }
+        let Some(oldest) = self.waiting.iter().position(|&(_, fd)| !hello_waiting(fd)) else {
+            return false;
+        };
+        let (_, fd) = self.waiting.remove(oldest).expect("a position in the queue");
+        // SAFETY: the fd is open: an entry leaves the queue before its
+        // stream is dropped (see Introduction).
+        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        tracing::warn!(
+            "peer connection closed: {UNINTRODUCED_MAX} connections have not said hello; a new one takes the place \
+             of the oldest that has not sent a whole hello"
+        );
+        true
+    }
+}
+
+/// Whether a whole hello waits to be read on `fd`, looked at without
+/// reading it and without waiting.
+fn hello_waiting(fd: RawFd) -> bool {
+    let mut hello = [0u8; HELLO_FRAME_BYTES];
+    // SAFETY: a peek into a local buffer of this length.
+    let peeked = unsafe { libc::recv(fd, hello.as_mut_ptr().cast(), hello.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    usize::try_from(peeked).is_ok_and(|peeked| peeked == HELLO_FRAME_BYTES)
+}
+
+/// A connection's entry among the [`Unintroduced`], removed when it has
+/// said hello (or failed to) or when its task ends, before its stream is
+/// dropped, so that the queue never holds a closed descriptor.
+struct Introduction {
+    queue: Rc<RefCell<Unintroduced>>,
+    id: u64,
+}
+
+impl Introduction {
+    fn register(queue: &Rc<RefCell<Unintroduced>>, stream: &TcpStream) -> Introduction {
+        let mut unintroduced = queue.borrow_mut();
+        let id = unintroduced.next_id;
+        unintroduced.next_id += 1;
+        unintroduced.waiting.push_back((id, stream.as_raw_fd()));
+        Introduction { queue: queue.clone(), id }
+    }
+}
+
+impl Drop for Introduction {
+    fn drop(&mut self) {
+        self.queue.borrow_mut().waiting.retain(|&(id, _)| id != self.id);
+    }
+}
+
 /// Reads one inbound connection: its hello, then frames until it ends.
-async fn read(
-    mut stream: TcpStream,
-    connection: u64,
-    identity: Identity,
-    events: Events,
-    unintroduced: Rc<Cell<usize>>,
-) {
+async fn read(mut stream: TcpStream, connection: u64, identity: Identity, events: Events, introduction: Introduction) {
     let peer_address = stream.peer_addr().ok();
     let hello = glommio::timer::timeout(HELLO_TIMEOUT, async { Ok(read_hello(&mut stream).await) }).await;
-    unintroduced.set(unintroduced.get() - 1);
+    drop(introduction);
     let checked = match hello {
         Ok(Ok(hello)) => check_hello(&hello, identity),
         Ok(Err(reason)) => Err(HelloError::Unreadable(reason)),
