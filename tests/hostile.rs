@@ -1573,14 +1573,18 @@ fn connections_that_never_say_hello_do_not_keep_a_real_peer_out() {
     let server = start_node(client_1, &peers, "1");
     let mut conn = server.connect();
     // Twice as many connections as may wait for their hello, all held
-    // open: half send nothing, half the first 15 bytes of a hello.
+    // open: a third send nothing, a third the first 15 bytes of a hello,
+    // a third 40 bytes (a hello's length) that are no hello.
     let hello = hello_with(PEER_PROTOCOL, 2, 0, 1_000_000, fingerprint);
     let waiting: Vec<TcpStream> = (0..128)
         .map(|index| {
             let mut stream = TcpStream::connect(peer_1).unwrap();
-            if index % 2 == 1 {
-                stream.write_all(&hello[..15]).unwrap();
-            }
+            // The node may close one as soon as it reads it.
+            let _ = match index % 3 {
+                1 => stream.write_all(&hello[..15]),
+                2 => stream.write_all(&[0xff; 40]),
+                _ => Ok(()),
+            };
             stream
         })
         .collect();

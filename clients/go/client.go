@@ -218,6 +218,11 @@ func (c *Client) request(ctx context.Context, o *operation) (outcome, error) {
 	return result, result.err
 }
 
+// errNoAnswer is what a ping, stats or inspect request that succeeded
+// without an answer reports; only P, S and I replies end one with success,
+// and each carries its answer, so it cannot happen.
+var errNoAnswer = &ProtocolError{Reason: "a request ended without its reply's answer"}
+
 // Ping asks a node for its role, its epoch and the active node it knows.
 // It goes to the active node if one is known, else to the next connection
 // round-robin; every node answers, active or not.
@@ -228,6 +233,9 @@ func (c *Client) Ping(ctx context.Context) (Pong, error) {
 	result, err := c.request(ctx, c.router.newOperation(kindPing, "", true))
 	if err != nil {
 		return Pong{}, err
+	}
+	if result.answer == nil {
+		return Pong{}, errNoAnswer
 	}
 	return result.answer.pong, nil
 }
@@ -241,6 +249,9 @@ func (c *Client) Stats(ctx context.Context) (json.RawMessage, error) {
 	result, err := c.request(ctx, c.router.newOperation(kindStats, "", true))
 	if err != nil {
 		return nil, err
+	}
+	if result.answer == nil {
+		return nil, errNoAnswer
 	}
 	return json.RawMessage(result.answer.stats), nil
 }
@@ -268,6 +279,9 @@ func (c *Client) Inspect(ctx context.Context, key string) (KeyState, error) {
 	result, err := c.request(ctx, c.router.newOperation(kindInspect, key, true))
 	if err != nil {
 		return KeyState{}, err
+	}
+	if result.answer == nil {
+		return KeyState{}, errNoAnswer
 	}
 	return result.answer.state, nil
 }

@@ -3,6 +3,7 @@ package ringlock
 import (
 	"errors"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -159,7 +160,10 @@ func TestParseReplyRefusesMalformedLines(t *testing.T) {
 func TestTheGrantAndReleasePathAgreesWithTheGeneralOne(t *testing.T) {
 	lines := []string{"A k 1", "R k", "A orders/42 17592186044416", "R orders/42", "A k 18446744073709551615",
 		"A k 18446744073709551616", "A k", "R k 5", "A  k 5", "A k  5", "A k 5 ", "R k ", "R ", "A", "T k",
-		"X k 5", "E R k not-holder", "M A k 10.0.0.2:7700", "P active 1 -", "A k\t1 5", "A k\r 5", "R \x00"}
+		"X k 5", "E R k not-holder", "M A k 10.0.0.2:7700", "P active 1 -", "A k\t1 5", "A k\r 5", "R \x00",
+		"A 0" + strings.Repeat("k", KeyLenMax-1) + " 7", "A 0" + strings.Repeat("k", KeyLenMax) + " 7",
+		"R " + strings.Repeat("k", KeyLenMax), "R " + strings.Repeat("k", KeyLenMax+1), "A k 007",
+		"A k 123456789012345678901"}
 	random := rand.New(rand.NewPCG(1, 2))
 	alphabet := []byte("AR k0123456789 \t\r\x00x")
 	for range 20000 {
@@ -181,17 +185,23 @@ func TestTheGrantAndReleasePathAgreesWithTheGeneralOne(t *testing.T) {
 		lines = append(lines, string(line))
 	}
 	fast := 0
+	var reused reply
 	for _, line := range lines {
 		var quick, general reply
+		generalErr := parseReplyFields([]byte(line), &general)
+		// What the reader gets, through a reply reused from the last line.
+		if err := parseReplyInto([]byte(line), &reused); (err == nil) != (generalErr == nil) ||
+			(err == nil && !reflect.DeepEqual(reused, general)) {
+			t.Fatalf("%q: read as %+v (%v), the general parser reads %+v (%v)", line, reused, err, general, generalErr)
+		}
 		if !parseGrantOrRelease([]byte(line), &quick) {
 			continue
 		}
 		fast++
-		if err := parseReplyFields([]byte(line), &general); err != nil {
-			t.Fatalf("%q: the one-pass path accepts what the general one refuses: %v", line, err)
+		if generalErr != nil {
+			t.Fatalf("%q: the one-pass path accepts what the general one refuses: %v", line, generalErr)
 		}
-		if quick.kind != general.kind || quick.op != general.op || string(quick.key) != string(general.key) ||
-			quick.token != general.token {
+		if !reflect.DeepEqual(quick, general) {
 			t.Fatalf("%q: one-pass %+v, general %+v", line, quick, general)
 		}
 	}

@@ -202,6 +202,9 @@ pub async fn accept(listener: TcpListener, identity: Identity, events: Events) {
     let mut next_connection = 0u64;
     let unintroduced = Rc::new(RefCell::new(Unintroduced::default()));
     loop {
+        // A flood of connects keeps accept ready: let the replication loop
+        // and the connections' tasks run between them.
+        glommio::yield_if_needed().await;
         match listener.accept().await {
             Ok(stream) => {
                 if !unintroduced.borrow_mut().make_room() {
@@ -248,24 +251,23 @@ impl Unintroduced {
             return false;
         };
         let (_, fd) = self.waiting.remove(oldest).expect("a position in the queue");
-        // SAFETY: the fd is open: an entry leaves the queue before its
-        // stream is dropped (see Introduction).
+        // SAFETY: the fd is open: an entry leaves the queue in the same
+        // synchronous drop as its stream, on this thread (see Introduction),
+        // and this runs on this thread too. Its task logs the take-over.
         unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-        tracing::warn!(
-            "peer connection closed: {UNINTRODUCED_MAX} connections have not said hello; a new one takes the place \
-             of the oldest that has not sent a whole hello"
-        );
         true
     }
 }
 
-/// Whether a whole hello waits to be read on `fd`, looked at without
-/// reading it and without waiting.
+/// Whether a whole, well-formed hello waits to be read on `fd`, looked at
+/// without reading it and without waiting (40 bytes of anything else do
+/// not protect a connection from being taken over).
 fn hello_waiting(fd: RawFd) -> bool {
     let mut hello = [0u8; HELLO_FRAME_BYTES];
     // SAFETY: a peek into a local buffer of this length.
     let peeked = unsafe { libc::recv(fd, hello.as_mut_ptr().cast(), hello.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     usize::try_from(peeked).is_ok_and(|peeked| peeked == HELLO_FRAME_BYTES)
+        && matches!(wire::decode(&hello), Ok(Some((Frame::Hello(_), _))))
 }
 
 /// A connection's entry among the [`Unintroduced`], removed when it has
@@ -286,6 +288,17 @@ impl Introduction {
     }
 }
 
+impl Introduction {
+    /// Ends the wait for the hello; false if a newer connection took this
+    /// one's place meanwhile (and shut it).
+    fn end(self) -> bool {
+        let mut queue = self.queue.borrow_mut();
+        let before = queue.waiting.len();
+        queue.waiting.retain(|&(id, _)| id != self.id);
+        queue.waiting.len() < before
+    }
+}
+
 impl Drop for Introduction {
     fn drop(&mut self) {
         self.queue.borrow_mut().waiting.retain(|&(id, _)| id != self.id);
@@ -296,7 +309,14 @@ impl Drop for Introduction {
 async fn read(mut stream: TcpStream, connection: u64, identity: Identity, events: Events, introduction: Introduction) {
     let peer_address = stream.peer_addr().ok();
     let hello = glommio::timer::timeout(HELLO_TIMEOUT, async { Ok(read_hello(&mut stream).await) }).await;
-    drop(introduction);
+    if !introduction.end() {
+        tracing::warn!(
+            peer = ?peer_address,
+            "peer connection closed: it had not sent a hello when {UNINTRODUCED_MAX} newer connections waited for \
+             theirs"
+        );
+        return;
+    }
     let checked = match hello {
         Ok(Ok(hello)) => check_hello(&hello, identity),
         Ok(Err(reason)) => Err(HelloError::Unreadable(reason)),
