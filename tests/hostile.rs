@@ -1530,55 +1530,72 @@ fn nodes_whose_peer_lists_differ_only_in_an_address_refuse_each_other_and_neithe
     assert!(first.log().contains("another --peers list"), "{}", first.log());
 }
 
+/// A real server as node 1 of two, for a test that plays node 0 itself.
+struct PlayedPair {
+    /// Kept for its life: the server stops when the pair is dropped.
+    _server: Server,
+    conn: Conn,
+    client_0: SocketAddr,
+    peer_1: SocketAddr,
+    fingerprint: u64,
+}
+
+impl PlayedPair {
+    fn start() -> PlayedPair {
+        let addresses = free_addrs(4);
+        let (client_0, client_1, peer_0, peer_1) = (addresses[0], addresses[1], addresses[2], addresses[3]);
+        let peers = format!("{client_0}@{peer_0},{client_1}@{peer_1}");
+        let fingerprint = fingerprint(&[client_0, client_1]);
+        let server = start_node(client_1, &peers, "1");
+        let conn = server.connect();
+        PlayedPair { _server: server, conn, client_0, peer_1, fingerprint }
+    }
+
+    /// Node 0's hello in life `incarnation`.
+    fn hello(&self, incarnation: u64) -> Vec<u8> {
+        hello_with(PEER_PROTOCOL, 2, 0, incarnation, self.fingerprint)
+    }
+
+    /// Beats on `stream` as node 0 in life `incarnation`, active in
+    /// `epoch`, until node 1 follows it.
+    fn beat_until_followed(&mut self, stream: &mut TcpStream, incarnation: u64, epoch: u64, what: &str) {
+        let mut sequence = 0;
+        let following = format!("P standby {epoch} {}", self.client_0);
+        wait_until(what, || {
+            sequence += 1;
+            stream.write_all(&heartbeat(incarnation, sequence, ACTIVE, epoch, epoch, Some((epoch, 0)))).unwrap();
+            self.conn.call("P") == following
+        });
+    }
+}
+
 #[test]
 fn a_peer_that_restarts_with_its_clock_stepped_back_is_heard_again() {
-    // The test plays node 0 of two; the real server is node 1.
-    let addresses = free_addrs(4);
-    let (client_0, client_1, peer_0, peer_1) = (addresses[0], addresses[1], addresses[2], addresses[3]);
-    let peers = format!("{client_0}@{peer_0},{client_1}@{peer_1}");
-    let fingerprint = fingerprint(&[client_0, client_1]);
-    let server = start_node(client_1, &peers, "1");
-    let mut conn = server.connect();
+    let mut pair = PlayedPair::start();
     // Node 0's first life: active in epoch 16, with a late clock.
-    let mut first_life = TcpStream::connect(peer_1).unwrap();
-    first_life.write_all(&hello_with(PEER_PROTOCOL, 2, 0, 1_000_000, fingerprint)).unwrap();
-    let mut sequence = 0;
-    wait_until("node 1 to follow node 0", || {
-        sequence += 1;
-        first_life.write_all(&heartbeat(1_000_000, sequence, ACTIVE, 16, 16, Some((16, 0)))).unwrap();
-        conn.call("P") == format!("P standby 16 {client_0}")
-    });
+    let mut first_life = TcpStream::connect(pair.peer_1).unwrap();
+    first_life.write_all(&pair.hello(1_000_000)).unwrap();
+    pair.beat_until_followed(&mut first_life, 1_000_000, 16, "node 1 to follow node 0");
     // Node 0 dies; node 1 takes over.
     drop(first_life);
-    wait_until("node 1 to take over", || conn.call("P").starts_with("P active "));
+    wait_until("node 1 to take over", || pair.conn.call("P").starts_with("P active "));
     // Node 0 comes back with its clock stepped back (a smaller incarnation),
     // active in a higher epoch: node 1 must see it and step down.
-    let mut second_life = TcpStream::connect(peer_1).unwrap();
-    second_life.write_all(&hello_with(PEER_PROTOCOL, 2, 0, 500_000, fingerprint)).unwrap();
-    let mut sequence = 0;
-    wait_until("node 1 to hear the restarted node 0 and follow it", || {
-        sequence += 1;
-        second_life.write_all(&heartbeat(500_000, sequence, ACTIVE, 64, 64, Some((64, 0)))).unwrap();
-        conn.call("P") == format!("P standby 64 {client_0}")
-    });
+    let mut second_life = TcpStream::connect(pair.peer_1).unwrap();
+    second_life.write_all(&pair.hello(500_000)).unwrap();
+    pair.beat_until_followed(&mut second_life, 500_000, 64, "node 1 to hear the restarted node 0 and follow it");
 }
 
 #[test]
 fn connections_that_never_say_hello_do_not_keep_a_real_peer_out() {
-    // The test plays node 0 of two; the real server is node 1.
-    let addresses = free_addrs(4);
-    let (client_0, client_1, peer_0, peer_1) = (addresses[0], addresses[1], addresses[2], addresses[3]);
-    let peers = format!("{client_0}@{peer_0},{client_1}@{peer_1}");
-    let fingerprint = fingerprint(&[client_0, client_1]);
-    let server = start_node(client_1, &peers, "1");
-    let mut conn = server.connect();
+    let mut pair = PlayedPair::start();
     // Twice as many connections as may wait for their hello, all held
     // open: a third send nothing, a third the first 15 bytes of a hello,
     // a third 40 bytes (a hello's length) that are no hello.
-    let hello = hello_with(PEER_PROTOCOL, 2, 0, 1_000_000, fingerprint);
+    let hello = pair.hello(1_000_000);
     let waiting: Vec<TcpStream> = (0..128)
         .map(|index| {
-            let mut stream = TcpStream::connect(peer_1).unwrap();
+            let mut stream = TcpStream::connect(pair.peer_1).unwrap();
             // The node may close one as soon as it reads it.
             let _ = match index % 3 {
                 1 => stream.write_all(&hello[..15]),
@@ -1589,14 +1606,9 @@ fn connections_that_never_say_hello_do_not_keep_a_real_peer_out() {
         })
         .collect();
     // Node 0 connects behind them, says hello and beats: node 1 hears it.
-    let mut node_0 = TcpStream::connect(peer_1).unwrap();
+    let mut node_0 = TcpStream::connect(pair.peer_1).unwrap();
     node_0.write_all(&hello).unwrap();
-    let mut sequence = 0;
-    wait_until("node 1 to follow node 0", || {
-        sequence += 1;
-        let _ = node_0.write_all(&heartbeat(1_000_000, sequence, ACTIVE, 16, 16, Some((16, 0))));
-        conn.call("P") == format!("P standby 16 {client_0}")
-    });
+    pair.beat_until_followed(&mut node_0, 1_000_000, 16, "node 1 to follow node 0");
     drop(waiting);
 }
 
