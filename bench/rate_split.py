@@ -79,7 +79,9 @@ def group_of(frames):
 
 def stat_counts(perf_stat):
     counts, seconds = {}, None
-    for line in open(perf_stat):
+    with open(perf_stat) as stat:
+        lines = stat.read().splitlines()
+    for line in lines:
         count = re.match(r"\s*([\d,]+)\s+(\S+)", line)
         if count and ":" in count.group(2):
             counts[count.group(2)] = int(count.group(1).replace(",", ""))
@@ -90,7 +92,8 @@ def stat_counts(perf_stat):
 
 
 def split(target, run_json, perf_data, perf_stat):
-    run = json.load(open(run_json))
+    with open(run_json) as run_file:
+        run = json.load(run_file)
     counts, seconds = stat_counts(perf_stat)
     ns = {name: 0 for name in ORDER}
     busy = 0
