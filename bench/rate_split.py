@@ -122,9 +122,15 @@ def split(target, run_json, perf_data, perf_stat):
 
 
 def markdown(rows, command):
-    lines = ["# CPU per lock operation at one offered rate", "", f"Command: `{command}`; servers on CPU 1,"
-             " the generator on CPU 0, perf profiling each server during its run.", "", "| | " + " | ".join(row["target"] for row in rows) + " |",
-             "|---|" + "---:|" * len(rows)]
+    lines = [
+        "# CPU per lock operation at one offered rate",
+        "",
+        f"Command: `{command}`; servers on CPU 1, the generator on CPU 0,"
+        " perf profiling each server during its run.",
+        "",
+        "| | " + " | ".join(row["target"] for row in rows) + " |",
+        "|---|" + "---:|" * len(rows),
+    ]
 
     def line(label, cells):
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
