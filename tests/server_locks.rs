@@ -159,6 +159,21 @@ fn replies_for_one_key_keep_request_order_on_a_connection() {
 }
 
 #[test]
+fn a_release_is_answered_before_the_grant_it_hands_to_the_same_connection() {
+    let server = Server::start(&[]);
+    let mut conn = server.connect();
+    let token = conn.acquire("k", "30", "0");
+    conn.request("A k 30 0");
+    wait_until("the second acquire to queue", || stat(&mut server.connect(), "waiters") == 1);
+    // The release is answered first, then the grant it handed on.
+    conn.request(&format!("R k {token}"));
+    assert_eq!(conn.line(), "R k");
+    let next = token_of(&conn.line(), "k");
+    assert!(next > token);
+    assert_eq!(conn.call(&format!("R k {next}")), "R k");
+}
+
+#[test]
 fn one_connection_reaches_keys_on_every_shard() {
     let server = Server::start(&["--shards", "2"]);
     let mut conn = server.connect();

@@ -371,13 +371,47 @@ impl Shard {
     /// request. `wait_ms` 0 waits without limit. The key must be valid
     /// (the codec checks keys before a request reaches a shard).
     pub fn acquire(&mut self, now_ms: u64, client: ClientId, key: &[u8], lease_ms: u64, wait_ms: u64) {
+        self.acquire_answering::<false>(now_ms, client, key, lease_ms, wait_ms);
+    }
+
+    /// [`Shard::acquire`], except that a grant made at once is not among the
+    /// effects: its token is returned, and the caller answers `A key token`
+    /// itself, before it delivers the effects. Every other outcome (queued,
+    /// an error) is answered through the effects as by `acquire`. The
+    /// server's request path, which has the key at hand in the request line,
+    /// so saves a copy of the key and an effect per grant.
+    #[inline]
+    pub fn acquire_direct(
+        &mut self,
+        now_ms: u64,
+        client: ClientId,
+        key: &[u8],
+        lease_ms: u64,
+        wait_ms: u64,
+    ) -> Option<u64> {
+        self.acquire_answering::<true>(now_ms, client, key, lease_ms, wait_ms)
+    }
+
+    /// `acquire`, the immediate grant's reply returned (`DIRECT`) or put
+    /// among the effects.
+    #[inline(always)]
+    fn acquire_answering<const DIRECT: bool>(
+        &mut self,
+        now_ms: u64,
+        client: ClientId,
+        key: &[u8],
+        lease_ms: u64,
+        wait_ms: u64,
+    ) -> Option<u64> {
         self.set_now(now_ms);
         debug_assert!(ringlock_proto::is_valid_key(key));
         if lease_ms == 0 || lease_ms > self.config.lease_ms_max {
-            return self.acquire_error(client, key, ErrorCode::BadLease);
+            self.acquire_error(client, key, ErrorCode::BadLease);
+            return None;
         }
         if wait_ms > self.config.wait_ms_max() {
-            return self.acquire_error(client, key, ErrorCode::BadWait);
+            self.acquire_error(client, key, ErrorCode::BadWait);
+            return None;
         }
         let hash = self.hash(key);
         if let Some(slot) = self.find_hashed(hash, key) {
@@ -385,13 +419,15 @@ impl Shard {
             if lock.queue_len >= self.config.waiters_per_key_max
                 || self.stats.waiters >= u64::from(self.config.waiters_max)
             {
-                return self.acquire_error(client, key, ErrorCode::TooManyWaiters);
+                self.acquire_error(client, key, ErrorCode::TooManyWaiters);
+                return None;
             }
             self.enqueue(client, slot, lease_ms, wait_ms);
-            return;
+            return None;
         }
         if self.stats.keys >= u64::from(self.config.keys_max) {
-            return self.reply_error(client, Op::Acquire, key, ErrorCode::TooManyKeys);
+            self.reply_error(client, Op::Acquire, key, ErrorCode::TooManyKeys);
+            return None;
         }
         let slot = self.insert_lock(hash, key);
         match self.tokens.next_token() {
@@ -399,16 +435,21 @@ impl Shard {
                 self.grant(slot, token, lease_ms);
                 self.stats.grants_immediate += 1;
                 self.stats.wait_granted.record(0);
-                self.reply(client, ShardReply::Acquired { key: Key::new(key), token });
+                if !DIRECT {
+                    self.reply(client, ShardReply::Acquired { key: Key::new(key), token });
+                }
                 self.request_tokens_if_low();
+                DIRECT.then_some(token)
             }
             None => {
                 if self.stats.waiters >= u64::from(self.config.waiters_max) {
                     self.remove_lock_hashed(slot, hash);
-                    return self.reply_error(client, Op::Acquire, key, ErrorCode::TooManyWaiters);
+                    self.reply_error(client, Op::Acquire, key, ErrorCode::TooManyWaiters);
+                    return None;
                 }
                 self.enqueue(client, slot, lease_ms, wait_ms);
                 self.mark_starved(slot);
+                None
             }
         }
     }
@@ -416,16 +457,35 @@ impl Shard {
     /// `R key token`: release the grant if `token` holds `key` now, and hand
     /// the key to the first waiter.
     pub fn release(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64) {
+        self.release_answering::<false>(now_ms, client, key, token);
+    }
+
+    /// [`Shard::release`], except that a release made is not answered among
+    /// the effects: `true` says it was made, and the caller answers `R key`
+    /// itself before it delivers the effects (the grant to the next waiter
+    /// may be among them, and comes after the release). A refused release
+    /// is answered through the effects as by `release`.
+    #[inline]
+    pub fn release_direct(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64) -> bool {
+        self.release_answering::<true>(now_ms, client, key, token)
+    }
+
+    /// `release`, the reply to a release made left to the caller (`DIRECT`)
+    /// or put among the effects.
+    #[inline(always)]
+    fn release_answering<const DIRECT: bool>(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64) -> bool {
         self.set_now(now_ms);
         let hash = self.hash(key);
         let locks = &self.locks;
         let Some(found) = self.index.find_mut(hash, |slot| locks[slot as usize].key.is(key)) else {
-            return self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
+            self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
+            return false;
         };
         let slot = found.slot();
         let lock = &locks[slot as usize];
         if !lock.is_held_by(token) {
-            return self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
+            self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
+            return false;
         }
         let nobody_waits = lock.queue_head == NONE;
         if nobody_waits {
@@ -440,13 +500,16 @@ impl Shard {
         self.stats.releases += 1;
         self.stats.held_keys -= 1;
         self.delta(|| Delta::Release { key: Key::new(key), token });
-        self.reply(client, ShardReply::Released { key: Key::new(key) });
+        if !DIRECT {
+            self.reply(client, ShardReply::Released { key: Key::new(key) });
+        }
         if nobody_waits {
             // What `hand_on` would do, for a key already out of the index.
             self.free_lock(slot);
         } else {
             self.hand_on(slot, HandOn::Release);
         }
+        true
     }
 
     /// `X key token lease`: if `token` holds `key` now, its lease ends

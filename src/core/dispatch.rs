@@ -223,8 +223,22 @@ impl CoreState {
             self.deliver_replies(shard);
             return;
         }
-        // Served here and now, the common case.
-        request.apply(shard, self.now_ms, client);
+        // Served here and now, the common case. A grant or a release made
+        // at once is answered from the request line, before the effects
+        // (a release's hand-off to the next waiter comes after it).
+        match request {
+            Keyed::Acquire { key, lease_ms, wait_ms } => {
+                if let Some(token) = shard.acquire_direct(self.now_ms, client, key, lease_ms, wait_ms) {
+                    self.answer_line(slot, &Reply::Acquired { key, token });
+                }
+            }
+            Keyed::Release { key, token } => {
+                if shard.release_direct(self.now_ms, client, key, token) {
+                    self.answer_line(slot, &Reply::Released { key });
+                }
+            }
+            request => request.apply(shard, self.now_ms, client),
+        }
         self.deliver_replies_asked_by(shard, Some((slot, client)));
     }
 
@@ -281,6 +295,28 @@ impl CoreState {
     /// A reply for the live connection at `slot`.
     #[inline(always)]
     fn answer(&mut self, slot: u32, reply: &ShardReply) {
+        let Some(below_limit_again) = self.answering(slot) else { return };
+        let reply = reply.to_wire(self.active_address.as_deref());
+        self.requests.count(&reply);
+        encode_reply(&reply, &mut self.connections[slot as usize].output);
+        self.answered(slot, below_limit_again);
+    }
+
+    /// [`CoreState::answer`] with a reply the caller built, for the request
+    /// it just ran.
+    #[inline(always)]
+    fn answer_line(&mut self, slot: u32, reply: &Reply<'_>) {
+        let Some(below_limit_again) = self.answering(slot) else { return };
+        self.requests.count(reply);
+        encode_reply(reply, &mut self.connections[slot as usize].output);
+        self.answered(slot, below_limit_again);
+    }
+
+    /// The first half of an answer: one request fewer in flight. `None` if
+    /// the connection is closing (the answer is dropped), else whether it is
+    /// back below the in-flight limit.
+    #[inline(always)]
+    fn answering(&mut self, slot: u32) -> Option<bool> {
         let connection = &mut self.connections[slot as usize];
         debug_assert!(connection.fd >= 0, "a reply is written to an open connection");
         debug_assert!(connection.in_flight > 0, "a reply answers a request in flight");
@@ -288,13 +324,12 @@ impl CoreState {
         // A connection that stopped being read at the in-flight limit is
         // read again once it is below it.
         let below_limit_again = connection.in_flight == IN_FLIGHT_MAX - 1;
-        if connection.closing() {
-            return;
-        }
-        let reply = reply.to_wire(self.active_address.as_deref());
-        self.requests.count(&reply);
-        let connection = &mut self.connections[slot as usize];
-        encode_reply(&reply, &mut connection.output);
+        (!connection.closing()).then_some(below_limit_again)
+    }
+
+    /// The second half of an answer, once it is written.
+    #[inline(always)]
+    fn answered(&mut self, slot: u32, below_limit_again: bool) {
         self.mark_dirty(slot);
         if below_limit_again {
             self.resumable.push(slot);

@@ -33,17 +33,21 @@ fn config() -> ShardConfig {
 
 #[derive(Clone, Debug)]
 enum Step {
+    /// `direct`: through [`Shard::acquire_direct`], as the server's request path.
     Acquire {
         client: u64,
         key: usize,
         lease_ms: u64,
         wait_ms: u64,
+        direct: bool,
     },
-    /// Release with the current holder's token (if `current`) or an old one.
+    /// Release with the current holder's token (if `current`) or an old one;
+    /// `direct`: through [`Shard::release_direct`].
     Release {
         client: u64,
         key: usize,
         current: bool,
+        direct: bool,
     },
     Extend {
         client: u64,
@@ -71,10 +75,10 @@ fn step() -> impl Strategy<Value = Step> {
     let client = 0..CLIENTS;
     let key = 0..KEYS.len();
     prop_oneof![
-        6 => (client.clone(), key.clone(), prop_oneof![Just(0u64), 1..=LEASE_MS_MAX + 1], prop_oneof![Just(0u64), 1..300u64])
-            .prop_map(|(client, key, lease_ms, wait_ms)| Step::Acquire { client, key, lease_ms, wait_ms }),
-        4 => (client.clone(), key.clone(), proptest::bool::weighted(0.8))
-            .prop_map(|(client, key, current)| Step::Release { client, key, current }),
+        6 => (client.clone(), key.clone(), prop_oneof![Just(0u64), 1..=LEASE_MS_MAX + 1], prop_oneof![Just(0u64), 1..300u64], any::<bool>())
+            .prop_map(|(client, key, lease_ms, wait_ms, direct)| Step::Acquire { client, key, lease_ms, wait_ms, direct }),
+        4 => (client.clone(), key.clone(), proptest::bool::weighted(0.8), any::<bool>())
+            .prop_map(|(client, key, current, direct)| Step::Release { client, key, current, direct }),
         2 => (client.clone(), key.clone(), any::<bool>(), 1..=LEASE_MS_MAX)
             .prop_map(|(client, key, current, lease_ms)| Step::Extend { client, key, current, lease_ms }),
         1 => (client.clone(), key.clone()).prop_map(|(client, key)| Step::Reject { client, key }),
@@ -303,13 +307,26 @@ fn run(steps: Vec<Step>) {
     for (index, step) in steps.into_iter().enumerate() {
         let mut expected: Vec<(u64, Outcome)> = Vec::new();
         let mut model_grants: Vec<(usize, u64)> = Vec::new();
+        // The reply a direct call left to its caller, which writes it before
+        // the call's effects.
+        let mut direct_reply: Option<Effect> = None;
         let now = model.now;
         match step {
-            Step::Acquire { client, key, lease_ms, wait_ms } => {
+            Step::Acquire { client, key, lease_ms, wait_ms, direct } => {
                 let id = next_id;
                 next_id += 1;
                 pending.push(client, Op::Acquire, KEYS[key], id);
-                shard.acquire(now, ClientId(client), KEYS[key], lease_ms, wait_ms);
+                if direct {
+                    direct_reply =
+                        shard.acquire_direct(now, ClientId(client), KEYS[key], lease_ms, wait_ms).map(|token| {
+                            Effect::Reply {
+                                client: ClientId(client),
+                                reply: ShardReply::Acquired { key: Key::new(KEYS[key]), token },
+                            }
+                        });
+                } else {
+                    shard.acquire(now, ClientId(client), KEYS[key], lease_ms, wait_ms);
+                }
                 let exists = model.keys.get(&key).is_some_and(|k| k.holder.is_some() || !k.queue.is_empty());
                 if lease_ms == 0 || lease_ms > LEASE_MS_MAX {
                     model.answer(&mut expected, key, client, id, Outcome::Error(ErrorCode::BadLease));
@@ -339,7 +356,7 @@ fn run(steps: Vec<Step>) {
                     model.mark_starved(key);
                 }
             }
-            Step::Release { client, key, current } | Step::Extend { client, key, current, .. } => {
+            Step::Release { client, key, current, .. } | Step::Extend { client, key, current, .. } => {
                 let id = next_id;
                 next_id += 1;
                 let holder = model.keys.get(&key).and_then(|k| k.holder);
@@ -362,7 +379,16 @@ fn run(steps: Vec<Step>) {
                     }
                 } else {
                     pending.push(client, Op::Release, KEYS[key], id);
-                    shard.release(now, ClientId(client), KEYS[key], token);
+                    if let Step::Release { direct: true, .. } = step {
+                        if shard.release_direct(now, ClientId(client), KEYS[key], token) {
+                            direct_reply = Some(Effect::Reply {
+                                client: ClientId(client),
+                                reply: ShardReply::Released { key: Key::new(KEYS[key]) },
+                            });
+                        }
+                    } else {
+                        shard.release(now, ClientId(client), KEYS[key], token);
+                    }
                     if holds {
                         expected.push((id, Outcome::Released));
                         model.keys.get_mut(&key).unwrap().holder = None;
@@ -436,7 +462,7 @@ fn run(steps: Vec<Step>) {
         // What the shard answered, mapped to request ids by (client, op, key).
         let mut got: Vec<(u64, Outcome)> = Vec::new();
         let mut shard_grants: Vec<(usize, u64, u64)> = Vec::new(); // (key, id, token)
-        for effect in shard.drain_effects() {
+        for effect in direct_reply.into_iter().chain(shard.drain_effects()) {
             let Effect::Reply { client, reply } = effect else { continue };
             let key_bytes = reply.key().as_bytes().to_vec();
             let key = KEYS.iter().position(|k| *k == key_bytes.as_slice()).unwrap();
