@@ -6,9 +6,10 @@ Usage: ab_report.py --out PREFIX --old PATH --new PATH --command CMD RUN.json ..
 Each RUN.json is one `ringlock-bench run --json` whose label is
 `round-<n>-<echo|old|new>`. For each round with all three, the ratios
 new/old, new/echo and old/echo of lock operations per second; the report
-gives each ratio's median over the rounds with the quartiles, and each
-target's median rate. Writes PREFIX.md and PREFIX.json, and prints the
-Markdown.
+gives each ratio's median over the rounds with the quartiles, each
+target's median rate, and the CPU pressure and steal the runs saw (no run
+was retried, so a disturbed comparison shows there). Writes PREFIX.md and
+PREFIX.json, and prints the Markdown.
 """
 
 import argparse
@@ -53,6 +54,7 @@ def main():
     complete = {number: got for number, got in sorted(rounds.items()) if len(got) == 3}
     if not complete:
         sys.exit("no round has all of echo, old and new")
+    incomplete = len(rounds) - len(complete)
     rate = {name: [got[name]["ops_per_s"] for got in complete.values()] for name in ("echo", "old", "new")}
     ratios = {}
     for top, bottom in RATIOS:
@@ -60,8 +62,12 @@ def main():
         first, median, third = quartiles(values)
         ratios[f"{top}/{bottom}"] = {"median": median, "q1": first, "q3": third, "rounds": values}
     errors = sum(sum(run.get("errors", {}).values()) for run in runs)
-    first = next(iter(complete.values()))["echo"]
-    shape = f"{first['connections']} connections x {first['depth']} in flight"
+    disturbance = {
+        name: [run.get(field) or 0 for run in runs]
+        for name, field in (("pressure", "cpu_pressure_percent"), ("steal", "cpu_steal_percent"))
+    }
+    sample = next(iter(complete.values()))["echo"]
+    shape = f"{sample['connections']} connections x {sample['depth']} in flight"
 
     lines = [
         "# ringlock A/B: two server builds, short interleaved rounds",
@@ -69,7 +75,15 @@ def main():
         f"- command: `{args.command}`",
         f"- old: `{args.old}`",
         f"- new: `{args.new}`",
-        f"- {len(complete)} rounds of {shape}, {first['duration_s']:.1f} s each; errors in the runs: {errors}",
+        f"- {len(complete)} rounds of {shape}, {sample['duration_s']:.1f} s each"
+        + (f" ({incomplete} incomplete rounds left out)" if incomplete else "")
+        + f"; errors in the runs: {errors}",
+        "- CPU pressure of the runs: median {:.1f} %, max {:.1f} %; CPU stolen: median {:.1f} %, max {:.1f} %".format(
+            statistics.median(disturbance["pressure"]),
+            max(disturbance["pressure"]),
+            statistics.median(disturbance["steal"]),
+            max(disturbance["steal"]),
+        ),
         "",
         "| ratio | median of the rounds | quartiles |",
         "|---|---:|---:|",

@@ -91,15 +91,17 @@ start_echo() {
     ECHO_ADDR=$(wait_listening "$WORK/echo.log" "$ECHO_PID")
 }
 
-# start_ringlock [SHARDS CPUS]: one shard on SERVER_CPU unless told otherwise.
+# start_ringlock [SHARDS CPUS [NAME]]: one shard on SERVER_CPU unless told
+# otherwise; NAME (default ringlock) names its data folder and log in WORK,
+# so that several servers can run side by side.
 start_ringlock() {
-    local shards=${1:-1} cpus=${2:-$SERVER_CPU}
-    rm -rf "$WORK/ringlock-data"
-    taskset -c "$cpus" "${RINGLOCK_BIN:-$BIN/ringlock}" --listen 127.0.0.1:0 --data-dir "$WORK/ringlock-data" \
-        --shards "$shards" --cpus "$cpus" 2>"$WORK/ringlock.log" &
+    local shards=${1:-1} cpus=${2:-$SERVER_CPU} name=${3:-ringlock}
+    rm -rf "${WORK:?}/$name-data"
+    taskset -c "$cpus" "${RINGLOCK_BIN:-$BIN/ringlock}" --listen 127.0.0.1:0 --data-dir "$WORK/$name-data" \
+        --shards "$shards" --cpus "$cpus" 2>"$WORK/$name.log" &
     RINGLOCK_PID=$!
     PIDS+=("$RINGLOCK_PID")
-    RINGLOCK_ADDR=$(wait_listening "$WORK/ringlock.log" "$RINGLOCK_PID")
+    RINGLOCK_ADDR=$(wait_listening "$WORK/$name.log" "$RINGLOCK_PID")
 }
 
 start_redis() {

@@ -66,6 +66,26 @@ impl<'a> Keyed<'a> {
         }
     }
 
+    /// [`Keyed::apply`], except that an immediate grant or a release made is
+    /// not answered among the shard's effects but returned, for the caller
+    /// to write before it delivers them (see [`Shard::acquire_direct`]).
+    #[inline(always)]
+    fn apply_direct(self, shard: &mut Shard, now_ms: u64, client: ClientId) -> Option<Reply<'a>> {
+        debug_assert!(shard.effects().is_empty(), "a direct reply goes before every effect of its request");
+        match self {
+            Keyed::Acquire { key, lease_ms, wait_ms } => {
+                shard.acquire_direct(now_ms, client, key, lease_ms, wait_ms).map(|token| Reply::Acquired { key, token })
+            }
+            Keyed::Release { key, token } => {
+                shard.release_direct(now_ms, client, key, token).then_some(Reply::Released { key })
+            }
+            request => {
+                request.apply(shard, now_ms, client);
+                None
+            }
+        }
+    }
+
     /// Runs the request on the shard that owns its key.
     #[inline(always)]
     fn apply(self, shard: &mut Shard, now_ms: u64, client: ClientId) {
@@ -226,18 +246,8 @@ impl CoreState {
         // Served here and now, the common case. A grant or a release made
         // at once is answered from the request line, before the effects
         // (a release's hand-off to the next waiter comes after it).
-        match request {
-            Keyed::Acquire { key, lease_ms, wait_ms } => {
-                if let Some(token) = shard.acquire_direct(self.now_ms, client, key, lease_ms, wait_ms) {
-                    self.answer_line(slot, &Reply::Acquired { key, token });
-                }
-            }
-            Keyed::Release { key, token } => {
-                if shard.release_direct(self.now_ms, client, key, token) {
-                    self.answer_line(slot, &Reply::Released { key });
-                }
-            }
-            request => request.apply(shard, self.now_ms, client),
+        if let Some(reply) = request.apply_direct(shard, self.now_ms, client) {
+            self.answer_line(slot, &reply);
         }
         self.deliver_replies_asked_by(shard, Some((slot, client)));
     }
