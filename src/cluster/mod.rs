@@ -43,7 +43,7 @@ mod node_tests;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
-mod sim_rng;
+pub(crate) mod sim_rng;
 #[cfg(test)]
 mod sim_tests;
 

@@ -1,75 +1,78 @@
-//! The replication core's orders to a shard core ([`Control`]): serve
-//! (restoring the replicated grants), hold requests during a hand-off, serve
-//! the held ones, or follow another active.
+//! What the shell does for the dispatcher beyond sockets: the replication
+//! core's orders to the core ([`Control`]: serve, hold, resume, follow), the
+//! fencing-token ranges the shard calls for, and the deltas it reports.
+//! Each involves the node's shared state (the token authority persists its
+//! epoch; reports go to the replication core), so it stays out of the pure
+//! dispatcher, which only changes role and takes the ranges.
 
-use ringlock_proto::ErrorCode;
-use ringlock_shards::shard_of;
-
-use crate::core::dispatch::Keyed;
 use crate::core::event_loop::EventLoop;
-use crate::node::role::{Control, CoreRole, Report};
+use crate::node::role::{ClusterLink, Control, Report};
+
+/// Pause before asking again for tokens after the epoch could not be persisted.
+pub(crate) const TOKEN_RETRY_MS: u64 = 1000;
 
 impl EventLoop {
     /// An order from the replication core.
     pub(super) fn control(&mut self, control: Control) {
-        let now_ms = self.state.now_ms;
         match control {
             Control::Activate { restore } => {
-                for (key, token, lease_ms) in restore {
-                    debug_assert_eq!(shard_of(key.as_bytes(), self.state.cores), self.state.core);
-                    if !self.shard.restore(now_ms, key.as_bytes(), token, lease_ms) {
-                        tracing::warn!(core = self.state.core, "a replicated grant could not be restored (table full)");
-                    }
-                }
-                self.state.role = CoreRole::Active;
-                self.state.active_address = None;
+                self.dispatcher.activate(restore);
                 // Whatever tokens the core still holds may be of an older
-                // epoch: a fresh range of the current one replaces them.
-                self.state.need_tokens = true;
-                self.handle_shard_effects();
-                self.serve_held();
+                // epoch: a range of the current one replaces them before the
+                // held requests are served.
+                self.supply_tokens();
+                self.dispatcher.serve_held();
             }
-            Control::Follow { active } => {
-                self.state.role = CoreRole::Standby;
-                self.state.active_address = active.map(String::into_bytes);
-                for (client, request) in std::mem::take(&mut self.state.parked) {
-                    self.state.run_keyed(&mut self.shard, client, Keyed::of(&request));
-                }
-                self.shard.step_down(now_ms);
-            }
+            Control::Follow { active } => self.dispatcher.follow(active),
             Control::Hold => {
-                if self.state.role == CoreRole::Active {
-                    self.state.role = CoreRole::Held;
-                }
+                self.dispatcher.hold();
                 // Every delta so far goes before the report that says so.
-                self.handle_shard_effects();
-                self.state.queue_deltas(&mut self.shard);
+                self.supply_tokens();
+                self.queue_deltas();
                 self.state.reports.push_back(Report::Held { core: self.state.core });
             }
-            Control::Resume => self.serve_held(),
+            Control::Resume => self.dispatcher.serve_held(),
         }
-        self.handle_shard_effects();
+        self.supply_tokens();
     }
 
-    /// Answers every held request `E <op> <key> <code>`, behind the earlier
-    /// requests of the same connection and key.
-    pub(crate) fn refuse_parked(&mut self, code: ErrorCode) {
-        let now_ms = self.state.now_ms;
-        for (client, request) in std::mem::take(&mut self.state.parked) {
-            let keyed = Keyed::of(&request);
-            self.shard.reject(now_ms, client, keyed.op(), keyed.key(), code);
+    /// Gives the shard the token ranges it calls for, while it is active.
+    pub(crate) fn supply_tokens(&mut self) {
+        while self.dispatcher.take_token_call() {
+            match self.state.shared.authority.take_range() {
+                Ok(range) => {
+                    if let Err(error) = self.dispatcher.add_token_range(range) {
+                        tracing::error!(core = self.state.core, ?error, "token range refused");
+                        self.state.token_retry_at_ms = Some(self.state.now_ms + TOKEN_RETRY_MS);
+                    }
+                }
+                Err(error) => {
+                    // Without a persisted epoch no token may be issued: acquires
+                    // wait, the operator is told why, and the core asks again.
+                    tracing::error!(core = self.state.core, "cannot get tokens: {error}");
+                    self.state.token_retry_at_ms = Some(self.state.now_ms + TOKEN_RETRY_MS);
+                    return;
+                }
+            }
         }
-        self.handle_shard_effects();
     }
 
-    /// Serves again, starting with the requests held meanwhile, in order.
-    fn serve_held(&mut self) {
-        if self.state.role == CoreRole::Held {
-            self.state.role = CoreRole::Active;
+    /// After the epoch could not be persisted, asks for tokens again now and then.
+    pub(crate) fn retry_tokens(&mut self) {
+        if let Some(at) = self.state.token_retry_at_ms
+            && self.state.now_ms >= at
+        {
+            self.state.token_retry_at_ms = None;
+            self.dispatcher.token_request_lost();
         }
-        for (client, request) in std::mem::take(&mut self.state.parked) {
-            self.state.run_keyed(&mut self.shard, client, Keyed::of(&request));
+    }
+
+    /// Queues the deltas the shard made so far as one report, after the
+    /// earlier ones.
+    pub(crate) fn queue_deltas(&mut self) {
+        let link = self.state.shared.cluster.as_ref();
+        if let Some(deltas) = self.dispatcher.take_deltas(|| link.map(ClusterLink::delta_buffer).unwrap_or_default()) {
+            self.state.reports.push_back(Report::Deltas(deltas));
         }
-        self.handle_shard_effects();
     }
 }

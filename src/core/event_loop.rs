@@ -12,9 +12,12 @@
 //! 5. start one `send` per connection with output, and send each other core
 //!    its batch of messages from this turn.
 //!
-//! The core's state lives in `state.rs`, the socket side in `sockets.rs`,
-//! requests and replies in `dispatch.rs`, the shard's effects in
-//! `effects.rs`, and the replication core's orders in `control.rs`.
+//! The loop is the shell around the core's [`Dispatcher`], which decides
+//! everything about connections and requests: the loop feeds it what the
+//! ring and the inbox bring and carries out what it asks (sends, receives
+//! stopped or started, closes, batches for other cores, token calls). The
+//! shell's state lives in `state.rs`, the socket side in `sockets.rs`, and
+//! the replication core's orders and the token calls in `control.rs`.
 //!
 //! # Stopping
 //! On SIGINT/SIGTERM every core stops reading requests and reports it; once
@@ -28,20 +31,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use io_uring::IoUring;
 use io_uring::types::{SubmitArgs, Timespec};
-use io_uring::{IoUring, cqueue};
 use ringlock_proto::ErrorCode;
 use ringlock_ring::{BufRing, poll_before_sleep};
 use ringlock_shards::{HotKeyCounts, Shard};
 
-use crate::core::client_id::split_client_id;
-use crate::core::dispatch::Keyed;
+use crate::core::dispatcher::{Dispatcher, Limits, SocketEffect};
 use crate::core::mailbox::{CoreMessage, Inbox};
-use crate::core::ring::{
-    COMPLETION_ENTRIES, Kind, RECV_BUFFER_GROUP, RECV_BUFFER_LEN, RECV_BUFFERS, send_entry, split_user_data,
-};
-use crate::core::state::CoreState;
-use crate::node::counters::RequestCounters;
+use crate::core::ring::{COMPLETION_ENTRIES, Kind, RECV_BUFFER_GROUP, RECV_BUFFER_LEN, RECV_BUFFERS, split_user_data};
+use crate::core::state::{CoreState, SharedView};
 use crate::node::role::CoreRole;
 use crate::node::shared::Shared;
 
@@ -72,8 +71,10 @@ enum StopPhase {
 /// One shard core.
 pub struct EventLoop {
     pub(crate) state: CoreState,
-    pub(crate) shard: Shard,
+    pub(crate) dispatcher: Dispatcher,
     pub(crate) buffers: BufRing,
+    /// The dispatcher's socket effects being carried out, kept to reuse its memory.
+    pub(crate) socket_effects: Vec<SocketEffect>,
     pub(crate) inbox: Inbox,
     completions: Vec<(u64, i32, u32)>,
     /// The hot-key events and the time of the last copy of the hot keys.
@@ -96,47 +97,38 @@ impl EventLoop {
         let buffers = BufRing::register(&ring, RECV_BUFFER_GROUP, RECV_BUFFERS, RECV_BUFFER_LEN)?;
         let cores = shared.mailboxes.len();
         let eventfd = inbox.eventfd;
-        let advertised = shared.advertised.clone();
         // In a cluster every node starts as a standby that knows no active.
         let role = if shared.cluster.is_some() { CoreRole::Standby } else { CoreRole::Active };
+        let view = Box::new(SharedView { shared: shared.clone() });
+        let dispatcher = Dispatcher::new(core, cores, shared.lease_ms_max, shard, view, role, Limits::DEFAULT);
         Ok(EventLoop {
             state: CoreState {
                 ring,
                 core,
                 cores,
                 shared,
-                advertised,
                 listener,
-                connections: Vec::new(),
-                free_slots: Vec::new(),
-                dirty: Vec::new(),
-                resumable: Vec::new(),
-                outgoing: (0..cores).map(|_| Vec::new()).collect(),
+                sockets: Vec::new(),
+                flush: Vec::new(),
                 refused: (0..cores).map(|_| Vec::new()).collect(),
-                need_tokens: false,
                 token_retry_at_ms: None,
-                open: 0,
                 now_ms: 0,
                 accept_armed: false,
                 accept_retry_at_ms: None,
                 stopping: false,
-                errors: [0; ErrorCode::ALL.len()],
                 refused_per_ip: 0,
                 refused_max_connections: 0,
                 refused_shutting_down: 0,
+                refusal_errors: [0; ErrorCode::ALL.len()],
                 accepted: 0,
-                requests: RequestCounters::default(),
-                in_flight_pauses: 0,
                 eventfd,
                 wake_buffer: Box::new(0),
                 wake_armed: false,
-                role,
-                active_address: None,
-                parked: Vec::new(),
                 reports: std::collections::VecDeque::new(),
             },
-            shard,
+            dispatcher,
             buffers,
+            socket_effects: Vec::new(),
             inbox,
             completions: Vec::with_capacity(COMPLETION_ENTRIES as usize),
             hot_keys_published: (0, 0),
@@ -147,10 +139,10 @@ impl EventLoop {
     /// Runs until the server stops; returns once every reply is flushed (or
     /// the flush timeout passed) and every connection is closed.
     pub fn run(mut self) -> io::Result<()> {
-        self.state.now_ms = self.state.shared.now_ms();
+        self.set_now();
         self.state.arm_accept();
         self.state.arm_wake();
-        self.handle_shard_effects();
+        self.supply_tokens();
         let mut phase = StopPhase::Running;
         let mut stop_started = Instant::now();
         loop {
@@ -159,10 +151,12 @@ impl EventLoop {
             if phase == StopPhase::Running && self.state.shared.stop.load(Ordering::SeqCst) {
                 phase = StopPhase::Reading;
                 stop_started = Instant::now();
-                self.state.begin_stop();
+                self.state.stop_accepting();
+                self.dispatcher.stop();
             }
             if phase == StopPhase::Draining {
-                self.refuse_queued();
+                self.dispatcher.refuse_queued();
+                self.apply_socket_effects();
             }
             self.end_turn();
             match self.next_stop_phase(phase, stop_started) {
@@ -178,42 +172,32 @@ impl EventLoop {
     /// Steps 2 to 4 of a turn: what the ring and the inbox brought, the
     /// shard advanced to now, and what that made possible.
     fn serve(&mut self) {
-        self.state.now_ms = self.state.shared.now_ms();
+        self.set_now();
         self.handle_completions();
         self.handle_inbox();
-        // A held core lets no lease or wait run out until the hand-off ends.
-        if self.state.role != CoreRole::Held {
-            self.shard.advance(self.state.now_ms);
-        }
+        self.dispatcher.advance();
         self.retry_tokens();
-        self.handle_shard_effects();
+        self.supply_tokens();
         // Grants and timeouts of this turn may have brought connections
         // below the in-flight limit: they are read again before the sleep.
-        self.read_paused_connections();
+        self.dispatcher.resume_paused();
+        self.apply_socket_effects();
     }
 
-    /// Once every core reads no more: answers every request still queued or
-    /// held `shutting-down`.
-    fn refuse_queued(&mut self) {
-        if !self.state.parked.is_empty() {
-            // Stopping after a hand-off that failed or was cut short: the
-            // successor may have taken over all the same, so nothing held
-            // is served here; every held request is answered
-            // `shutting-down` (it had no effect), in order with the rest.
-            self.refuse_parked(ErrorCode::ShuttingDown);
-        }
-        if self.shard.stats().waiters > 0 {
-            self.shard.fail_waiters(self.state.now_ms, ErrorCode::ShuttingDown);
-            self.handle_shard_effects();
-        }
+    /// Reads the clock once for the turn, for the shell and the dispatcher.
+    fn set_now(&mut self) {
+        self.state.now_ms = self.state.shared.now_ms();
+        self.dispatcher.set_now(self.state.now_ms);
     }
 
     /// Step 5 of a turn: sends, batches for other cores, reports for the
     /// replication core, receive buffers given back, counters published.
     fn end_turn(&mut self) {
         self.state.retry_accept();
-        self.state.flush();
-        self.state.send_reports(&mut self.shard);
+        self.flush();
+        // A single node makes no deltas, so this queues nothing there.
+        self.queue_deltas();
+        self.state.send_reports();
         self.buffers.publish();
         self.publish_stats();
     }
@@ -227,15 +211,16 @@ impl EventLoop {
             StopPhase::Running => StopPhase::Running,
             // Once this core's batches are out, every request it will ever
             // route is in its target's inbox.
-            StopPhase::Reading if self.state.all_sent() => {
+            StopPhase::Reading if self.state.all_refused_sent() && self.dispatcher.outgoing_empty() => {
                 shared.stopped_reading.fetch_add(1, Ordering::SeqCst);
                 StopPhase::Draining
             }
             StopPhase::Draining
                 if shared.stopped_reading.load(Ordering::SeqCst) == cores
                     && self.inbox.receiver.is_empty()
-                    && self.state.all_sent()
-                    && self.shard.stats().waiters == 0 =>
+                    && self.state.all_refused_sent()
+                    && self.dispatcher.outgoing_empty()
+                    && self.dispatcher.shard().stats().waiters == 0 =>
             {
                 // Every reply this core owes another core is in that core's
                 // inbox now.
@@ -244,10 +229,11 @@ impl EventLoop {
             }
             StopPhase::Drained => {
                 let everyone_drained = shared.drained.load(Ordering::SeqCst) == cores;
-                let flushed = self.state.connections.iter().all(|c| c.fd < 0 || c.closing() || c.flushed());
+                let flushed = self.dispatcher.all_flushed();
                 if everyone_drained
                     && self.inbox.receiver.is_empty()
-                    && self.state.all_sent()
+                    && self.state.all_refused_sent()
+                    && self.dispatcher.outgoing_empty()
                     && (flushed || stop_started.elapsed() > STOP_FLUSH_TIMEOUT)
                 {
                     return None;
@@ -268,23 +254,15 @@ impl EventLoop {
         while let Ok(batch) = self.inbox.receiver.try_recv() {
             for message in batch {
                 match message {
-                    CoreMessage::Request { client, request } => {
-                        self.state.run_keyed(&mut self.shard, client, Keyed::of(&request))
-                    }
-                    CoreMessage::Reply { client, reply } => self.state.deliver(client, &reply),
-                    CoreMessage::ClientGone(client) => {
-                        let removed = self.shard.client_gone(self.state.now_ms, client);
-                        let (core, ..) = split_client_id(client);
-                        self.state.outgoing[core].push(CoreMessage::GoneAck { client, removed });
-                    }
-                    CoreMessage::GoneAck { client, removed } => self.state.gone_acknowledged(client, removed),
                     CoreMessage::Control(control) => self.control(control),
-                    CoreMessage::Adopt { fd, peer_ip } => self.state.adopt(fd, peer_ip),
+                    CoreMessage::Adopt { fd, peer_ip } => self.adopt(fd, peer_ip),
+                    message => self.dispatcher.handle_message(message),
                 }
-                self.handle_shard_effects();
+                self.supply_tokens();
             }
         }
-        self.read_paused_connections();
+        self.dispatcher.resume_paused();
+        self.apply_socket_effects();
     }
 
     /// Submits and sleeps until a completion, the next deadline, or a wake-up.
@@ -298,7 +276,7 @@ impl EventLoop {
         asleep.store(true, Ordering::SeqCst);
         let busy = !self.inbox.receiver.is_empty()
             || !self.state.ring.completion().is_empty()
-            || self.state.refused.iter().any(|batch| !batch.is_empty())
+            || !self.state.all_refused_sent()
             || !self.state.reports.is_empty();
         if !busy && !stopping {
             // The sends of this turn go out first.
@@ -320,7 +298,8 @@ impl EventLoop {
             wait = wait.min(STOP_WAIT_MAX);
         }
         let now = self.state.shared.now_ms();
-        let deadlines = [self.shard.next_deadline_ms(), self.state.accept_retry_at_ms, self.state.token_retry_at_ms];
+        let deadlines =
+            [self.dispatcher.next_deadline_ms(), self.state.accept_retry_at_ms, self.state.token_retry_at_ms];
         for deadline in deadlines.into_iter().flatten() {
             wait = wait.min(Duration::from_millis(deadline.saturating_sub(now)));
         }
@@ -343,7 +322,7 @@ impl EventLoop {
         for &(data, result, flags) in &completions {
             let (kind, slot, generation) = split_user_data(data);
             match kind {
-                k if k == Kind::Accept as u8 => self.state.accepted(result, flags),
+                k if k == Kind::Accept as u8 => self.accepted(result, flags),
                 k if k == Kind::Recv as u8 => self.received(slot, generation, result, flags),
                 k if k == Kind::Send as u8 => self.sent(slot, generation, result),
                 k if k == Kind::Wake as u8 => {
@@ -357,101 +336,23 @@ impl EventLoop {
         self.completions = completions;
     }
 
-    fn received(&mut self, slot: u32, generation: u32, result: i32, flags: u32) {
-        let buffer = cqueue::buffer_select(flags);
-        let Some(connection) = self.state.connection(slot, generation) else {
-            if let Some(id) = buffer {
-                self.buffers.push(id);
-            }
-            return;
-        };
-        if !cqueue::more(flags) {
-            connection.recv_armed = false;
-        }
-        if let Some(id) = buffer {
-            if result > 0 {
-                let data = self.buffers.get(id, result as usize);
-                self.state.input(&mut self.shard, slot, data);
-            }
-            self.buffers.push(id);
-        }
-        match result {
-            0 => {
-                // End of input: answer what was sent, then close.
-                self.state.connections[slot as usize].end_input();
-                self.state.finish_input(&mut self.shard, slot);
-            }
-            error if error < 0 && error != -libc::ENOBUFS && error != -libc::ECANCELED => {
-                self.state.kill(&mut self.shard, slot);
-            }
-            _ => {}
-        }
-        self.handle_shard_effects();
-        self.state.maybe_rearm_recv(slot);
-        self.state.maybe_finish(slot);
-    }
-
-    fn sent(&mut self, slot: u32, generation: u32, result: i32) {
-        let Some(connection) = self.state.connection(slot, generation) else { return };
-        if result < 0 {
-            connection.send_in_flight = false;
-            self.state.kill(&mut self.shard, slot);
-        } else if connection.sent_bytes(result as usize) {
-            let (pointer, len) = connection.unsent();
-            let fd = connection.fd;
-            self.state.push(send_entry(fd, pointer, len, slot, generation));
-        } else {
-            let paused = connection.reading() && (!connection.input.is_empty() || !connection.recv_armed);
-            self.state.mark_dirty(slot);
-            if paused {
-                self.state.resumable.push(slot);
-                self.read_paused_connections();
-            }
-        }
-        self.state.maybe_finish(slot);
-    }
-
-    /// Parses what paused connections kept, now that their replies drained.
-    pub(crate) fn read_paused_connections(&mut self) {
-        while let Some(slot) = self.state.resumable.pop() {
-            let connection = &mut self.state.connections[slot as usize];
-            if connection.fd < 0 || connection.closing() || connection.is_paused() {
-                continue;
-            }
-            if connection.reading() && !connection.input.is_empty() {
-                let input = std::mem::take(&mut connection.input);
-                let consumed = self.state.parse(&mut self.shard, slot, &input);
-                let connection = &mut self.state.connections[slot as usize];
-                if connection.reading() {
-                    let mut rest = input;
-                    rest.drain(..consumed);
-                    connection.input = rest;
-                }
-            }
-            if self.state.connections[slot as usize].input_ended() {
-                self.state.finish_input(&mut self.shard, slot);
-            }
-            self.handle_shard_effects();
-            self.state.maybe_rearm_recv(slot);
-            self.state.maybe_finish(slot);
-        }
-    }
-
     fn publish_stats(&mut self) {
-        let mut stats = self.shard.stats().clone();
-        for (sum, count) in stats.errors.iter_mut().zip(self.state.errors) {
-            *sum += count;
+        let mut stats = self.dispatcher.shard().stats().clone();
+        let counters = self.dispatcher.counters();
+        for ((sum, count), refused) in stats.errors.iter_mut().zip(counters.errors).zip(self.state.refusal_errors) {
+            *sum += count + refused;
         }
+        let (requests, in_flight_pauses) = (counters.requests, counters.in_flight_pauses);
         let hot_keys = self.hot_keys_to_publish();
         if let Ok(mut published) = self.state.shared.stats[self.state.core].lock() {
             published.shard = stats;
-            published.connections = self.state.open;
+            published.connections = self.dispatcher.open_connections();
             published.refused_per_ip = self.state.refused_per_ip;
             published.refused_max_connections = self.state.refused_max_connections;
             published.refused_shutting_down = self.state.refused_shutting_down;
             published.accepted = self.state.accepted;
-            published.in_flight_pauses = self.state.in_flight_pauses;
-            published.requests = self.state.requests;
+            published.in_flight_pauses = in_flight_pauses;
+            published.requests = requests;
             if let Some((waits, handoffs)) = hot_keys {
                 published.hot_waits = waits;
                 published.hot_handoffs = handoffs;
@@ -463,12 +364,12 @@ impl EventLoop {
     /// aged out) and the last copy is old enough.
     fn hot_keys_to_publish(&mut self) -> Option<(HotKeyCounts, HotKeyCounts)> {
         let (events_published, published_ms) = self.hot_keys_published;
-        let events = self.shard.hot_key_events();
+        let events = self.dispatcher.shard().hot_key_events();
         let now_ms = self.state.now_ms;
         if now_ms < published_ms + HOT_KEYS_PUBLISH_MS || (events == events_published && !self.hot_keys_listed) {
             return None;
         }
-        let (waits, handoffs) = self.shard.hot_keys(now_ms);
+        let (waits, handoffs) = self.dispatcher.shard_mut().hot_keys(now_ms);
         self.hot_keys_listed = !waits.is_empty() || !handoffs.is_empty();
         self.hot_keys_published = (events, now_ms);
         Some((waits, handoffs))

@@ -2,29 +2,27 @@
 //! its shard and writes replies, and talks to the other cores by mailbox.
 //!
 //! # Layout
-//! - `event_loop`: [`EventLoop`], the loop's turn (completions, inbox),
+//! - `dispatcher`: the pure part: connections' sessions and their
+//!   lifecycle, parsing request lines, routing them to their shard, writing
+//!   replies, the rules of pausing and closing, and the core's role. No
+//!   socket, ring or clock: bytes and time in, replies and effects out.
+//! - `event_loop`: [`EventLoop`], the shell's turn (completions, inbox),
 //!   its sleep, and stopping.
-//! - `state`: `CoreState`, everything of a core beside its shard and buffers.
+//! - `state`: `CoreState`, the shell's state: the ring, the sockets, what
+//!   goes to other threads.
 //! - `ring`: building the ring, its sizes, and the tags of its completions.
 //! - `listener`: the clients' listening socket, and binding with retries.
-//! - `sockets`: accepting, receiving, sending, pausing on the ring, and the
-//!   end of a connection (reading no more, acknowledgements, closing).
-//! - `connection`: one connection's buffers, and its lifecycle as a small
-//!   state machine (reading, paused, half-closed, closing).
-//! - `dispatch`: parsing request lines, routing them to their shard,
-//!   delivering replies.
-//! - `effects`: the shard's effects: replies out, token ranges in.
+//! - `sockets`: accepting, receiving, sending on the ring, and carrying out
+//!   the dispatcher's socket effects (pause, resume, close).
 //! - `control`: the replication core's orders to a core (serve, hold,
-//!   resume, follow).
+//!   resume, follow), token ranges, and delta reports.
 //! - `client_id`: which core and connection a request came from.
 //! - `mailbox`: messages between cores, with eventfd wake-ups.
 //! - `per_ip`: open connections per client IP, for `--max-connections-per-ip`.
 
 pub(crate) mod client_id;
-pub(crate) mod connection;
 mod control;
-mod dispatch;
-mod effects;
+mod dispatcher;
 mod event_loop;
 pub(crate) mod listener;
 pub(crate) mod mailbox;

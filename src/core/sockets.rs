@@ -1,6 +1,6 @@
 //! The socket side of a shard core: accepting, arming receives and sends on
-//! the ring, pausing a connection that does not read, and the end of a
-//! connection (reading no more, the shards' acknowledgements, closing).
+//! the ring, carrying out the dispatcher's socket effects (stop receiving,
+//! receive again, close), and closing every socket at exit.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -9,16 +9,13 @@ use std::sync::atomic::Ordering;
 use io_uring::types::Fd;
 use io_uring::{cqueue, opcode};
 use ringlock_proto::{ErrorCode, Reply, encode_reply};
-use ringlock_shards::{ClientId, Shard};
 
-use crate::core::client_id::{client_id, split_client_id};
-use crate::core::connection::Connection;
+use crate::core::dispatcher::{BUFFER_BYTES_KEPT, SocketEffect};
+use crate::core::event_loop::EventLoop;
 use crate::core::mailbox::CoreMessage;
 use crate::core::ring::{Kind, RECV_BUFFER_GROUP, send_entry, user_data};
-use crate::core::state::CoreState;
+use crate::core::state::{CoreState, Socket};
 
-/// Connections per core (slot numbers have 24 bits in a client id).
-const CONNECTIONS_PER_CORE_MAX: usize = 1 << 24;
 /// Pause before accepting again after the process ran out of descriptors.
 const ACCEPT_RETRY_MS: u64 = 100;
 
@@ -27,7 +24,7 @@ impl CoreState {
     /// Which core's accept the kernel wakes is not spread evenly (one core
     /// may take every connection that arrives while the server is idle), so
     /// the core that accepts hands connections round the cores (see
-    /// [`CoreState::accepted`]).
+    /// [`EventLoop::accepted`]).
     pub(crate) fn arm_accept(&mut self) {
         if self.accept_armed || self.stopping {
             return;
@@ -61,90 +58,20 @@ impl CoreState {
         self.wake_armed = true;
     }
 
-    pub(crate) fn accepted(&mut self, result: i32, flags: u32) {
-        if !cqueue::more(flags) {
-            self.accept_armed = false;
-        }
-        if result < 0 {
-            if !self.stopping && !self.accept_armed {
-                if matches!(-result, libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) {
-                    tracing::warn!(core = self.core, "cannot accept: {}", io::Error::from_raw_os_error(-result));
-                    self.accept_retry_at_ms = Some(self.now_ms + ACCEPT_RETRY_MS);
-                } else {
-                    self.arm_accept();
-                }
-            }
-            return;
-        }
-        let fd = result;
-        if !self.accept_armed && !self.stopping {
-            self.arm_accept();
-        }
-        let admitted = self.shared.connections.fetch_add(1, Ordering::SeqCst) < self.shared.max_connections;
-        if !admitted || self.stopping {
-            self.shared.connections.fetch_sub(1, Ordering::SeqCst);
-            let code = if self.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
-            self.count_refusal(code);
-            refuse(fd, code);
-            return;
-        }
-        // The per-address count is taken only when a limit is set; a peer
-        // that already left has no address and is not counted (its socket
-        // fails at once).
-        let peer_ip = if self.shared.per_ip.limited() { peer_ip(fd) } else { None };
-        if let Some(ip) = peer_ip
-            && !self.shared.per_ip.admit(ip)
-        {
-            self.shared.connections.fetch_sub(1, Ordering::SeqCst);
-            self.count_error(ErrorCode::TooManyConnections);
-            self.refused_per_ip += 1;
-            refuse(fd, ErrorCode::TooManyConnections);
-            return;
-        }
-        ringlock_ring::set_nodelay(fd);
-        // Connections go round the cores, whichever core accepted them.
-        let target =
-            if self.cores > 1 { self.shared.next_core.fetch_add(1, Ordering::Relaxed) % self.cores } else { self.core };
-        if target == self.core {
-            self.adopt(fd, peer_ip);
-        } else {
-            self.outgoing[target].push(CoreMessage::Adopt { fd, peer_ip });
-        }
-    }
-
-    /// Serves a connection accepted and admitted (counted in the limits) by
-    /// this core or another.
-    pub(crate) fn adopt(&mut self, fd: RawFd, peer_ip: Option<std::net::IpAddr>) {
-        let full = self.free_slots.is_empty() && self.connections.len() >= CONNECTIONS_PER_CORE_MAX;
-        if full || self.stopping {
-            self.shared.connections.fetch_sub(1, Ordering::SeqCst);
-            if let Some(ip) = peer_ip {
-                self.shared.per_ip.release(ip);
-            }
-            let code = if self.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
-            self.count_refusal(code);
-            refuse(fd, code);
-            return;
-        }
-        let slot = match self.free_slots.pop() {
-            Some(slot) => {
-                let generation = self.connections[slot as usize].generation;
-                self.connections[slot as usize] = Connection::new(fd, generation, peer_ip);
-                slot
-            }
-            None => {
-                self.connections.push(Connection::new(fd, 0, peer_ip));
-                (self.connections.len() - 1) as u32
-            }
-        };
-        self.open += 1;
-        self.accepted += 1;
-        self.arm_recv(slot);
+    fn arm_recv(&mut self, slot: u32, generation: u32) {
+        let socket = &mut self.sockets[slot as usize];
+        socket.recv_armed = true;
+        let entry = opcode::RecvMulti::new(Fd(socket.fd), RECV_BUFFER_GROUP).build().user_data(user_data(
+            Kind::Recv,
+            slot,
+            generation,
+        ));
+        self.push(entry);
     }
 
     /// Counts a connection refused with `code` (not by the per-address limit).
     fn count_refusal(&mut self, code: ErrorCode) {
-        self.count_error(code);
+        self.count_refusal_error(code);
         if code == ErrorCode::ShuttingDown {
             self.refused_shutting_down += 1;
         } else {
@@ -152,67 +79,18 @@ impl CoreState {
         }
     }
 
-    fn arm_recv(&mut self, slot: u32) {
-        let connection = &mut self.connections[slot as usize];
-        connection.recv_armed = true;
-        let entry = opcode::RecvMulti::new(Fd(connection.fd), RECV_BUFFER_GROUP).build().user_data(user_data(
-            Kind::Recv,
-            slot,
-            connection.generation,
-        ));
-        self.push(entry);
-    }
-
-    /// Re-arms a connection's receive if it ended (out of buffers, or paused)
-    /// and the connection may read again.
-    pub(crate) fn maybe_rearm_recv(&mut self, slot: u32) {
-        let connection = &self.connections[slot as usize];
-        if connection.recv_armed || connection.closing() || connection.fd < 0 || connection.input_ended() {
-            return;
-        }
-        if !connection.reading() || connection.is_paused() {
-            return;
-        }
-        self.arm_recv(slot);
-    }
-
-    /// A paused connection stops receiving, so its requests wait in the
-    /// kernel's socket buffer (and the client's) rather than in ours.
-    pub(crate) fn pause_if_full(&mut self, slot: u32) {
-        let connection = &self.connections[slot as usize];
-        if connection.is_paused() && connection.recv_armed {
-            let entry = opcode::AsyncCancel::new(user_data(Kind::Recv, slot, connection.generation))
-                .build()
-                .user_data(user_data(Kind::Ignored, slot, 0));
-            self.push(entry);
-        }
-    }
-
-    /// Starts the sends of this turn and hands other cores their batches.
-    pub(crate) fn flush(&mut self) {
-        let mut dirty = std::mem::take(&mut self.dirty);
-        for &slot in &dirty {
-            let connection = &mut self.connections[slot as usize];
-            connection.dirty = false;
-            let generation = connection.generation;
-            let fd = connection.fd;
-            if let Some((pointer, len)) = connection.start_send() {
-                self.push(send_entry(fd, pointer, len, slot, generation));
-            }
-            self.pause_if_full(slot);
-            self.maybe_finish(slot);
-        }
-        dirty.clear();
-        self.dirty = dirty;
-        for target in 0..self.cores {
+    /// Sends each other core its batch of this turn, after what its full
+    /// inbox refused before.
+    fn send_batches(&mut self, outgoing: &mut [Vec<CoreMessage>]) {
+        for (target, out) in outgoing.iter_mut().enumerate() {
             if target == self.core {
                 continue;
             }
             let mut batch = std::mem::take(&mut self.refused[target]);
             if batch.is_empty() {
-                batch = std::mem::take(&mut self.outgoing[target]);
+                batch = std::mem::take(out);
             } else {
-                batch.append(&mut self.outgoing[target]);
+                batch.append(out);
             }
             if batch.is_empty() {
                 continue;
@@ -223,101 +101,12 @@ impl CoreState {
         }
     }
 
-    /// End of input: once the lines already received are handled, read no more.
-    pub(crate) fn finish_input(&mut self, shard: &mut Shard, slot: u32) {
-        let connection = &self.connections[slot as usize];
-        // A paused connection still has whole lines to handle; the resume
-        // after its replies drain comes back here.
-        if connection.reading() && !connection.is_paused() {
-            self.stop_reading(shard, slot);
-        }
-    }
-
-    /// The connection reads no more requests: every shard drops its queued
-    /// acquires and acknowledges, and the connection closes once the replies
-    /// still owed are out.
-    pub(crate) fn stop_reading(&mut self, shard: &mut Shard, slot: u32) {
-        let connection = &mut self.connections[slot as usize];
-        if !connection.stop_reading() {
-            return;
-        }
-        let client = client_id(self.core, slot, connection.generation);
-        connection.gone_acks = (self.cores - 1) as u32;
-        let removed = shard.client_gone(self.now_ms, client);
-        let connection = &mut self.connections[slot as usize];
-        connection.in_flight = connection.in_flight.saturating_sub(removed);
-        for target in (0..self.cores).filter(|&target| target != self.core) {
-            self.outgoing[target].push(CoreMessage::ClientGone(client));
-        }
-    }
-
-    /// A shard dropped `removed` requests of a connection that reads no more.
-    pub(crate) fn gone_acknowledged(&mut self, client: ClientId, removed: u32) {
-        let (_, slot, generation) = split_client_id(client);
-        let Some(connection) = self.connection(slot, generation) else { return };
-        connection.in_flight = connection.in_flight.saturating_sub(removed);
-        connection.gone_acks = connection.gone_acks.saturating_sub(1);
-        self.maybe_finish(slot);
-    }
-
-    /// The socket failed: nothing more can be sent, so close it now.
-    pub(crate) fn kill(&mut self, shard: &mut Shard, slot: u32) {
-        self.stop_reading(shard, slot);
-        self.connections[slot as usize].output.clear();
-        self.begin_close(slot);
-    }
-
-    /// Closes a connection that owes nothing more, and frees its slot once no
-    /// I/O of it is in flight.
-    pub(crate) fn maybe_finish(&mut self, slot: u32) {
-        let connection = &self.connections[slot as usize];
-        if connection.fd < 0 {
-            return;
-        }
-        // While stopping, connections stay open until the core exits, so the
-        // `shutting-down` answers still on their way reach them.
-        if !connection.closing() && !self.stopping && connection.finished() {
-            self.begin_close(slot);
-        }
-        let connection = &mut self.connections[slot as usize];
-        if connection.closing() && !connection.recv_armed && !connection.send_in_flight {
-            // SAFETY: closing a descriptor this connection owns, with no I/O on it.
-            unsafe { libc::close(connection.fd) };
-            connection.fd = -1;
-            connection.generation = connection.generation.wrapping_add(1);
-            connection.input = Vec::new();
-            connection.output = Vec::new();
-            connection.sending = Vec::new();
-            self.free_slots.push(slot);
-            self.shared.connections.fetch_sub(1, Ordering::SeqCst);
-            if let Some(ip) = connection.peer_ip.take() {
-                self.shared.per_ip.release(ip);
-            }
-        }
-    }
-
-    fn begin_close(&mut self, slot: u32) {
-        let connection = &mut self.connections[slot as usize];
-        if connection.fd < 0 || !connection.begin_close() {
-            return;
-        }
-        self.open -= 1;
-        // Shutting the socket down ends the multishot receive, so the
-        // descriptor can be closed once its completions are in.
-        // SAFETY: a socket this connection owns.
-        unsafe { libc::shutdown(connection.fd, libc::SHUT_RDWR) };
-    }
-
-    /// The server is stopping: accept no more connections and read no more
-    /// requests; what is queued is answered `shutting-down`.
-    pub(crate) fn begin_stop(&mut self) {
+    /// The server is stopping: accept no more connections.
+    pub(crate) fn stop_accepting(&mut self) {
         self.stopping = true;
         // SAFETY: shutting down the listening socket ends the accepts waiting
         // on it (every core's: they all stop now).
         unsafe { libc::shutdown(self.listener, libc::SHUT_RDWR) };
-        for connection in &mut self.connections {
-            connection.stop_for_shutdown();
-        }
     }
 
     /// Closes every connection at exit, after its last replies: a FIN after
@@ -325,26 +114,257 @@ impl CoreState {
     /// with a reset that could discard those replies.
     pub(crate) fn close_all(&mut self) {
         let mut scratch = [0u8; 4096];
-        for connection in &mut self.connections {
-            if connection.fd < 0 {
+        for socket in &mut self.sockets {
+            if socket.fd < 0 {
                 continue;
             }
             // SAFETY: descriptors this loop owns; the ring is dropped next.
             unsafe {
-                libc::shutdown(connection.fd, libc::SHUT_WR);
+                libc::shutdown(socket.fd, libc::SHUT_WR);
                 for _ in 0..64 {
-                    let read =
-                        libc::recv(connection.fd, scratch.as_mut_ptr().cast(), scratch.len(), libc::MSG_DONTWAIT);
+                    let read = libc::recv(socket.fd, scratch.as_mut_ptr().cast(), scratch.len(), libc::MSG_DONTWAIT);
                     if read <= 0 {
                         break;
                     }
                 }
-                libc::close(connection.fd);
+                libc::close(socket.fd);
             }
-            connection.fd = -1;
+            socket.fd = -1;
         }
         // SAFETY: our listening socket.
         unsafe { libc::close(self.listener) };
+    }
+}
+
+impl EventLoop {
+    pub(crate) fn accepted(&mut self, result: i32, flags: u32) {
+        let state = &mut self.state;
+        if !cqueue::more(flags) {
+            state.accept_armed = false;
+        }
+        if result < 0 {
+            if !state.stopping && !state.accept_armed {
+                if matches!(-result, libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) {
+                    tracing::warn!(core = state.core, "cannot accept: {}", io::Error::from_raw_os_error(-result));
+                    state.accept_retry_at_ms = Some(state.now_ms + ACCEPT_RETRY_MS);
+                } else {
+                    state.arm_accept();
+                }
+            }
+            return;
+        }
+        let fd = result;
+        if !state.accept_armed && !state.stopping {
+            state.arm_accept();
+        }
+        let admitted = state.shared.connections.fetch_add(1, Ordering::SeqCst) < state.shared.max_connections;
+        if !admitted || state.stopping {
+            state.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            let code = if state.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
+            state.count_refusal(code);
+            refuse(fd, code);
+            return;
+        }
+        // The per-address count is taken only when a limit is set; a peer
+        // that already left has no address and is not counted (its socket
+        // fails at once).
+        let peer_ip = if state.shared.per_ip.limited() { peer_ip(fd) } else { None };
+        if let Some(ip) = peer_ip
+            && !state.shared.per_ip.admit(ip)
+        {
+            state.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            state.count_refusal_error(ErrorCode::TooManyConnections);
+            state.refused_per_ip += 1;
+            refuse(fd, ErrorCode::TooManyConnections);
+            return;
+        }
+        ringlock_ring::set_nodelay(fd);
+        // Connections go round the cores, whichever core accepted them.
+        let target = if state.cores > 1 {
+            state.shared.next_core.fetch_add(1, Ordering::Relaxed) % state.cores
+        } else {
+            state.core
+        };
+        if target == state.core {
+            self.adopt(fd, peer_ip);
+        } else {
+            self.dispatcher.outgoing()[target].push(CoreMessage::Adopt { fd, peer_ip });
+        }
+    }
+
+    /// Serves a connection accepted and admitted (counted in the limits) by
+    /// this core or another.
+    pub(crate) fn adopt(&mut self, fd: RawFd, peer_ip: Option<std::net::IpAddr>) {
+        let state = &mut self.state;
+        let Some((slot, generation)) = self.dispatcher.open() else {
+            state.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            if let Some(ip) = peer_ip {
+                state.shared.per_ip.release(ip);
+            }
+            let code = if state.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
+            state.count_refusal(code);
+            refuse(fd, code);
+            return;
+        };
+        let socket = Socket { fd, peer_ip, ..Socket::closed() };
+        match state.sockets.get_mut(slot as usize) {
+            Some(free) => *free = socket,
+            None => {
+                debug_assert_eq!(state.sockets.len(), slot as usize, "the dispatcher's slots come in order");
+                state.sockets.push(socket);
+            }
+        }
+        state.accepted += 1;
+        state.arm_recv(slot, generation);
+    }
+
+    /// Carries out the dispatcher's socket effects.
+    pub(crate) fn apply_socket_effects(&mut self) {
+        let mut effects = std::mem::take(&mut self.socket_effects);
+        self.dispatcher.take_effects(&mut effects);
+        for &effect in &effects {
+            match effect {
+                SocketEffect::StopReceiving(slot) => {
+                    // The multishot receive is cancelled; its last completion
+                    // says so, and the receive is armed again on resume.
+                    if self.state.sockets[slot as usize].recv_armed {
+                        let generation = self.dispatcher.generation(slot);
+                        let entry = opcode::AsyncCancel::new(user_data(Kind::Recv, slot, generation))
+                            .build()
+                            .user_data(user_data(Kind::Ignored, slot, 0));
+                        self.state.push(entry);
+                    }
+                }
+                SocketEffect::Receive(slot) => self.maybe_rearm_recv(slot),
+                SocketEffect::Close(slot) => {
+                    let socket = &mut self.state.sockets[slot as usize];
+                    socket.closing = true;
+                    // Shutting the socket down ends the multishot receive, so
+                    // the descriptor can be closed once its completions are in.
+                    // SAFETY: a socket this connection owns.
+                    unsafe { libc::shutdown(socket.fd, libc::SHUT_RDWR) };
+                    self.maybe_close(slot);
+                }
+            }
+        }
+        self.socket_effects = effects;
+    }
+
+    /// Re-arms a connection's receive if it ended (out of buffers, or the
+    /// multishot stopped) while the dispatcher still reads it.
+    pub(crate) fn maybe_rearm_recv(&mut self, slot: u32) {
+        let socket = &self.state.sockets[slot as usize];
+        if socket.fd < 0 || socket.recv_armed || socket.closing || !self.dispatcher.wants_input(slot) {
+            return;
+        }
+        let generation = self.dispatcher.generation(slot);
+        self.state.arm_recv(slot, generation);
+    }
+
+    /// Closes a socket the dispatcher closed once no I/O of it is in flight,
+    /// and frees its slot.
+    pub(crate) fn maybe_close(&mut self, slot: u32) {
+        let socket = &mut self.state.sockets[slot as usize];
+        if socket.fd < 0 || !socket.closing || socket.recv_armed || socket.send_in_flight {
+            return;
+        }
+        // SAFETY: closing a descriptor this connection owns, with no I/O on it.
+        unsafe { libc::close(socket.fd) };
+        let peer_ip = socket.peer_ip.take();
+        *socket = Socket::closed();
+        self.dispatcher.closed(slot);
+        self.state.shared.connections.fetch_sub(1, Ordering::SeqCst);
+        if let Some(ip) = peer_ip {
+            self.state.shared.per_ip.release(ip);
+        }
+    }
+
+    /// Starts the sends of this turn and hands other cores their batches.
+    pub(crate) fn flush(&mut self) {
+        let mut flush = std::mem::take(&mut self.state.flush);
+        self.dispatcher.take_flush(&mut flush);
+        for &slot in &flush {
+            let socket = &mut self.state.sockets[slot as usize];
+            if socket.fd < 0 || socket.closing || socket.send_in_flight {
+                // A send in flight is followed by the next when it completes.
+                continue;
+            }
+            if self.dispatcher.take_output(slot, &mut socket.sending) {
+                socket.sent = 0;
+                socket.send_in_flight = true;
+                let (fd, pointer, len) = (socket.fd, socket.sending.as_ptr(), socket.sending.len());
+                let generation = self.dispatcher.generation(slot);
+                self.state.push(send_entry(fd, pointer, len.min(u32::MAX as usize) as u32, slot, generation));
+            }
+        }
+        self.state.flush = flush;
+        self.state.send_batches(self.dispatcher.outgoing());
+    }
+
+    /// A send completed: `result` bytes went out, or the socket failed.
+    pub(crate) fn sent(&mut self, slot: u32, generation: u32, result: i32) {
+        if !self.dispatcher.is_live(slot, generation) {
+            return;
+        }
+        let Some(socket) = self.state.socket(slot) else { return };
+        if result < 0 {
+            socket.send_in_flight = false;
+            self.dispatcher.failed(slot);
+        } else {
+            let bytes = result as usize;
+            socket.sent += bytes;
+            if socket.sent < socket.sending.len() {
+                // The kernel took part of it: the rest goes out next.
+                let rest = &socket.sending[socket.sent..];
+                let len = rest.len().min(u32::MAX as usize) as u32;
+                let entry = send_entry(socket.fd, rest.as_ptr(), len, slot, generation);
+                self.state.push(entry);
+                self.dispatcher.sent(slot, bytes);
+            } else {
+                socket.send_in_flight = false;
+                socket.sending.clear();
+                socket.sent = 0;
+                if socket.sending.capacity() > BUFFER_BYTES_KEPT {
+                    socket.sending = Vec::new();
+                }
+                self.dispatcher.sent(slot, bytes);
+            }
+        }
+        self.supply_tokens();
+        self.apply_socket_effects();
+        self.maybe_close(slot);
+    }
+
+    /// A receive completed: bytes, end of input, or a failure.
+    pub(crate) fn received(&mut self, slot: u32, generation: u32, result: i32, flags: u32) {
+        let buffer = cqueue::buffer_select(flags);
+        let live = self.dispatcher.is_live(slot, generation);
+        let Some(socket) = self.state.socket(slot).filter(|_| live) else {
+            if let Some(id) = buffer {
+                self.buffers.push(id);
+            }
+            return;
+        };
+        if !cqueue::more(flags) {
+            socket.recv_armed = false;
+        }
+        if let Some(id) = buffer {
+            if result > 0 {
+                let data = self.buffers.get(id, result as usize);
+                self.dispatcher.received(slot, data);
+            }
+            self.buffers.push(id);
+        }
+        match result {
+            // End of input: answer what was sent, then close.
+            0 => self.dispatcher.input_ended(slot),
+            error if error < 0 && error != -libc::ENOBUFS && error != -libc::ECANCELED => self.dispatcher.failed(slot),
+            _ => {}
+        }
+        self.supply_tokens();
+        self.apply_socket_effects();
+        self.maybe_rearm_recv(slot);
+        self.maybe_close(slot);
     }
 }
 

@@ -1,0 +1,491 @@
+//! The pure per-core dispatcher: everything a shard core decides about its
+//! connections and requests, with no socket, ring or clock inside.
+//!
+//! The shell (the io_uring loop in `event_loop.rs` and `sockets.rs`) feeds it
+//! bytes read, end of input and socket failures, bytes sent, messages from
+//! other cores, the replication core's orders and the time; the dispatcher
+//! parses request lines, runs the requests for its own keys on its
+//! [`Shard`], routes the others to the core that owns them, and writes the
+//! replies into buffers it owns. What the shell must do comes out as:
+//!
+//! - connections with output to send ([`Dispatcher::take_flush`]), whose
+//!   bytes the shell takes with [`Dispatcher::take_output`];
+//! - [`SocketEffect`]s: stop receiving, receive again, close;
+//! - a batch of messages per other core ([`Dispatcher::outgoing`]);
+//! - a call for fencing tokens ([`Dispatcher::take_token_call`]), and the
+//!   shard's next deadline ([`Dispatcher::next_deadline_ms`]).
+//!
+//! # The rules it keeps
+//! - Replies for one (op, key) on one connection keep request order: every
+//!   keyed request, errors included, goes through its key's shard.
+//! - A connection with [`IN_FLIGHT_MAX`](session::IN_FLIGHT_MAX) requests unanswered, or
+//!   [`OUTPUT_BYTES_MAX`](session::OUTPUT_BYTES_MAX) bytes of replies unsent, is paused: its input is
+//!   kept unparsed and its receive stopped, until it is below both again.
+//! - `line-too-long` is answered, then nothing more is read, and the
+//!   connection closes once its replies are out.
+//! - A connection that reads no more tells every shard (its queued acquires
+//!   leave their queues) and closes once all have acknowledged and every
+//!   reply owed is sent; one whose socket failed closes at once.
+//! - A standby checks a request fully, then answers `M`; a held core parks
+//!   requests in arrival order until the hand-off ends.
+
+mod connections;
+#[cfg(test)]
+mod model_tests;
+mod requests;
+pub(crate) mod session;
+#[cfg(test)]
+mod tests;
+
+use ringlock_proto::{ErrorCode, Role};
+use ringlock_shards::{ClientId, Delta, Shard, TokenRange, TokenRangeError};
+
+use crate::core::client_id::{client_id, split_client_id};
+use crate::core::mailbox::{CoreMessage, RoutedRequest};
+use crate::node::counters::RequestCounters;
+use crate::node::role::{CoreRole, Restored};
+use connections::Connections;
+pub(crate) use session::{BUFFER_BYTES_KEPT, Limits};
+
+/// What the node says of itself in `P` and `S`: read by the dispatcher from
+/// outside, since it is shared by every core and the replication core.
+pub(crate) trait NodeView {
+    /// The role, the active's epoch, and the address clients should use.
+    fn status(&self) -> (Role, u64, Option<String>);
+    /// The `S` reply's JSON for the node in `role` at `epoch`.
+    fn stats_json(&self, role: Role, epoch: u64) -> String;
+}
+
+/// What the shell must do with a connection's socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SocketEffect {
+    /// The connection is paused: stop receiving (its requests wait in the
+    /// kernel's buffers).
+    StopReceiving(u32),
+    /// It may be read again: receive, if no receive is armed.
+    Receive(u32),
+    /// Nothing more is owed (or the socket failed): shut it down, and once
+    /// no I/O of it is in flight, close it and call [`Dispatcher::closed`].
+    Close(u32),
+}
+
+/// Counters of what the dispatcher answered without a shard.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DispatchCounters {
+    /// Errors found before a request reaches a shard, by code.
+    pub(crate) errors: [u64; ErrorCode::ALL.len()],
+    /// Replies written, by operation and result.
+    pub(crate) requests: RequestCounters,
+    /// Times a connection stopped being read at the in-flight limit.
+    pub(crate) in_flight_pauses: u64,
+}
+
+impl DispatchCounters {
+    pub(crate) fn count_error(&mut self, code: ErrorCode) {
+        if let Some(index) = code.index() {
+            self.errors[index] += 1;
+        }
+    }
+}
+
+/// One core's dispatcher; see the module documentation.
+pub(crate) struct Dispatcher {
+    core: usize,
+    cores: usize,
+    lease_ms_max: u64,
+    shard: Shard,
+    view: Box<dyn NodeView>,
+    now_ms: u64,
+    connections: Connections,
+    need_tokens: bool,
+    role: CoreRole,
+    /// Requests held while the role is [`CoreRole::Held`], in arrival order.
+    parked: Vec<(ClientId, RoutedRequest)>,
+}
+
+impl Dispatcher {
+    /// The dispatcher of core `core` of `cores`, serving `shard` in `role`.
+    pub(crate) fn new(
+        core: usize,
+        cores: usize,
+        lease_ms_max: u64,
+        shard: Shard,
+        view: Box<dyn NodeView>,
+        role: CoreRole,
+        limits: Limits,
+    ) -> Dispatcher {
+        let mut dispatcher = Dispatcher {
+            core,
+            cores,
+            lease_ms_max,
+            now_ms: shard.now_ms(),
+            shard,
+            view,
+            connections: Connections::new(core, cores, limits),
+            need_tokens: false,
+            role,
+            parked: Vec::new(),
+        };
+        // A new shard's first effect is its call for tokens.
+        dispatcher.deliver_replies();
+        dispatcher
+    }
+
+    // ----- inputs from the shell -----
+
+    /// The time of this turn; nothing in the dispatcher reads a clock.
+    pub(crate) fn set_now(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
+    }
+
+    /// A new connection: its slot and generation, or `None` if the core has
+    /// no slot left or the server is stopping. The shell receives on it.
+    pub(crate) fn open(&mut self) -> Option<(u32, u32)> {
+        self.connections.open()
+    }
+
+    /// Bytes received on the connection at `slot`: whole lines are parsed
+    /// (unless it is paused), the rest is kept.
+    pub(crate) fn received(&mut self, slot: u32, data: &[u8]) {
+        self.input(slot, data);
+        self.connections.settle(slot);
+    }
+
+    /// The client sent end of input: what it sent before is answered, then
+    /// the connection closes.
+    pub(crate) fn input_ended(&mut self, slot: u32) {
+        self.connections.sessions[slot as usize].end_input();
+        self.finish_input(slot);
+        self.connections.settle(slot);
+    }
+
+    /// The socket failed: nothing more can be sent, so it closes now.
+    pub(crate) fn failed(&mut self, slot: u32) {
+        self.stop_reading(slot);
+        self.connections.sessions[slot as usize].output.clear();
+        self.connections.begin_close(slot);
+    }
+
+    /// Hands the connection's output to the shell for a send (see
+    /// [`Session::take_output`]). False if there is none.
+    pub(crate) fn take_output(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
+        // The bytes are the shell's to send now, but still count against the
+        // output limit until sent.
+        self.connections.sessions[slot as usize].take_output(into)
+    }
+
+    /// The shell sent `bytes` of the output it took.
+    pub(crate) fn sent(&mut self, slot: u32, bytes: usize) {
+        let session = &mut self.connections.sessions[slot as usize];
+        if !session.is_open() {
+            return;
+        }
+        session.sent(bytes);
+        if session.unsent > 0 {
+            return;
+        }
+        // Everything taken went out: what was written meanwhile is next, and
+        // a connection paused by its output may be read again.
+        let resume = session.reading() && (!session.input.is_empty() || !session.receiving);
+        if !session.output.is_empty() {
+            self.connections.list(slot);
+        }
+        if resume {
+            self.connections.resumable.push(slot);
+            self.resume_paused();
+        }
+        self.connections.settle(slot);
+    }
+
+    /// The shell closed the socket the dispatcher asked it to close: the
+    /// slot is free for another connection.
+    pub(crate) fn closed(&mut self, slot: u32) {
+        self.connections.free(slot);
+    }
+
+    /// A message from another core (not an adoption or a control, which
+    /// the shell handles).
+    pub(crate) fn handle_message(&mut self, message: CoreMessage) {
+        match message {
+            CoreMessage::Request { client, request } => {
+                self.run_keyed(client, requests::Keyed::of(&request));
+                self.deliver_replies();
+            }
+            CoreMessage::Reply { client, reply } => self.connections.deliver(client, &reply),
+            CoreMessage::ClientGone(client) => {
+                let removed = self.shard.client_gone(self.now_ms, client);
+                self.deliver_replies();
+                let (core, ..) = split_client_id(client);
+                self.connections.outgoing[core].push(CoreMessage::GoneAck { client, removed });
+            }
+            CoreMessage::GoneAck { client, removed } => self.gone_acknowledged(client, removed),
+            CoreMessage::Control(_) | CoreMessage::Adopt { .. } => {
+                debug_assert!(false, "the shell handles controls and adoptions");
+            }
+        }
+    }
+
+    /// Runs the shard's timers up to now: leases and waits that ran out end.
+    /// A held core lets none run out until the hand-off ends.
+    pub(crate) fn advance(&mut self) {
+        if self.role != CoreRole::Held {
+            self.shard.advance(self.now_ms);
+            self.deliver_replies();
+        }
+    }
+
+    /// Parses what paused connections kept, now that they are below their
+    /// limits again.
+    pub(crate) fn resume_paused(&mut self) {
+        while let Some(slot) = self.connections.resumable.pop() {
+            let session = &mut self.connections.sessions[slot as usize];
+            if !session.is_open() || session.closing() || session.is_paused() {
+                continue;
+            }
+            if session.reading() && !session.input.is_empty() {
+                let input = std::mem::take(&mut session.input);
+                let consumed = self.parse(slot, &input);
+                let session = &mut self.connections.sessions[slot as usize];
+                if session.reading() {
+                    let mut rest = input;
+                    rest.drain(..consumed);
+                    session.input = rest;
+                }
+            }
+            if self.connections.sessions[slot as usize].input_ended() {
+                self.finish_input(slot);
+            }
+            self.connections.settle(slot);
+        }
+    }
+
+    // ----- tokens -----
+
+    /// Whether the shard asked for tokens and may have them now (only an
+    /// active core issues tokens); the call is taken.
+    pub(crate) fn take_token_call(&mut self) -> bool {
+        let call = self.need_tokens && self.role == CoreRole::Active;
+        if call {
+            self.need_tokens = false;
+        }
+        call
+    }
+
+    /// A token range from the authority; waiting acquires may be granted.
+    pub(crate) fn add_token_range(&mut self, range: TokenRange) -> Result<(), TokenRangeError> {
+        let added = self.shard.add_token_range(self.now_ms, range);
+        self.deliver_replies();
+        added
+    }
+
+    /// The authority could not give tokens: the shard may ask again.
+    pub(crate) fn token_request_lost(&mut self) {
+        self.shard.token_request_lost();
+        self.deliver_replies();
+    }
+
+    // ----- the node's role -----
+
+    /// Serves from now on, after restoring the replicated grants. Tokens of
+    /// the current epoch replace whatever the shard holds, so the shell
+    /// supplies a range before it serves the held requests.
+    pub(crate) fn activate(&mut self, restore: Vec<Restored>) {
+        for (key, token, lease_ms) in restore {
+            debug_assert_eq!(ringlock_shards::shard_of(key.as_bytes(), self.cores), self.core);
+            if !self.shard.restore(self.now_ms, key.as_bytes(), token, lease_ms) {
+                tracing::warn!(core = self.core, "a replicated grant could not be restored (table full)");
+            }
+        }
+        self.role = CoreRole::Active;
+        self.connections.active_address = None;
+        self.need_tokens = true;
+        self.deliver_replies();
+    }
+
+    /// Stops serving: held requests and queued acquires are answered `M`
+    /// with `active`, the table is dropped, new requests are redirected.
+    pub(crate) fn follow(&mut self, active: Option<String>) {
+        self.role = CoreRole::Standby;
+        self.connections.active_address = active.map(String::into_bytes);
+        for (client, request) in std::mem::take(&mut self.parked) {
+            self.run_keyed(client, requests::Keyed::of(&request));
+        }
+        self.shard.step_down(self.now_ms);
+        self.deliver_replies();
+    }
+
+    /// Holds requests (a hand-off starts).
+    pub(crate) fn hold(&mut self) {
+        if self.role == CoreRole::Active {
+            self.role = CoreRole::Held;
+        }
+    }
+
+    /// Serves again, starting with the requests held meanwhile, in order.
+    pub(crate) fn serve_held(&mut self) {
+        if self.role == CoreRole::Held {
+            self.role = CoreRole::Active;
+        }
+        for (client, request) in std::mem::take(&mut self.parked) {
+            self.run_keyed(client, requests::Keyed::of(&request));
+        }
+        self.deliver_replies();
+    }
+
+    /// The deltas the shard made since the last call, in a buffer that was
+    /// `empty`; `None` if it made none.
+    pub(crate) fn take_deltas(&mut self, empty: impl FnOnce() -> Vec<Delta>) -> Option<Vec<Delta>> {
+        self.shard.has_deltas().then(|| self.shard.take_deltas(empty()))
+    }
+
+    // ----- stopping -----
+
+    /// The server stops: no more requests are read or connections opened.
+    pub(crate) fn stop(&mut self) {
+        self.connections.stopping = true;
+        for session in &mut self.connections.sessions {
+            session.stop_for_shutdown();
+        }
+    }
+
+    /// Once every core reads no more: answers every request still queued or
+    /// held `shutting-down`.
+    pub(crate) fn refuse_queued(&mut self) {
+        if !self.parked.is_empty() {
+            // Stopping after a hand-off that failed or was cut short: the
+            // successor may have taken over all the same, so nothing held
+            // is served here; every held request is answered
+            // `shutting-down` (it had no effect), in order with the rest.
+            self.refuse_parked(ErrorCode::ShuttingDown);
+        }
+        if self.shard.stats().waiters > 0 {
+            self.shard.fail_waiters(self.now_ms, ErrorCode::ShuttingDown);
+            self.deliver_replies();
+        }
+    }
+
+    /// Answers every held request `E <op> <key> <code>`, behind the earlier
+    /// requests of the same connection and key.
+    pub(crate) fn refuse_parked(&mut self, code: ErrorCode) {
+        for (client, request) in std::mem::take(&mut self.parked) {
+            let keyed = requests::Keyed::of(&request);
+            self.shard.reject(self.now_ms, client, keyed.op(), keyed.key(), code);
+        }
+        self.deliver_replies();
+    }
+
+    // ----- outputs to the shell -----
+
+    /// The connections with output to send, swapped into `into` (emptied
+    /// first), so that the list keeps its memory from turn to turn.
+    pub(crate) fn take_flush(&mut self, into: &mut Vec<u32>) {
+        into.clear();
+        std::mem::swap(&mut self.connections.flush, into);
+        for &slot in into.iter() {
+            self.connections.sessions[slot as usize].listed = false;
+        }
+    }
+
+    /// The socket effects decided since the last call, in order, swapped
+    /// into `into` (emptied first).
+    pub(crate) fn take_effects(&mut self, into: &mut Vec<SocketEffect>) {
+        into.clear();
+        std::mem::swap(&mut self.connections.effects, into);
+    }
+
+    /// The messages for each core from this turn, for the shell to send.
+    pub(crate) fn outgoing(&mut self) -> &mut [Vec<CoreMessage>] {
+        &mut self.connections.outgoing
+    }
+
+    /// The shard's next timer deadline.
+    pub(crate) fn next_deadline_ms(&self) -> Option<u64> {
+        self.shard.next_deadline_ms()
+    }
+
+    // ----- queries -----
+
+    /// Whether `slot` holds the connection of `generation`, not yet closed.
+    pub(crate) fn is_live(&self, slot: u32, generation: u32) -> bool {
+        self.connections.is_live(slot, generation)
+    }
+
+    pub(crate) fn generation(&self, slot: u32) -> u32 {
+        self.connections.sessions[slot as usize].generation
+    }
+
+    /// Whether the shell should have a receive armed on `slot`.
+    pub(crate) fn wants_input(&self, slot: u32) -> bool {
+        self.connections.sessions[slot as usize].wants_input()
+    }
+
+    /// Whether every open connection's replies are out (or it is closing).
+    pub(crate) fn all_flushed(&self) -> bool {
+        self.connections.sessions.iter().all(|s| !s.is_open() || s.closing() || s.flushed())
+    }
+
+    /// Whether nothing is left in the batches for other cores.
+    pub(crate) fn outgoing_empty(&self) -> bool {
+        self.connections.outgoing.iter().all(Vec::is_empty)
+    }
+
+    /// Connections open and not closing.
+    pub(crate) fn open_connections(&self) -> u64 {
+        self.connections.open
+    }
+
+    pub(crate) fn counters(&self) -> &DispatchCounters {
+        &self.connections.counters
+    }
+
+    pub(crate) fn shard(&self) -> &Shard {
+        &self.shard
+    }
+
+    pub(crate) fn shard_mut(&mut self) -> &mut Shard {
+        &mut self.shard
+    }
+
+    // ----- connection life -----
+
+    /// End of input: once the lines already received are handled, read no more.
+    fn finish_input(&mut self, slot: u32) {
+        let session = &self.connections.sessions[slot as usize];
+        // A paused connection still has whole lines to handle; the resume
+        // after its replies drain comes back here.
+        if session.reading() && !session.is_paused() {
+            self.stop_reading(slot);
+        }
+    }
+
+    /// The connection reads no more requests: every shard drops its queued
+    /// acquires and acknowledges, and the connection closes once the replies
+    /// still owed are out.
+    fn stop_reading(&mut self, slot: u32) {
+        let session = &mut self.connections.sessions[slot as usize];
+        if !session.stop_reading() {
+            return;
+        }
+        let client = client_id(self.core, slot, session.generation);
+        session.gone_acks = (self.cores - 1) as u32;
+        let removed = self.shard.client_gone(self.now_ms, client);
+        let session = &mut self.connections.sessions[slot as usize];
+        session.in_flight = session.in_flight.saturating_sub(removed);
+        for target in (0..self.cores).filter(|&target| target != self.core) {
+            self.connections.outgoing[target].push(CoreMessage::ClientGone(client));
+        }
+        self.deliver_replies();
+    }
+
+    /// A shard dropped `removed` requests of a connection that reads no more.
+    fn gone_acknowledged(&mut self, client: ClientId, removed: u32) {
+        let (_, slot, generation) = split_client_id(client);
+        if !self.is_live(slot, generation) {
+            return;
+        }
+        let session = &mut self.connections.sessions[slot as usize];
+        session.in_flight = session.in_flight.saturating_sub(removed);
+        session.gone_acks = session.gone_acks.saturating_sub(1);
+        self.connections.settle(slot);
+    }
+}

@@ -1,0 +1,279 @@
+//! Requests and replies in the dispatcher: parsing request lines, routing
+//! each request to the core that owns its key, and writing replies.
+
+use ringlock_proto::{Decoded, ErrorCode, Op, Reply, Request, decode_request};
+use ringlock_shards::{ClientId, Effect, Key, ShardReply, shard_of};
+
+use super::Dispatcher;
+use super::session::partial_line_end;
+use crate::core::client_id::client_id;
+use crate::core::mailbox::{CoreMessage, RoutedRequest};
+use crate::node::role::CoreRole;
+
+/// A request on a key, borrowing the key from the line it was parsed from:
+/// it becomes an owned [`RoutedRequest`] only if another core owns the key.
+#[derive(Clone, Copy)]
+pub(super) enum Keyed<'a> {
+    Acquire { key: &'a [u8], lease_ms: u64, wait_ms: u64 },
+    Release { key: &'a [u8], token: u64 },
+    Extend { key: &'a [u8], token: u64, lease_ms: u64 },
+    Inspect { key: &'a [u8] },
+    Reject { op: Op, key: &'a [u8], code: ErrorCode },
+}
+
+impl<'a> Keyed<'a> {
+    pub(super) fn key(self) -> &'a [u8] {
+        match self {
+            Keyed::Acquire { key, .. } | Keyed::Release { key, .. } | Keyed::Extend { key, .. } => key,
+            Keyed::Inspect { key } | Keyed::Reject { key, .. } => key,
+        }
+    }
+
+    pub(super) fn op(self) -> Op {
+        match self {
+            Keyed::Acquire { .. } => Op::Acquire,
+            Keyed::Release { .. } => Op::Release,
+            Keyed::Extend { .. } => Op::Extend,
+            Keyed::Inspect { .. } => Op::Inspect,
+            Keyed::Reject { op, .. } => op,
+        }
+    }
+
+    pub(super) fn of(request: &'a RoutedRequest) -> Keyed<'a> {
+        match request {
+            RoutedRequest::Acquire { key, lease_ms, wait_ms } => {
+                Keyed::Acquire { key: key.as_bytes(), lease_ms: *lease_ms, wait_ms: *wait_ms }
+            }
+            RoutedRequest::Release { key, token } => Keyed::Release { key: key.as_bytes(), token: *token },
+            RoutedRequest::Extend { key, token, lease_ms } => {
+                Keyed::Extend { key: key.as_bytes(), token: *token, lease_ms: *lease_ms }
+            }
+            RoutedRequest::Inspect { key } => Keyed::Inspect { key: key.as_bytes() },
+            RoutedRequest::Reject { op, key, code } => Keyed::Reject { op: *op, key: key.as_bytes(), code: *code },
+        }
+    }
+
+    fn to_routed(self) -> RoutedRequest {
+        match self {
+            Keyed::Acquire { key, lease_ms, wait_ms } => {
+                RoutedRequest::Acquire { key: Key::new(key), lease_ms, wait_ms }
+            }
+            Keyed::Release { key, token } => RoutedRequest::Release { key: Key::new(key), token },
+            Keyed::Extend { key, token, lease_ms } => RoutedRequest::Extend { key: Key::new(key), token, lease_ms },
+            Keyed::Inspect { key } => RoutedRequest::Inspect { key: Key::new(key) },
+            Keyed::Reject { op, key, code } => RoutedRequest::Reject { op, key: Key::new(key), code },
+        }
+    }
+
+    /// [`Keyed::apply`], except that an immediate grant or a release made is
+    /// not answered among the shard's effects but returned, for the caller
+    /// to write before it delivers them (see [`ringlock_shards::Shard::acquire_direct`]).
+    #[inline(always)]
+    fn apply_direct(self, dispatcher: &mut Dispatcher, client: ClientId) -> Option<Reply<'a>> {
+        let (shard, now_ms) = (&mut dispatcher.shard, dispatcher.now_ms);
+        debug_assert!(
+            shard.effects().is_empty(),
+            "a direct reply goes before every effect of its request: {:?}",
+            shard.effects()
+        );
+        match self {
+            Keyed::Acquire { key, lease_ms, wait_ms } => {
+                shard.acquire_direct(now_ms, client, key, lease_ms, wait_ms).map(|token| Reply::Acquired { key, token })
+            }
+            Keyed::Release { key, token } => {
+                shard.release_direct(now_ms, client, key, token).then_some(Reply::Released { key })
+            }
+            request => {
+                request.apply(dispatcher, client);
+                None
+            }
+        }
+    }
+
+    /// Runs the request on the shard that owns its key.
+    #[inline(always)]
+    fn apply(self, dispatcher: &mut Dispatcher, client: ClientId) {
+        let (shard, now_ms) = (&mut dispatcher.shard, dispatcher.now_ms);
+        match self {
+            Keyed::Acquire { key, lease_ms, wait_ms } => shard.acquire(now_ms, client, key, lease_ms, wait_ms),
+            Keyed::Release { key, token } => shard.release(now_ms, client, key, token),
+            Keyed::Extend { key, token, lease_ms } => shard.extend(now_ms, client, key, token, lease_ms),
+            Keyed::Inspect { key } => shard.inspect(now_ms, client, key),
+            Keyed::Reject { op, key, code } => shard.reject(now_ms, client, op, key, code),
+        }
+    }
+}
+
+impl Dispatcher {
+    /// Handles every whole request line at the front of `data`, until the
+    /// connection pauses or stops reading; returns the bytes used.
+    pub(super) fn parse(&mut self, slot: u32, data: &[u8]) -> usize {
+        let mut offset = 0;
+        loop {
+            let session = &self.connections.sessions[slot as usize];
+            if !session.reading() || session.is_paused() {
+                if session.in_flight >= session.limits.in_flight_max {
+                    self.connections.counters.in_flight_pauses += 1;
+                }
+                return offset;
+            }
+            match decode_request(&data[offset..], self.lease_ms_max) {
+                Decoded::Incomplete => return offset,
+                Decoded::LineTooLong => {
+                    self.connections.counters.count_error(ErrorCode::LineTooLong);
+                    let reply = Reply::Error { op: None, key: None, code: ErrorCode::LineTooLong };
+                    self.connections.counters.requests.count(&reply);
+                    self.connections.write(slot, &reply);
+                    self.stop_reading(slot);
+                    return data.len();
+                }
+                Decoded::Line { consumed, item } => {
+                    offset += consumed;
+                    match item {
+                        Ok(request) => self.request(slot, request),
+                        Err(error) => match (error.op, error.key) {
+                            // A keyed error goes through the key's shard, so
+                            // that it keeps its place among that key's replies.
+                            (Some(op @ (Op::Acquire | Op::Release | Op::Extend | Op::Inspect)), Some(key)) => {
+                                self.route(slot, Keyed::Reject { op, key, code: error.code });
+                            }
+                            _ => {
+                                self.connections.counters.count_error(error.code);
+                                let reply = error.to_reply();
+                                self.connections.counters.requests.count(&reply);
+                                self.connections.write(slot, &reply);
+                            }
+                        },
+                    }
+                }
+            }
+        }
+    }
+
+    /// Received bytes: parse whole lines, keep the rest.
+    pub(super) fn input(&mut self, slot: u32, data: &[u8]) {
+        let session = &mut self.connections.sessions[slot as usize];
+        if !session.reading() {
+            return;
+        }
+        if session.input.is_empty() {
+            let consumed = self.parse(slot, data);
+            let session = &mut self.connections.sessions[slot as usize];
+            if session.reading() {
+                session.input.extend_from_slice(&data[consumed..]);
+            }
+        } else if session.is_paused() {
+            session.input.extend_from_slice(data);
+        } else {
+            // A partial line is waiting: complete it with the bytes up to the
+            // first newline, then parse the rest in place.
+            let take = partial_line_end(data);
+            session.input.extend_from_slice(&data[..take]);
+            let pending = std::mem::take(&mut session.input);
+            let consumed = self.parse(slot, &pending);
+            let mut rest = pending;
+            rest.drain(..consumed);
+            let session = &self.connections.sessions[slot as usize];
+            if rest.is_empty() && session.reading() && !session.is_paused() {
+                let consumed = self.parse(slot, &data[take..]);
+                rest.extend_from_slice(&data[take + consumed..]);
+            } else {
+                rest.extend_from_slice(&data[take..]);
+            }
+            let session = &mut self.connections.sessions[slot as usize];
+            if session.reading() {
+                session.input = rest;
+            }
+        }
+    }
+
+    fn request(&mut self, slot: u32, request: Request<'_>) {
+        let keyed = match request {
+            Request::Ping => {
+                let (role, epoch, active) = self.view.status();
+                let reply = Reply::Pong { role, epoch, active: active.as_deref().map(str::as_bytes) };
+                self.connections.counters.requests.count(&reply);
+                self.connections.write(slot, &reply);
+                return;
+            }
+            Request::Stats => {
+                // In a cluster `S` shows the epoch `P` does: the active's, also on a standby.
+                let (role, epoch, _) = self.view.status();
+                let json = self.view.stats_json(role, epoch);
+                let reply = Reply::Stats { json: json.as_bytes() };
+                self.connections.counters.requests.count(&reply);
+                self.connections.write(slot, &reply);
+                return;
+            }
+            Request::Acquire { key, lease_ms, wait_ms } => Keyed::Acquire { key, lease_ms, wait_ms },
+            Request::Release { key, token } => Keyed::Release { key, token },
+            Request::Extend { key, token, lease_ms } => Keyed::Extend { key, token, lease_ms },
+            Request::Inspect { key } => Keyed::Inspect { key },
+        };
+        self.route(slot, keyed);
+    }
+
+    /// Runs a request here if this core owns its key, or queues it for the
+    /// core that does.
+    fn route(&mut self, slot: u32, request: Keyed<'_>) {
+        let session = &mut self.connections.sessions[slot as usize];
+        session.in_flight += 1;
+        let client = client_id(self.core, slot, session.generation);
+        let target = shard_of(request.key(), self.cores);
+        if target != self.core {
+            self.connections.outgoing[target].push(CoreMessage::Request { client, request: request.to_routed() });
+            return;
+        }
+        if self.role != CoreRole::Active {
+            self.run_keyed(client, request);
+            self.deliver_replies();
+            return;
+        }
+        // Served here and now, the common case. A grant or a release made
+        // at once is answered from the request line, before the effects
+        // (a release's hand-off to the next waiter comes after it).
+        if let Some(reply) = request.apply_direct(self, client) {
+            self.connections.answer_line(slot, &reply);
+        }
+        self.deliver_replies_asked_by(Some((slot, client)));
+    }
+
+    /// Delivers the shard's replies and notes a call for tokens. The effects
+    /// are read where the shard put them (see [`ringlock_shards::Shard::effects`]).
+    #[inline]
+    pub(super) fn deliver_replies(&mut self) {
+        self.deliver_replies_asked_by(None);
+    }
+
+    /// [`Dispatcher::deliver_replies`] right after the shard ran a request of
+    /// the connection at `slot`, known as `client`: a reply to it goes
+    /// straight to that connection, which is live, as its input is being read.
+    #[inline(always)]
+    fn deliver_replies_asked_by(&mut self, asker: Option<(u32, ClientId)>) {
+        for effect in self.shard.effects() {
+            match effect {
+                Effect::Reply { client, reply } => match asker {
+                    Some((slot, asker)) if asker == *client => self.connections.answer(slot, reply),
+                    _ => self.connections.deliver(*client, reply),
+                },
+                Effect::NeedTokens => self.need_tokens = true,
+            }
+        }
+        self.shard.clear_effects();
+    }
+
+    /// A request for one of this core's keys, as the core's role says:
+    /// served, held, or (checked already) redirected to the active.
+    pub(super) fn run_keyed(&mut self, client: ClientId, request: Keyed<'_>) {
+        match (self.role, request) {
+            (CoreRole::Active, request) => request.apply(self, client),
+            (CoreRole::Held, request) => self.parked.push((client, request.to_routed())),
+            (CoreRole::Standby, Keyed::Reject { op, key, code }) => {
+                self.shard.reject(self.now_ms, client, op, key, code)
+            }
+            (CoreRole::Standby, request) => {
+                self.connections.deliver(client, &ShardReply::Moved { op: request.op(), key: Key::new(request.key()) })
+            }
+        }
+    }
+}

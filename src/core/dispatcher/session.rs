@@ -1,0 +1,375 @@
+//! One client connection as the dispatcher sees it: bytes not parsed yet,
+//! replies not handed to the socket yet, requests in flight, and where it
+//! stands in its life. The socket itself (descriptor, I/O in flight, the
+//! buffer of the send in flight) belongs to the shell.
+//!
+//! A connection ends in one of two ways. When the client stops sending (end
+//! of input, or a `line-too-long`), the dispatcher stops reading it, tells
+//! every shard (its queued acquires leave their queues), and closes it once
+//! every shard has acknowledged and every reply is sent. When the socket
+//! fails, what it had is dropped and it closes at once.
+//!
+//! Its [`Phase`] says where it stands on that way, and the methods that
+//! change it are the only transitions (tested below):
+//!
+//! ```text
+//! Free --open--> Reading
+//! Reading --end_input--> InputEnded          (the client half-closed)
+//! Reading, InputEnded --stop_reading--> Draining   (shards told)
+//! Reading, InputEnded --stop_for_shutdown--> Stopped (the server stops)
+//! Stopped --stop_reading--> Draining
+//! Draining --begin_close--> Closing --free--> Free (generation + 1)
+//! ```
+//!
+//! Apart from its phase, a connection is paused ([`Session::is_paused`])
+//! while it has too many requests in flight or too many replies unsent: it is
+//! then neither parsed nor received, and resumes once below both limits.
+
+use ringlock_proto::LINE_LEN_MAX;
+
+/// Replies a connection may have waiting before the loop stops reading its
+/// requests: a client that stops reading cannot make the server buffer
+/// without bound.
+pub const OUTPUT_BYTES_MAX: usize = 1 << 20;
+
+/// Requests a connection may have in flight (parsed and not answered:
+/// queued acquires, the answers held behind them, requests on their way to
+/// or from another core) before the loop stops reading it. Without it, a
+/// client could make the server hold requests without bound, for example
+/// error answers held behind a queued acquire of the same key; with it, its
+/// further requests wait in the kernel's socket buffers. It is above the
+/// default --max-waiters-per-key, so a connection may still fill one key's
+/// queue and be read.
+pub const IN_FLIGHT_MAX: u32 = 1 << 17;
+
+/// The limits that pause a connection; [`Limits::DEFAULT`] in the server,
+/// smaller in tests that drive pausing often.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub in_flight_max: u32,
+    pub output_bytes_max: usize,
+}
+
+impl Limits {
+    pub const DEFAULT: Limits = Limits { in_flight_max: IN_FLIGHT_MAX, output_bytes_max: OUTPUT_BYTES_MAX };
+}
+
+/// Buffers larger than this are given back to the allocator once empty, so
+/// an idle connection costs little memory after a burst.
+pub const BUFFER_BYTES_KEPT: usize = 64 << 10;
+
+/// Where a connection is in its life; see the module documentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The slot holds no connection.
+    Free,
+    /// Requests are read.
+    Reading,
+    /// The client sent end of input: the lines it sent before are still
+    /// handled (a paused connection may hold some), then it reads no more.
+    InputEnded,
+    /// The server is stopping: no more requests are read, and the shards are
+    /// not told (they answer what is queued `shutting-down`).
+    Stopped,
+    /// Reads no more; the shards were told, and the connection closes once
+    /// they have acknowledged and every reply is out.
+    Draining,
+    /// The shell was told to close it; the slot is freed once it has.
+    Closing,
+}
+
+/// A client connection's state in the dispatcher.
+#[derive(Debug)]
+pub struct Session {
+    /// Changes every time the slot is reused, so late replies for a closed
+    /// connection are dropped rather than sent to its successor.
+    pub generation: u32,
+    /// Bytes received and not parsed yet (a partial line, or more while paused).
+    pub input: Vec<u8>,
+    /// Replies not handed to the shell yet.
+    pub output: Vec<u8>,
+    /// Bytes handed to the shell that it has not reported sent.
+    pub unsent: usize,
+    /// Requests parsed and not answered (queued acquires included).
+    pub in_flight: u32,
+    /// Where the connection is in its life.
+    phase: Phase,
+    /// Shards that have not acknowledged yet that the connection reads no more.
+    pub gone_acks: u32,
+    /// Listed among the connections with output for the shell to send.
+    pub listed: bool,
+    /// Whether the shell was last told to receive (true) or to stop (false).
+    pub receiving: bool,
+    pub limits: Limits,
+}
+
+impl Session {
+    /// An empty slot.
+    pub fn free() -> Session {
+        Session {
+            generation: 0,
+            input: Vec::new(),
+            output: Vec::new(),
+            unsent: 0,
+            in_flight: 0,
+            phase: Phase::Free,
+            gone_acks: 0,
+            listed: false,
+            receiving: false,
+            limits: Limits::DEFAULT,
+        }
+    }
+
+    /// Starts a new connection in this (free) slot, keeping its generation.
+    pub fn open(&mut self, limits: Limits) {
+        debug_assert_eq!(self.phase, Phase::Free, "a connection opens in a free slot");
+        *self =
+            Session { generation: self.generation, phase: Phase::Reading, receiving: true, limits, ..Session::free() };
+    }
+
+    /// Frees the slot, so that a late reply for this connection is dropped.
+    pub fn free_slot(&mut self) {
+        *self = Session { generation: self.generation.wrapping_add(1), ..Session::free() };
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.phase != Phase::Free
+    }
+
+    /// Whether requests are still read (and parsed).
+    pub fn reading(&self) -> bool {
+        matches!(self.phase, Phase::Reading | Phase::InputEnded)
+    }
+
+    /// Whether the client sent end of input while requests are still read.
+    pub fn input_ended(&self) -> bool {
+        self.phase == Phase::InputEnded
+    }
+
+    pub fn closing(&self) -> bool {
+        self.phase == Phase::Closing
+    }
+
+    /// Whether the shell should have a receive armed for it.
+    pub fn wants_input(&self) -> bool {
+        self.phase == Phase::Reading && !self.is_paused()
+    }
+
+    /// The client sent end of input.
+    pub fn end_input(&mut self) {
+        if self.phase == Phase::Reading {
+            self.phase = Phase::InputEnded;
+        }
+    }
+
+    /// Reads no more requests, and drops the input kept. True the first time,
+    /// when the shards are to be told (and then acknowledge, `gone_acks`).
+    pub fn stop_reading(&mut self) -> bool {
+        self.input = Vec::new();
+        match self.phase {
+            Phase::Reading | Phase::InputEnded | Phase::Stopped => {
+                self.phase = Phase::Draining;
+                true
+            }
+            Phase::Free | Phase::Draining | Phase::Closing => false,
+        }
+    }
+
+    /// The server stops: no more requests are read, and the input kept is dropped.
+    pub fn stop_for_shutdown(&mut self) {
+        self.input = Vec::new();
+        if self.reading() {
+            self.phase = Phase::Stopped;
+        }
+    }
+
+    /// Starts closing; false if it already is (or the slot is free).
+    pub fn begin_close(&mut self) -> bool {
+        if matches!(self.phase, Phase::Closing | Phase::Free) {
+            return false;
+        }
+        self.phase = Phase::Closing;
+        true
+    }
+
+    /// Whether the dispatcher should stop parsing (and receiving) for now.
+    pub fn is_paused(&self) -> bool {
+        self.in_flight >= self.limits.in_flight_max || self.output.len() + self.unsent >= self.limits.output_bytes_max
+    }
+
+    /// Hands the output to the shell: swapped with `into` (emptied first),
+    /// so no byte is copied. False if there was none.
+    pub fn take_output(&mut self, into: &mut Vec<u8>) -> bool {
+        into.clear();
+        if self.output.is_empty() || self.closing() {
+            return false;
+        }
+        std::mem::swap(&mut self.output, into);
+        self.unsent += into.len();
+        if self.output.capacity() > BUFFER_BYTES_KEPT {
+            // The buffer taken in exchange stays with the session; a large
+            // one is not kept for an idle connection.
+            self.output = Vec::new();
+        }
+        true
+    }
+
+    /// The shell sent `bytes` of what it took.
+    pub fn sent(&mut self, bytes: usize) {
+        debug_assert!(bytes <= self.unsent, "the shell sends only what it took");
+        self.unsent = self.unsent.saturating_sub(bytes);
+        if self.output.is_empty() && self.output.capacity() > BUFFER_BYTES_KEPT {
+            self.output = Vec::new();
+        }
+    }
+
+    /// True once every reply produced has been sent.
+    pub fn flushed(&self) -> bool {
+        self.output.is_empty() && self.unsent == 0
+    }
+
+    /// True once nothing more can be owed to the client: it reads no more,
+    /// every shard acknowledged, every reply arrived and went out.
+    pub fn finished(&self) -> bool {
+        self.phase == Phase::Draining && self.gone_acks == 0 && self.in_flight == 0 && self.flushed()
+    }
+}
+
+/// The bytes at the front of `data` that complete a partial line kept from
+/// earlier input: up to and including the first newline, or as much as a
+/// line may hold (so that a line too long is found without waiting for it
+/// all). What follows is parsed in place.
+pub fn partial_line_end(data: &[u8]) -> usize {
+    let bound = data.len().min(LINE_LEN_MAX + 2);
+    data[..bound].iter().position(|&byte| byte == b'\n').map_or(bound, |at| at + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> Session {
+        let mut session = Session::free();
+        session.open(Limits::DEFAULT);
+        session
+    }
+
+    #[test]
+    fn a_client_that_half_closes_is_drained_then_closed() {
+        let mut session = session();
+        assert!(session.reading() && !session.input_ended());
+        session.end_input();
+        assert_eq!(session.phase, Phase::InputEnded);
+        assert!(session.reading(), "the lines sent before end of input are still handled");
+        assert!(!session.wants_input(), "nothing more arrives after end of input");
+        assert!(session.stop_reading(), "the shards are told once");
+        assert_eq!(session.phase, Phase::Draining);
+        assert!(!session.stop_reading(), "and only once");
+        assert!(!session.reading() && !session.input_ended());
+        assert!(session.finished(), "no acknowledgement or reply owed");
+        assert!(session.begin_close());
+        assert!(!session.begin_close(), "closing starts once");
+        assert!(session.closing() && !session.reading());
+        assert!(!session.stop_reading());
+        session.end_input();
+        assert_eq!(session.phase, Phase::Closing, "end of input changes nothing once closing");
+    }
+
+    #[test]
+    fn a_freed_slot_opens_with_a_new_generation() {
+        let mut session = session();
+        let generation = session.generation;
+        session.output.extend_from_slice(b"A k 1\n");
+        session.begin_close();
+        session.free_slot();
+        assert!(!session.is_open() && session.output.is_empty());
+        assert_eq!(session.generation, generation.wrapping_add(1));
+        assert!(!session.begin_close(), "a free slot does not close");
+        session.open(Limits::DEFAULT);
+        assert!(session.reading() && session.receiving);
+        assert_eq!(session.generation, generation.wrapping_add(1));
+    }
+
+    #[test]
+    fn a_connection_finishes_once_acknowledged_answered_and_flushed() {
+        let mut session = session();
+        session.in_flight = 2;
+        session.output.extend_from_slice(b"A k 1\n");
+        assert!(!session.finished(), "still reading");
+        session.stop_reading();
+        session.gone_acks = 1;
+        assert!(!session.finished());
+        session.gone_acks = 0;
+        session.in_flight = 0;
+        assert!(!session.finished(), "a reply is not sent yet");
+        let mut sending = Vec::new();
+        assert!(session.take_output(&mut sending));
+        assert!(!session.finished(), "a send is in flight");
+        session.sent(sending.len());
+        assert!(session.finished());
+    }
+
+    #[test]
+    fn a_stopping_server_reads_no_more_and_tells_the_shards_only_on_a_later_stop() {
+        let mut session = session();
+        session.input.extend_from_slice(b"A k");
+        session.stop_for_shutdown();
+        assert_eq!(session.phase, Phase::Stopped);
+        assert!(session.input.is_empty() && !session.reading() && !session.finished());
+        session.end_input();
+        assert_eq!(session.phase, Phase::Stopped);
+        assert!(session.stop_reading(), "a socket that fails while stopping still tells the shards");
+        let mut draining = self::session();
+        draining.stop_reading();
+        draining.stop_for_shutdown();
+        assert_eq!(draining.phase, Phase::Draining);
+    }
+
+    #[test]
+    fn a_connection_pauses_at_either_limit_and_resumes_below_both() {
+        let mut session = session();
+        assert!(!session.is_paused());
+        session.in_flight = IN_FLIGHT_MAX;
+        assert!(session.is_paused() && !session.wants_input());
+        session.in_flight -= 1;
+        assert!(!session.is_paused() && session.wants_input());
+        session.output.resize(OUTPUT_BYTES_MAX - 1, b'x');
+        assert!(!session.is_paused());
+        session.output.push(b'\n');
+        assert!(session.is_paused());
+        let mut sending = Vec::new();
+        assert!(session.take_output(&mut sending));
+        assert!(session.is_paused(), "bytes handed to the shell and not sent count too");
+        session.sent(sending.len() - 1);
+        assert!(!session.is_paused());
+    }
+
+    #[test]
+    fn output_goes_to_the_shell_by_swapping_buffers() {
+        let mut session = session();
+        let mut sending = Vec::with_capacity(64);
+        assert!(!session.take_output(&mut sending), "no output yet");
+        session.output.extend_from_slice(b"A k 1\nR k\n");
+        assert!(session.take_output(&mut sending));
+        assert_eq!(sending, b"A k 1\nR k\n");
+        assert_eq!(session.unsent, 10);
+        assert!(session.output.is_empty() && session.output.capacity() >= 64, "the shell's buffer is reused");
+        session.output.extend_from_slice(b"P\n");
+        session.sent(4);
+        assert_eq!(session.unsent, 6);
+        session.sent(6);
+        assert!(!session.flushed(), "the output queued meanwhile is next");
+        assert!(session.take_output(&mut sending));
+        assert_eq!(sending, b"P\n");
+    }
+
+    #[test]
+    fn a_partial_line_is_completed_up_to_its_newline_within_the_line_limit() {
+        assert_eq!(partial_line_end(b" 30 0\nA b 1 0\n"), 6);
+        assert_eq!(partial_line_end(b"\n"), 1);
+        assert_eq!(partial_line_end(b"more of it"), 10);
+        assert_eq!(partial_line_end(b""), 0);
+        let long = vec![b'k'; LINE_LEN_MAX + 10];
+        assert_eq!(partial_line_end(&long), LINE_LEN_MAX + 2);
+    }
+}

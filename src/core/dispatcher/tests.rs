@@ -1,0 +1,272 @@
+//! The dispatcher's rules, driven directly: bytes in, replies and effects out.
+
+use ringlock_proto::Role;
+use ringlock_shards::{Shard, ShardConfig, TokenRange, shard_of};
+
+use super::session::{IN_FLIGHT_MAX, OUTPUT_BYTES_MAX};
+use super::*;
+
+pub(super) struct FakeView;
+
+impl NodeView for FakeView {
+    fn status(&self) -> (Role, u64, Option<String>) {
+        (Role::Active, 1, Some("127.0.0.1:7700".to_string()))
+    }
+
+    fn stats_json(&self, _role: Role, _epoch: u64) -> String {
+        "{}".to_string()
+    }
+}
+
+/// A dispatcher for core `core` of `cores`, with a fresh shard.
+pub(super) fn dispatcher(core: usize, cores: usize, role: CoreRole) -> Dispatcher {
+    let shard = Shard::new(ShardConfig { hash_seed: 7, ..ShardConfig::default() }, 0);
+    Dispatcher::new(core, cores, 86_400_000, shard, Box::new(FakeView), role, Limits::DEFAULT)
+}
+
+/// Gives the dispatcher the token ranges it calls for, of epoch 1.
+pub(super) fn supply_tokens(dispatcher: &mut Dispatcher, next_sequence: &mut u64) {
+    while dispatcher.take_token_call() {
+        let range = TokenRange { epoch: 1, first: *next_sequence, end: *next_sequence + 1_000_000 };
+        *next_sequence += 1_000_000;
+        dispatcher.add_token_range(range).expect("a fresh range is taken");
+    }
+}
+
+/// A single-core dispatcher with tokens, as the shell runs it.
+struct Core {
+    dispatcher: Dispatcher,
+    sequence: u64,
+    effects: Vec<SocketEffect>,
+}
+
+impl Core {
+    fn new() -> Core {
+        Core { dispatcher: dispatcher(0, 1, CoreRole::Active), sequence: 1, effects: Vec::new() }
+    }
+
+    fn open(&mut self) -> u32 {
+        self.dispatcher.open().expect("a slot").0
+    }
+
+    fn feed(&mut self, slot: u32, bytes: &[u8]) {
+        self.dispatcher.received(slot, bytes);
+        supply_tokens(&mut self.dispatcher, &mut self.sequence);
+    }
+
+    /// What the shell would send now on `slot`, as if it all went out.
+    fn sent_output(&mut self, slot: u32) -> String {
+        let mut flush = Vec::new();
+        self.dispatcher.take_flush(&mut flush);
+        let mut sending = Vec::new();
+        let mut text = String::new();
+        if flush.contains(&slot) && self.dispatcher.take_output(slot, &mut sending) {
+            text = String::from_utf8(sending.clone()).unwrap();
+            self.dispatcher.sent(slot, sending.len());
+        }
+        // The other listed connections stay listed for a later call.
+        for other in flush.into_iter().filter(|&other| other != slot) {
+            self.dispatcher.connections.list(other);
+        }
+        text
+    }
+
+    fn effects(&mut self) -> Vec<SocketEffect> {
+        self.dispatcher.take_effects(&mut self.effects);
+        std::mem::take(&mut self.effects)
+    }
+}
+
+fn token_of(reply: &str) -> u64 {
+    reply.trim_end().rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn pipelined_lines_split_anywhere_are_answered_in_order() {
+    let mut core = Core::new();
+    let slot = core.open();
+    let lines = b"A a 30 0\nA b 30 0\nP\nZ\n";
+    for chunk in lines.chunks(3) {
+        core.feed(slot, chunk);
+    }
+    let output = core.sent_output(slot);
+    let replies: Vec<&str> = output.lines().collect();
+    assert_eq!(replies.len(), 4, "{output}");
+    assert!(replies[0].starts_with("A a ") && replies[1].starts_with("A b "));
+    assert_eq!(replies[2], "P active 1 127.0.0.1:7700");
+    assert_eq!(replies[3], "E - - bad-op");
+}
+
+#[test]
+fn a_keyed_error_waits_behind_a_queued_acquire_of_the_same_key() {
+    let mut core = Core::new();
+    let holder = core.open();
+    let waiter = core.open();
+    core.feed(holder, b"A k 30 0\n");
+    let token = token_of(&core.sent_output(holder));
+    core.feed(waiter, b"A k 30 0\nA k 0 1\nA other 30 0\n");
+    let early = core.sent_output(waiter);
+    assert!(early.starts_with("A other "), "only the other key is answered while k is queued: {early:?}");
+    core.feed(holder, format!("R k {token}\n").as_bytes());
+    assert_eq!(core.sent_output(holder), "R k\n");
+    let later = core.sent_output(waiter);
+    let replies: Vec<&str> = later.lines().collect();
+    assert!(replies[0].starts_with("A k ") && token_of(replies[0]) > token, "{later:?}");
+    assert_eq!(replies[1], "E A k bad-lease", "the error keeps its place behind the grant");
+}
+
+#[test]
+fn a_connection_that_stops_reading_its_replies_is_paused_then_resumed() {
+    let mut core = Core::new();
+    let slot = core.open();
+    assert!(core.effects().is_empty(), "a new connection is received by the shell already");
+    // Pings whose replies nobody sends: the output limit pauses the connection.
+    let pings = b"P\n".repeat(OUTPUT_BYTES_MAX / 20 + 1000);
+    core.feed(slot, &pings);
+    assert_eq!(core.effects(), [SocketEffect::StopReceiving(slot)]);
+    assert!(!core.dispatcher.wants_input(slot));
+    let kept = core.dispatcher.connections.sessions[slot as usize].input.len();
+    assert!(kept > 0, "the lines after the limit are kept unparsed");
+    // The replies go out: the kept lines are parsed and reading starts again.
+    let mut answered = core.sent_output(slot).lines().count();
+    assert_eq!(core.effects(), [SocketEffect::Receive(slot)]);
+    answered += core.sent_output(slot).lines().count();
+    assert_eq!(answered, pings.len() / 2, "every ping is answered once");
+    assert!(core.dispatcher.wants_input(slot));
+}
+
+#[test]
+fn a_connection_at_the_in_flight_limit_is_paused_until_answers_bring_it_below() {
+    let mut core = Core::new();
+    let holder = core.open();
+    let slot = core.open();
+    core.feed(holder, b"A k 30 0\n");
+    let token = token_of(&core.sent_output(holder));
+    // Keyed errors behind a queued acquire stay in flight until it is answered.
+    let mut lines = b"A k 30 0\n".to_vec();
+    lines.extend(b"A k 0 0\n".repeat(IN_FLIGHT_MAX as usize + 10));
+    core.feed(slot, &lines);
+    assert_eq!(core.effects(), [SocketEffect::StopReceiving(slot)]);
+    assert_eq!(core.dispatcher.connections.sessions[slot as usize].in_flight, IN_FLIGHT_MAX);
+    assert!(core.dispatcher.counters().in_flight_pauses > 0);
+    assert!(core.sent_output(slot).is_empty(), "nothing can be answered before the queued acquire");
+    core.feed(holder, format!("R k {token}\n").as_bytes());
+    core.dispatcher.resume_paused();
+    let output = core.sent_output(slot);
+    assert!(output.starts_with("A k "), "{}", &output[..40]);
+    let errors = output.lines().filter(|line| *line == "E A k bad-lease").count();
+    assert_eq!(errors + 1, output.lines().count());
+    assert_eq!(core.effects(), [SocketEffect::Receive(slot)], "below the limit again, it is received again");
+    assert!(errors >= IN_FLIGHT_MAX as usize - 1);
+}
+
+#[test]
+fn a_line_too_long_is_answered_then_the_connection_reads_no_more_and_closes() {
+    let mut core = Core::new();
+    let slot = core.open();
+    let mut line = vec![b'A'; 2000];
+    line.extend_from_slice(b"\nP\n");
+    core.feed(slot, &line);
+    assert!(core.effects().is_empty(), "not closed before the reply is out");
+    core.feed(slot, b"P\n");
+    assert_eq!(core.sent_output(slot), "E - - line-too-long\n", "nothing after it is read");
+    assert_eq!(core.effects(), [SocketEffect::Close(slot)]);
+    assert_eq!(core.dispatcher.open_connections(), 0);
+    core.dispatcher.closed(slot);
+    assert!(!core.dispatcher.is_live(slot, 0));
+}
+
+#[test]
+fn end_of_input_answers_what_came_before_and_drops_the_queued_acquires() {
+    let mut core = Core::new();
+    let holder = core.open();
+    let slot = core.open();
+    core.feed(holder, b"A k 30 0\n");
+    core.sent_output(holder);
+    core.feed(slot, b"A k 30 0\nP\n");
+    core.dispatcher.input_ended(slot);
+    assert!(core.effects().is_empty(), "the ping's reply is still owed");
+    assert_eq!(core.sent_output(slot), "P active 1 127.0.0.1:7700\n");
+    assert_eq!(core.effects(), [SocketEffect::Close(slot)]);
+    assert_eq!(core.dispatcher.shard().queue_len(b"k"), 0, "the queued acquire left with its connection");
+}
+
+#[test]
+fn a_failed_socket_closes_at_once_and_late_replies_to_it_are_dropped() {
+    let mut core = Core::new();
+    let holder = core.open();
+    let slot = core.open();
+    core.feed(holder, b"A k 0.05 0\n");
+    core.sent_output(holder);
+    core.feed(slot, b"A k 30 0\n");
+    let generation = core.dispatcher.generation(slot);
+    core.dispatcher.failed(slot);
+    assert_eq!(core.effects(), [SocketEffect::Close(slot)]);
+    core.dispatcher.closed(slot);
+    let (reused, new_generation) = core.dispatcher.open().unwrap();
+    assert_eq!(reused, slot);
+    assert_ne!(new_generation, generation);
+    core.dispatcher.set_now(100);
+    core.dispatcher.advance();
+    assert!(core.sent_output(slot).is_empty(), "the old connection's grant does not reach the new one");
+    assert_eq!(core.dispatcher.shard().holder_token(b"k"), None, "the dropped waiter was not granted");
+}
+
+#[test]
+fn requests_for_another_core_go_there_and_its_replies_come_back() {
+    let mut cores: Vec<Dispatcher> = (0..2).map(|core| dispatcher(core, 2, CoreRole::Active)).collect();
+    let mut sequence = 1;
+    let key = (0..).map(|i| format!("key{i}")).find(|key| shard_of(key.as_bytes(), 2) == 1).unwrap();
+    let (slot, _) = cores[0].open().unwrap();
+    cores[0].received(slot, format!("A {key} 30 0\n").as_bytes());
+    let batch = std::mem::take(&mut cores[0].outgoing()[1]);
+    assert!(matches!(batch.as_slice(), [CoreMessage::Request { .. }]));
+    for message in batch {
+        cores[1].handle_message(message);
+    }
+    supply_tokens(&mut cores[1], &mut sequence);
+    let replies = std::mem::take(&mut cores[1].outgoing()[0]);
+    for message in replies {
+        cores[0].handle_message(message);
+    }
+    let mut sending = Vec::new();
+    assert!(cores[0].take_output(slot, &mut sending));
+    assert!(String::from_utf8(sending).unwrap().starts_with(&format!("A {key} ")));
+    // End of input: the other core is told, and the connection closes only
+    // once it has acknowledged.
+    let unsent = cores[0].connections.sessions[slot as usize].unsent;
+    cores[0].sent(slot, unsent);
+    cores[0].input_ended(slot);
+    let mut effects = Vec::new();
+    cores[0].take_effects(&mut effects);
+    assert!(effects.is_empty(), "the other core has not acknowledged");
+    let gone = std::mem::take(&mut cores[0].outgoing()[1]);
+    assert!(matches!(gone.as_slice(), [CoreMessage::ClientGone(_)]));
+    for message in gone {
+        cores[1].handle_message(message);
+    }
+    for message in std::mem::take(&mut cores[1].outgoing()[0]) {
+        cores[0].handle_message(message);
+    }
+    cores[0].take_effects(&mut effects);
+    assert_eq!(effects, [SocketEffect::Close(slot)]);
+}
+
+#[test]
+fn a_standby_checks_then_redirects_and_a_held_core_parks_in_order() {
+    let mut core = Core { dispatcher: dispatcher(0, 1, CoreRole::Standby), sequence: 1, effects: Vec::new() };
+    core.dispatcher.follow(Some("10.0.0.2:7700".to_string()));
+    let slot = core.open();
+    core.feed(slot, b"A k 30 0\nA k 0 0\nR k x\n");
+    assert_eq!(core.sent_output(slot), "M A k 10.0.0.2:7700\nE A k bad-lease\nE R k bad-token\n");
+    core.dispatcher.activate(Vec::new());
+    supply_tokens(&mut core.dispatcher, &mut core.sequence);
+    core.dispatcher.serve_held();
+    core.dispatcher.hold();
+    core.feed(slot, b"A k 30 0\nA j 30 0\n");
+    assert!(core.sent_output(slot).is_empty(), "a held core answers nothing");
+    core.dispatcher.serve_held();
+    let output = core.sent_output(slot);
+    let replies: Vec<&str> = output.lines().collect();
+    assert!(replies[0].starts_with("A k ") && replies[1].starts_with("A j "), "{output}");
+}
