@@ -128,7 +128,7 @@ impl ReplicationCore {
         links: PeerLinks,
         keys_max: usize,
     ) -> ReplicationCore {
-        let PeerLinks { events, outboxes, hello } = links;
+        let PeerLinks { events, outboxes, hello, .. } = links;
         let nodes = peers.len();
         let cores = shared.mailboxes.len();
         let hold_warn_ms = node.config().handoff_timeout_ms();
