@@ -279,14 +279,25 @@ impl Gate {
     /// logs why, at most once per interval for its address.
     fn inbound_failed(&self, address: Option<SocketAddr>, reason: &str) {
         self.count_failure(Direction::Inbound);
+        self.log_limited(
+            address,
+            &format!(
+                "peer connection refused before it proved the peer secret: {reason}; nothing it sent was read as a \
+                 frame of the cluster"
+            ),
+        );
+    }
+
+    /// Logs `message` about a connection from `address`, at most once per
+    /// interval for that address.
+    fn log_limited(&self, address: Option<SocketAddr>, message: &str) {
         let logged = self.failures.borrow_mut().failure(address.map(|address| address.ip()), self.now_ms());
         if let Some(logged) = logged {
             let shared = if logged.shared { " (logged for many addresses at once)" } else { "" };
             tracing::warn!(
                 peer = ?address,
                 left_out = logged.suppressed,
-                "peer connection refused before it proved the peer secret: {reason}; nothing it sent was read as \
-                 a frame of the cluster; such failures from this address are logged once a minute{shared}"
+                "{message}; such failures from this address are logged once a minute{shared}"
             );
         }
     }
@@ -458,11 +469,18 @@ async fn read(mut stream: TcpStream, connection: u64, gate: Rc<Gate>, events: Ev
         glommio::timer::timeout(HELLO_TIMEOUT, async { Ok(introduce(&mut stream, &gate, &introduction).await) }).await;
     let secured = gate.key.is_some();
     if !introduction.end() {
-        let reason = format!("it had not sent a hello when {UNINTRODUCED_MAX} newer connections waited for theirs");
         if secured {
+            let reason = format!(
+                "it had not sent its challenge, or its proof and hello, when {UNINTRODUCED_MAX} newer connections \
+                 waited for their turn"
+            );
             gate.inbound_failed(peer_address, &reason);
         } else {
-            tracing::warn!(peer = ?peer_address, "peer connection closed: {reason}");
+            tracing::warn!(
+                peer = ?peer_address,
+                "peer connection closed: it had not sent a hello when {UNINTRODUCED_MAX} newer connections waited \
+                 for theirs"
+            );
         }
         return;
     }
@@ -484,10 +502,15 @@ async fn read(mut stream: TcpStream, connection: u64, gate: Rc<Gate>, events: Ev
             tracing::warn!(peer = ?peer_address, "peer connection refused: {reason}");
             return;
         }
+        Err(HelloError::AsksForSecret(reason)) => {
+            // A node with the secret tries again every few milliseconds.
+            gate.log_limited(peer_address, &format!("peer connection refused: {reason}"));
+            return;
+        }
         Err(HelloError::Refused(refusal, reason)) => {
-            // A ringlock node of this version with other settings (and,
-            // with a peer secret, the secret): say so loudly here, and tell
-            // it, so that neither serves as active.
+            // A ringlock node of this version with other settings (which,
+            // with a peer secret, proved it holds the secret): say so loudly
+            // here, and tell it, so that neither serves as active.
             tracing::error!(peer = ?peer_address, "peer connection refused: {reason}");
             let mut bytes = Vec::with_capacity(HELLO_REFUSED_FRAME_BYTES);
             wire::encode(&Frame::HelloRefused(refusal), &mut bytes);
@@ -527,28 +550,50 @@ enum HelloError {
     Unproven(String),
     /// Not a hello of this protocol version: the connection is just closed.
     Unreadable(String),
+    /// Without a peer secret: a Challenge of a node that has one (logged
+    /// rate-limited, since that node keeps trying).
+    AsksForSecret(String),
     /// A well-formed hello of a node with other settings, which is told why.
     Refused(Refusal, String),
 }
 
-/// What the first frames of a connection's introduction are told apart by
-/// when they are not the ones expected: the bytes of another handshake's
-/// first frame, and what it means.
-type OtherHandshake = Option<(usize, &'static str)>;
+/// The first frame of the other handshake (with or without a peer secret),
+/// told apart by its length and type byte when it comes instead of the
+/// frame expected, and what it means.
+struct OtherHandshake {
+    frame_bytes: usize,
+    type_byte: u8,
+    meaning: &'static str,
+}
+
+impl OtherHandshake {
+    /// Whether a first frame that announced `announced` bytes, of type
+    /// `type_byte` if it came, is this one.
+    fn is(&self, announced: usize, type_byte: Option<u8>) -> bool {
+        announced == self.frame_bytes - 4 && type_byte == Some(self.type_byte)
+    }
+}
+
+/// The type byte of a Challenge.
+const CHALLENGE_TYPE_BYTE: u8 = 12;
+/// The type byte of a Hello.
+const HELLO_TYPE_BYTE: u8 = 1;
 
 /// A node without a peer secret is sent a Challenge.
-const CHALLENGE_WITHOUT_SECRET: OtherHandshake = Some((
-    CHALLENGE_FRAME_BYTES,
-    "it asks this node to prove it holds a peer secret: it was started with --peer-secret-file, and this node \
+const CHALLENGE_WITHOUT_SECRET: OtherHandshake = OtherHandshake {
+    frame_bytes: CHALLENGE_FRAME_BYTES,
+    type_byte: CHALLENGE_TYPE_BYTE,
+    meaning: "it asks this node to prove it holds a peer secret: it was started with --peer-secret-file, and this node \
      without; give every node the same --peer-secret-file",
-));
+};
 
 /// A node with a peer secret is sent a Hello first.
-const HELLO_WITHOUT_PROOF: OtherHandshake = Some((
-    HELLO_FRAME_BYTES,
-    "it sent a hello without proving it holds the peer secret: it was started without --peer-secret-file (or is \
+const HELLO_WITHOUT_PROOF: OtherHandshake = OtherHandshake {
+    frame_bytes: HELLO_FRAME_BYTES,
+    type_byte: HELLO_TYPE_BYTE,
+    meaning: "it sent a hello without proving it holds the peer secret: it was started without --peer-secret-file (or is \
      not a ringlock node of this version); give every node the same --peer-secret-file",
-));
+};
 
 /// Reads what an inbound connection must send before its frames count:
 /// without a peer secret its hello; with one, its challenge, then (once
@@ -559,15 +604,21 @@ async fn introduce(stream: &mut TcpStream, gate: &Gate, introduction: &Introduct
         return match read_first_frame(stream, HELLO_FRAME_BYTES).await {
             Ok(Frame::Hello(hello)) => Ok(hello),
             Ok(_) => Err(HelloError::Unreadable("it did not start with a hello".to_string())),
-            Err(error) => Err(HelloError::Unreadable(error.describe("hello", CHALLENGE_WITHOUT_SECRET))),
+            Err(FirstFrameError::Announced { announced, type_byte, .. })
+                if CHALLENGE_WITHOUT_SECRET.is(announced, type_byte) =>
+            {
+                Err(HelloError::AsksForSecret(CHALLENGE_WITHOUT_SECRET.meaning.to_string()))
+            }
+            Err(error) => Err(HelloError::Unreadable(error.describe("hello", None))),
         };
     };
-    let unproven =
-        |error: FirstFrameError, what: &str, other: OtherHandshake| HelloError::Unproven(error.describe(what, other));
+    let unproven = |error: FirstFrameError, what: &str, other: Option<&OtherHandshake>| {
+        HelloError::Unproven(error.describe(what, other))
+    };
     let connector_nonce = match read_first_frame(stream, CHALLENGE_FRAME_BYTES).await {
         Ok(Frame::Challenge { nonce }) => nonce,
         Ok(_) => return Err(HelloError::Unproven("it did not start with a challenge".to_string())),
-        Err(error) => return Err(unproven(error, "challenge", HELLO_WITHOUT_PROOF)),
+        Err(error) => return Err(unproven(error, "challenge", Some(&HELLO_WITHOUT_PROOF))),
     };
     let Some(acceptor_nonce) = proof::fresh_nonce(&gate.random) else {
         return Err(HelloError::Unproven("the system's random source failed; no nonce to answer with".to_string()));
@@ -616,21 +667,21 @@ enum FirstFrameError {
     /// The socket failed.
     Failed(std::io::Error),
     /// The length prefix is not that of the frame expected (`expected`
-    /// bytes after the prefix).
-    Announced { announced: usize, expected: usize },
+    /// bytes after the prefix); the type byte, if it came with it.
+    Announced { announced: usize, expected: usize, type_byte: Option<u8> },
     /// The frame does not decode.
     Unreadable(WireError),
 }
 
 impl FirstFrameError {
     /// The reason to log, for a connection that was to send `what`.
-    fn describe(&self, what: &str, other: OtherHandshake) -> String {
+    fn describe(&self, what: &str, other: Option<&OtherHandshake>) -> String {
         match self {
             FirstFrameError::Closed => format!("closed before its {what}"),
             FirstFrameError::ClosedMidFrame => format!("closed in the middle of a frame, before its {what} was whole"),
             FirstFrameError::Failed(error) => format!("read failed before its {what}: {error}"),
-            FirstFrameError::Announced { announced, expected } => match other {
-                Some((bytes, meaning)) if *announced == bytes - 4 => meaning.to_string(),
+            FirstFrameError::Announced { announced, expected, type_byte } => match other {
+                Some(other) if other.is(*announced, *type_byte) => other.meaning.to_string(),
                 _ => format!(
                     "unreadable frame: it did not start with a {what} (a frame of {announced} bytes announced, a \
                      {what} has {expected})"
@@ -653,10 +704,14 @@ async fn read_first_frame(stream: &mut TcpStream, frame_bytes: usize) -> Result<
             Ok(count) => filled += count,
             Err(error) => return Err(FirstFrameError::Failed(error)),
         }
-        // The length prefix alone can tell that this is not the frame expected.
+        // The length prefix alone can tell that this is not the frame
+        // expected; if it is that of the other handshake's first frame, the
+        // type byte is waited for, which tells that frame from garbage.
         let announced = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
-        if filled >= 4 && announced != frame_bytes - 4 {
-            return Err(FirstFrameError::Announced { announced, expected: frame_bytes - 4 });
+        let other_handshake = [HELLO_FRAME_BYTES - 4, CHALLENGE_FRAME_BYTES - 4].contains(&announced);
+        if filled >= 4 && announced != frame_bytes - 4 && (filled > 4 || !other_handshake) {
+            let type_byte = (filled > 4).then_some(bytes[4]);
+            return Err(FirstFrameError::Announced { announced, expected: frame_bytes - 4, type_byte });
         }
     }
     match wire::decode(&bytes[..frame_bytes]) {
@@ -827,6 +882,11 @@ pub async fn write(to: usize, address: SocketAddr, links: PeerLinks, retry: Dura
     }
 }
 
+/// What a peer that closes the connection without answering the
+/// challenge most likely is.
+const ANSWER_WITHOUT_SECRET: &str = "it closed the connection without answering the challenge: it runs without \
+                                     --peer-secret-file (its log says so), or is not a ringlock node of this version";
+
 /// On a connection this node opened to peer `to`: sends a challenge, checks
 /// that the answer proves `to` holds the peer secret, and returns this
 /// node's own proof, to be sent with its hello.
@@ -839,10 +899,9 @@ async fn prove_to(stream: &mut TcpStream, to: usize, gate: &Gate, key: &hmac::Ke
     let (acceptor_nonce, answer) = match read_first_frame(stream, CHALLENGE_ANSWER_FRAME_BYTES).await {
         Ok(Frame::ChallengeAnswer { nonce, proof }) => (nonce, proof),
         Ok(_) => return Err("it answered the challenge with another frame".to_string()),
-        Err(FirstFrameError::Closed) => {
-            return Err("it closed the connection without answering the challenge: it runs without \
-                        --peer-secret-file (its log says so), or is not a ringlock node of this version"
-                .to_string());
+        Err(FirstFrameError::Closed) => return Err(ANSWER_WITHOUT_SECRET.to_string()),
+        Err(FirstFrameError::Failed(error)) if error.kind() == std::io::ErrorKind::ConnectionReset => {
+            return Err(ANSWER_WITHOUT_SECRET.to_string());
         }
         Err(error) => return Err(error.describe("answer to the challenge", None)),
     };
