@@ -54,6 +54,17 @@ pub struct Config {
     #[arg(long, env = "RINGLOCK_CLUSTER_LISTEN")]
     pub cluster_listen: Option<SocketAddr>,
 
+    /// Cluster: a file holding a shared secret, one line of at least 16
+    /// bytes (make one with `head -c 32 /dev/urandom | base64 > FILE`; the
+    /// same file on every node, readable only by the server's user). Every
+    /// peer connection then proves, both ways, that its two nodes hold it
+    /// (HMAC-SHA256 over fresh nonces, the node index and the --peers list)
+    /// before anything else it sends is read; a peer without it is refused.
+    /// It does not encrypt the peer traffic (see docs/security.md). Without
+    /// it, anyone who reaches the peer port can speak for a node.
+    #[arg(long, env = "RINGLOCK_PEER_SECRET_FILE", value_name = "FILE")]
+    pub peer_secret_file: Option<PathBuf>,
+
     /// Number of shard cores (event loops). Default: one per online CPU.
     /// On a host that also runs the clients, leave them a core (see tuning/).
     #[arg(long, env = "RINGLOCK_SHARDS", value_parser = clap::value_parser!(u16).range(1..=128))]

@@ -24,7 +24,7 @@ use crate::node::seed::random_seed;
 use crate::node::shared::Shared;
 use crate::node::tokens::{TOKEN_RANGE_LEN, TokenAuthority};
 use crate::ops::{http as ops_http, sd_notify};
-use crate::replication;
+use crate::replication::{self, PeerSecret};
 
 /// A shard thread: `Ok` once it has stopped, or what stopped it.
 type ShardThread = JoinHandle<Result<(), String>>;
@@ -36,6 +36,7 @@ type ShardReady = Result<bool, String>;
 /// Runs the server until SIGINT or SIGTERM; errors are for the operator.
 pub fn run(config: Config) -> Result<(), String> {
     let cluster = config.cluster()?;
+    let peer_secret = peer_secret(&config, cluster.as_ref())?;
     let shards = config.shard_count();
     let cpus = config.shard_cpus()?;
     let shard_config = shard_config(&config, cluster.is_some())?;
@@ -71,7 +72,7 @@ pub fn run(config: Config) -> Result<(), String> {
     );
     let replication = match (cluster, cluster_store, peer_listener) {
         (Some(settings), Some(store), Some(listener)) => {
-            let started = start_replication(&config, settings, store, &shared, reports, listener);
+            let started = start_replication(&config, settings, store, &shared, reports, listener, peer_secret);
             Some(started.inspect_err(|_| stop(&shared))?)
         }
         _ => {
@@ -184,6 +185,7 @@ fn start_replication(
     shared: &Arc<Shared>,
     reports: crossbeam_channel::Receiver<Report>,
     listener: std::net::TcpListener,
+    peer_secret: Option<PeerSecret>,
 ) -> Result<JoinHandle<Result<ExitReason, String>>, String> {
     replication::start(replication::Start {
         settings,
@@ -194,7 +196,36 @@ fn start_replication(
         cpu: if config.no_pin { None } else { config.replication_cpu },
         incarnation: wall_clock_micros(),
         keys_max: usize::try_from(config.max_keys).unwrap_or(usize::MAX),
+        peer_secret,
     })
+}
+
+/// Reads `--peer-secret-file` (a bad file stops the start, even on a single
+/// node, so that a mistake shows before the node joins a cluster), and says
+/// at start what guards the peer port of a cluster.
+fn peer_secret(config: &Config, cluster: Option<&ClusterSettings>) -> Result<Option<PeerSecret>, String> {
+    let secret = config.peer_secret_file.as_deref().map(PeerSecret::load).transpose()?;
+    if let (Some(secret), Some(path)) = (&secret, &config.peer_secret_file)
+        && secret.readable_by_others
+    {
+        tracing::warn!(
+            "--peer-secret-file {} can be read by other users than its owner; `chmod 600` it",
+            path.display()
+        );
+    }
+    match (cluster, &secret) {
+        (Some(settings), None) => tracing::warn!(
+            peer_listen = %settings.listen,
+            "the peer port has no authentication: anyone who reaches {} can speak for a node of this cluster, move \
+             its epoch forward and take the active role; give every node the same --peer-secret-file (see \
+             docs/security.md)",
+            settings.listen
+        ),
+        (Some(_), Some(_)) => tracing::info!("peer connections must prove the peer secret of --peer-secret-file"),
+        (None, Some(_)) => tracing::info!("single node: --peer-secret-file applies in a cluster"),
+        (None, None) => {}
+    }
+    Ok(secret)
 }
 
 /// Binds the port the peers connect to.

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use cluster_support::{Cluster, ClusterOptions, Load, LoadOptions, Role, grant_token, stats_role, table_version};
-use common::Conn;
+use common::{Conn, SecretFile};
 use ringlock_client::{Client, ReleaseOutcome};
 
 /// Locks the tests hold across a failure, then release with their tokens.
@@ -351,4 +351,29 @@ fn two_nodes_are_a_cluster_and_the_survivor_of_a_kill_9_serves_alone() {
     assert!(second_epoch > first_epoch, "epoch {second_epoch} after {first_epoch}");
     let mut conn = cluster.node(1).connect();
     assert_still_held_and_releasable(&mut conn, &held, &cluster);
+}
+
+#[test]
+fn a_cluster_sharing_a_peer_secret_forms_and_fails_over_on_a_kill_9_of_the_active() {
+    let secret = SecretFile::new(b"cluster-test-peer-secret-0123456789\n");
+    let options = ClusterOptions { peer_secret_file: Some(secret.path.clone()), ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(options);
+    let first_epoch = cluster.wait_active(0, "node 0 to become the active of the secured cluster");
+    let mut conn = cluster.node(0).connect();
+    let since = table_version_of(&cluster, 0);
+    let held = hold_keys(&cluster, &mut conn, "held", 4);
+    wait_replicated(&cluster, 0, since, 4);
+    drop(conn);
+
+    cluster.node_mut(0).kill9();
+    let second_epoch = cluster.wait_active(1, "node 1 to promote after kill -9 of node 0");
+    assert!(second_epoch > first_epoch, "epoch {second_epoch} after {first_epoch}");
+    let mut conn = cluster.node(1).connect();
+    assert_still_held_and_releasable(&mut conn, &held, &cluster);
+    for node in &cluster.nodes {
+        let log = node.log();
+        assert!(log.contains("peer connections must prove the peer secret"), "node {}:\n{log}", node.index);
+        assert!(!log.contains("the peer port has no authentication"), "no warning with a secret:\n{log}");
+        assert!(!log.contains("before it proved the peer secret"), "no peer failed its proof:\n{log}");
+    }
 }

@@ -17,6 +17,8 @@
 //! role       = u8                                 1 active, 2 standby, 3 leaving
 //! flag       = u8                                 0 or 1
 //! key        = len:u8  bytes                      1..=250 bytes, none of space, tab, CR, LF, NUL
+//! nonce      = 32 bytes                           fresh from the system's random source, never reused
+//! mac        = 32 bytes                           HMAC-SHA256 with the peer secret (see below)
 //!
 //! type  frame                 payload
 //!  1    Hello                 magic "RLKP"  version:u32  nodes:u8  node:u8  incarnation:u64  epoch:u64  role
@@ -32,12 +34,36 @@
 //!  9    SnapshotEnd           table
 //! 10    Deltas                stream:u64  first_version:u64  count:u32  count × delta
 //! 11    HelloRefused          reason:u8          (acceptor to connector, then it closes)
+//! 12    Challenge             magic "RLKP"  version:u32  nonce          (connector to acceptor)
+//! 13    ChallengeAnswer       nonce  node:index  peers_fingerprint:u64  mac   (acceptor to connector)
+//! 14    Proof                 node:index  peers_fingerprint:u64  mac  (connector to acceptor)
 //!
 //! delta = 1 key token:u64 lease_ms:u64     Grant
 //!       | 2 key token:u64                  Release
 //!       | 3 key token:u64 lease_ms:u64     Extend
 //!       | 4 key token:u64                  Expire
 //! ```
+//!
+//! # Peer secret
+//!
+//! Without `--peer-secret-file` a connection starts with the connector's
+//! Hello. With it, both sides first prove that they hold the secret, and
+//! nothing else is read until both proofs check:
+//!
+//! ```text
+//! connector                                   acceptor
+//!   Challenge(nonce_c)                  ->
+//!                                       <-    ChallengeAnswer(nonce_a, acceptor's node, fingerprint, mac_a)
+//!   Proof(connector's node, fingerprint, mac_c)  Hello  ->
+//!
+//! mac_x = HMAC-SHA256(secret, label_x 0x00 version:u32 nonce_c nonce_a node:u8 peers_fingerprint:u64)
+//! label_a = "ringlock/peer-proof/acceptor"   label_c = "ringlock/peer-proof/connector"
+//! ```
+//!
+//! Each mac names the side that proves (its label and its node index), both
+//! fresh nonces and the `--peers` fingerprint; the Hello that follows must
+//! name the node and fingerprint the connector's Proof bound. The proof
+//! itself is computed in `replication::proof`.
 //!
 //! The rules [`decode`] enforces:
 //! - `len` above [`FRAME_LEN_MAX`] is an error as soon as the four length
@@ -51,6 +77,8 @@
 //!   `EPOCH_MAX` (2^24 - 1): no token can carry a larger one, and a node
 //!   that learned one could never move above it.
 //! - A HelloRefused reason is one of the four [`Refusal`]s.
+//! - Challenge: the magic and `version` = [`PROTOCOL_VERSION`], as a Hello.
+//!   ChallengeAnswer and Proof: `node` below `NODES_MAX` (never "none").
 //! - Heartbeat: `following` and `handing_off_to` below `NODES_MAX` or `0xFF`;
 //!   a table that is absent (`has_table` 0) is sent as zeros, and zeros are
 //!   required, so that the heartbeat keeps its fixed size and one encoding.
@@ -77,7 +105,9 @@ use crate::cluster::{Heartbeat, PeerMessage, PeerRole, TableVersion};
 /// Version 3: a Hello carries the fingerprint of the sender's `--peers`, an
 /// acceptor answers a Hello it refuses with HelloRefused, and epochs are
 /// range-checked.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// Version 4: with a peer secret, a connection starts with Challenge,
+/// ChallengeAnswer and Proof before the Hello.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Longest frame, in bytes after the 4-byte length prefix.
 pub const FRAME_LEN_MAX: usize = 1 << 20;
@@ -95,6 +125,22 @@ pub const HELLO_FRAME_BYTES: usize = 40;
 
 /// The bytes of a whole HelloRefused frame, length prefix included.
 pub const HELLO_REFUSED_FRAME_BYTES: usize = 6;
+
+/// The bytes of a nonce of the peer-secret exchange.
+pub const NONCE_BYTES: usize = 32;
+
+/// The bytes of an HMAC-SHA256 of the peer-secret exchange.
+pub const MAC_BYTES: usize = 32;
+
+/// The bytes of a whole Challenge frame, length prefix included: all a
+/// connection to a node with a peer secret may send before it is answered.
+pub const CHALLENGE_FRAME_BYTES: usize = 45;
+
+/// The bytes of a whole ChallengeAnswer frame, length prefix included.
+pub const CHALLENGE_ANSWER_FRAME_BYTES: usize = 78;
+
+/// The bytes of a whole Proof frame, length prefix included.
+pub const PROOF_FRAME_BYTES: usize = 46;
 
 /// The bytes of the length prefix.
 const LEN_PREFIX_BYTES: usize = 4;
@@ -118,6 +164,9 @@ mod frame_type {
     pub const SNAPSHOT_END: u8 = 9;
     pub const DELTAS: u8 = 10;
     pub const HELLO_REFUSED: u8 = 11;
+    pub const CHALLENGE: u8 = 12;
+    pub const CHALLENGE_ANSWER: u8 = 13;
+    pub const PROOF: u8 = 14;
 }
 
 /// Delta kind bytes.
@@ -224,6 +273,20 @@ pub fn peers_fingerprint<'a>(clients: impl IntoIterator<Item = &'a std::net::Soc
     text.join(",").bytes().fold(OFFSET, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(PRIME))
 }
 
+/// What one side of a peer connection proves with the peer secret: that it
+/// is node `node` of a cluster whose `--peers` has this fingerprint, for the
+/// nonces of this connection (`mac`, see the module's documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Proof {
+    /// The index of the side that proves.
+    pub node: usize,
+    /// [`peers_fingerprint`] of that side's `--peers`.
+    pub peers_fingerprint: u64,
+    /// HMAC-SHA256 over the label of that side, the nonces, `node` and
+    /// `peers_fingerprint`.
+    pub mac: [u8; MAC_BYTES],
+}
+
 /// One held lock of a snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotEntry {
@@ -269,8 +332,26 @@ pub enum Frame {
         deltas: Vec<Delta>,
     },
     /// The acceptor refused the connector's Hello, for this reason, and
-    /// closes the connection (the only frame an acceptor ever sends).
+    /// closes the connection.
     HelloRefused(Refusal),
+    /// With a peer secret, the first frame of a connection: the connector's
+    /// fresh nonce, which the acceptor's proof must cover.
+    Challenge {
+        /// The connector's nonce.
+        nonce: [u8; NONCE_BYTES],
+    },
+    /// The acceptor's answer to a Challenge: its own fresh nonce, which the
+    /// connector's proof must cover, and its proof (the only frame an
+    /// acceptor sends besides HelloRefused).
+    ChallengeAnswer {
+        /// The acceptor's nonce.
+        nonce: [u8; NONCE_BYTES],
+        /// The acceptor's proof.
+        proof: Proof,
+    },
+    /// The connector's proof, sent once the acceptor's checked; its Hello
+    /// follows.
+    Proof(Proof),
 }
 
 /// Why a peer's bytes are not a frame. Any of them means the peer is broken
@@ -319,6 +400,11 @@ pub enum WireError {
     BadRefusal(u8),
 }
 
+/// What a proof's node index may be: a node, never "none".
+fn proof_node(byte: u8) -> Result<usize, WireError> {
+    if usize::from(byte) < NODES_MAX { Ok(usize::from(byte)) } else { Err(WireError::BadIndex(byte)) }
+}
+
 impl fmt::Display for WireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -329,7 +415,7 @@ impl fmt::Display for WireError {
             WireError::Truncated => write!(f, "frame shorter than its fields"),
             WireError::TrailingBytes => write!(f, "frame longer than its fields"),
             WireError::BadMagic(magic) => {
-                write!(f, "hello starts with {magic:02x?}, not {HELLO_MAGIC:02x?}: not a ringlock peer")
+                write!(f, "hello or challenge starts with {magic:02x?}, not {HELLO_MAGIC:02x?}: not a ringlock peer")
             }
             WireError::BadVersion(version) => {
                 write!(f, "peer speaks protocol version {version}; this node speaks {PROTOCOL_VERSION}")
@@ -379,7 +465,32 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             out.push(refusal.to_byte());
             end_frame(start, out);
         }
+        Frame::Challenge { nonce } => {
+            let start = begin_frame(frame_type::CHALLENGE, out);
+            out.extend_from_slice(&HELLO_MAGIC);
+            put_u32(PROTOCOL_VERSION, out);
+            out.extend_from_slice(nonce);
+            end_frame(start, out);
+        }
+        Frame::ChallengeAnswer { nonce, proof } => {
+            let start = begin_frame(frame_type::CHALLENGE_ANSWER, out);
+            out.extend_from_slice(nonce);
+            put_proof(proof, out);
+            end_frame(start, out);
+        }
+        Frame::Proof(proof) => {
+            let start = begin_frame(frame_type::PROOF, out);
+            put_proof(proof, out);
+            end_frame(start, out);
+        }
     }
+}
+
+fn put_proof(proof: &Proof, out: &mut Vec<u8>) {
+    assert!(proof.node < NODES_MAX, "proof of node {}", proof.node);
+    out.push(proof.node as u8);
+    put_u64(proof.peers_fingerprint, out);
+    out.extend_from_slice(&proof.mac);
 }
 
 /// Appends a [`Frame::Message`] to `out`, without building the frame.
@@ -598,6 +709,14 @@ pub fn decode(input: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
             let byte = reader.u8()?;
             Frame::HelloRefused(Refusal::from_byte(byte).ok_or(WireError::BadRefusal(byte))?)
         }
+        frame_type::CHALLENGE => {
+            read_magic_and_version(&mut reader)?;
+            Frame::Challenge { nonce: reader.array()? }
+        }
+        frame_type::CHALLENGE_ANSWER => {
+            Frame::ChallengeAnswer { nonce: reader.array()?, proof: read_proof(&mut reader)? }
+        }
+        frame_type::PROOF => Frame::Proof(read_proof(&mut reader)?),
         other => return Err(WireError::UnknownType(other)),
     };
     if !reader.bytes.is_empty() {
@@ -606,7 +725,8 @@ pub fn decode(input: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
     Ok(Some((frame, LEN_PREFIX_BYTES + len)))
 }
 
-fn read_hello(reader: &mut Reader<'_>) -> Result<Hello, WireError> {
+/// The magic and version a Hello and a Challenge start with.
+fn read_magic_and_version(reader: &mut Reader<'_>) -> Result<u32, WireError> {
     let magic = reader.array::<4>()?;
     if magic != HELLO_MAGIC {
         return Err(WireError::BadMagic(magic));
@@ -615,6 +735,15 @@ fn read_hello(reader: &mut Reader<'_>) -> Result<Hello, WireError> {
     if version != PROTOCOL_VERSION {
         return Err(WireError::BadVersion(version));
     }
+    Ok(version)
+}
+
+fn read_proof(reader: &mut Reader<'_>) -> Result<Proof, WireError> {
+    Ok(Proof { node: proof_node(reader.u8()?)?, peers_fingerprint: reader.u64()?, mac: reader.array()? })
+}
+
+fn read_hello(reader: &mut Reader<'_>) -> Result<Hello, WireError> {
+    let version = read_magic_and_version(reader)?;
     let nodes = reader.u8()?;
     if !(1..=NODES_MAX).contains(&usize::from(nodes)) {
         return Err(WireError::BadNodes(nodes));
@@ -890,7 +1019,14 @@ mod tests {
             Frame::HelloRefused(Refusal::Nodes),
             Frame::HelloRefused(Refusal::SameNode),
             Frame::HelloRefused(Refusal::PeerList),
+            Frame::Challenge { nonce: [0xC5; NONCE_BYTES] },
+            Frame::ChallengeAnswer { nonce: [0xA5; NONCE_BYTES], proof: proof(1) },
+            Frame::Proof(proof(NODES_MAX - 1)),
         ]
+    }
+
+    fn proof(node: usize) -> Proof {
+        Proof { node, peers_fingerprint: 0x1234_5678_9abc_def0, mac: [0x3C; MAC_BYTES] }
     }
 
     fn deltas_frame(deltas: Vec<Delta>) -> Frame {
@@ -927,6 +1063,41 @@ mod tests {
         assert_eq!(encoded(&Frame::Message(PeerMessage::Heartbeat(heartbeat()))).len(), PAYLOAD_AT + 53);
         assert_eq!(encoded(&Frame::Message(PeerMessage::SnapshotRequest)).len(), PAYLOAD_AT);
         assert_eq!(encoded(&Frame::SnapshotBegin { table: table(1, 2) }).len(), PAYLOAD_AT + 16);
+        assert_eq!(encoded(&Frame::Challenge { nonce: [0; NONCE_BYTES] }).len(), CHALLENGE_FRAME_BYTES);
+        let answer = Frame::ChallengeAnswer { nonce: [0; NONCE_BYTES], proof: proof(0) };
+        assert_eq!(encoded(&answer).len(), CHALLENGE_ANSWER_FRAME_BYTES);
+        assert_eq!(encoded(&Frame::Proof(proof(0))).len(), PROOF_FRAME_BYTES);
+    }
+
+    #[test]
+    fn a_challenge_needs_the_magic_and_this_version() {
+        let challenge = encoded(&Frame::Challenge { nonce: [7; NONCE_BYTES] });
+        let mut bytes = challenge.clone();
+        bytes[PAYLOAD_AT] = b'X';
+        assert_eq!(decode(&bytes), Err(WireError::BadMagic(*b"XLKP")));
+        let mut bytes = challenge;
+        bytes[PAYLOAD_AT + 4..PAYLOAD_AT + 8].copy_from_slice(&3u32.to_le_bytes());
+        assert_eq!(decode(&bytes), Err(WireError::BadVersion(3)), "version 3 has no peer secret");
+    }
+
+    #[test]
+    fn a_proof_names_a_node_never_none() {
+        for bad in [NODES_MAX as u8, INDEX_NONE] {
+            let mut bytes = encoded(&Frame::Proof(proof(0)));
+            bytes[PAYLOAD_AT] = bad;
+            assert_eq!(decode(&bytes), Err(WireError::BadIndex(bad)));
+            let mut bytes = encoded(&Frame::ChallengeAnswer { nonce: [0; NONCE_BYTES], proof: proof(0) });
+            bytes[PAYLOAD_AT + NONCE_BYTES] = bad;
+            assert_eq!(decode(&bytes), Err(WireError::BadIndex(bad)));
+        }
+    }
+
+    #[test]
+    fn the_first_frames_of_the_two_handshakes_differ_in_length() {
+        // A node without a peer secret tells a Challenge from a Hello by the
+        // length prefix alone, and a node with one tells a Hello from a
+        // Challenge the same way.
+        assert_ne!(CHALLENGE_FRAME_BYTES, HELLO_FRAME_BYTES);
     }
 
     #[test]
@@ -999,7 +1170,7 @@ mod tests {
 
     #[test]
     fn unknown_frame_types_are_refused() {
-        for type_byte in [0, 12, 0x80, 0xFF] {
+        for type_byte in [0, 15, 0x80, 0xFF] {
             assert_eq!(decode(&raw_frame(type_byte, &[])), Err(WireError::UnknownType(type_byte)));
         }
     }
@@ -1278,10 +1449,10 @@ mod tests {
             WireError::FrameTooLong { len: 5_000_000 }.to_string(),
             "frame of 5000000 bytes announced; the limit is 1048576"
         );
-        assert_eq!(WireError::BadVersion(1).to_string(), "peer speaks protocol version 1; this node speaks 3");
+        assert_eq!(WireError::BadVersion(1).to_string(), "peer speaks protocol version 1; this node speaks 4");
         assert_eq!(
             WireError::BadMagic(*b"GET ").to_string(),
-            "hello starts with [47, 45, 54, 20], not [52, 4c, 4b, 50]: not a ringlock peer"
+            "hello or challenge starts with [47, 45, 54, 20], not [52, 4c, 4b, 50]: not a ringlock peer"
         );
         assert_eq!(WireError::TooManyEntries(3000).to_string(), "3000 entries in one frame; the limit is 2048");
         assert_eq!(
@@ -1314,6 +1485,9 @@ mod tests {
             "hello_refused_nodes",
             "hello_refused_same_node",
             "hello_refused_peer_list",
+            "challenge",
+            "challenge_answer",
+            "proof",
         ];
         let frames = one_of_each();
         assert_eq!(names.len(), frames.len());
@@ -1454,7 +1628,19 @@ mod tests {
             ),
             prop_oneof![Just(Refusal::Nodes), Just(Refusal::SameNode), Just(Refusal::PeerList)]
                 .prop_map(Frame::HelloRefused),
+            any::<[u8; NONCE_BYTES]>().prop_map(|nonce| Frame::Challenge { nonce }),
+            (any::<[u8; NONCE_BYTES]>(), proof_strategy())
+                .prop_map(|(nonce, proof)| Frame::ChallengeAnswer { nonce, proof }),
+            proof_strategy().prop_map(Frame::Proof),
         ]
+    }
+
+    fn proof_strategy() -> impl Strategy<Value = Proof> {
+        (0..NODES_MAX, u64_strategy(), any::<[u8; MAC_BYTES]>()).prop_map(|(node, peers_fingerprint, mac)| Proof {
+            node,
+            peers_fingerprint,
+            mac,
+        })
     }
 
     /// Decodes `input` if it can; if it decodes, its bytes must be exactly
@@ -1519,7 +1705,7 @@ mod tests {
 
         #[test]
         fn random_payloads_of_known_types_never_panic(
-            type_byte in 1..=frame_type::DELTAS,
+            type_byte in 1..=frame_type::PROOF,
             payload in proptest::collection::vec(
                 prop_oneof![Just(0u8), Just(1u8), Just(2u8), Just(0xFFu8), any::<u8>()], 0..300),
         ) {

@@ -106,6 +106,12 @@ pub struct ClusterLink {
     /// Deltas a standby has yet to apply (see `Node::replication_lag`);
     /// [`LAG_UNKNOWN`] when there is nothing to compare.
     pub replication_lag: AtomicU64,
+    /// Peer connections dropped before they proved the peer secret, for
+    /// `/metrics`: those this node accepted (a stranger, a node without the
+    /// secret or with another one), and those it opened (the node it dialled
+    /// did not prove it).
+    pub peer_auth_failures_inbound: AtomicU64,
+    pub peer_auth_failures_outbound: AtomicU64,
 }
 
 /// [`ClusterLink::replication_lag`] when there is nothing to compare.
@@ -125,6 +131,8 @@ impl ClusterLink {
             caught_up: AtomicBool::new(false),
             activations: AtomicU64::new(0),
             replication_lag: AtomicU64::new(LAG_UNKNOWN),
+            peer_auth_failures_inbound: AtomicU64::new(0),
+            peer_auth_failures_outbound: AtomicU64::new(0),
         }
     }
 

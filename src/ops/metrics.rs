@@ -183,6 +183,22 @@ fn render_cluster(out: &mut String, link: &ClusterLink) {
     }
     family(out, "ringlock_table_version", "gauge", "Changes of the active's stream this node's table holds.");
     let _ = writeln!(out, "ringlock_table_version {}", link.table_version.load(Ordering::Relaxed));
+    family(
+        out,
+        "ringlock_peer_auth_failures_total",
+        "counter",
+        "Peer connections dropped before they proved the peer secret (--peer-secret-file), by direction: inbound \
+         (accepted by this node) or outbound (opened by this node).",
+    );
+    for (direction, failures) in
+        [("inbound", &link.peer_auth_failures_inbound), ("outbound", &link.peer_auth_failures_outbound)]
+    {
+        let _ = writeln!(
+            out,
+            "ringlock_peer_auth_failures_total{{direction=\"{direction}\"}} {}",
+            failures.load(Ordering::Relaxed)
+        );
+    }
 }
 
 /// Replies by operation and result, errors by code, and the shards' counters.

@@ -128,7 +128,7 @@ impl ReplicationCore {
         links: PeerLinks,
         keys_max: usize,
     ) -> ReplicationCore {
-        let PeerLinks { events, outboxes, hello } = links;
+        let PeerLinks { events, outboxes, hello, .. } = links;
         let nodes = peers.len();
         let cores = shared.mailboxes.len();
         let hold_warn_ms = node.config().handoff_timeout_ms();
@@ -552,9 +552,13 @@ impl ReplicationCore {
     fn frame(&mut self, now_ms: u64, from: usize, connection: u64, frame: Frame) {
         let serving = self.serving.is_some();
         let received = match frame {
-            // A hello comes only first, and a refusal only to the connector:
-            // the transport takes both.
-            Frame::Hello(_) | Frame::HelloRefused(_) => return,
+            // A hello and the peer secret's frames come only first, and a
+            // refusal only to the connector: the transport takes them all.
+            Frame::Hello(_)
+            | Frame::HelloRefused(_)
+            | Frame::Challenge { .. }
+            | Frame::ChallengeAnswer { .. }
+            | Frame::Proof(_) => return,
             Frame::Message(message) => return self.message(now_ms, from, connection, message),
             Frame::SnapshotBegin { table } => self.receiver.snapshot_begin(from, connection, table, serving),
             Frame::SnapshotChunk(entries) => {

@@ -13,10 +13,18 @@
 //! - `core`: the loop: reports, peer frames, cluster effects.
 //! - `mirror`: the replicated table (pure).
 //! - `peers`: the peer connections and their handshake.
+//! - `proof`: the proof of the peer secret (HMAC-SHA256, pure).
+//! - `secret`: reading and checking `--peer-secret-file`.
+//! - `log_limit`: how often failed peer connections are logged (pure).
 
 mod core;
+mod log_limit;
 mod mirror;
 mod peers;
+mod proof;
+mod secret;
+
+pub use self::secret::PeerSecret;
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::IntoRawFd;
@@ -35,7 +43,7 @@ use crate::node::role::Report;
 use crate::node::shared::Shared;
 
 use self::core::ReplicationCore;
-use self::peers::{EventQueue, Identity, Outbox, PeerLinks};
+use self::peers::{EventQueue, Gate, Identity, Outbox, PeerLinks};
 
 /// Memory glommio registers for its own I/O buffers. The peer sockets do
 /// not use them, and locked memory is scarce (8 MiB on some hosts).
@@ -57,6 +65,8 @@ pub struct Start {
     pub incarnation: u64,
     /// `--max-keys`: the most held locks a replicated table may hold.
     pub keys_max: usize,
+    /// `--peer-secret-file`: every peer connection proves it first.
+    pub peer_secret: Option<PeerSecret>,
 }
 
 /// Starts the replication thread; it returns once the node has left the
@@ -102,7 +112,7 @@ pub fn start(start: Start) -> Result<JoinHandle<Result<ExitReason, String>>, Str
 }
 
 async fn run(start: Start) -> ExitReason {
-    let Start { settings, store, shared, reports, listener, incarnation, keys_max, .. } = start;
+    let Start { settings, store, shared, reports, listener, incarnation, keys_max, peer_secret, .. } = start;
     let config = settings.cluster;
     let (me, nodes) = (config.me, config.nodes);
     let started = std::time::Instant::now();
@@ -114,12 +124,13 @@ async fn run(start: Start) -> ExitReason {
     let peers_fingerprint = wire::peers_fingerprint(settings.peers.iter().map(|peer| &peer.client));
     let hello = Rc::new(Cell::new(self::core::hello(me, nodes, incarnation, peers_fingerprint)));
     let identity = Identity { me, nodes, peers_fingerprint };
-    let links = PeerLinks { events, outboxes, hello };
+    let gate = Rc::new(Gate::new(identity, peer_secret.map(|secret| secret.key), shared.clone()));
+    let links = PeerLinks { events, outboxes, hello, gate };
     // SAFETY: the descriptor comes from a bound, listening std listener whose
     // ownership moves here.
     let listener =
         unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(listener.into_raw_fd()) };
-    glommio::spawn_local(peers::accept(listener, identity, links.events.clone())).detach();
+    glommio::spawn_local(peers::accept(listener, links.gate.clone(), links.events.clone())).detach();
     let retry = Duration::from_millis(config.heartbeat_ms.clamp(20, 500));
     let stall = Duration::from_millis(config.failover_ms.max(1000));
     for (to, peer) in settings.peers.iter().enumerate() {

@@ -8,6 +8,15 @@
 //! snapshot. Every connection starts with a [`Hello`] from the side that
 //! dialled, checked by the side that accepted before any other frame counts.
 //!
+//! With a peer secret (`--peer-secret-file`), both sides first prove that
+//! they hold it (a Challenge, its answer and a Proof: see `cluster::wire`
+//! and [`super::proof`]), and nothing a connection sends is read as a frame
+//! of the cluster until both proofs check: the acceptor queues no event for
+//! a connection it has not admitted (see [`Admitted`]), and the connector
+//! listens for a refusal only from a peer that proved itself. A connection
+//! that fails is dropped, counted for `/metrics`, and logged at most once a
+//! minute per address.
+//!
 //! The tasks here only move bytes. What they read becomes a [`PeerEvent`] in a
 //! queue the replication loop drains; what the loop sends goes into the
 //! peer's [`Outbox`], which the peer's writer task empties.
@@ -17,15 +26,24 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
+use ring::hmac;
+use ring::rand::SystemRandom;
 
 use crate::cluster::wire::{
-    self, Frame, HELLO_FRAME_BYTES, HELLO_REFUSED_FRAME_BYTES, Hello, PROTOCOL_VERSION, Refusal,
+    self, CHALLENGE_ANSWER_FRAME_BYTES, CHALLENGE_FRAME_BYTES, Frame, HELLO_FRAME_BYTES, HELLO_REFUSED_FRAME_BYTES,
+    Hello, PROOF_FRAME_BYTES, PROTOCOL_VERSION, Proof, Refusal, WireError,
 };
+use crate::node::shared::Shared;
+
+use super::log_limit::{FailureLog, LogLimit};
+use super::proof::{self, Nonces, Side};
 
 /// Bytes waiting for one peer before its connection is dropped: a peer that
 /// reads nothing for this long is paused or gone, and will start over from a
@@ -53,8 +71,16 @@ const UNINTRODUCED_MAX: usize = 64;
 /// Bytes written to a peer under one stall timeout.
 const WRITE_PIECE_BYTES: usize = 256 << 10;
 
-/// How long a new inbound connection may take to say who it is.
+/// How long a new inbound connection may take to say who it is (with a
+/// peer secret: to prove it, then say it).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most bytes an inbound connection may have to show waiting, whole,
+/// to keep its place among the [`Unintroduced`]: a Proof and a Hello.
+const INTRODUCTION_PEEK_BYTES_MAX: usize = PROOF_FRAME_BYTES + HELLO_FRAME_BYTES;
+
+const _: () = assert!(HELLO_FRAME_BYTES <= INTRODUCTION_PEEK_BYTES_MAX);
+const _: () = assert!(CHALLENGE_FRAME_BYTES <= INTRODUCTION_PEEK_BYTES_MAX);
 
 /// What happened on a connection from a peer.
 #[derive(Debug)]
@@ -186,6 +212,8 @@ pub struct PeerLinks {
     pub outboxes: Outboxes,
     /// The hello each new outbound connection starts with.
     pub hello: Rc<Cell<Hello>>,
+    /// Who this node is, and how its peers prove they belong.
+    pub gate: Rc<Gate>,
 }
 
 /// Who this node is, for its hellos and to check the peers'.
@@ -197,8 +225,86 @@ pub struct Identity {
     pub peers_fingerprint: u64,
 }
 
+/// Which way a peer connection goes, for the failure counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Direction {
+    /// Opened by a peer (or whoever reached the peer port).
+    Inbound,
+    /// Opened by this node to a peer.
+    Outbound,
+}
+
+/// Who this node is and what a peer connection must show before its frames
+/// count: shared by the acceptor's and the connectors' tasks.
+pub struct Gate {
+    pub identity: Identity,
+    /// The peer secret's key; `None` without `--peer-secret-file`, when a
+    /// hello alone admits a peer.
+    key: Option<hmac::Key>,
+    random: SystemRandom,
+    /// When inbound failures were last logged, by address.
+    failures: RefCell<FailureLog>,
+    shared: Arc<Shared>,
+    started: Instant,
+}
+
+impl Gate {
+    pub fn new(identity: Identity, key: Option<hmac::Key>, shared: Arc<Shared>) -> Gate {
+        Gate {
+            identity,
+            key,
+            random: SystemRandom::new(),
+            failures: RefCell::new(FailureLog::default()),
+            shared,
+            started: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Counts a connection dropped before it proved the peer secret.
+    fn count_failure(&self, direction: Direction) {
+        if let Some(link) = &self.shared.cluster {
+            let counter: &AtomicU64 = match direction {
+                Direction::Inbound => &link.peer_auth_failures_inbound,
+                Direction::Outbound => &link.peer_auth_failures_outbound,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts an inbound connection that did not prove the peer secret, and
+    /// logs why, at most once per interval for its address.
+    fn inbound_failed(&self, address: Option<SocketAddr>, reason: &str) {
+        self.count_failure(Direction::Inbound);
+        self.log_limited(
+            address,
+            &format!(
+                "peer connection refused before it proved the peer secret: {reason}; nothing it sent was read as a \
+                 frame of the cluster"
+            ),
+        );
+    }
+
+    /// Logs `message` about a connection from `address`, at most once per
+    /// interval for that address.
+    fn log_limited(&self, address: Option<SocketAddr>, message: &str) {
+        let logged = self.failures.borrow_mut().failure(address.map(|address| address.ip()), self.now_ms());
+        if let Some(logged) = logged {
+            let shared = if logged.shared { " (logged for many addresses at once)" } else { "" };
+            tracing::warn!(
+                peer = ?address,
+                left_out = logged.suppressed,
+                "{message}; such failures from this address are logged once a minute{shared}"
+            );
+        }
+    }
+}
+
 /// Accepts peer connections for as long as the executor runs.
-pub async fn accept(listener: TcpListener, identity: Identity, events: Events) {
+pub async fn accept(listener: TcpListener, gate: Rc<Gate>, events: Events) {
     let mut next_connection = 0u64;
     let unintroduced = Rc::new(RefCell::new(Unintroduced::default()));
     loop {
@@ -216,8 +322,9 @@ pub async fn accept(listener: TcpListener, identity: Identity, events: Events) {
                 }
                 next_connection += 1;
                 let _ = stream.set_nodelay(true);
-                let introduction = Introduction::register(&unintroduced, &stream);
-                let task = read(stream, next_connection, identity, events.clone(), introduction);
+                let expecting = if gate.key.is_some() { Expecting::Challenge } else { Expecting::Hello };
+                let introduction = Introduction::register(&unintroduced, &stream, expecting);
+                let task = read(stream, next_connection, gate.clone(), events.clone(), introduction);
                 glommio::spawn_local(task).detach();
             }
             Err(error) => {
@@ -228,29 +335,43 @@ pub async fn accept(listener: TcpListener, identity: Identity, events: Events) {
     }
 }
 
+/// What an inbound connection that is not admitted yet must send next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expecting {
+    /// Its Hello (no peer secret).
+    Hello,
+    /// Its Challenge (with a peer secret, before this node answered it).
+    Challenge,
+    /// Its Proof and its Hello (with a peer secret, once this node answered).
+    ProofAndHello,
+}
+
 /// The inbound connections that have not said hello yet, oldest first,
-/// each by its id and its socket.
+/// each by its id, its socket and what it must send next.
 #[derive(Default)]
 struct Unintroduced {
     next_id: u64,
-    waiting: VecDeque<(u64, RawFd)>,
+    waiting: VecDeque<(u64, RawFd, Expecting)>,
 }
 
 impl Unintroduced {
     /// Makes room for one more: if [`UNINTRODUCED_MAX`] are waiting, shuts
-    /// the oldest that has not sent a whole hello (its read ends, and its
-    /// task with it). A peer sends its hello as soon as it connects, so
-    /// connections that send nothing or trickle, however many and however
-    /// often reopened, never keep it out: it would have to be the oldest
-    /// of them. False if every waiting one has its whole hello in its socket.
+    /// the oldest that has not sent the whole of what it must send next
+    /// (its read ends, and its task with it). A peer sends its hello (with
+    /// a peer secret: its challenge, and its proof and hello as soon as it
+    /// is answered) at once, so connections that send nothing or trickle,
+    /// however many and however often reopened, never keep it out: it would
+    /// have to be the oldest of them. False if every waiting one has what
+    /// it must send next whole in its socket.
     fn make_room(&mut self) -> bool {
         if self.waiting.len() < UNINTRODUCED_MAX {
             return true;
         }
-        let Some(oldest) = self.waiting.iter().position(|&(_, fd)| !hello_waiting(fd)) else {
+        let Some(oldest) = self.waiting.iter().position(|&(_, fd, expecting)| !expected_frames_waiting(fd, expecting))
+        else {
             return false;
         };
-        let (_, fd) = self.waiting.remove(oldest).expect("a position in the queue");
+        let (_, fd, _) = self.waiting.remove(oldest).expect("a position in the queue");
         // SAFETY: the fd is open: an entry leaves the queue in the same
         // synchronous drop as its stream, on this thread (see Introduction),
         // and this runs on this thread too. Its task logs the take-over.
@@ -259,15 +380,30 @@ impl Unintroduced {
     }
 }
 
-/// Whether a whole, well-formed hello waits to be read on `fd`, looked at
-/// without reading it and without waiting (40 bytes of anything else do
-/// not protect a connection from being taken over).
-fn hello_waiting(fd: RawFd) -> bool {
-    let mut hello = [0u8; HELLO_FRAME_BYTES];
-    // SAFETY: a peek into a local buffer of this length.
-    let peeked = unsafe { libc::recv(fd, hello.as_mut_ptr().cast(), hello.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    usize::try_from(peeked).is_ok_and(|peeked| peeked == HELLO_FRAME_BYTES)
-        && matches!(wire::decode(&hello), Ok(Some((Frame::Hello(_), _))))
+/// Whether the whole, well-formed frames a connection must send next wait
+/// to be read on `fd`, looked at without reading them and without waiting
+/// (as many bytes of anything else do not protect a connection from being
+/// taken over; a proof is not checked here, only its form).
+fn expected_frames_waiting(fd: RawFd, expecting: Expecting) -> bool {
+    let wanted = match expecting {
+        Expecting::Hello => HELLO_FRAME_BYTES,
+        Expecting::Challenge => CHALLENGE_FRAME_BYTES,
+        Expecting::ProofAndHello => PROOF_FRAME_BYTES + HELLO_FRAME_BYTES,
+    };
+    let mut bytes = [0u8; INTRODUCTION_PEEK_BYTES_MAX];
+    // SAFETY: a peek into a local buffer of at least this length.
+    let peeked = unsafe { libc::recv(fd, bytes.as_mut_ptr().cast(), wanted, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if usize::try_from(peeked).ok() != Some(wanted) {
+        return false;
+    }
+    let frame = |at: usize| wire::decode(&bytes[at..wanted]).ok().flatten().map(|(frame, _)| frame);
+    match expecting {
+        Expecting::Hello => matches!(frame(0), Some(Frame::Hello(_))),
+        Expecting::Challenge => matches!(frame(0), Some(Frame::Challenge { .. })),
+        Expecting::ProofAndHello => {
+            matches!(frame(0), Some(Frame::Proof(_))) && matches!(frame(PROOF_FRAME_BYTES), Some(Frame::Hello(_)))
+        }
+    }
 }
 
 /// A connection's entry among the [`Unintroduced`], removed when it has
@@ -279,58 +415,102 @@ struct Introduction {
 }
 
 impl Introduction {
-    fn register(queue: &Rc<RefCell<Unintroduced>>, stream: &TcpStream) -> Introduction {
+    fn register(queue: &Rc<RefCell<Unintroduced>>, stream: &TcpStream, expecting: Expecting) -> Introduction {
         let mut unintroduced = queue.borrow_mut();
         let id = unintroduced.next_id;
         unintroduced.next_id += 1;
-        unintroduced.waiting.push_back((id, stream.as_raw_fd()));
+        unintroduced.waiting.push_back((id, stream.as_raw_fd(), expecting));
         Introduction { queue: queue.clone(), id }
     }
-}
 
-impl Introduction {
+    /// The connection must now send `expecting` to keep its place.
+    fn expect(&self, expecting: Expecting) {
+        let mut queue = self.queue.borrow_mut();
+        if let Some(entry) = queue.waiting.iter_mut().find(|(id, _, _)| *id == self.id) {
+            entry.2 = expecting;
+        }
+    }
+
     /// Ends the wait for the hello; false if a newer connection took this
     /// one's place meanwhile (and shut it).
     fn end(self) -> bool {
         let mut queue = self.queue.borrow_mut();
         let before = queue.waiting.len();
-        queue.waiting.retain(|&(id, _)| id != self.id);
+        queue.waiting.retain(|&(id, _, _)| id != self.id);
         queue.waiting.len() < before
     }
 }
 
 impl Drop for Introduction {
     fn drop(&mut self) {
-        self.queue.borrow_mut().waiting.retain(|&(id, _)| id != self.id);
+        self.queue.borrow_mut().waiting.retain(|&(id, _, _)| id != self.id);
     }
 }
 
-/// Reads one inbound connection: its hello, then frames until it ends.
-async fn read(mut stream: TcpStream, connection: u64, identity: Identity, events: Events, introduction: Introduction) {
+/// A connection from a peer that said who it is and, with a peer secret,
+/// proved it: made only by [`read`] once the introduction passed, and the
+/// only way to queue events for a connection.
+struct Admitted {
+    from: usize,
+    connection: u64,
+}
+
+impl Admitted {
+    fn push(&self, events: &Events, event: impl FnOnce(usize, u64) -> PeerEvent, bytes: usize) {
+        events.borrow_mut().push(event(self.from, self.connection), bytes);
+    }
+}
+
+/// Reads one inbound connection: its introduction (with a peer secret, the
+/// exchange of proofs; then its hello), then frames until it ends.
+async fn read(mut stream: TcpStream, connection: u64, gate: Rc<Gate>, events: Events, introduction: Introduction) {
     let peer_address = stream.peer_addr().ok();
-    let hello = glommio::timer::timeout(HELLO_TIMEOUT, async { Ok(read_hello(&mut stream).await) }).await;
+    let introduced =
+        glommio::timer::timeout(HELLO_TIMEOUT, async { Ok(introduce(&mut stream, &gate, &introduction).await) }).await;
+    let secured = gate.key.is_some();
     if !introduction.end() {
-        tracing::warn!(
-            peer = ?peer_address,
-            "peer connection closed: it had not sent a hello when {UNINTRODUCED_MAX} newer connections waited for \
-             theirs"
-        );
+        if secured {
+            let reason = format!(
+                "it had not sent its challenge, or its proof and hello, when {UNINTRODUCED_MAX} newer connections \
+                 waited for their turn"
+            );
+            gate.inbound_failed(peer_address, &reason);
+        } else {
+            tracing::warn!(
+                peer = ?peer_address,
+                "peer connection closed: it had not sent a hello when {UNINTRODUCED_MAX} newer connections waited \
+                 for theirs"
+            );
+        }
         return;
     }
-    let checked = match hello {
-        Ok(Ok(hello)) => check_hello(&hello, identity),
-        Ok(Err(reason)) => Err(HelloError::Unreadable(reason)),
+    let checked = match introduced {
+        Ok(Ok(hello)) => check_hello(&hello, gate.identity),
+        Ok(Err(failure)) => Err(failure),
+        Err(_) if secured => {
+            Err(HelloError::Unproven(format!("no proof and hello within {} s", HELLO_TIMEOUT.as_secs())))
+        }
         Err(_) => Err(HelloError::Unreadable(format!("no hello within {} s", HELLO_TIMEOUT.as_secs()))),
     };
     let from = match checked {
         Ok(from) => from,
+        Err(HelloError::Unproven(reason)) => {
+            gate.inbound_failed(peer_address, &reason);
+            return;
+        }
         Err(HelloError::Unreadable(reason)) => {
             tracing::warn!(peer = ?peer_address, "peer connection refused: {reason}");
             return;
         }
+        Err(HelloError::AsksForSecret(reason)) => {
+            // A node with the secret tries again every few milliseconds.
+            gate.log_limited(peer_address, &format!("peer connection refused: {reason}"));
+            return;
+        }
         Err(HelloError::Refused(refusal, reason)) => {
-            // A ringlock node of this version with other settings: say so
-            // loudly here, and tell it, so that neither serves as active.
+            // A ringlock node of this version with other settings (which,
+            // with a peer secret, proved it holds the secret): say so loudly
+            // here, and tell it, so that neither serves as active.
             tracing::error!(peer = ?peer_address, "peer connection refused: {reason}");
             let mut bytes = Vec::with_capacity(HELLO_REFUSED_FRAME_BYTES);
             wire::encode(&Frame::HelloRefused(refusal), &mut bytes);
@@ -342,14 +522,17 @@ async fn read(mut stream: TcpStream, connection: u64, identity: Identity, events
             return;
         }
     };
-    events.borrow_mut().push(PeerEvent::Opened { from, connection }, 0);
+    let admitted = Admitted { from, connection };
+    admitted.push(&events, |from, connection| PeerEvent::Opened { from, connection }, 0);
     let mut buffer = ReadBuffer::new();
     loop {
         while events.borrow().is_full() {
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
         match next_frame(&mut stream, &mut buffer).await {
-            Ok(Some((frame, bytes))) => events.borrow_mut().push(PeerEvent::Frame { from, connection, frame }, bytes),
+            Ok(Some((frame, bytes))) => {
+                admitted.push(&events, |from, connection| PeerEvent::Frame { from, connection, frame }, bytes)
+            }
             Ok(None) => break,
             Err(reason) => {
                 tracing::warn!(peer = from, address = ?peer_address, "peer connection dropped: {reason}");
@@ -357,42 +540,184 @@ async fn read(mut stream: TcpStream, connection: u64, identity: Identity, events
             }
         }
     }
-    events.borrow_mut().push(PeerEvent::Closed { from, connection }, 0);
+    admitted.push(&events, |from, connection| PeerEvent::Closed { from, connection }, 0);
 }
 
-/// Why a hello was not taken.
+/// Why an inbound connection was not admitted.
 enum HelloError {
+    /// With a peer secret: it did not prove it holds the secret (no proof,
+    /// a wrong one, garbage, a timeout). Counted, and logged rate-limited.
+    Unproven(String),
     /// Not a hello of this protocol version: the connection is just closed.
     Unreadable(String),
+    /// Without a peer secret: a Challenge of a node that has one (logged
+    /// rate-limited, since that node keeps trying).
+    AsksForSecret(String),
     /// A well-formed hello of a node with other settings, which is told why.
     Refused(Refusal, String),
 }
 
-/// Reads exactly one hello frame: a connection that has not said who it is
-/// gets no more buffer than that.
-async fn read_hello(stream: &mut TcpStream) -> Result<Hello, String> {
-    let mut bytes = [0u8; HELLO_FRAME_BYTES];
-    let mut filled = 0;
-    while filled < HELLO_FRAME_BYTES {
-        match stream.read(&mut bytes[filled..]).await {
-            Ok(0) if filled == 0 => return Err("closed before its hello".to_string()),
-            Ok(0) => return Err("closed in the middle of a frame, before its hello was whole".to_string()),
-            Ok(count) => filled += count,
-            Err(error) => return Err(format!("read failed before its hello: {error}")),
-        }
-        // The length prefix alone can tell that this is no hello.
-        let announced = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
-        if filled >= 4 && announced != HELLO_FRAME_BYTES - 4 {
-            return Err(format!(
-                "unreadable frame: it did not start with a hello (a frame of {announced} bytes announced, a hello has {})",
-                HELLO_FRAME_BYTES - 4
-            ));
+/// The first frame of the other handshake (with or without a peer secret),
+/// told apart by its length and type byte when it comes instead of the
+/// frame expected, and what it means.
+struct OtherHandshake {
+    frame_bytes: usize,
+    type_byte: u8,
+    meaning: &'static str,
+}
+
+impl OtherHandshake {
+    /// Whether a first frame that announced `announced` bytes, of type
+    /// `type_byte` if it came, is this one.
+    fn is(&self, announced: usize, type_byte: Option<u8>) -> bool {
+        announced == self.frame_bytes - 4 && type_byte == Some(self.type_byte)
+    }
+}
+
+/// The type byte of a Challenge.
+const CHALLENGE_TYPE_BYTE: u8 = 12;
+/// The type byte of a Hello.
+const HELLO_TYPE_BYTE: u8 = 1;
+
+/// A node without a peer secret is sent a Challenge.
+const CHALLENGE_WITHOUT_SECRET: OtherHandshake = OtherHandshake {
+    frame_bytes: CHALLENGE_FRAME_BYTES,
+    type_byte: CHALLENGE_TYPE_BYTE,
+    meaning: "it asks this node to prove it holds a peer secret: it was started with --peer-secret-file, and this node \
+     without; give every node the same --peer-secret-file",
+};
+
+/// A node with a peer secret is sent a Hello first.
+const HELLO_WITHOUT_PROOF: OtherHandshake = OtherHandshake {
+    frame_bytes: HELLO_FRAME_BYTES,
+    type_byte: HELLO_TYPE_BYTE,
+    meaning: "it sent a hello without proving it holds the peer secret: it was started without --peer-secret-file (or is \
+     not a ringlock node of this version); give every node the same --peer-secret-file",
+};
+
+/// Reads what an inbound connection must send before its frames count:
+/// without a peer secret its hello; with one, its challenge, then (once
+/// answered with this node's proof) its proof, checked, and its hello,
+/// which must name what the proof bound.
+async fn introduce(stream: &mut TcpStream, gate: &Gate, introduction: &Introduction) -> Result<Hello, HelloError> {
+    let Some(key) = &gate.key else {
+        return match read_first_frame(stream, HELLO_FRAME_BYTES).await {
+            Ok(Frame::Hello(hello)) => Ok(hello),
+            Ok(_) => Err(HelloError::Unreadable("it did not start with a hello".to_string())),
+            Err(FirstFrameError::Announced { announced, type_byte, .. })
+                if CHALLENGE_WITHOUT_SECRET.is(announced, type_byte) =>
+            {
+                Err(HelloError::AsksForSecret(CHALLENGE_WITHOUT_SECRET.meaning.to_string()))
+            }
+            Err(error) => Err(HelloError::Unreadable(error.describe("hello", None))),
+        };
+    };
+    let unproven = |error: FirstFrameError, what: &str, other: Option<&OtherHandshake>| {
+        HelloError::Unproven(error.describe(what, other))
+    };
+    let connector_nonce = match read_first_frame(stream, CHALLENGE_FRAME_BYTES).await {
+        Ok(Frame::Challenge { nonce }) => nonce,
+        Ok(_) => return Err(HelloError::Unproven("it did not start with a challenge".to_string())),
+        Err(error) => return Err(unproven(error, "challenge", Some(&HELLO_WITHOUT_PROOF))),
+    };
+    let Some(acceptor_nonce) = proof::fresh_nonce(&gate.random) else {
+        return Err(HelloError::Unproven("the system's random source failed; no nonce to answer with".to_string()));
+    };
+    let nonces = Nonces { connector: connector_nonce, acceptor: acceptor_nonce };
+    let identity = gate.identity;
+    let own_proof = proof::prove(key, Side::Acceptor, &nonces, identity.me, identity.peers_fingerprint);
+    let mut answer = Vec::with_capacity(CHALLENGE_ANSWER_FRAME_BYTES);
+    wire::encode(&Frame::ChallengeAnswer { nonce: acceptor_nonce, proof: own_proof }, &mut answer);
+    introduction.expect(Expecting::ProofAndHello);
+    if let Err(error) = stream.write_all(&answer).await {
+        return Err(HelloError::Unproven(format!("cannot answer its challenge: {error}")));
+    }
+    let proof = match read_first_frame(stream, PROOF_FRAME_BYTES).await {
+        Ok(Frame::Proof(proof)) => proof,
+        Ok(_) => return Err(HelloError::Unproven("it did not send its proof after this node's answer".to_string())),
+        Err(error) => return Err(unproven(error, "proof", None)),
+    };
+    if !proof::verify(key, Side::Connector, &nonces, &proof) {
+        return Err(HelloError::Unproven(format!(
+            "its proof (as node {}) does not check: it holds another peer secret, or sent a proof made for another \
+             connection",
+            proof.node
+        )));
+    }
+    let hello = match read_first_frame(stream, HELLO_FRAME_BYTES).await {
+        Ok(Frame::Hello(hello)) => hello,
+        Ok(_) => return Err(HelloError::Unproven("it did not send its hello after its proof".to_string())),
+        Err(error) => return Err(unproven(error, "hello", None)),
+    };
+    if hello.node != proof.node || hello.peers_fingerprint != proof.peers_fingerprint {
+        return Err(HelloError::Unproven(format!(
+            "its hello (node {}) does not name the node and --peers fingerprint its proof bound (node {})",
+            hello.node, proof.node
+        )));
+    }
+    Ok(hello)
+}
+
+/// Why the first frame of a stage of the introduction was not read.
+enum FirstFrameError {
+    /// Closed before its first byte.
+    Closed,
+    /// Closed before the frame was whole.
+    ClosedMidFrame,
+    /// The socket failed.
+    Failed(std::io::Error),
+    /// The length prefix is not that of the frame expected (`expected`
+    /// bytes after the prefix); the type byte, if it came with it.
+    Announced { announced: usize, expected: usize, type_byte: Option<u8> },
+    /// The frame does not decode.
+    Unreadable(WireError),
+}
+
+impl FirstFrameError {
+    /// The reason to log, for a connection that was to send `what`.
+    fn describe(&self, what: &str, other: Option<&OtherHandshake>) -> String {
+        match self {
+            FirstFrameError::Closed => format!("closed before its {what}"),
+            FirstFrameError::ClosedMidFrame => format!("closed in the middle of a frame, before its {what} was whole"),
+            FirstFrameError::Failed(error) => format!("read failed before its {what}: {error}"),
+            FirstFrameError::Announced { announced, expected, type_byte } => match other {
+                Some(other) if other.is(*announced, *type_byte) => other.meaning.to_string(),
+                _ => format!(
+                    "unreadable frame: it did not start with a {what} (a frame of {announced} bytes announced, a \
+                     {what} has {expected})"
+                ),
+            },
+            FirstFrameError::Unreadable(error) => format!("unreadable {what}: {error}"),
         }
     }
-    match wire::decode(&bytes) {
-        Ok(Some((Frame::Hello(hello), _))) => Ok(hello),
-        Ok(_) => Err("it did not start with a hello".to_string()),
-        Err(error) => Err(format!("unreadable hello: {error}")),
+}
+
+/// Reads exactly one frame of `frame_bytes` (length prefix included): a
+/// connection that has not been admitted gets no more buffer than that.
+async fn read_first_frame(stream: &mut TcpStream, frame_bytes: usize) -> Result<Frame, FirstFrameError> {
+    let mut bytes = [0u8; INTRODUCTION_PEEK_BYTES_MAX];
+    let mut filled = 0;
+    while filled < frame_bytes {
+        match stream.read(&mut bytes[filled..frame_bytes]).await {
+            Ok(0) if filled == 0 => return Err(FirstFrameError::Closed),
+            Ok(0) => return Err(FirstFrameError::ClosedMidFrame),
+            Ok(count) => filled += count,
+            Err(error) => return Err(FirstFrameError::Failed(error)),
+        }
+        // The length prefix alone can tell that this is not the frame
+        // expected; if it is that of the other handshake's first frame, the
+        // type byte is waited for, which tells that frame from garbage.
+        let announced = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        let other_handshake = [HELLO_FRAME_BYTES - 4, CHALLENGE_FRAME_BYTES - 4].contains(&announced);
+        if filled >= 4 && announced != frame_bytes - 4 && (filled > 4 || !other_handshake) {
+            let type_byte = (filled > 4).then_some(bytes[4]);
+            return Err(FirstFrameError::Announced { announced, expected: frame_bytes - 4, type_byte });
+        }
+    }
+    match wire::decode(&bytes[..frame_bytes]) {
+        Ok(Some((frame, _))) => Ok(frame),
+        Ok(None) => Err(FirstFrameError::ClosedMidFrame),
+        Err(error) => Err(FirstFrameError::Unreadable(error)),
     }
 }
 
@@ -491,13 +816,44 @@ fn check_hello(hello: &Hello, identity: Identity) -> Result<usize, HelloError> {
 /// Keeps a connection to peer `to` open and sends what its outbox gets.
 /// `hello` is read at each connection, so it carries the node's latest role.
 pub async fn write(to: usize, address: SocketAddr, links: PeerLinks, retry: Duration, stall: Duration) {
-    let PeerLinks { events, outboxes, hello } = links;
+    let PeerLinks { events, outboxes, hello, gate } = links;
     let outbox = &outboxes[to];
+    let mut failures_logged = LogLimit::default();
     loop {
         let mut stream = connect(to, address, retry, stall).await;
         let _ = stream.set_nodelay(true);
-        watch_for_refusal(&stream, to, events.clone());
         let mut chunk = Vec::new();
+        if let Some(key) = &gate.key {
+            let proved =
+                glommio::timer::timeout(stall, async { Ok(prove_to(&mut stream, to, &gate, key).await) }).await;
+            let failure = match proved {
+                Ok(Ok(proof)) => {
+                    wire::encode(&Frame::Proof(proof), &mut chunk);
+                    None
+                }
+                Ok(Err(reason)) => Some(reason),
+                Err(_) => Some(format!("no answer to this node's challenge within {} ms", stall.as_millis())),
+            };
+            if let Some(reason) = failure {
+                gate.count_failure(Direction::Outbound);
+                if let Some(left_out) = failures_logged.failure(gate.now_ms()) {
+                    tracing::warn!(
+                        peer = to,
+                        %address,
+                        left_out,
+                        "peer connection dropped: the peer did not prove it holds the peer secret: {reason}; trying \
+                         again (logged once a minute)"
+                    );
+                }
+                let _ = stream.shutdown(std::net::Shutdown::Both).await;
+                let _ = stream.close().await;
+                glommio::timer::sleep(retry).await;
+                continue;
+            }
+        }
+        // The peer has proved it holds the secret (or none is set): only
+        // now is a refusal it sends believed.
+        watch_for_refusal(&stream, to, events.clone());
         wire::encode(&Frame::Hello(hello.get()), &mut chunk);
         outbox.borrow_mut().open();
         tracing::info!(peer = to, %address, "connected to peer");
@@ -524,6 +880,45 @@ pub async fn write(to: usize, address: SocketAddr, links: PeerLinks, retry: Dura
         let _ = stream.close().await;
         glommio::timer::sleep(retry).await;
     }
+}
+
+/// What a peer that closes the connection without answering the
+/// challenge most likely is.
+const ANSWER_WITHOUT_SECRET: &str = "it closed the connection without answering the challenge: it runs without \
+                                     --peer-secret-file (its log says so), or is not a ringlock node of this version";
+
+/// On a connection this node opened to peer `to`: sends a challenge, checks
+/// that the answer proves `to` holds the peer secret, and returns this
+/// node's own proof, to be sent with its hello.
+async fn prove_to(stream: &mut TcpStream, to: usize, gate: &Gate, key: &hmac::Key) -> Result<Proof, String> {
+    let connector_nonce =
+        proof::fresh_nonce(&gate.random).ok_or("the system's random source failed; no nonce to challenge with")?;
+    let mut challenge = Vec::with_capacity(CHALLENGE_FRAME_BYTES);
+    wire::encode(&Frame::Challenge { nonce: connector_nonce }, &mut challenge);
+    stream.write_all(&challenge).await.map_err(|error| format!("cannot send the challenge: {error}"))?;
+    let (acceptor_nonce, answer) = match read_first_frame(stream, CHALLENGE_ANSWER_FRAME_BYTES).await {
+        Ok(Frame::ChallengeAnswer { nonce, proof }) => (nonce, proof),
+        Ok(_) => return Err("it answered the challenge with another frame".to_string()),
+        Err(FirstFrameError::Closed) => return Err(ANSWER_WITHOUT_SECRET.to_string()),
+        Err(FirstFrameError::Failed(error)) if error.kind() == std::io::ErrorKind::ConnectionReset => {
+            return Err(ANSWER_WITHOUT_SECRET.to_string());
+        }
+        Err(error) => return Err(error.describe("answer to the challenge", None)),
+    };
+    let nonces = Nonces { connector: connector_nonce, acceptor: acceptor_nonce };
+    if !proof::verify(key, Side::Acceptor, &nonces, &answer) {
+        return Err("its answer does not check: it holds another peer secret, or is not a ringlock node".to_string());
+    }
+    let identity = gate.identity;
+    if answer.node != to {
+        return Err(format!("it proves it is node {}, not node {to}; give every node the same --peers", answer.node));
+    }
+    if answer.peers_fingerprint != identity.peers_fingerprint {
+        return Err(
+            "it was started with another --peers list; give every node the same --peers, in the same order".to_string()
+        );
+    }
+    Ok(proof::prove(key, Side::Connector, &nonces, identity.me, identity.peers_fingerprint))
 }
 
 /// Connects to peer `to`, trying again every `retry` until it answers; logs

@@ -123,11 +123,19 @@ pub struct ClusterOptions {
     pub failover_ms: u64,
     /// Route every peer link through a proxy the test can cut.
     pub partitionable: bool,
+    /// Every node's `--peer-secret-file`.
+    pub peer_secret_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> ClusterOptions {
-        ClusterOptions { nodes: 3, heartbeat_ms: HEARTBEAT_MS, failover_ms: FAILOVER_MS, partitionable: false }
+        ClusterOptions {
+            nodes: 3,
+            heartbeat_ms: HEARTBEAT_MS,
+            failover_ms: FAILOVER_MS,
+            partitionable: false,
+            peer_secret_file: None,
+        }
     }
 }
 
@@ -355,7 +363,7 @@ impl Cluster {
                     format!("{}@{peer}", clients[other])
                 })
                 .collect();
-            let args: Vec<String> = [
+            let mut args: Vec<String> = [
                 "--listen".to_string(),
                 clients[index].to_string(),
                 "--peers".to_string(),
@@ -375,6 +383,9 @@ impl Cluster {
                 "info".to_string(),
             ]
             .into();
+            if let Some(file) = &options.peer_secret_file {
+                args.extend(["--peer-secret-file".to_string(), file.display().to_string()]);
+            }
             nodes.push(Node {
                 index,
                 client: clients[index],

@@ -313,3 +313,31 @@ pub fn stat(conn: &mut Conn, name: &str) -> u64 {
     let at = total.find(&needle).unwrap_or_else(|| panic!("no {name} in {json}")) + needle.len();
     total[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
 }
+
+/// A `--peer-secret-file` in a directory of its own, removed when dropped.
+pub struct SecretFile {
+    _dir: DataDir,
+    pub path: PathBuf,
+}
+
+impl SecretFile {
+    /// A file holding `contents`, readable by its owner only.
+    pub fn new(contents: &[u8]) -> SecretFile {
+        SecretFile::with_mode(contents, 0o600)
+    }
+
+    /// A file holding `contents` with the permission bits `mode`.
+    pub fn with_mode(contents: &[u8], mode: u32) -> SecretFile {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = DataDir::new();
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let path = dir.0.join("peer-secret");
+        std::fs::write(&path, contents).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        SecretFile { _dir: dir, path }
+    }
+
+    pub fn arg(&self) -> &str {
+        self.path.to_str().expect("a UTF-8 temporary path")
+    }
+}
