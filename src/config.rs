@@ -101,6 +101,17 @@ pub struct Config {
     #[arg(long, env = "RINGLOCK_MAX_CONNECTIONS_PER_IP", default_value_t = 1024)]
     pub max_connections_per_ip: u32,
 
+    /// A file of the names clients authenticate as, one a line:
+    /// `<name> <sha256 of its secret, 64 hex digits> <scope>`, where the
+    /// scope lists key prefixes ending in `*` (`*` alone: every key) and
+    /// optionally the word `stats` (allows `S`), comma-separated; `#`
+    /// starts a comment line. A connection then sends `U <secret>` first:
+    /// until it does, every request but `P` is answered `auth-required`,
+    /// and afterwards a key outside its scope is `forbidden`. SIGHUP
+    /// re-reads the file. Default: off (every connection may do anything).
+    #[arg(long, env = "RINGLOCK_AUTH_FILE", value_name = "FILE")]
+    pub auth_file: Option<PathBuf>,
+
     /// Address of the HTTP endpoint for operators: `/metrics` (Prometheus
     /// text format), `/livez` and `/readyz`. Served by a thread of its own,
     /// never by a shard core. Default: off.

@@ -3,6 +3,7 @@
 //! # Layout
 //! - `server`: start-up (epoch, listeners, pinned threads) and shutdown.
 //! - `config`: command-line flags and their environment variables.
+//! - `auth`: client authentication: the auth file, secrets, scopes.
 //! - `core`: one shard core: its io_uring event loop, connections, parsing
 //!   and routing of requests, and the mailboxes between cores.
 //! - `node`: what the cores of a node share: the epoch file, token ranges,
@@ -16,6 +17,7 @@
 //!
 //! `docs/architecture.md` walks a request through these files.
 
+pub mod auth;
 pub mod cluster;
 pub mod config;
 mod core;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use ringlock_shards::{Shard, ShardConfig};
 
+use crate::auth::SharedAuth;
 use crate::cluster::ExitReason;
 use crate::config::{ClusterSettings, Config};
 use crate::core::listener::{bind_listeners, bind_retrying, listen_error};
@@ -37,6 +38,15 @@ type ShardReady = Result<bool, String>;
 pub fn run(config: Config) -> Result<(), String> {
     let cluster = config.cluster()?;
     let peer_secret = peer_secret(&config, cluster.as_ref())?;
+    let auth = config.auth_file.as_deref().map(SharedAuth::load).transpose()?;
+    if let Some(auth) = &auth {
+        let (_, table) = auth.current();
+        tracing::info!(
+            auth_file = %auth.path().display(),
+            names = table.len(),
+            "clients must authenticate (U <secret>) with a name of the auth file"
+        );
+    }
     let shards = config.shard_count();
     let cpus = config.shard_cpus()?;
     let shard_config = shard_config(&config, cluster.is_some())?;
@@ -53,7 +63,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.keepalive())?;
     let (mailboxes, inboxes) = inboxes(shards)?;
     let link = cluster.as_ref().map(|_| ClusterLink::new(report_sender));
-    let shared = shared(&config, mailboxes, authority.clone(), local, link);
+    let shared = shared(&config, mailboxes, authority.clone(), local, link, auth);
 
     // The loops must not take the signals: block them before the threads
     // start (they inherit the mask) and wait for them here.
@@ -135,6 +145,7 @@ fn shared(
     authority: Arc<TokenAuthority>,
     local: SocketAddr,
     cluster: Option<ClusterLink>,
+    auth: Option<SharedAuth>,
 ) -> Arc<Shared> {
     let shards = mailboxes.len();
     Arc::new(Shared {
@@ -153,6 +164,7 @@ fn shared(
         stats: (0..shards).map(|_| Mutex::new(CoreStats::default())).collect(),
         started: Instant::now(),
         cluster,
+        auth,
     })
 }
 
@@ -342,11 +354,32 @@ fn join_shards(threads: Vec<ShardThread>, mut result: Result<(), String>) -> Res
     result
 }
 
+/// SIGHUP: re-reads the auth file. A hang-up of the terminal or session that
+/// started the server must never drop a lock or a waiter: the server keeps
+/// serving whatever the outcome, and a file that is refused leaves the one
+/// in force.
+fn reload(shared: &Shared) {
+    let Some(auth) = &shared.auth else {
+        tracing::warn!(
+            "SIGHUP: nothing to reload (no --auth-file); ringlock keeps serving; stop it with SIGTERM or SIGINT"
+        );
+        return;
+    };
+    match auth.reload() {
+        Ok(names) => tracing::info!(
+            auth_file = %auth.path().display(),
+            names,
+            "SIGHUP: auth file reloaded; connections whose name is gone are closed"
+        ),
+        Err(error) => tracing::error!("SIGHUP: {error}; the auth file in force stays"),
+    }
+}
+
 /// Waits for SIGINT or SIGTERM, or for a thread that ended on its own. A
 /// stop signal first makes the node not ready and, with `--drain-ms`, keeps
 /// it serving that long. Then, in a cluster, the replication core hands the
-/// active role over; a further signal stops at once. SIGHUP is logged and
-/// ignored.
+/// active role over; a further signal stops at once. SIGHUP reloads
+/// (see [`reload`]).
 fn wait_for_stop(
     signals: &libc::sigset_t,
     threads: &[ShardThread],
@@ -361,13 +394,7 @@ fn wait_for_stop(
         // SAFETY: waiting for signals this thread has blocked.
         let signal = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &timeout) };
         if signal == libc::SIGHUP {
-            // A hang-up of the terminal or session that started the server
-            // must not drop every lock and waiter, and there is no
-            // configuration to reload: the server keeps serving.
-            tracing::warn!(
-                signal,
-                "SIGHUP ignored: ringlock keeps serving (it has nothing to reload); stop it with SIGTERM or SIGINT"
-            );
+            reload(shared);
         }
         let mut stop_now = signal == libc::SIGINT || signal == libc::SIGTERM;
         if stop_now && !shared.stopping.swap(true, Ordering::SeqCst) {

@@ -294,9 +294,11 @@ fn ringlock_reply(reply: &Reply<'_>, keys: &KeyFormat) -> Parsed {
             None => Parsed::Unkeyed(ErrorKind::Server(code)),
         },
         Reply::Error { code, .. } => Parsed::Unkeyed(ErrorKind::Server(code)),
-        Reply::Extended { .. } | Reply::Pong { .. } | Reply::Stats { .. } | Reply::Inspected { .. } => {
-            Parsed::Unkeyed(ErrorKind::Unpaired)
-        }
+        Reply::Extended { .. }
+        | Reply::Pong { .. }
+        | Reply::Stats { .. }
+        | Reply::Inspected { .. }
+        | Reply::Authenticated { .. } => Parsed::Unkeyed(ErrorKind::Unpaired),
     }
 }
 

@@ -104,6 +104,8 @@ pub enum Op {
     Stats,
     /// `I`: inspect a key (its holder, lease left and waiters).
     Inspect,
+    /// `U`: authenticate the connection with a secret.
+    Authenticate,
 }
 
 impl Op {
@@ -116,6 +118,7 @@ impl Op {
             Op::Ping => b'P',
             Op::Stats => b'S',
             Op::Inspect => b'I',
+            Op::Authenticate => b'U',
         }
     }
 
@@ -128,6 +131,7 @@ impl Op {
             b"P" => Some(Op::Ping),
             b"S" => Some(Op::Stats),
             b"I" => Some(Op::Inspect),
+            b"U" => Some(Op::Authenticate),
             _ => None,
         }
     }
@@ -166,13 +170,25 @@ pub enum ErrorCode {
     TooManyConnections,
     /// The server is stopping and has no successor to hand over to.
     ShuttingDown,
+    /// A request other than `P` before the connection authenticated (`U`),
+    /// on a server with `--auth-file`.
+    AuthRequired,
+    /// `U` with a secret that names nobody; the connection is then closed.
+    AuthFailed,
+    /// A key outside the authenticated name's scope, or `S` without `stats`.
+    Forbidden,
+    /// The connection's name was removed from the auth file by a reload;
+    /// the connection is then closed.
+    AuthRevoked,
+    /// `U` on a server without `--auth-file`.
+    AuthDisabled,
     /// A code this version does not know (a newer server's).
     Unknown,
 }
 
 impl ErrorCode {
     /// Every code this version knows, for tests and documentation.
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::BadRequest,
         ErrorCode::NotHolder,
         ErrorCode::BadLease,
@@ -185,6 +201,11 @@ impl ErrorCode {
         ErrorCode::TooManyKeys,
         ErrorCode::TooManyConnections,
         ErrorCode::ShuttingDown,
+        ErrorCode::AuthRequired,
+        ErrorCode::AuthFailed,
+        ErrorCode::Forbidden,
+        ErrorCode::AuthRevoked,
+        ErrorCode::AuthDisabled,
     ];
 
     /// The code's name on the wire.
@@ -202,6 +223,11 @@ impl ErrorCode {
             ErrorCode::TooManyKeys => "too-many-keys",
             ErrorCode::TooManyConnections => "too-many-connections",
             ErrorCode::ShuttingDown => "shutting-down",
+            ErrorCode::AuthRequired => "auth-required",
+            ErrorCode::AuthFailed => "auth-failed",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::AuthRevoked => "auth-revoked",
+            ErrorCode::AuthDisabled => "auth-disabled",
             ErrorCode::Unknown => "unknown",
         }
     }
@@ -229,6 +255,11 @@ impl ErrorCode {
             ErrorCode::TooManyKeys => 9,
             ErrorCode::TooManyConnections => 10,
             ErrorCode::ShuttingDown => 11,
+            ErrorCode::AuthRequired => 12,
+            ErrorCode::AuthFailed => 13,
+            ErrorCode::Forbidden => 14,
+            ErrorCode::AuthRevoked => 15,
+            ErrorCode::AuthDisabled => 16,
             ErrorCode::Unknown => return None,
         };
         Some(index)

@@ -134,6 +134,11 @@ pub enum Reply<'a> {
         /// Acquires queued on the key.
         waiters: u64,
     },
+    /// `U <name>`: the connection is authenticated as this name.
+    Authenticated {
+        /// The name of the auth file's entry: like a key, 1 to 250 bytes.
+        name: &'a [u8],
+    },
 }
 
 impl<'a> Reply<'a> {
@@ -160,6 +165,7 @@ impl<'a> Reply<'a> {
             Reply::Pong { .. } => Some(Op::Ping),
             Reply::Stats { .. } => Some(Op::Stats),
             Reply::Inspected { .. } => Some(Op::Inspect),
+            Reply::Authenticated { .. } => Some(Op::Authenticate),
         }
     }
 
@@ -187,7 +193,7 @@ impl<'a> Reply<'a> {
             | Reply::Inspected { key, .. }
             | Reply::Moved { key, .. } => Some(key),
             Reply::Error { key, .. } => key,
-            Reply::Pong { .. } | Reply::Stats { .. } => None,
+            Reply::Pong { .. } | Reply::Stats { .. } | Reply::Authenticated { .. } => None,
         }
     }
 }
@@ -310,7 +316,7 @@ fn parse_reply(line: &[u8]) -> Result<Reply<'_>, ReplyError> {
     }
     let fields = split_fields::<5>(line);
     let field_count = match fields.get(0) {
-        b"T" | b"R" => 2,
+        b"T" | b"R" | b"U" => 2,
         b"A" | b"X" => 3,
         b"M" | b"E" | b"P" => 4,
         b"I" => 5,
@@ -328,6 +334,7 @@ fn parse_reply(line: &[u8]) -> Result<Reply<'_>, ReplyError> {
         b"A" => Reply::Acquired { key: key(first)?, token: number(second)? },
         b"T" => Reply::TimedOut { key: key(first)? },
         b"R" => Reply::Released { key: key(first)? },
+        b"U" => Reply::Authenticated { name: key(first)? },
         b"X" => Reply::Extended { key: key(first)?, token: number(second)? },
         b"M" => Reply::Moved {
             op: Op::from_field(first).ok_or(ReplyError::BadOp)?,
@@ -470,6 +477,7 @@ fn encode_any_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
         Reply::Moved { key, active, .. } => key.len() + active.map_or(1, <[u8]>::len),
         Reply::Pong { active, .. } => active.map_or(1, <[u8]>::len),
         Reply::Stats { json } => json.len(),
+        Reply::Authenticated { name } => name.len(),
         _ => reply.key().map_or(1, <[u8]>::len),
     };
     out.reserve(64 + variable_len);
@@ -487,6 +495,10 @@ fn encode_any_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
         Reply::Released { key } => {
             out.extend_from_slice(b"R ");
             push_key(key, out);
+        }
+        Reply::Authenticated { name } => {
+            out.extend_from_slice(b"U ");
+            push_key(name, out);
         }
         Reply::Extended { key, token } => {
             out.extend_from_slice(b"X ");
@@ -604,7 +616,12 @@ mod tests {
 
     #[test]
     fn decodes_and_encodes_each_kind() {
-        let cases: [(&[u8], Reply<'_>); 16] = [
+        let cases: [(&[u8], Reply<'_>); 18] = [
+            (b"U billing\n", Reply::Authenticated { name: b"billing" }),
+            (
+                b"E U - auth-failed\n",
+                Reply::Error { op: Some(Op::Authenticate), key: None, code: ErrorCode::AuthFailed },
+            ),
             (b"A k 42\n", Reply::Acquired { key: b"k", token: 42 }),
             (b"T k\n", Reply::TimedOut { key: b"k" }),
             (b"R k\n", Reply::Released { key: b"k" }),

@@ -51,6 +51,12 @@ pub enum Request<'a> {
         /// The key to look at.
         key: &'a [u8],
     },
+    /// `U <secret>`: authenticate the connection as the name whose secret
+    /// this is (servers with `--auth-file`).
+    Authenticate {
+        /// The secret: 1 to 1022 bytes, none of them space, tab, CR, LF or NUL.
+        secret: &'a [u8],
+    },
 }
 
 impl<'a> Request<'a> {
@@ -71,6 +77,7 @@ impl<'a> Request<'a> {
             Request::Ping => Op::Ping,
             Request::Stats => Op::Stats,
             Request::Inspect { .. } => Op::Inspect,
+            Request::Authenticate { .. } => Op::Authenticate,
         }
     }
 
@@ -93,7 +100,7 @@ impl<'a> Request<'a> {
             | Request::Release { key, .. }
             | Request::Extend { key, .. }
             | Request::Inspect { key } => Some(key),
-            Request::Ping | Request::Stats => None,
+            Request::Ping | Request::Stats | Request::Authenticate { .. } => None,
         }
     }
 }
@@ -271,14 +278,15 @@ fn parse_request(line: &[u8], lease_ms_max: u64) -> Result<Request<'_>, RequestE
     let field_count = match op {
         Op::Acquire | Op::Extend => 4,
         Op::Release => 3,
-        Op::Inspect => 2,
+        Op::Inspect | Op::Authenticate => 2,
         Op::Ping | Op::Stats => 1,
     };
     if !fields.is_exactly(field_count) {
         // P and S have no key, so whatever follows them is not echoed:
         // their replies are paired with no key.
         let key = match op {
-            Op::Ping | Op::Stats => None,
+            // A secret is never echoed.
+            Op::Ping | Op::Stats | Op::Authenticate => None,
             Op::Acquire | Op::Release | Op::Extend | Op::Inspect => Some(fields.get(1)).filter(|key| is_valid_key(key)),
         };
         return Err(RequestError { op: Some(op), key, code: ErrorCode::BadRequest });
@@ -287,6 +295,8 @@ fn parse_request(line: &[u8], lease_ms_max: u64) -> Result<Request<'_>, RequestE
     match op {
         Op::Ping => return Ok(Request::Ping),
         Op::Stats => return Ok(Request::Stats),
+        Op::Authenticate if is_valid_secret(key) => return Ok(Request::Authenticate { secret: key }),
+        Op::Authenticate => return Err(RequestError { op: Some(op), key: None, code: ErrorCode::BadRequest }),
         Op::Acquire | Op::Release | Op::Extend | Op::Inspect => {}
     }
     if !is_valid_key(key) {
@@ -310,8 +320,14 @@ fn parse_request(line: &[u8], lease_ms_max: u64) -> Result<Request<'_>, RequestE
             let lease_ms = lease(fields.get(3))?;
             Ok(Request::Extend { key, token, lease_ms })
         }
-        Op::Ping | Op::Stats | Op::Inspect => unreachable!("answered above"),
+        Op::Ping | Op::Stats | Op::Inspect | Op::Authenticate => unreachable!("answered above"),
     }
+}
+
+/// Whether a field can be a `U` secret: bytes other than space, tab, CR, LF
+/// and NUL (a line's length bounds it).
+fn is_valid_secret(field: &[u8]) -> bool {
+    !field.is_empty() && !field.iter().any(|byte| matches!(byte, b' ' | b'\t' | b'\r' | b'\n' | 0))
 }
 
 /// A lease in milliseconds if the field is well-formed and in `1..=lease_ms_max`.
@@ -349,7 +365,11 @@ fn parse_wait_ms(field: &[u8]) -> Option<u64> {
 pub fn encode_request(request: &Request<'_>, out: &mut Vec<u8>) {
     // The op, three separators, two numbers of at most 21 bytes each and the
     // newline fit in 64 bytes besides the key: reserve once.
-    out.reserve(64 + request.key().map_or(0, <[u8]>::len));
+    let secret_len = match request {
+        Request::Authenticate { secret } => secret.len(),
+        _ => 0,
+    };
+    out.reserve(64 + request.key().map_or(0, <[u8]>::len) + secret_len);
     out.push(request.op().as_byte());
     if let Some(key) = request.key() {
         debug_assert!(is_valid_key(key), "encode_request with an invalid key {key:?}");
@@ -372,6 +392,10 @@ pub fn encode_request(request: &Request<'_>, out: &mut Vec<u8>) {
             write_u64(token, out);
             out.push(b' ');
             write_seconds(lease_ms, out);
+        }
+        Request::Authenticate { secret } => {
+            out.push(b' ');
+            out.extend_from_slice(secret);
         }
         Request::Ping | Request::Stats | Request::Inspect { .. } => {}
     }
@@ -416,6 +440,22 @@ mod tests {
         let mut out = Vec::new();
         encode_request(request, &mut out);
         out
+    }
+
+    #[test]
+    fn u_carries_a_secret_that_is_never_echoed() {
+        assert_eq!(decode(b"U s3cr3t/+=\n"), Ok(Request::Authenticate { secret: b"s3cr3t/+=" }));
+        let long = [b'x'; 1000];
+        let mut line = b"U ".to_vec();
+        line.extend_from_slice(&long);
+        line.push(b'\n');
+        assert_eq!(decode(&line), Ok(Request::Authenticate { secret: &long }), "a secret may be longer than a key");
+        assert_eq!(error_reply(b"U\n"), "E U - bad-request");
+        assert_eq!(error_reply(b"U a b\n"), "E U - bad-request");
+        assert_eq!(error_reply(b"U a\tb\n"), "E U - bad-request");
+        assert_eq!(error_reply(b"U a\0b\n"), "E U - bad-request");
+        assert_eq!(encode(&Request::Authenticate { secret: b"s" }), b"U s\n");
+        assert_eq!(Request::Authenticate { secret: b"s" }.key(), None);
     }
 
     #[test]
@@ -855,6 +895,7 @@ mod tests {
             b"P" => Op::Ping,
             b"S" => Op::Stats,
             b"I" => Op::Inspect,
+            b"U" => Op::Authenticate,
             _ => {
                 return Err(RequestError { op: None, key: None, code: ErrorCode::BadOp });
             }
@@ -862,13 +903,16 @@ mod tests {
         let wanted = match op {
             Op::Acquire | Op::Extend => 4,
             Op::Release => 3,
-            Op::Inspect => 2,
+            Op::Inspect | Op::Authenticate => 2,
             Op::Ping | Op::Stats => 1,
         };
         let key_ok =
             |key: &[u8]| !key.is_empty() && key.len() <= 250 && !key.iter().any(|byte| b" \t\r\n\0".contains(byte));
         if fields.len() != wanted || fields.iter().any(|field| field.is_empty()) {
-            let key = fields.get(1).copied().filter(|key| key_ok(key) && !matches!(op, Op::Ping | Op::Stats));
+            let key = fields
+                .get(1)
+                .copied()
+                .filter(|key| key_ok(key) && !matches!(op, Op::Ping | Op::Stats | Op::Authenticate));
             return Err(RequestError { op: Some(op), key, code: ErrorCode::BadRequest });
         }
         if op == Op::Ping {
@@ -876,6 +920,13 @@ mod tests {
         }
         if op == Op::Stats {
             return Ok(Request::Stats);
+        }
+        if op == Op::Authenticate {
+            let secret = fields[1];
+            if secret.iter().any(|byte| b"\t\r\n\0".contains(byte)) {
+                return Err(RequestError { op: Some(op), key: None, code: ErrorCode::BadRequest });
+            }
+            return Ok(Request::Authenticate { secret });
         }
         let key = fields[1];
         if !key_ok(key) {

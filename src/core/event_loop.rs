@@ -37,7 +37,7 @@ use ringlock_proto::ErrorCode;
 use ringlock_ring::{BufRing, poll_before_sleep};
 use ringlock_shards::{HotKeyCounts, Shard};
 
-use crate::core::dispatcher::{Dispatcher, Limits, SocketEffect};
+use crate::core::dispatcher::{Dispatcher, Limits, Settings, SocketEffect};
 use crate::core::mailbox::{CoreMessage, Inbox};
 use crate::core::ring::{COMPLETION_ENTRIES, Kind, RECV_BUFFER_GROUP, RECV_BUFFER_LEN, RECV_BUFFERS, split_user_data};
 use crate::core::state::{CoreState, SharedView};
@@ -77,6 +77,8 @@ pub struct EventLoop {
     pub(crate) socket_effects: Vec<SocketEffect>,
     pub(crate) inbox: Inbox,
     completions: Vec<(u64, i32, u32)>,
+    /// The generation of the auth file in force here (see `SharedAuth`).
+    auth_generation: u64,
     /// The hot-key events and the time of the last copy of the hot keys.
     hot_keys_published: (u64, u64),
     /// The last copy named some key, so it is made again as they age out.
@@ -100,7 +102,15 @@ impl EventLoop {
         // In a cluster every node starts as a standby that knows no active.
         let role = if shared.cluster.is_some() { CoreRole::Standby } else { CoreRole::Active };
         let view = Box::new(SharedView { shared: shared.clone() });
-        let dispatcher = Dispatcher::new(core, cores, shared.lease_ms_max, shard, view, role, Limits::DEFAULT);
+        let (auth_generation, auth) = match &shared.auth {
+            Some(auth) => {
+                let (generation, table) = auth.current();
+                (generation, Some(table))
+            }
+            None => (0, None),
+        };
+        let settings = Settings { core, cores, lease_ms_max: shared.lease_ms_max, limits: Limits::DEFAULT };
+        let dispatcher = Dispatcher::new(settings, shard, view, role, auth);
         Ok(EventLoop {
             state: CoreState {
                 ring,
@@ -131,6 +141,7 @@ impl EventLoop {
             socket_effects: Vec::new(),
             inbox,
             completions: Vec::with_capacity(COMPLETION_ENTRIES as usize),
+            auth_generation,
             hot_keys_published: (0, 0),
             hot_keys_listed: false,
         })
@@ -173,6 +184,7 @@ impl EventLoop {
     /// shard advanced to now, and what that made possible.
     fn serve(&mut self) {
         self.set_now();
+        self.reload_auth();
         self.handle_completions();
         self.handle_inbox();
         self.dispatcher.advance();
@@ -181,6 +193,18 @@ impl EventLoop {
         // Grants and timeouts of this turn may have brought connections
         // below the in-flight limit: they are read again before the sleep.
         self.dispatcher.resume_paused();
+        self.apply_socket_effects();
+    }
+
+    /// Takes a reloaded auth file, once a turn at most (one atomic read).
+    fn reload_auth(&mut self) {
+        let Some(auth) = &self.state.shared.auth else { return };
+        if auth.generation.load(std::sync::atomic::Ordering::Acquire) == self.auth_generation {
+            return;
+        }
+        let (generation, table) = auth.current();
+        self.auth_generation = generation;
+        self.dispatcher.set_auth(Some(table));
         self.apply_socket_effects();
     }
 
@@ -343,6 +367,7 @@ impl EventLoop {
             *sum += count + refused;
         }
         let (requests, in_flight_pauses) = (counters.requests, counters.in_flight_pauses);
+        let (auth_failures, auth_revocations) = (counters.auth_failures, counters.auth_revocations);
         let hot_keys = self.hot_keys_to_publish();
         if let Ok(mut published) = self.state.shared.stats[self.state.core].lock() {
             published.shard = stats;
@@ -353,6 +378,8 @@ impl EventLoop {
             published.accepted = self.state.accepted;
             published.in_flight_pauses = in_flight_pauses;
             published.requests = requests;
+            published.auth_failures = auth_failures;
+            published.auth_revocations = auth_revocations;
             if let Some((waits, handoffs)) = hot_keys {
                 published.hot_waits = waits;
                 published.hot_handoffs = handoffs;

@@ -22,6 +22,10 @@ pub struct CoreStats {
     pub in_flight_pauses: u64,
     /// Replies written, by operation and result.
     pub requests: RequestCounters,
+    /// `U` lines whose secret named nobody.
+    pub auth_failures: u64,
+    /// Connections closed because a reload removed their name.
+    pub auth_revocations: u64,
     /// The shard's hot keys (see `ringlock_shards::HotKeys`), copied at most
     /// every `HOT_KEYS_PUBLISH_MS`: keys waited on, keys handed off.
     pub hot_waits: HotKeyCounts,
@@ -29,8 +33,8 @@ pub struct CoreStats {
 }
 
 /// The operations replies are counted by, as metric labels; `none` is a
-/// line that named no operation (`E - - <code>`).
-pub const REQUEST_OPS: [&str; 7] = ["acquire", "release", "extend", "inspect", "ping", "stats", "none"];
+/// line that named no operation (`E - - <code>`), `auth` is `U`.
+pub const REQUEST_OPS: [&str; 8] = ["acquire", "release", "extend", "inspect", "ping", "stats", "none", "auth"];
 /// The results replies are counted by, as metric labels.
 pub const REQUEST_RESULTS: [&str; 4] = ["ok", "timeout", "moved", "error"];
 
@@ -54,6 +58,7 @@ impl RequestCounters {
             Reply::Inspected { .. } => (3, 0),
             Reply::Pong { .. } => (4, 0),
             Reply::Stats { .. } => (5, 0),
+            Reply::Authenticated { .. } => (7, 0),
             Reply::Moved { op, .. } => (op_index(op), 2),
             Reply::Error { op, .. } => (op.map_or(6, op_index), 3),
         };
@@ -78,6 +83,7 @@ fn op_index(op: Op) -> usize {
         Op::Inspect => 3,
         Op::Ping => 4,
         Op::Stats => 5,
+        Op::Authenticate => 7,
     }
 }
 

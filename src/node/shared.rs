@@ -39,6 +39,8 @@ pub struct Shared {
     pub started: Instant,
     /// The link to the replication core, in a cluster.
     pub cluster: Option<ClusterLink>,
+    /// The auth file, with `--auth-file`.
+    pub auth: Option<crate::auth::SharedAuth>,
 }
 
 impl Shared {

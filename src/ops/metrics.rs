@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use ringlock_proto::{ErrorCode, Role};
 use ringlock_shards::{HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS_MS, Histogram, ShardStats};
 
+use crate::auth::SharedAuth;
 use crate::node::counters::{CoreStats, REQUEST_OPS, REQUEST_RESULTS, RequestCounters, hot_keys};
 use crate::node::role::{ClusterLink, LAG_UNKNOWN};
 use crate::node::shared::{Shared, total_stats};
@@ -116,6 +117,9 @@ pub fn render(shared: &Shared) -> String {
     render_requests(&mut out, &cores, &total);
     render_per_shard(&mut out, &cores);
     render_connections(&mut out, &cores);
+    if let Some(auth) = &shared.auth {
+        render_auth(&mut out, &cores, auth);
+    }
     render_latencies(&mut out, &total);
     render_hot_keys(&mut out, &cores);
     out
@@ -289,6 +293,30 @@ fn render_connections(out: &mut String, cores: &[CoreStats]) {
         "Times a connection stopped being read at the in-flight request limit.",
     );
     let _ = writeln!(out, "ringlock_in_flight_pauses_total {}", sum(|core| core.in_flight_pauses));
+}
+
+/// Client authentication (`--auth-file`): failed `U` lines, connections
+/// revoked by a reload, and the reloads' outcomes.
+fn render_auth(out: &mut String, cores: &[CoreStats], auth: &SharedAuth) {
+    let sum = |value: fn(&CoreStats) -> u64| cores.iter().map(value).sum::<u64>();
+    family(out, "ringlock_auth_failures_total", "counter", "U lines whose secret named nobody in the auth file.");
+    let _ = writeln!(out, "ringlock_auth_failures_total {}", sum(|core| core.auth_failures));
+    family(
+        out,
+        "ringlock_auth_revoked_total",
+        "counter",
+        "Connections closed because a reload of the auth file removed their name.",
+    );
+    let _ = writeln!(out, "ringlock_auth_revoked_total {}", sum(|core| core.auth_revocations));
+    family(
+        out,
+        "ringlock_auth_reloads_total",
+        "counter",
+        "Reloads of the auth file (SIGHUP), by result: ok, or failed (the file in force stays).",
+    );
+    for (result, count) in [("ok", &auth.reloads), ("failed", &auth.reload_failures)] {
+        let _ = writeln!(out, "ringlock_auth_reloads_total{{result=\"{result}\"}} {}", count.load(Ordering::Relaxed));
+    }
 }
 
 /// Waits of acquires and holds of grants, as histograms.

@@ -341,3 +341,42 @@ impl SecretFile {
         self.path.to_str().expect("a UTF-8 temporary path")
     }
 }
+
+/// The metrics address a server logged at start-up (`--metrics-listen`).
+pub fn metrics_address(server: &Server) -> SocketAddr {
+    let mut found = None;
+    wait_until("the metrics endpoint's log line", || {
+        found = server
+            .log()
+            .lines()
+            .find_map(|line| line.split("serving /metrics, /livez and /readyz on ").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|address| address.parse().ok());
+        found.is_some()
+    });
+    found.unwrap()
+}
+
+/// One HTTP GET: the status code and the body.
+pub fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect to the metrics endpoint");
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: ringlock\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).and_then(|code| code.parse().ok()).expect("a status code");
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+/// Every sample of a `/metrics` scrape, by its name and labels as written.
+pub fn scrape(address: SocketAddr) -> std::collections::HashMap<String, f64> {
+    let (status, body) = http_get(address, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("a sample line");
+            (series.to_string(), value.parse().unwrap_or_else(|_| panic!("a number in {line:?}")))
+        })
+        .collect()
+}

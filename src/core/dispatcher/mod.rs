@@ -37,9 +37,13 @@ pub(crate) mod session;
 #[cfg(test)]
 mod tests;
 
-use ringlock_proto::{ErrorCode, Role};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use ringlock_proto::{ErrorCode, Reply, Role};
 use ringlock_shards::{ClientId, Delta, Shard, TokenRange, TokenRangeError};
 
+use crate::auth::AuthTable;
 use crate::core::client_id::{client_id, split_client_id};
 use crate::core::mailbox::{CoreMessage, RoutedRequest};
 use crate::node::counters::RequestCounters;
@@ -78,6 +82,10 @@ pub(crate) struct DispatchCounters {
     pub(crate) requests: RequestCounters,
     /// Times a connection stopped being read at the in-flight limit.
     pub(crate) in_flight_pauses: u64,
+    /// `U` lines whose secret named nobody.
+    pub(crate) auth_failures: u64,
+    /// Connections closed because a reload removed their name.
+    pub(crate) auth_revocations: u64,
 }
 
 impl DispatchCounters {
@@ -86,6 +94,17 @@ impl DispatchCounters {
             self.errors[index] += 1;
         }
     }
+}
+
+/// Where a dispatcher runs and the limits it keeps.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Settings {
+    /// This core's index, and how many shard cores the node has.
+    pub(crate) core: usize,
+    pub(crate) cores: usize,
+    /// `--max-lease`, in milliseconds.
+    pub(crate) lease_ms_max: u64,
+    pub(crate) limits: Limits,
 }
 
 /// One core's dispatcher; see the module documentation.
@@ -101,19 +120,29 @@ pub(crate) struct Dispatcher {
     role: CoreRole,
     /// Requests held while the role is [`CoreRole::Held`], in arrival order.
     parked: Vec<(ClientId, RoutedRequest)>,
+    /// The auth file in force, if the server has one: every request but `P`
+    /// and `U` then needs an authenticated name whose scope allows it.
+    auth: Option<Arc<AuthTable>>,
+    /// Failed `U` lines whose answer waits out [`AUTH_FAILURE_DELAY_MS`]:
+    /// when, and for which connection.
+    auth_failed: VecDeque<(u64, u32, u32)>,
 }
 
+/// How long a failed `U` waits before its answer (and the close that
+/// follows), so that guessing secrets costs a connection and this much time
+/// a try. The core does not wait: the answer is scheduled.
+pub(crate) const AUTH_FAILURE_DELAY_MS: u64 = 200;
+
 impl Dispatcher {
-    /// The dispatcher of core `core` of `cores`, serving `shard` in `role`.
+    /// The dispatcher of core `settings.core`, serving `shard` in `role`.
     pub(crate) fn new(
-        core: usize,
-        cores: usize,
-        lease_ms_max: u64,
+        settings: Settings,
         shard: Shard,
         view: Box<dyn NodeView>,
         role: CoreRole,
-        limits: Limits,
+        auth: Option<Arc<AuthTable>>,
     ) -> Dispatcher {
+        let Settings { core, cores, lease_ms_max, limits } = settings;
         let mut dispatcher = Dispatcher {
             core,
             cores,
@@ -125,6 +154,8 @@ impl Dispatcher {
             need_tokens: false,
             role,
             parked: Vec::new(),
+            auth,
+            auth_failed: VecDeque::new(),
         };
         // A new shard's first effect is its call for tokens.
         dispatcher.deliver_replies();
@@ -232,6 +263,32 @@ impl Dispatcher {
             self.shard.advance(self.now_ms);
             self.deliver_replies();
         }
+        self.answer_failed_auth();
+    }
+
+    /// A reload of the auth file: connections whose name is gone are
+    /// answered `E - - auth-revoked` and closed once their replies are out;
+    /// the others take their name's new scope. Locks are untouched.
+    pub(crate) fn set_auth(&mut self, auth: Option<Arc<AuthTable>>) {
+        for slot in 0..self.connections.sessions.len() as u32 {
+            let session = &mut self.connections.sessions[slot as usize];
+            let Some(identity) = &session.identity else { continue };
+            if !session.reading() {
+                continue;
+            }
+            match auth.as_ref().and_then(|table| table.lookup(&identity.name)) {
+                Some(identity) => session.identity = Some(identity),
+                None => {
+                    session.identity = None;
+                    self.connections.counters.auth_revocations += 1;
+                    let reply = Reply::Error { op: None, key: None, code: ErrorCode::AuthRevoked };
+                    self.connections.write(slot, &reply);
+                    self.stop_reading(slot);
+                    self.connections.settle(slot);
+                }
+            }
+        }
+        self.auth = auth;
     }
 
     /// Parses what paused connections kept, now that they are below their
@@ -398,9 +455,14 @@ impl Dispatcher {
         &mut self.connections.outgoing
     }
 
-    /// The shard's next timer deadline.
+    /// The next time the dispatcher has something to do: the shard's next
+    /// timer, or a failed `U` to answer.
     pub(crate) fn next_deadline_ms(&self) -> Option<u64> {
-        self.shard.next_deadline_ms()
+        let auth = self.auth_failed.front().map(|&(at, ..)| at);
+        match (self.shard.next_deadline_ms(), auth) {
+            (Some(shard), Some(auth)) => Some(shard.min(auth)),
+            (shard, auth) => shard.or(auth),
+        }
     }
 
     // ----- queries -----

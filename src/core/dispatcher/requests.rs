@@ -4,8 +4,8 @@
 use ringlock_proto::{Decoded, ErrorCode, Op, Reply, Request, decode_request};
 use ringlock_shards::{ClientId, Effect, Key, ShardReply, shard_of};
 
-use super::Dispatcher;
 use super::session::partial_line_end;
+use super::{AUTH_FAILURE_DELAY_MS, Dispatcher};
 use crate::core::client_id::client_id;
 use crate::core::mailbox::{CoreMessage, RoutedRequest};
 use crate::node::role::CoreRole;
@@ -188,6 +188,9 @@ impl Dispatcher {
     }
 
     fn request(&mut self, slot: u32, request: Request<'_>) {
+        if self.auth.is_some() && !self.access(slot, &request) {
+            return;
+        }
         let keyed = match request {
             Request::Ping => {
                 let (role, epoch, active) = self.view.status();
@@ -209,8 +212,88 @@ impl Dispatcher {
             Request::Release { key, token } => Keyed::Release { key, token },
             Request::Extend { key, token, lease_ms } => Keyed::Extend { key, token, lease_ms },
             Request::Inspect { key } => Keyed::Inspect { key },
+            Request::Authenticate { secret } => return self.authenticate(slot, secret),
         };
         self.route(slot, keyed);
+    }
+
+    /// On a server with an auth file: whether the connection may make this
+    /// request. If not, it is answered here: `auth-required` before `U`,
+    /// `forbidden` outside the name's scope (a keyed one through the key's
+    /// shard, so that it keeps its place among that key's replies).
+    fn access(&mut self, slot: u32, request: &Request<'_>) -> bool {
+        let identity = &self.connections.sessions[slot as usize].identity;
+        let op = request.op();
+        let code = match (request, identity) {
+            (Request::Ping | Request::Authenticate { .. }, _) => return true,
+            (_, None) => ErrorCode::AuthRequired,
+            (Request::Stats, Some(identity)) if identity.scope.allows_stats() => return true,
+            (Request::Stats, Some(_)) => ErrorCode::Forbidden,
+            (_, Some(identity)) => {
+                let key = request.key().expect("every other request has a key");
+                if identity.scope.allows_key(key) {
+                    return true;
+                }
+                self.route(slot, Keyed::Reject { op, key, code: ErrorCode::Forbidden });
+                return false;
+            }
+        };
+        self.connections.counters.count_error(code);
+        let reply = Reply::Error { op: Some(op), key: request.key(), code };
+        self.connections.counters.requests.count(&reply);
+        self.connections.write(slot, &reply);
+        false
+    }
+
+    /// `U <secret>`: the connection is now the name the secret belongs to,
+    /// or, for a wrong secret, reads no more and is answered `auth-failed`
+    /// after [`AUTH_FAILURE_DELAY_MS`], then closed.
+    fn authenticate(&mut self, slot: u32, secret: &[u8]) {
+        let found = match &self.auth {
+            None => Err(ErrorCode::AuthDisabled),
+            Some(table) => table.authenticate(secret).ok_or(ErrorCode::AuthFailed),
+        };
+        match found {
+            Ok(identity) => {
+                let reply = Reply::Authenticated { name: &identity.name };
+                self.connections.counters.requests.count(&reply);
+                self.connections.write(slot, &reply);
+                self.connections.sessions[slot as usize].identity = Some(identity);
+            }
+            Err(ErrorCode::AuthFailed) => {
+                self.connections.counters.auth_failures += 1;
+                self.connections.counters.count_error(ErrorCode::AuthFailed);
+                let session = &mut self.connections.sessions[slot as usize];
+                session.identity = None;
+                // The answer owed keeps the connection open until it is sent.
+                session.in_flight += 1;
+                let generation = session.generation;
+                self.stop_reading(slot);
+                self.auth_failed.push_back((self.now_ms + AUTH_FAILURE_DELAY_MS, slot, generation));
+            }
+            Err(code) => {
+                self.connections.counters.count_error(code);
+                let reply = Reply::Error { op: Some(Op::Authenticate), key: None, code };
+                self.connections.counters.requests.count(&reply);
+                self.connections.write(slot, &reply);
+            }
+        }
+    }
+
+    /// Answers the failed `U` lines whose delay is over.
+    pub(super) fn answer_failed_auth(&mut self) {
+        while let Some(&(at, slot, generation)) = self.auth_failed.front() {
+            if at > self.now_ms {
+                break;
+            }
+            self.auth_failed.pop_front();
+            if !self.connections.is_live(slot, generation) {
+                continue;
+            }
+            let reply = Reply::Error { op: Some(Op::Authenticate), key: None, code: ErrorCode::AuthFailed };
+            self.connections.answer_line(slot, &reply);
+            self.connections.settle(slot);
+        }
     }
 
     /// Runs a request here if this core owns its key, or queues it for the

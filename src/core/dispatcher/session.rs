@@ -101,6 +101,8 @@ pub struct Session {
     /// Whether the shell was last told to receive (true) or to stop (false).
     pub receiving: bool,
     pub limits: Limits,
+    /// Who the connection authenticated as (`U`), on a server with `--auth-file`.
+    pub identity: Option<crate::auth::Identity>,
 }
 
 impl Session {
@@ -117,6 +119,7 @@ impl Session {
             listed: false,
             receiving: false,
             limits: Limits::DEFAULT,
+            identity: None,
         }
     }
 

@@ -21,7 +21,8 @@ impl NodeView for FakeView {
 /// A dispatcher for core `core` of `cores`, with a fresh shard.
 pub(super) fn dispatcher(core: usize, cores: usize, role: CoreRole) -> Dispatcher {
     let shard = Shard::new(ShardConfig { hash_seed: 7, ..ShardConfig::default() }, 0);
-    Dispatcher::new(core, cores, 86_400_000, shard, Box::new(FakeView), role, Limits::DEFAULT)
+    let settings = Settings { core, cores, lease_ms_max: 86_400_000, limits: Limits::DEFAULT };
+    Dispatcher::new(settings, shard, Box::new(FakeView), role, None)
 }
 
 /// Gives the dispatcher the token ranges it calls for, of epoch 1.
