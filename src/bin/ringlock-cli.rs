@@ -113,8 +113,8 @@ fn connect(servers: &[String]) -> Result<Client, String> {
 /// What an error of the client means for the operator.
 fn explain(servers: &[String], error: Error) -> String {
     match error {
-        Error::NoConnection => {
-            format!("no node of --servers {} could be reached; is ringlock running?", servers.join(","))
+        error @ Error::NoConnection { .. } => {
+            format!("{error}; is ringlock running at --servers {}?", servers.join(","))
         }
         Error::NoActive => {
             "the nodes know no active node yet (a cluster starting or failing over); try again".to_string()
