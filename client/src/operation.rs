@@ -206,8 +206,10 @@ impl Operation {
     }
 
     /// How a request whose bounded wait ran out before it could be (re)sent
-    /// ends: with no connection if it was waiting for one, else timed out,
-    /// as it would have on the server.
+    /// ends: with no connection if it was off the wire for want of one (a
+    /// broken connection took it back, or none was usable), since the
+    /// server then never had it or lost it; else (bounced by `M` replies)
+    /// timed out, as it would have on the server.
     pub(crate) fn expired_outcome(&self, now: Instant) -> Outcome {
         match self.waiting_since {
             Some(since) => Outcome::NoConnection { waited: now.saturating_duration_since(since) },
@@ -228,10 +230,13 @@ impl Operation {
     }
 
     /// The wait left to an acquire at `now`, in milliseconds: `Some(0)` for
-    /// no limit, `None` once a bounded wait has run out.
+    /// no limit, `None` once a bounded wait has run out. An acquire that
+    /// tries once asks for its short wait whenever it goes out: it waits for
+    /// a connection within the connect limit, not within that wait.
     fn wait_left_ms(&self, now: Instant) -> Option<u64> {
         match self.kind {
             Kind::Acquire { wait_ms: 0, .. } => Some(0),
+            Kind::Acquire { wait_ms, try_once: true, .. } => Some(wait_ms),
             Kind::Acquire { wait_ms, .. } => {
                 let waited_ms =
                     u64::try_from(now.saturating_duration_since(self.started).as_millis()).unwrap_or(u64::MAX);
@@ -242,7 +247,7 @@ impl Operation {
     }
 
     /// Whether this is an acquire whose wait ran out before it could be
-    /// (re)sent; it then ends as timed out, as it would have on the server.
+    /// (re)sent; see [`expired_outcome`](Self::expired_outcome).
     pub(crate) fn expired(&self, now: Instant) -> bool {
         self.wait_left_ms(now).is_none()
     }
@@ -318,6 +323,11 @@ impl Operation {
     /// waits for a connection to come back, within its limit.
     pub(crate) fn on_cut(&mut self, cut: &Cut, now: Instant, policy: &Policy) -> Step {
         let waited = now.saturating_duration_since(self.started);
+        if *cut == Cut::Io {
+            // Off the wire for want of a connection from now on, until a
+            // connection takes it again.
+            self.waiting_since.get_or_insert(now);
+        }
         if let Kind::Release { .. } = self.kind {
             // Send it again at once on another connection; the router falls
             // back to retrying every interval while none is usable.
@@ -463,6 +473,27 @@ mod tests {
         assert_eq!(wait_out(&mut extend, now), Duration::from_millis(700), "the extend's lease left");
         let started_late = now + Duration::from_millis(500);
         assert_eq!(wait_out(&mut operation(ACQUIRE, now, 2), started_late), Duration::from_millis(1_500));
+    }
+
+    #[test]
+    fn an_acquire_that_tries_once_never_runs_out_of_its_wait_off_the_wire() {
+        let now = Instant::now();
+        let once = operation(Kind::Acquire { lease_ms: 30_000, wait_ms: 1, try_once: true }, now, 2);
+        let later = now + Duration::from_secs(5);
+        assert!(!once.expired(later), "it waits for a connection within the connect limit");
+        assert_eq!(line(&once, later), "A k 30 0.001\n", "and tries once whenever it goes out");
+    }
+
+    #[test]
+    fn a_bounded_acquire_whose_wait_ran_out_after_a_cut_reports_no_connection() {
+        let now = Instant::now();
+        let mut acquire = operation(ACQUIRE, now, 2);
+        let cut_at = now + Duration::from_millis(1_500);
+        assert!(matches!(acquire.on_cut(&Cut::Io, cut_at, &POLICY), Step::Resend));
+        let later = now + Duration::from_secs(2);
+        assert!(acquire.expired(later));
+        let outcome = acquire.expired_outcome(later);
+        assert!(matches!(outcome, Outcome::NoConnection { waited } if waited == later - cut_at), "{outcome:?}");
     }
 
     #[test]

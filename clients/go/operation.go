@@ -191,10 +191,15 @@ func (o *operation) op() byte {
 }
 
 // waitLeftMs is the wait left to an acquire at now, in milliseconds: 0 for
-// no limit, and false once a bounded wait has run out.
+// no limit, and false once a bounded wait has run out. An acquire that
+// tries once asks for its short wait whenever it goes out: it waits for a
+// connection within the connect limit, not within that wait.
 func (o *operation) waitLeftMs(now time.Time) (uint64, bool) {
 	if o.kind != kindAcquire || o.waitMs == 0 {
 		return 0, true
+	}
+	if o.tryOnce {
+		return o.waitMs, true
 	}
 	waited := now.Sub(o.started)
 	if waited < 0 {
@@ -208,7 +213,9 @@ func (o *operation) waitLeftMs(now time.Time) (uint64, bool) {
 }
 
 // expired reports whether this is an acquire whose wait ran out before it
-// could be (re)sent; it then ends as timed out, as on the server.
+// could be (re)sent. It then ends with no connection if it was off the wire
+// for want of one (a broken connection took it back, or none was usable),
+// else as timed out, as on the server.
 func (o *operation) expired(now time.Time) bool {
 	_, ok := o.waitLeftMs(now)
 	return !ok
@@ -319,6 +326,11 @@ func (o *operation) onReply(r *reply, now time.Time, p *policy) step {
 // cut; cause is the error to report if it cannot move on. The server may or
 // may not have seen the request.
 func (o *operation) onCut(cause error, now time.Time, p *policy) step {
+	if o.waitingSince.IsZero() && errors.Is(cause, ErrNoConnection) {
+		// Off the wire for want of a connection from now on, until a
+		// connection takes it again.
+		o.waitingSince = now
+	}
 	if o.kind == kindRelease {
 		// Send it again at once on another connection; the router falls
 		// back to retrying every interval while none is usable.

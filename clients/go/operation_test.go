@@ -140,6 +140,31 @@ func TestAnAcquireMovesOnUntilItWasCutOnEveryConnectionThenWaitsForOne(t *testin
 	}
 }
 
+func TestAnAcquireThatTriesOnceNeverRunsOutOfItsWaitOffTheWire(t *testing.T) {
+	now := time.Now()
+	once := acquireOperation(1, 2, now)
+	once.tryOnce = true
+	later := now.Add(5 * time.Second)
+	if once.expired(later) {
+		t.Error("a try expired: it waits for a connection within the connect limit")
+	}
+	if got := line(once, later); got != "A k 30 0.001\n" {
+		t.Errorf("%q: a try asks for its short wait whenever it goes out", got)
+	}
+}
+
+func TestABoundedAcquireWhoseWaitRanOutAfterACutWaitsAsForAConnection(t *testing.T) {
+	now := time.Now()
+	acquire := acquireOperation(2000, 2, now)
+	cutAt := now.Add(1500 * time.Millisecond)
+	if s := acquire.onCut(ErrNoConnection, cutAt, &testPolicy); s.kind != stepResend {
+		t.Fatalf("%+v", s)
+	}
+	if !acquire.expired(now.Add(2*time.Second)) || !acquire.waitingSince.Equal(cutAt) {
+		t.Errorf("expired %v, waiting since %v", acquire.expired(now.Add(2*time.Second)), acquire.waitingSince)
+	}
+}
+
 // waitOut drives o through "no connection" events at each retry instant
 // from start; how long it waited when it gave up.
 func waitOut(t *testing.T, o *operation, start time.Time) time.Duration {

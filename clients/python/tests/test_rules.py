@@ -176,6 +176,18 @@ def test_an_acquire_moves_on_until_it_was_cut_on_every_connection_then_waits_for
     assert what == DONE and error.code == "too-many-connections"  # type: ignore[attr-defined]
 
 
+def test_an_acquire_that_tries_once_never_runs_out_of_its_wait_off_the_wire() -> None:
+    once = operation(wait_ms=1, try_once=True, now=100.0)
+    assert not once.expired(105.0), "it waits for a connection within the connect limit"
+    assert once.encode(105.0) == b"A k 30 0.001\n", "and tries once whenever it goes out"
+
+
+def test_a_bounded_acquire_whose_wait_ran_out_after_a_cut_waits_as_for_a_connection() -> None:
+    acquire = operation(tries=2, wait_ms=2_000, now=100.0)
+    assert acquire.on_cut(CUT_IO, 101.5, POLICY) == (RESEND, None)
+    assert acquire.expired(102.0) and acquire.waiting_since == 101.5
+
+
 def wait_out(operation: Operation, start: float) -> float:
     """Drives ``operation`` through "no connection" events at each retry
     instant from ``start``; the seconds it waited when it gave up."""

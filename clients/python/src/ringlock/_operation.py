@@ -139,15 +139,21 @@ class Operation:
 
     def _wait_left_ms(self, now: float) -> int | None:
         """The wait left at ``now`` in ms: 0 for no limit, ``None`` once a
-        bounded wait has run out."""
+        bounded wait has run out. An acquire that tries once asks for its
+        short wait whenever it goes out: it waits for a connection within
+        the connect limit, not within that wait."""
         if self.kind != ACQUIRE or self.wait_ms == 0:
             return 0
+        if self.try_once:
+            return self.wait_ms
         left = self.wait_ms - int((now - self.started) * 1000)
         return left if left > 0 else None
 
     def expired(self, now: float) -> bool:
         """An acquire whose wait ran out before it could be (re)sent: it
-        ends as timed out, as it would have on the server."""
+        ends with no connection if it was off the wire for want of one (a
+        broken connection took it back, or none was usable), else as timed
+        out, as it would have on the server."""
         return self.kind == ACQUIRE and self.wait_ms != 0 and self._wait_left_ms(now) is None
 
     def encode(self, now: float) -> bytes:
@@ -230,6 +236,10 @@ class Operation:
         failover) takes every connection to it down at once, so the request
         waits for a connection to come back, within its limit."""
         broken = error.code == "no-connection"
+        if broken and self.waiting_since is None:
+            # Off the wire for want of a connection from now on, until a
+            # connection takes it again.
+            self.waiting_since = now
         if self.kind == RELEASE:
             # Again at once on another connection; the router falls back
             # to retrying every interval while none is usable.
