@@ -198,6 +198,9 @@ fn no_connection_left() {
     let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
     let client = client_of(&[address]);
     client.ping().unwrap();
+    // A connection still being accepted when refusing starts would be
+    // forwarded after the cut.
+    kit.call(&format!("wait-open {proxy} 2"));
     kit.call(&format!("refuse {proxy} on"));
     kit.call(&format!("cut {proxy}"));
     kit.call(&format!("wait-open {proxy} 0"));

@@ -287,6 +287,9 @@ func noConnectionLeft(t *testing.T) {
 	if _, err := client.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// A connection still being accepted when refusing starts would be
+	// forwarded after the cut.
+	k.call("wait-open %s 2", proxy)
 	k.call("refuse %s on", proxy)
 	k.call("cut %s", proxy)
 	k.call("wait-open %s 0", proxy)

@@ -136,6 +136,9 @@ async def test_no_connection_left(server: Server, kit: Testkit, key: Callable[[s
     proxy, address = kit.proxy(server.address)
     async with ringlock.aio.Client(address) as client:
         await client.ping()
+        # A connection still being accepted when refusing starts would be
+        # forwarded after the cut.
+        await control(kit, "wait-open", proxy, 2)
         await control(kit, "refuse", proxy, "on")
         await control(kit, "cut", proxy)
         await control(kit, "wait-open", proxy, 0)
