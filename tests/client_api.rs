@@ -5,7 +5,6 @@
 mod common;
 
 use std::future::Future;
-use std::net::TcpListener;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -181,10 +180,14 @@ fn server_refusals_are_typed() {
 
 #[test]
 fn with_nothing_listening_requests_fail_with_no_connection() {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let client = Client::connect([port.to_string()]).unwrap();
-    assert_eq!(client.try_acquire("nowhere", LEASE).unwrap_err(), Error::NoConnection);
-    assert_eq!(client.ping().unwrap_err(), Error::NoConnection);
+    let port = common::RefusingPort::new();
+    let client = Client::builder([port.addr.to_string()]).connect_limit(Duration::from_millis(200)).connect().unwrap();
+    let refused = |error: Error| match error {
+        Error::NoConnection { addresses, .. } => addresses[0].kind == std::io::ErrorKind::ConnectionRefused,
+        _ => false,
+    };
+    assert!(refused(client.try_acquire("nowhere", LEASE).unwrap_err()));
+    assert!(refused(client.ping().unwrap_err()));
 }
 
 #[test]

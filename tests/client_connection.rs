@@ -67,10 +67,7 @@ fn an_acquire_survives_a_cut_connection() {
     let mut observer = server.connect();
 
     let proxy = Proxy::start(server.addr);
-    // A reconnect would bring the server's connection count back up while
-    // the test waits for it to fall.
-    let client =
-        Client::builder([proxy.addr.to_string()]).reconnect_interval(Duration::from_secs(600)).connect().unwrap();
+    let client = Client::connect([proxy.addr.to_string()]).unwrap();
     let waiter = {
         let client = client.clone();
         thread::spawn(move || client.acquire("survivor", LONG_LEASE, None))
@@ -83,6 +80,10 @@ fn an_acquire_survives_a_cut_connection() {
     // release would be granted the freed key on the cut connection.
     let first = proxy.wait_upstream(b"A survivor ", &[]);
     wait_until("the acquire to be queued", || waiters_and_connections(&mut observer) == (1, 4));
+    // The client reconnects at once; refused by the proxy, the reconnect
+    // does not bring the server's connection count back up while the test
+    // waits for it to fall.
+    proxy.set_refusing(true);
     proxy.cut(first);
     // It moves to the other connection and queues there again.
     let second = proxy.wait_upstream(b"A survivor ", &[first]);
@@ -105,35 +106,66 @@ fn an_acquire_survives_a_cut_connection() {
 }
 
 #[test]
-fn an_acquire_fails_once_cut_on_every_connection() {
+fn an_acquire_cut_on_every_connection_waits_for_one_to_come_back() {
     let server = Server::start(&[]);
-    let mut holder = server.connect();
-    holder.acquire("doomed", "600", "0");
     let proxy = Proxy::start(server.addr);
     let client = Client::connect([proxy.addr.to_string()]).unwrap();
+    proxy.wait_open(2);
+    // Held by the proxy, the acquires cut with their connections never
+    // reach the server, which could otherwise grant one of them on a
+    // connection already gone.
+    proxy.stall();
     let waiter = {
         let client = client.clone();
-        thread::spawn(move || client.acquire("doomed", LONG_LEASE, None))
+        thread::spawn(move || client.acquire("cut-twice", LONG_LEASE, Some(Duration::from_secs(20))))
     };
-    let first = proxy.wait_upstream(b"A doomed ", &[]);
+    let first = proxy.wait_upstream(b"A cut-twice ", &[]);
     proxy.cut(first);
-    let second = proxy.wait_upstream(b"A doomed ", &[first]);
+    let second = proxy.wait_upstream(b"A cut-twice ", &[first]);
     proxy.cut(second);
-    // Two registered connections, two cuts: no usable connection is left.
-    assert_eq!(waiter.join().unwrap().unwrap_err(), Error::NoConnection);
+    // Two registered connections, two cuts: the acquire waits for a
+    // connection to come back, and is sent on it.
+    let third = proxy.wait_upstream(b"A cut-twice ", &[first, second]);
+    assert!(third > second, "sent on a new connection");
+    proxy.resume();
+    let lock = waiter.join().unwrap().expect("no error").expect("granted within the wait");
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
+
+#[test]
+fn an_acquire_with_no_connection_fails_after_its_wait_naming_the_address_and_its_os_error() {
+    let port = common::RefusingPort::new();
+    let address = port.addr.to_string();
+    let client = Client::connect([address.clone()]).unwrap();
+    let started = std::time::Instant::now();
+    let error = client.acquire("nowhere", LONG_LEASE, Some(Duration::from_millis(600))).unwrap_err();
+    let waited_for = started.elapsed();
+    assert!(waited_for >= Duration::from_millis(600), "the acquire waited its whole wait: {waited_for:?}");
+    let Error::NoConnection { waited, addresses } = &error else { panic!("{error:?}") };
+    assert!(*waited >= Duration::from_millis(500) && *waited <= waited_for, "{waited:?}");
+    assert_eq!(addresses.len(), 1);
+    assert_eq!(addresses[0].address, address);
+    assert_eq!(addresses[0].kind, std::io::ErrorKind::ConnectionRefused);
+    assert_eq!(addresses[0].os_error, Some(111), "ECONNREFUSED");
+    let text = error.to_string();
+    assert!(text.starts_with("no usable connection after 0."), "{text}");
+    assert!(text.ends_with(&format!(": {address} (connection refused)")), "{text}");
 }
 
 #[test]
 fn the_client_reconnects_after_a_server_restart() {
     let mut server = Server::start(&[]);
     let addr = server.addr.to_string();
-    let client = Client::connect([addr.clone()]).unwrap();
+    let client = Client::builder([addr.clone()]).connect_limit(Duration::from_millis(500)).connect().unwrap();
     let old = client.acquire("restart", LONG_LEASE, None).unwrap().expect("free key");
     let old_token = old.token();
 
     server.kill9();
     wait_until("both connections to be seen broken", || client.usable_connection_count() == 0);
-    assert_eq!(client.try_acquire("restart", LONG_LEASE).unwrap_err(), Error::NoConnection);
+    // Nothing to connect to for the connect limit: the try waits that
+    // long, then fails naming the address.
+    let error = client.try_acquire("restart", LONG_LEASE).unwrap_err();
+    assert!(matches!(&error, Error::NoConnection { addresses, .. } if addresses[0].address == addr), "{error:?}");
 
     let _restarted = Server::start_in(server.data_dir(), &["--listen", &addr]);
     wait_until("both connections to come back", || client.usable_connection_count() == 2);
@@ -158,7 +190,7 @@ fn a_release_cut_mid_flight_is_retried_and_frees_the_key() {
     proxy.cut_all();
     proxy.resume();
 
-    // Retried every 200 ms until a connection is back (3 s later).
+    // Retried every 200 ms, and at once when a connection is back.
     assert_eq!(releaser.join().unwrap(), Ok(ReleaseOutcome::Released));
     let reached = proxy.wait_upstream(b"R cut-release ", &[]);
     assert!(contains(&proxy.upstream_of(reached), b"R cut-release "));
@@ -195,15 +227,17 @@ fn a_release_whose_reply_was_lost_is_retried_and_reports_not_held() {
 fn requests_fail_while_connections_are_refused_and_work_once_accepted() {
     let server = Server::start(&[]);
     let proxy = Proxy::start(server.addr);
-    let client =
-        Client::builder([proxy.addr.to_string()]).reconnect_interval(Duration::from_millis(100)).connect().unwrap();
+    let client = Client::builder([proxy.addr.to_string()]).connect_limit(Duration::from_millis(300)).connect().unwrap();
     wait_until("both connections usable", || client.usable_connection_count() == 2);
 
     proxy.set_refusing(true);
     proxy.cut_all();
     proxy.wait_until("two reconnects refused", |proxy| proxy.refused() >= 2);
     wait_until("both connections broken", || client.usable_connection_count() == 0);
-    assert_eq!(client.try_acquire("refused", LONG_LEASE).unwrap_err(), Error::NoConnection);
+    let error = client.try_acquire("refused", LONG_LEASE).unwrap_err();
+    let Error::NoConnection { addresses, .. } = &error else { panic!("{error:?}") };
+    assert_eq!(addresses[0].address, proxy.addr.to_string());
+    assert!(error.to_string().ends_with("(closed by the server)"), "the proxy closes what it accepts: {error}");
 
     proxy.set_refusing(false);
     wait_until("both connections back", || client.usable_connection_count() == 2);

@@ -8,7 +8,7 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::Server;
 use ringlock_client::{Client, Error, ReleaseOutcome};
@@ -193,12 +193,78 @@ fn acquire_moves_on_cut() {
 
 #[test]
 fn no_connection_left() {
-    let (_server, mut kit, proxy, client) = through_a_proxy();
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[address]);
     client.ping().unwrap();
+    // A connection still being accepted when refusing starts would be
+    // forwarded after the cut.
+    kit.call(&format!("wait-open {proxy} 2"));
     kit.call(&format!("refuse {proxy} on"));
     kit.call(&format!("cut {proxy}"));
     kit.call(&format!("wait-open {proxy} 0"));
-    assert_eq!(client.acquire("nowhere", LEASE, None).unwrap_err(), Error::NoConnection);
+    let started = Instant::now();
+    let error = client.acquire("nowhere", LEASE, Some(Duration::from_secs(1))).unwrap_err();
+    let elapsed = started.elapsed();
+    // Generous bounds: only failing at once, or hanging, breaks them.
+    assert!(elapsed >= Duration::from_millis(900), "it waited for a connection within its wait: {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(10), "not a hang: {elapsed:?}");
+    let Error::NoConnection { waited, addresses } = &error else { panic!("{error:?}") };
+    assert!(*waited <= elapsed, "{waited:?}");
+    assert_eq!(addresses.len(), 1);
+    assert_eq!(addresses[0].address, address.to_string());
+    let text = error.to_string();
+    assert!(text.starts_with("no usable connection after "), "{text}");
+    assert!(text.ends_with(&format!(": {address} (closed by the server)")), "{text}");
+}
+
+#[test]
+fn restart_within_wait() {
+    let mut server = Server::start(&[]);
+    let listen = server.addr.to_string();
+    let client = client_of(&[server.addr]);
+    let before = client.acquire("restarted", LEASE, None).unwrap().expect("free key").detach();
+    server.kill9();
+    common::wait_until("the client to see its connections broken", || client.usable_connection_count() == 0);
+    let lock = thread::scope(|scope| {
+        let acquiring = scope.spawn(|| client.acquire("other", LEASE, Some(Duration::from_secs(5))));
+        // The acquire waits for a connection (the client counts it among
+        // the requests waiting for their next try); the server comes back
+        // within about 100 ms of the kill.
+        common::wait_until("the acquire to wait for a connection", || client.retry_count() == 1);
+        let restarted = Server::start_in(server.data_dir(), &["--listen", &listen]);
+        let lock = acquiring.join().unwrap();
+        (lock, restarted)
+    });
+    let (lock, _restarted) = lock;
+    let lock = lock.expect("no error").expect("granted within the wait");
+    assert!(lock.token() > before, "a new epoch's token: {} after {before}", lock.token());
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
+
+#[test]
+fn connect_backoff() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    kit.call(&format!("refuse {proxy} on"));
+    let _client = Client::builder([address.to_string()])
+        .connections_per_node(1)
+        .reconnect_delay_max(Duration::from_secs(1))
+        .connect()
+        .unwrap();
+    kit.call(&format!("wait-attempts {proxy} 9"));
+    let reply = kit.call(&format!("attempts {proxy}"));
+    let times: Vec<f64> = reply.split(' ').skip(1).map(|time| time.parse().unwrap()).collect();
+    let gaps: Vec<f64> = times.windows(2).take(8).map(|pair| (pair[1] - pair[0]) / 1000.0).collect();
+    // Loose bounds, on purpose: only a wrong schedule breaks them.
+    assert!(gaps[0] < 0.5, "the first retry goes at once: {gaps:?}");
+    let first: f64 = gaps[..3].iter().sum::<f64>() / 3.0;
+    let last: f64 = gaps[5..].iter().sum::<f64>() / 3.0;
+    assert!(last > 2.0 * first, "the gaps grow: {gaps:?}");
+    assert!(gaps[5..].iter().any(|&gap| gap >= 0.3), "they grow to the cap's order: {gaps:?}");
+    assert!(gaps.iter().all(|&gap| gap <= 2.5), "none beyond the cap: {gaps:?}");
 }
 
 #[test]

@@ -552,3 +552,14 @@ fn cli_takes_several_servers_and_uses_the_one_that_answers() {
     assert!(released.unwrap().success());
     assert_eq!(conn.call("I cli/several"), "I cli/several - 0 0");
 }
+
+#[test]
+fn cli_gives_up_after_its_connect_limit_naming_the_address_and_its_error() {
+    let nobody = common::RefusingPort::new();
+    let address = nobody.addr.to_string();
+    let pinged = cli().args(["--servers", &address, "--connect-limit", "0.3", "ping"]).output().unwrap();
+    assert_eq!(pinged.status.code(), Some(1), "{pinged:?}");
+    let said = String::from_utf8_lossy(&pinged.stderr);
+    assert!(said.contains("no usable connection after 0."), "{said}");
+    assert!(said.contains(&format!("{address} (connection refused)")), "{said}");
+}

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::completion::Completion;
 use crate::config::ClientBuilder;
@@ -124,7 +124,8 @@ impl ClientBuilder {
     /// Builds the client and starts connecting in the background; requests
     /// made before a connection is up wait for it. Fails only for a bad
     /// setting: an unreachable server shows up as requests failing with
-    /// [`Error::NoConnection`] while the client keeps reconnecting.
+    /// [`Error::NoConnection`] (after their limit) while the client keeps
+    /// reconnecting.
     ///
     /// # Examples
     ///
@@ -199,9 +200,10 @@ impl Client {
     /// the holder.
     ///
     /// If the connection carrying the acquire breaks, it moves to the next
-    /// connection with the wait it has left; it fails with
-    /// [`Error::NoConnection`] once no usable connection is left, or after it
-    /// was cut on as many connections as the client has. An acquire cut
+    /// connection with the wait it has left. If no connection is usable (a
+    /// server restarting, say), it waits for one within its wait, or within
+    /// the [`connect_limit`](ClientBuilder::connect_limit) if it has no wait
+    /// limit, and then fails with [`Error::NoConnection`]. An acquire cut
     /// after the server granted it leaves that grant to run out its lease.
     ///
     /// # Errors
@@ -234,15 +236,32 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> Result<Option<Lock>, Error> {
-        let (key, kind) = acquire_request(key.as_ref(), lease, wait)?;
+        self.acquire_blocking(key.as_ref(), lease, wait, false)
+    }
+
+    /// [`acquire`](Self::acquire), or [`try_acquire`](Self::try_acquire)
+    /// when `try_once`.
+    fn acquire_blocking(
+        &self,
+        key: &[u8],
+        lease: Duration,
+        wait: Option<Duration>,
+        try_once: bool,
+    ) -> Result<Option<Lock>, Error> {
+        let (key, kind) = acquire_request(key, lease, wait, try_once)?;
+        let lease_ends = instant_after(Instant::now(), lease);
         let completion = Completion::for_this_thread();
         self.router().submit(kind, key.clone(), Some(completion.clone()));
-        acquired(self, key, completion.wait())
+        acquired(self, key, lease_ends, completion.wait())
     }
 
     /// Acquires `key` for `lease` only if it is free, or becomes free within
     /// the shortest wait the protocol can express (1 ms, see
     /// [`ClientBuilder::try_acquire_wait`]); `Ok(None)` if not.
+    ///
+    /// With no usable connection it waits for one up to the
+    /// [`connect_limit`](ClientBuilder::connect_limit), as its own wait is
+    /// too short to cover a reconnect.
     ///
     /// Replies for one key on one connection keep their order, so a try
     /// behind another acquire of the same key from this client on the same
@@ -267,7 +286,7 @@ impl Client {
     /// # }
     /// ```
     pub fn try_acquire(&self, key: impl AsRef<[u8]>, lease: Duration) -> Result<Option<Lock>, Error> {
-        self.acquire(key, lease, Some(self.router().config.try_acquire_wait))
+        self.acquire_blocking(key.as_ref(), lease, Some(self.router().config.try_acquire_wait), true)
     }
 
     /// [`acquire`](Self::acquire), as a future. The request is sent when this
@@ -294,11 +313,18 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> impl Future<Output = Result<Option<Lock>, Error>> + Send + 'static {
-        match acquire_request(key.as_ref(), lease, wait) {
+        self.acquire_future(key.as_ref(), lease, wait, false)
+    }
+
+    /// [`acquire_async`](Self::acquire_async), or
+    /// [`try_acquire_async`](Self::try_acquire_async) when `try_once`.
+    fn acquire_future(&self, key: &[u8], lease: Duration, wait: Option<Duration>, try_once: bool) -> AcquireFuture {
+        match acquire_request(key, lease, wait, try_once) {
             Ok((key, kind)) => {
+                let lease_ends = instant_after(Instant::now(), lease);
                 let completion = Completion::new();
                 self.router().submit(kind, key.clone(), Some(completion.clone()));
-                AcquireFuture::waiting(self.clone(), key, completion)
+                AcquireFuture::waiting(self.clone(), key, lease_ends, completion)
             }
             Err(error) => AcquireFuture::refused(self.clone(), error),
         }
@@ -324,7 +350,7 @@ impl Client {
         key: impl AsRef<[u8]>,
         lease: Duration,
     ) -> impl Future<Output = Result<Option<Lock>, Error>> + Send + 'static {
-        self.acquire_async(key, lease, Some(self.router().config.try_acquire_wait))
+        self.acquire_future(key.as_ref(), lease, Some(self.router().config.try_acquire_wait), true)
     }
 
     /// Pings a node (round-robin, the active first once known): its role,
@@ -533,8 +559,20 @@ impl Client {
         key: Arc<[u8]>,
         map: fn(Outcome) -> Result<T, Error>,
     ) -> Result<T, Error> {
+        self.request_until(kind, key, None, map)
+    }
+
+    /// [`request`](Self::request), waiting for a usable connection until
+    /// `connection_deadline` if given, instead of the limit its kind implies.
+    pub(crate) fn request_until<T>(
+        &self,
+        kind: Kind,
+        key: Arc<[u8]>,
+        connection_deadline: Option<Instant>,
+        map: fn(Outcome) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let completion = Completion::for_this_thread();
-        self.router().submit(kind, key, Some(completion.clone()));
+        self.router().submit_until(kind, key, Some(completion.clone()), connection_deadline);
         map(completion.wait())
     }
 
@@ -545,8 +583,20 @@ impl Client {
         key: Arc<[u8]>,
         map: fn(Outcome) -> Result<T, Error>,
     ) -> ReplyFuture<T> {
+        self.request_async_until(kind, key, None, map)
+    }
+
+    /// [`request_async`](Self::request_async), waiting for a usable
+    /// connection until `connection_deadline` if given.
+    pub(crate) fn request_async_until<T>(
+        &self,
+        kind: Kind,
+        key: Arc<[u8]>,
+        connection_deadline: Option<Instant>,
+        map: fn(Outcome) -> Result<T, Error>,
+    ) -> ReplyFuture<T> {
         let completion = Completion::new();
-        self.router().submit(kind, key, Some(completion.clone()));
+        self.router().submit_until(kind, key, Some(completion.clone()), connection_deadline);
         ReplyFuture::waiting(self.clone(), completion, map)
     }
 
@@ -620,14 +670,24 @@ fn wait_ms(wait: Option<Duration>) -> Result<u64, Error> {
     }
 }
 
+/// `duration` after `now`, or a century after it if that does not fit.
+pub(crate) fn instant_after(now: Instant, duration: Duration) -> Instant {
+    now.checked_add(duration).or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400))).unwrap_or(now)
+}
+
 fn ceil_ms(duration: Duration) -> u64 {
     let ms = duration.as_millis() + u128::from(!duration.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
-fn acquire_request(key: &[u8], lease: Duration, wait: Option<Duration>) -> Result<(Arc<[u8]>, Kind), Error> {
+fn acquire_request(
+    key: &[u8],
+    lease: Duration,
+    wait: Option<Duration>,
+    try_once: bool,
+) -> Result<(Arc<[u8]>, Kind), Error> {
     let key = checked_key(key)?;
-    let kind = Kind::Acquire { lease_ms: lease_ms(lease)?, wait_ms: wait_ms(wait)? };
+    let kind = Kind::Acquire { lease_ms: lease_ms(lease)?, wait_ms: wait_ms(wait)?, try_once };
     Ok((key, kind))
 }
 

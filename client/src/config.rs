@@ -20,7 +20,9 @@ const CONNECTIONS_PER_NODE_MAX: usize = 64;
 /// Connections to each node when the client is given one address: two, so
 /// that a brief cut of one does not stop service.
 const CONNECTIONS_PER_NODE_SINGLE: usize = 2;
-const RECONNECT_INTERVAL_DEFAULT: Duration = Duration::from_secs(3);
+const RECONNECT_DELAY_FIRST_DEFAULT: Duration = Duration::from_millis(50);
+const RECONNECT_DELAY_MAX_DEFAULT: Duration = Duration::from_secs(3);
+const CONNECT_LIMIT_DEFAULT: Duration = Duration::from_secs(10);
 const RELEASE_RETRY_INTERVAL_DEFAULT: Duration = Duration::from_millis(200);
 const RELEASE_RETRY_FOR_DEFAULT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
@@ -43,7 +45,7 @@ const IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT: usize = 65_536;
 ///
 /// # fn main() -> Result<(), ringlock_client::Error> {
 /// let client = Client::builder(["10.0.0.1:7700", "10.0.0.2:7700"])
-///     .reconnect_interval(Duration::from_secs(1))
+///     .connect_limit(Duration::from_secs(30))
 ///     .connect()?;
 /// assert_eq!(client.connection_count(), 2);
 /// # Ok(())
@@ -53,7 +55,9 @@ const IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT: usize = 65_536;
 pub struct ClientBuilder {
     pub(crate) addresses: Vec<String>,
     connections_per_node: Option<usize>,
-    pub(crate) reconnect_interval: Duration,
+    pub(crate) reconnect_delay_first: Duration,
+    pub(crate) reconnect_delay_max: Duration,
+    connect_limit: Duration,
     release_retry_interval: Duration,
     release_retry_for: Duration,
     pub(crate) connect_timeout: Duration,
@@ -82,7 +86,9 @@ impl ClientBuilder {
         ClientBuilder {
             addresses: addresses.into_iter().map(Into::into).collect(),
             connections_per_node: None,
-            reconnect_interval: RECONNECT_INTERVAL_DEFAULT,
+            reconnect_delay_first: RECONNECT_DELAY_FIRST_DEFAULT,
+            reconnect_delay_max: RECONNECT_DELAY_MAX_DEFAULT,
+            connect_limit: CONNECT_LIMIT_DEFAULT,
             release_retry_interval: RELEASE_RETRY_INTERVAL_DEFAULT,
             release_retry_for: RELEASE_RETRY_FOR_DEFAULT,
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
@@ -110,18 +116,62 @@ impl ClientBuilder {
         self
     }
 
-    /// Pause between two attempts to reconnect a broken connection.
-    /// Default: 3 s. A broken connection carries no request meanwhile.
+    /// The first pause of the reconnect schedule. Default: 50 ms.
+    ///
+    /// A connection that broke, or whose connect failed, is tried again at
+    /// once, then after doubling pauses from this one up to
+    /// [`reconnect_delay_max`](Self::reconnect_delay_max). Each pause is
+    /// drawn at random between half its nominal length and all of it, so
+    /// that clients cut at the same moment do not all come back at the same
+    /// moment. The schedule starts over once a connection has answered a
+    /// request or stayed open for `reconnect_delay_max`. A broken connection
+    /// carries no request meanwhile.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     ///
-    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).reconnect_interval(Duration::from_millis(500));
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).reconnect_delay_first(Duration::from_millis(20));
     /// ```
-    pub fn reconnect_interval(mut self, interval: Duration) -> ClientBuilder {
-        self.reconnect_interval = interval;
+    pub fn reconnect_delay_first(mut self, delay: Duration) -> ClientBuilder {
+        self.reconnect_delay_first = delay;
+        self
+    }
+
+    /// The longest pause of the reconnect schedule (see
+    /// [`reconnect_delay_first`](Self::reconnect_delay_first)). Default: 3 s.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).reconnect_delay_max(Duration::from_secs(1));
+    /// ```
+    pub fn reconnect_delay_max(mut self, delay: Duration) -> ClientBuilder {
+        self.reconnect_delay_max = delay;
+        self
+    }
+
+    /// How long a request with no limit of its own waits for a usable
+    /// connection before it fails with [`Error::NoConnection`]: an acquire
+    /// with no wait limit, [`Client::try_acquire`](crate::Client::try_acquire),
+    /// a ping, an inspect, a stats request. Default: 10 s.
+    ///
+    /// Requests with a limit of their own wait within it instead: an acquire
+    /// its wait, an extend the lease it has left, a release its
+    /// [`release_retry_for`](Self::release_retry_for).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).connect_limit(Duration::from_secs(2));
+    /// ```
+    pub fn connect_limit(mut self, limit: Duration) -> ClientBuilder {
+        self.connect_limit = limit;
         self
     }
 
@@ -233,6 +283,7 @@ impl ClientBuilder {
             retry_interval: self.release_retry_interval,
             retry_for: self.release_retry_for,
             redirect_limit: self.redirect_limit,
+            connect_limit: self.connect_limit,
         }
     }
 
@@ -251,8 +302,11 @@ impl ClientBuilder {
         if !(1..=CONNECTIONS_PER_NODE_MAX).contains(&self.connections_per_node_or_default()) {
             return bad("connections_per_node must be 1 to 64");
         }
-        if self.reconnect_interval.is_zero() {
-            return bad("reconnect_interval must be above zero");
+        if self.reconnect_delay_first.is_zero() {
+            return bad("reconnect_delay_first must be above zero");
+        }
+        if self.reconnect_delay_max < self.reconnect_delay_first {
+            return bad("reconnect_delay_max must be at least reconnect_delay_first");
         }
         if self.release_retry_interval.is_zero() {
             return bad("release_retry_interval must be above zero");
@@ -285,7 +339,9 @@ mod tests {
     fn defaults_are_the_spec_s() {
         let builder = ClientBuilder::new(["a:1"]);
         let policy = builder.policy();
-        assert_eq!(builder.reconnect_interval, Duration::from_secs(3));
+        assert_eq!(builder.reconnect_delay_first, Duration::from_millis(50));
+        assert_eq!(builder.reconnect_delay_max, Duration::from_secs(3));
+        assert_eq!(policy.connect_limit, Duration::from_secs(10));
         assert_eq!(policy.retry_interval, Duration::from_millis(200));
         assert_eq!(policy.retry_for, Duration::from_secs(5));
         assert!(builder.validate().is_ok());
@@ -300,7 +356,9 @@ mod tests {
         let many = ClientBuilder::new((0..17).map(|n| format!("h{n}:1"))).validate();
         assert_eq!(many, Err(Error::BadArgument(BadArgument::TooManyAddresses)));
         assert!(ClientBuilder::new(["a:1"]).connections_per_node(0).validate().is_err());
-        assert!(ClientBuilder::new(["a:1"]).reconnect_interval(Duration::ZERO).validate().is_err());
+        assert!(ClientBuilder::new(["a:1"]).reconnect_delay_first(Duration::ZERO).validate().is_err());
+        let inverted = ClientBuilder::new(["a:1"]).reconnect_delay_max(Duration::from_millis(10));
+        assert!(inverted.validate().is_err(), "a cap below the first delay");
         assert!(ClientBuilder::new(["a:1"]).in_flight_per_connection_max(0).validate().is_err());
     }
 }

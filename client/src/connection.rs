@@ -2,8 +2,8 @@
 //!
 //! - The **reader** thread owns the connection's life: it connects, reads and
 //!   pairs replies, and when the socket breaks it takes every request in
-//!   flight back to the router (which moves or retries them), waits the
-//!   reconnect interval, and connects again.
+//!   flight back to the router (which moves or retries them) and connects
+//!   again: at once, then after the growing pauses of `backoff`.
 //! - The **writer** thread sends what callers queued. Callers only append
 //!   encoded lines to the connection's buffer under its lock, so no caller,
 //!   and no async task, ever blocks on a socket, even when the server stalls.
@@ -30,8 +30,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::backoff::{Jitter, reconnect_delay};
 use crate::completion::Wakes;
-use crate::error::ProtocolError;
+use crate::error::{ConnectionFailure, ProtocolError};
 use crate::operation::{Cut, Operation, Step};
 use crate::pairing::{Paired, Pairing};
 use crate::proto::{Decoded, Op, REPLY_LINE_LEN_MAX, Reply, decode_reply};
@@ -107,6 +108,8 @@ struct State {
     /// Wake-ups the reader handed to the idle writer to make, before it
     /// writes what the woken callers queue.
     owed: Wakes,
+    /// How the last connect failed or the last socket broke, and when.
+    last_failure: Option<(Instant, ConnectionFailure)>,
 }
 
 impl Connection {
@@ -122,6 +125,7 @@ impl Connection {
                 writer_idle: false,
                 spare: Vec::new(),
                 owed: Wakes::default(),
+                last_failure: None,
             }),
             writer_wake: Condvar::new(),
         }
@@ -137,11 +141,20 @@ impl Connection {
         self.lock().phase
     }
 
+    /// How the last connect failed or the last socket broke, and when.
+    pub(crate) fn last_failure(&self) -> Option<(Instant, ConnectionFailure)> {
+        self.lock().last_failure.clone()
+    }
+
+    fn note_failure(&self, failure: ConnectionFailure) {
+        self.lock().last_failure = Some((Instant::now(), failure));
+    }
+
     /// Queues `operation` on this connection, or gives it back with the
     /// reason if the connection takes no requests now.
     pub(crate) fn try_send(
         &self,
-        operation: Operation,
+        mut operation: Operation,
         now: Instant,
         in_flight_max: usize,
     ) -> Result<(), (Operation, Refusal)> {
@@ -153,6 +166,7 @@ impl Connection {
             return Err((operation, Refusal::Full));
         }
         operation.encode(now, &mut state.out);
+        operation.waiting_since = None;
         state.in_flight.push(operation);
         // A busy writer takes it in its next batch; before the connect, the
         // writer is woken once connected.
@@ -260,30 +274,82 @@ fn connect(address: &str, timeout: Duration) -> io::Result<TcpStream> {
 }
 
 fn run_reader(connection: &Connection, router: &Arc<Router>) {
+    let config = &router.config;
+    let mut jitter = Jitter::new();
+    // Reconnect attempts since a connection last worked; the first goes at
+    // once, the others after growing pauses.
+    let mut attempt: u32 = 0;
     loop {
-        match connect(&connection.address, router.config.connect_timeout) {
+        match connect(&connection.address, config.connect_timeout) {
             Ok(stream) => {
                 let stream = Arc::new(stream);
                 if !connection.install(stream.clone()) {
                     let _ = stream.shutdown(Shutdown::Both);
                     break;
                 }
-                let cut = read_replies(connection, router, &stream);
+                router.connection_up();
+                let opened = Instant::now();
+                let mut session = Session::default();
+                let cut = read_replies(connection, router, &stream, &mut session);
                 let _ = stream.shutdown(Shutdown::Both);
+                connection.note_failure(session.failure(&connection.address, &cut));
                 let operations = connection.take_down();
                 router.cut(operations, &cut);
+                // A connection that answered, or stayed open for as long as
+                // the longest pause, worked: the schedule starts over. One
+                // closed at once after its connect (a server refusing
+                // connections, a listener of a killed process) did not, or
+                // the client would reconnect to it in a tight loop.
+                if session.replied || opened.elapsed() >= config.reconnect_delay_max {
+                    attempt = 0;
+                }
             }
-            Err(_) => {
+            Err(error) => {
+                connection.note_failure(ConnectionFailure::from_io(&connection.address, &error));
                 // Only a first connect has requests queued to hand back.
                 let operations = connection.take_down();
                 router.cut(operations, &Cut::Io);
             }
         }
-        if !router.sleep(router.config.reconnect_interval) {
+        let pause = reconnect_delay(attempt, config.reconnect_delay_first, config.reconnect_delay_max, jitter.draw());
+        attempt = attempt.saturating_add(1);
+        if !router.sleep(pause) {
             break;
         }
     }
     router.abort(connection.take_down());
+}
+
+/// What the reader learned about one socket while it read from it.
+#[derive(Debug, Default)]
+struct Session {
+    /// At least one reply was paired.
+    replied: bool,
+    /// The error that ended the reading, if the socket failed rather than
+    /// closed.
+    error: Option<io::Error>,
+}
+
+impl Session {
+    /// How the socket ended, as the failure of `address`.
+    fn failure(&self, address: &str, cut: &Cut) -> ConnectionFailure {
+        match (cut, &self.error) {
+            (Cut::Io, Some(error)) => ConnectionFailure::from_io(address, error),
+            (Cut::Io, None) => ConnectionFailure::closed(address),
+            (Cut::Refused(code), _) => ConnectionFailure {
+                address: address.to_string(),
+                kind: io::ErrorKind::ConnectionAborted,
+                os_error: None,
+                message: format!("the server refused the connection: {code}"),
+            },
+            (Cut::Protocol(violation), _) => ConnectionFailure {
+                address: address.to_string(),
+                kind: io::ErrorKind::InvalidData,
+                os_error: None,
+                message: format!("dropped after a protocol violation: {violation}"),
+            },
+        }
+    }
 }
 
 /// What the reader does with one reply line after pairing it.
@@ -295,7 +361,7 @@ struct Answered {
 
 /// Reads and pairs replies until the socket breaks or the server breaks
 /// the protocol; returns why it stopped.
-fn read_replies(connection: &Connection, router: &Arc<Router>, stream: &TcpStream) -> Cut {
+fn read_replies(connection: &Connection, router: &Arc<Router>, stream: &TcpStream, session: &mut Session) -> Cut {
     let mut buffer = vec![0u8; READ_BUFFER_BYTES];
     let mut filled = 0;
     let mut paired: Vec<Answered> = Vec::new();
@@ -305,7 +371,10 @@ fn read_replies(connection: &Connection, router: &Arc<Router>, stream: &TcpStrea
             Ok(0) => return Cut::Io,
             Ok(read) => read,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return Cut::Io,
+            Err(error) => {
+                session.error = Some(error);
+                return Cut::Io;
+            }
         };
         filled += read;
         let now = Instant::now();
@@ -348,6 +417,7 @@ fn read_replies(connection: &Connection, router: &Arc<Router>, stream: &TcpStrea
                 consumed += line_len;
             }
         }
+        session.replied |= !paired.is_empty();
         // Act on the replies with the connection unlocked, as moving
         // requests locks other connections; then wake every caller this read
         // completed, in one pass (see `completion`).
@@ -427,8 +497,12 @@ mod tests {
     use super::*;
     use crate::operation::{Kind, Policy};
 
-    const POLICY: Policy =
-        Policy { retry_interval: Duration::from_millis(200), retry_for: Duration::from_secs(5), redirect_limit: 2 };
+    const POLICY: Policy = Policy {
+        retry_interval: Duration::from_millis(200),
+        retry_for: Duration::from_secs(5),
+        redirect_limit: 2,
+        connect_limit: Duration::from_secs(10),
+    };
 
     /// A connection in its first connect, with its writer running and a
     /// release queued.

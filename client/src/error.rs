@@ -1,6 +1,8 @@
 //! What can go wrong with a request: the client's typed errors.
 
 use std::fmt;
+use std::io;
+use std::time::Duration;
 
 use crate::proto::{ErrorCode, ReplyError};
 
@@ -29,11 +31,19 @@ use crate::proto::{ErrorCode, ReplyError};
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {
-    /// No usable connection was left: every connection is broken (they are
-    /// reconnected in the background every
-    /// [`reconnect_interval`](crate::ClientBuilder::reconnect_interval)), or
-    /// the request was cut off on as many connections as the client has.
-    NoConnection,
+    /// No usable connection was left: every connection stayed broken for as
+    /// long as the request could wait (its wait, lease or retry period, else
+    /// the [`connect_limit`](crate::ClientBuilder::connect_limit)), or the
+    /// request was cut off on as many connections as the client has. The
+    /// client keeps reconnecting in the background, so a later request may
+    /// succeed.
+    NoConnection {
+        /// How long the request waited for a usable connection.
+        waited: Duration,
+        /// Every address the client tried, each with the failure of its
+        /// last attempt, in the order the client was given them.
+        addresses: Vec<ConnectionFailure>,
+    },
     /// No node could be found to serve the request: the nodes answered `M`
     /// with no active known for as long as releases are retried
     /// ([`release_retry_for`](crate::ClientBuilder::release_retry_for)), the
@@ -56,10 +66,14 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::NoConnection => f.write_str(
-                "no usable connection to a ringlock server; check that the addresses are right and the server runs \
-                 (the client keeps reconnecting in the background)",
-            ),
+            Error::NoConnection { waited, addresses } => {
+                write!(f, "no usable connection after {:.1} s", waited.as_secs_f64())?;
+                for (index, failure) in addresses.iter().enumerate() {
+                    f.write_str(if index == 0 { ": " } else { ", " })?;
+                    write!(f, "{failure}")?;
+                }
+                Ok(())
+            }
             Error::NoActive => f.write_str("no active ringlock node could be found to serve the request"),
             Error::BadArgument(reason) => write!(f, "bad argument: {reason}"),
             Error::Server(code) => write!(f, "the ringlock server refused the request: {code}"),
@@ -75,6 +89,99 @@ impl std::error::Error for Error {
             Error::Protocol(ProtocolError::Malformed(error)) => Some(error),
             _ => None,
         }
+    }
+}
+
+/// How the last attempt to use one address failed: a connect that failed,
+/// or a connection that broke. Carried by [`Error::NoConnection`].
+///
+/// # Examples
+///
+/// ```
+/// use std::io;
+/// use std::time::Duration;
+/// use ringlock_client::{ConnectionFailure, Error};
+///
+/// let refused = io::Error::from_raw_os_error(111);
+/// let error = Error::NoConnection {
+///     waited: Duration::from_secs(10),
+///     addresses: vec![ConnectionFailure::from_io("127.0.0.1:7700", &refused)],
+/// };
+/// assert_eq!(error.to_string(), "no usable connection after 10.0 s: 127.0.0.1:7700 (connection refused)");
+/// if let Error::NoConnection { addresses, .. } = &error {
+///     assert_eq!(addresses[0].kind, io::ErrorKind::ConnectionRefused);
+///     assert_eq!(addresses[0].os_error, Some(111));
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectionFailure {
+    /// The address as the client was given it (or learned it from `M`).
+    pub address: String,
+    /// The kind of the I/O error; [`io::ErrorKind::UnexpectedEof`] when the
+    /// other end closed the connection, [`io::ErrorKind::NotConnected`]
+    /// when no attempt had ended yet.
+    pub kind: io::ErrorKind,
+    /// The operating system's error number, if the error came from it.
+    pub os_error: Option<i32>,
+    /// What went wrong, in words (the OS error's text, lower-cased, without
+    /// its number).
+    pub message: String,
+}
+
+impl ConnectionFailure {
+    /// The failure of `address` with the I/O error `error`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::io;
+    /// use ringlock_client::ConnectionFailure;
+    ///
+    /// let failure = ConnectionFailure::from_io("db:7700", &io::Error::new(io::ErrorKind::TimedOut, "timed out"));
+    /// assert_eq!(failure.to_string(), "db:7700 (timed out)");
+    /// ```
+    pub fn from_io(address: &str, error: &io::Error) -> ConnectionFailure {
+        let text = error.to_string();
+        // "Connection refused (os error 111)" reads better as "connection
+        // refused": the number is kept in `os_error`.
+        let text = match text.rfind(" (os error ") {
+            Some(at) if text.ends_with(')') => &text[..at],
+            _ => &text[..],
+        };
+        let mut message = String::with_capacity(text.len());
+        let mut chars = text.chars();
+        if let Some(first) = chars.next() {
+            message.extend(first.to_lowercase());
+            message.push_str(chars.as_str());
+        }
+        ConnectionFailure { address: address.to_string(), kind: error.kind(), os_error: error.raw_os_error(), message }
+    }
+
+    /// The failure of `address` whose connection the other end closed.
+    pub(crate) fn closed(address: &str) -> ConnectionFailure {
+        ConnectionFailure {
+            address: address.to_string(),
+            kind: io::ErrorKind::UnexpectedEof,
+            os_error: None,
+            message: "closed by the server".to_string(),
+        }
+    }
+
+    /// An address none of whose attempts has ended yet (a connect still
+    /// under way).
+    pub(crate) fn pending(address: &str) -> ConnectionFailure {
+        ConnectionFailure {
+            address: address.to_string(),
+            kind: io::ErrorKind::NotConnected,
+            os_error: None,
+            message: "no attempt has ended yet".to_string(),
+        }
+    }
+}
+
+impl fmt::Display for ConnectionFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.address, self.message)
     }
 }
 
@@ -182,6 +289,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn no_connection_names_every_address_with_its_os_error() {
+        let refused = io::Error::from_raw_os_error(libc_econnrefused());
+        let timed_out = io::Error::new(io::ErrorKind::TimedOut, "connection timed out");
+        let error = Error::NoConnection {
+            waited: Duration::from_millis(10_040),
+            addresses: vec![
+                ConnectionFailure::from_io("127.0.0.1:7700", &refused),
+                ConnectionFailure::from_io("127.0.0.1:7701", &timed_out),
+                ConnectionFailure::closed("127.0.0.1:7702"),
+            ],
+        };
+        assert_eq!(
+            error.to_string(),
+            "no usable connection after 10.0 s: 127.0.0.1:7700 (connection refused), \
+             127.0.0.1:7701 (connection timed out), 127.0.0.1:7702 (closed by the server)"
+        );
+        let Error::NoConnection { addresses, .. } = error else { unreachable!() };
+        assert_eq!(addresses[0].kind, io::ErrorKind::ConnectionRefused);
+        assert_eq!(addresses[0].os_error, Some(libc_econnrefused()));
+        assert_eq!(addresses[1].os_error, None);
+    }
+
+    /// ECONNREFUSED on Linux.
+    fn libc_econnrefused() -> i32 {
+        111
+    }
+
+    #[test]
     fn messages_name_the_problem() {
         assert!(Error::Server(ErrorCode::TooManyKeys).to_string().ends_with("too-many-keys"));
         assert!(Error::BadArgument(BadArgument::DashKey).to_string().contains("`-`"));
@@ -197,6 +332,7 @@ mod tests {
         use std::error::Error as _;
         let error = Error::Protocol(ProtocolError::Malformed(ReplyError::BadRole));
         assert_eq!(error.source().map(|source| source.to_string()), Some(ReplyError::BadRole.to_string()));
-        assert!(Error::NoConnection.source().is_none());
+        let no_connection = Error::NoConnection { waited: Duration::ZERO, addresses: Vec::new() };
+        assert!(no_connection.source().is_none());
     }
 }

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use crate::client::Client;
 use crate::completion::Completion;
@@ -69,23 +70,36 @@ impl<T> Future for ReplyFuture<T> {
 pub(crate) struct AcquireFuture {
     client: Client,
     key: Arc<[u8]>,
+    /// When a grant's lease ends at the latest: the lease from when the
+    /// acquire was sent.
+    lease_ends: Instant,
     state: State,
 }
 
 impl AcquireFuture {
-    pub(crate) fn waiting(client: Client, key: Arc<[u8]>, completion: Arc<Completion>) -> AcquireFuture {
-        AcquireFuture { client, key, state: State::Waiting(completion) }
+    pub(crate) fn waiting(
+        client: Client,
+        key: Arc<[u8]>,
+        lease_ends: Instant,
+        completion: Arc<Completion>,
+    ) -> AcquireFuture {
+        AcquireFuture { client, key, lease_ends, state: State::Waiting(completion) }
     }
 
     pub(crate) fn refused(client: Client, error: Error) -> AcquireFuture {
-        AcquireFuture { client, key: Arc::from(&b""[..]), state: State::Refused(error) }
+        AcquireFuture { client, key: Arc::from(&b""[..]), lease_ends: Instant::now(), state: State::Refused(error) }
     }
 }
 
 /// What an acquire's outcome means to its caller.
-pub(crate) fn acquired(client: &Client, key: Arc<[u8]>, outcome: Outcome) -> Result<Option<Lock>, Error> {
+pub(crate) fn acquired(
+    client: &Client,
+    key: Arc<[u8]>,
+    lease_ends: Instant,
+    outcome: Outcome,
+) -> Result<Option<Lock>, Error> {
     match outcome {
-        Outcome::Acquired(token) => Ok(Some(Lock::new(client.clone(), key, token))),
+        Outcome::Acquired(token) => Ok(Some(Lock::new(client.clone(), key, token, lease_ends))),
         Outcome::TimedOut => Ok(None),
         other => Err(crate::client::failure(other)),
     }
@@ -97,7 +111,7 @@ impl Future for AcquireFuture {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match std::mem::replace(&mut self.state, State::Done) {
             State::Waiting(completion) => match completion.poll(cx) {
-                Poll::Ready(outcome) => Poll::Ready(acquired(&self.client, self.key.clone(), outcome)),
+                Poll::Ready(outcome) => Poll::Ready(acquired(&self.client, self.key.clone(), self.lease_ends, outcome)),
                 Poll::Pending => {
                     self.state = State::Waiting(completion);
                     Poll::Pending

@@ -83,15 +83,23 @@
 //!
 //! - **Connections.** One per node, two when given a single address; chosen
 //!   round-robin. A broken one is left out and reconnected in the
-//!   background every 3 s.
+//!   background: at once, then after doubling pauses from 50 ms up to 3 s,
+//!   each drawn between half its length and all of it
+//!   ([`ClientBuilder::reconnect_delay_first`]).
+//! - **Waiting for a connection.** A request that finds no usable connection
+//!   waits for one within its own limit (an acquire's wait, an extend's lease
+//!   left, a release's retry period, else
+//!   [`ClientBuilder::connect_limit`], 10 s), then fails with
+//!   [`Error::NoConnection`], naming every address and the failure of its
+//!   last attempt.
 //! - **Pipelining.** Requests from all callers share the connections; replies
 //!   are paired with requests by (operation, key), and several requests with
 //!   the same (operation, key) on one connection are paired in the order sent.
 //! - **Cut connections.** An acquire (or extend, ping, stats) whose connection
-//!   breaks moves to the next connection, with the wait it has left; it fails
-//!   with [`Error::NoConnection`] only when no usable connection is left, or
-//!   after it was cut on as many connections as the client has. A release is
-//!   sent again on another connection, else retried every 200 ms for 5 s.
+//!   breaks moves to the next connection, with the wait it has left; once cut
+//!   on as many connections as the client has, it waits for a connection to
+//!   come back, as above. A release is sent again on another connection,
+//!   else retried every 200 ms for 5 s.
 //! - **Clusters.** A standby answers lock requests with `M` naming the
 //!   active; the client re-sends the request there and prefers that node from
 //!   then on. A node it was not given is added to the set. While no active is
@@ -132,7 +140,10 @@
 //! - `lock.rs`: [`Lock`] (token, extend, release, release on drop) and
 //!   [`ReleaseOutcome`].
 //! - `config.rs`: [`ClientBuilder`] and the defaults.
-//! - `error.rs`: [`Error`], [`BadArgument`], [`ProtocolError`].
+//! - `backoff.rs`: the reconnect schedule, a pure function of the attempt
+//!   number and a random draw.
+//! - `error.rs`: [`Error`], [`BadArgument`], [`ProtocolError`],
+//!   [`ConnectionFailure`].
 //! - `future.rs`: the futures of the async API.
 //! - `completion.rs`: the one-shot cell between the I/O threads and a waiting
 //!   thread or task.
@@ -150,6 +161,7 @@
 
 #![warn(missing_docs)]
 
+mod backoff;
 mod client;
 mod completion;
 mod config;
@@ -168,5 +180,5 @@ pub use ringlock_proto as proto;
 
 pub use client::{Client, Inspection, Pong};
 pub use config::{ClientBuilder, NODES_MAX};
-pub use error::{BadArgument, Error, ProtocolError};
+pub use error::{BadArgument, ConnectionFailure, Error, ProtocolError};
 pub use lock::{Lock, ReleaseOutcome};

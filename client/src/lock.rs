@@ -3,10 +3,10 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use crate::client::{Client, failure, lease_ms};
+use crate::client::{Client, failure, instant_after, lease_ms};
 use crate::error::Error;
 use crate::operation::{Kind, Outcome};
 
@@ -40,6 +40,11 @@ pub struct Lock {
     client: Client,
     key: Arc<[u8]>,
     token: u64,
+    /// When the lease ends at the latest, as far as this client knows:
+    /// counted from when the acquire or the last confirmed extend was sent,
+    /// so never later than the server's. An extend waits for a usable
+    /// connection until then, as after it the grant is gone anyway.
+    lease_ends: Arc<Mutex<Instant>>,
     /// Set once `release` has taken over, so that drop does not release again.
     released: bool,
 }
@@ -71,8 +76,12 @@ pub enum ReleaseOutcome {
 }
 
 impl Lock {
-    pub(crate) fn new(client: Client, key: Arc<[u8]>, token: u64) -> Lock {
-        Lock { client, key, token, released: false }
+    pub(crate) fn new(client: Client, key: Arc<[u8]>, token: u64, lease_ends: Instant) -> Lock {
+        Lock { client, key, token, lease_ends: Arc::new(Mutex::new(lease_ends)), released: false }
+    }
+
+    fn lease_ends(&self) -> Instant {
+        *self.lease_ends.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The grant's fencing token: unique, and greater than every earlier
@@ -122,7 +131,9 @@ impl Lock {
     /// ran out, or the server restarted): the lock is lost, stop using it.
     /// [`Error::BadArgument`] for a zero lease; otherwise as
     /// [`Client::acquire`]. An extend cut by a broken connection moves to the
-    /// next connection as an acquire does.
+    /// next connection as an acquire does; with no usable connection it
+    /// waits for one until the lease this client knows of ends, then fails
+    /// with [`Error::NoConnection`].
     ///
     /// # Examples
     ///
@@ -143,7 +154,10 @@ impl Lock {
     /// ```
     pub fn extend(&self, lease: Duration) -> Result<(), Error> {
         let kind = Kind::Extend { token: self.token, lease_ms: lease_ms(lease)? };
-        self.client.request(kind, self.key.clone(), extended)
+        let sent = Instant::now();
+        self.client.request_until(kind, self.key.clone(), Some(self.lease_ends()), extended)?;
+        extend_known_lease(&self.lease_ends, instant_after(sent, lease));
+        Ok(())
     }
 
     /// [`extend`](Self::extend), as a future. The request is sent when this
@@ -160,12 +174,19 @@ impl Lock {
     /// # }
     /// ```
     pub fn extend_async(&self, lease: Duration) -> impl Future<Output = Result<(), Error>> + Send + 'static {
-        match lease_ms(lease) {
+        let sent = Instant::now();
+        let reply = match lease_ms(lease) {
             Ok(lease_ms) => {
                 let kind = Kind::Extend { token: self.token, lease_ms };
-                self.client.request_async(kind, self.key.clone(), extended)
+                self.client.request_async_until(kind, self.key.clone(), Some(self.lease_ends()), extended)
             }
             Err(error) => self.client.refused(error, extended),
+        };
+        let lease_ends = self.lease_ends.clone();
+        async move {
+            reply.await?;
+            extend_known_lease(&lease_ends, instant_after(sent, lease));
+            Ok(())
         }
     }
 
@@ -253,6 +274,12 @@ impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock").field("key", &String::from_utf8_lossy(&self.key)).field("token", &self.token).finish()
     }
+}
+
+/// Records a confirmed extend. The lease now ends `ends`; an extend may
+/// shorten it, so this is not a maximum.
+fn extend_known_lease(lease_ends: &Mutex<Instant>, ends: Instant) {
+    *lease_ends.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = ends;
 }
 
 fn extended(outcome: Outcome) -> Result<(), Error> {

@@ -26,14 +26,28 @@ pub(crate) struct Policy {
     pub(crate) retry_for: Duration,
     /// Most `M` redirects one request follows.
     pub(crate) redirect_limit: u32,
+    /// How long a request with no limit of its own waits for a usable
+    /// connection.
+    pub(crate) connect_limit: Duration,
 }
 
 /// What a request asks, besides its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
-    Acquire { lease_ms: u64, wait_ms: u64 },
-    Release { token: u64 },
-    Extend { token: u64, lease_ms: u64 },
+    /// `try_once`: the wait is the shortest the wire carries, not a limit
+    /// the caller chose, so the wait for a connection is the connect limit.
+    Acquire {
+        lease_ms: u64,
+        wait_ms: u64,
+        try_once: bool,
+    },
+    Release {
+        token: u64,
+    },
+    Extend {
+        token: u64,
+        lease_ms: u64,
+    },
     Ping,
     Stats,
     Inspect,
@@ -47,10 +61,19 @@ pub(crate) enum Outcome {
     Released,
     NotHeld,
     Extended,
-    Pong { role: Role, epoch: u64, active: Option<String> },
+    Pong {
+        role: Role,
+        epoch: u64,
+        active: Option<String>,
+    },
     Stats(String),
     Inspected(Inspection),
     Failed(Error),
+    /// No usable connection within the request's limit, after waiting this
+    /// long; the router names the addresses and their errors.
+    NoConnection {
+        waited: Duration,
+    },
 }
 
 /// Why a connection was cut, which decides the error a request reports if
@@ -67,11 +90,13 @@ pub(crate) enum Cut {
 }
 
 impl Cut {
-    fn to_error(&self) -> Error {
+    /// What a request that cannot move on after this cut reports, having
+    /// waited `waited`.
+    fn to_outcome(&self, waited: Duration) -> Outcome {
         match self {
-            Cut::Io => Error::NoConnection,
-            Cut::Refused(code) => Error::Server(*code),
-            Cut::Protocol(violation) => Error::Protocol(violation.clone()),
+            Cut::Io => Outcome::NoConnection { waited },
+            Cut::Refused(code) => Outcome::Failed(Error::Server(*code)),
+            Cut::Protocol(violation) => Outcome::Failed(Error::Protocol(violation.clone())),
         }
     }
 }
@@ -108,12 +133,23 @@ pub(crate) struct Operation {
     /// The key; empty for `P` and `S`.
     pub(crate) key: Arc<[u8]>,
     started: Instant,
-    /// Connections this request may still be cut off on before it fails.
-    tries_left: usize,
+    /// Connections this request may still be cut off on before it stops
+    /// moving from one to the next and waits for one to come back.
+    /// A `u32` (a client has at most 16 × 64 connections) keeps the request
+    /// small: it is moved on every hop.
+    tries_left: u32,
     redirects_left: u32,
     /// Set for releases at once, and for other requests once a node answers
     /// that no active is known: retries stop at this instant.
     retry_until: Option<Instant>,
+    /// How long after `started` the caller lets this request wait for a
+    /// usable connection, in milliseconds, when the caller sets it (an
+    /// extend: until the end of the lease). Milliseconds in a `u32` (49
+    /// days) keep the request small: it is moved on every hop.
+    connection_deadline_ms: Option<u32>,
+    /// Since when the request has been waiting for a usable connection;
+    /// `None` while it is in flight or has another reason to wait.
+    pub(crate) waiting_since: Option<Instant>,
     /// Who waits for the outcome; `None` for a release in the background.
     pub(crate) completion: Option<Arc<Completion>>,
 }
@@ -136,10 +172,48 @@ impl Operation {
             kind,
             key,
             started: now,
-            tries_left: tries.max(1),
+            tries_left: u32::try_from(tries).unwrap_or(u32::MAX).max(1),
             redirects_left: policy.redirect_limit,
             retry_until,
+            connection_deadline_ms: None,
+            waiting_since: None,
             completion,
+        }
+    }
+
+    /// Lets the request wait for a usable connection until `deadline` at
+    /// most, instead of the limit its kind implies.
+    pub(crate) fn with_connection_deadline(mut self, deadline: Instant) -> Operation {
+        let after_ms = deadline.saturating_duration_since(self.started).as_millis();
+        self.connection_deadline_ms = Some(u32::try_from(after_ms).unwrap_or(u32::MAX));
+        self
+    }
+
+    /// The last instant this request may wait for a usable connection, if
+    /// it started waiting at `since`: a bounded acquire's wait, an extend's
+    /// lease, a release's retry period, else the client's connect limit.
+    fn connection_deadline(&self, since: Instant, policy: &Policy) -> Instant {
+        if let Some(after_ms) = self.connection_deadline_ms {
+            return self.started + Duration::from_millis(u64::from(after_ms));
+        }
+        match self.kind {
+            Kind::Acquire { wait_ms, try_once: false, .. } if wait_ms > 0 => {
+                self.started + Duration::from_millis(wait_ms)
+            }
+            Kind::Release { .. } => self.retry_until.unwrap_or(since + policy.retry_for),
+            _ => since + policy.connect_limit,
+        }
+    }
+
+    /// How a request whose bounded wait ran out before it could be (re)sent
+    /// ends: with no connection if it was off the wire for want of one (a
+    /// broken connection took it back, or none was usable), since the
+    /// server then never had it or lost it; else (bounced by `M` replies)
+    /// timed out, as it would have on the server.
+    pub(crate) fn expired_outcome(&self, now: Instant) -> Outcome {
+        match self.waiting_since {
+            Some(since) => Outcome::NoConnection { waited: now.saturating_duration_since(since) },
+            None => Outcome::TimedOut,
         }
     }
 
@@ -156,10 +230,13 @@ impl Operation {
     }
 
     /// The wait left to an acquire at `now`, in milliseconds: `Some(0)` for
-    /// no limit, `None` once a bounded wait has run out.
+    /// no limit, `None` once a bounded wait has run out. An acquire that
+    /// tries once asks for its short wait whenever it goes out: it waits for
+    /// a connection within the connect limit, not within that wait.
     fn wait_left_ms(&self, now: Instant) -> Option<u64> {
         match self.kind {
             Kind::Acquire { wait_ms: 0, .. } => Some(0),
+            Kind::Acquire { wait_ms, try_once: true, .. } => Some(wait_ms),
             Kind::Acquire { wait_ms, .. } => {
                 let waited_ms =
                     u64::try_from(now.saturating_duration_since(self.started).as_millis()).unwrap_or(u64::MAX);
@@ -170,7 +247,7 @@ impl Operation {
     }
 
     /// Whether this is an acquire whose wait ran out before it could be
-    /// (re)sent; it then ends as timed out, as it would have on the server.
+    /// (re)sent; see [`expired_outcome`](Self::expired_outcome).
     pub(crate) fn expired(&self, now: Instant) -> bool {
         self.wait_left_ms(now).is_none()
     }
@@ -239,35 +316,59 @@ impl Operation {
 
     /// The next step after the connection carrying this request was cut.
     /// The server may or may not have seen the request.
-    pub(crate) fn on_cut(&mut self, cut: &Cut, now: Instant) -> Step {
+    ///
+    /// A request cut off on as many connections as the client has stops
+    /// moving from one to the next: a server that went away (a restart, a
+    /// failover) takes every connection to it down at once, so the request
+    /// waits for a connection to come back, within its limit.
+    pub(crate) fn on_cut(&mut self, cut: &Cut, now: Instant, policy: &Policy) -> Step {
+        let waited = now.saturating_duration_since(self.started);
+        if *cut == Cut::Io {
+            // Off the wire for want of a connection from now on, until a
+            // connection takes it again.
+            self.waiting_since.get_or_insert(now);
+        }
         if let Kind::Release { .. } = self.kind {
             // Send it again at once on another connection; the router falls
             // back to retrying every interval while none is usable.
             return match self.retry_until {
-                Some(until) if now > until => Step::Done(Outcome::Failed(cut.to_error())),
+                Some(until) if now > until => Step::Done(cut.to_outcome(waited)),
                 _ => Step::Resend,
             };
         }
         self.tries_left = self.tries_left.saturating_sub(1);
-        if self.tries_left == 0 {
-            return Step::Done(Outcome::Failed(cut.to_error()));
+        match cut {
+            _ if self.tries_left > 0 => Step::Resend,
+            Cut::Io => self.wait_for_connection(now, policy),
+            other => Step::Done(other.to_outcome(waited)),
         }
-        Step::Resend
     }
 
     /// The next step when no connection took the request.
     pub(crate) fn on_unsent(&mut self, unsent: Unsent, now: Instant, policy: &Policy) -> Step {
-        let error = match unsent {
-            Unsent::NoConnection => Error::NoConnection,
-            Unsent::Full => Error::TooManyInFlight,
-            Unsent::ActiveUnreachable => Error::NoActive,
-        };
-        match (self.kind, unsent) {
+        match unsent {
+            Unsent::NoConnection => self.wait_for_connection(now, policy),
             // During a failover the node an `M` named may be gone for a
             // moment: wait for the others to name the new active.
-            (_, Unsent::ActiveUnreachable) | (Kind::Release { .. }, _) => self.retry_later(now, policy, error),
-            _ => Step::Done(Outcome::Failed(error)),
+            Unsent::ActiveUnreachable => self.retry_later(now, policy, Error::NoActive),
+            Unsent::Full if matches!(self.kind, Kind::Release { .. }) => {
+                self.retry_later(now, policy, Error::TooManyInFlight)
+            }
+            Unsent::Full => Step::Done(Outcome::Failed(Error::TooManyInFlight)),
         }
+    }
+
+    /// Waits for a usable connection within the request's limit: tried
+    /// again after the retry interval, or at once when a connection comes
+    /// up (the router hurries requests with `waiting_since` set); past the
+    /// limit it ends with no connection.
+    fn wait_for_connection(&mut self, now: Instant, policy: &Policy) -> Step {
+        let since = *self.waiting_since.get_or_insert(now);
+        let deadline = self.connection_deadline(since, policy);
+        if now >= deadline {
+            return Step::Done(Outcome::NoConnection { waited: now.saturating_duration_since(since) });
+        }
+        Step::RetryAt((now + policy.retry_interval).min(deadline))
     }
 
     /// Retry after the interval while within the retry period, which starts
@@ -283,8 +384,12 @@ impl Operation {
 mod tests {
     use super::*;
 
-    const POLICY: Policy =
-        Policy { retry_interval: Duration::from_millis(200), retry_for: Duration::from_secs(5), redirect_limit: 2 };
+    const POLICY: Policy = Policy {
+        retry_interval: Duration::from_millis(200),
+        retry_for: Duration::from_secs(5),
+        redirect_limit: 2,
+        connect_limit: Duration::from_secs(10),
+    };
 
     fn operation(kind: Kind, now: Instant, tries: usize) -> Operation {
         Operation::new(kind, Arc::from(&b"k"[..]), now, tries, &POLICY, None)
@@ -296,7 +401,7 @@ mod tests {
         String::from_utf8(out).unwrap()
     }
 
-    const ACQUIRE: Kind = Kind::Acquire { lease_ms: 30_000, wait_ms: 2_000 };
+    const ACQUIRE: Kind = Kind::Acquire { lease_ms: 30_000, wait_ms: 2_000, try_once: false };
 
     #[test]
     fn encodes_each_kind() {
@@ -315,38 +420,106 @@ mod tests {
         assert_eq!(line(&acquire, now + Duration::from_millis(750)), "A k 30 1.25\n");
         assert!(!acquire.expired(now + Duration::from_millis(1_999)));
         assert!(acquire.expired(now + Duration::from_millis(2_000)));
-        let forever = operation(Kind::Acquire { lease_ms: 1_000, wait_ms: 0 }, now, 2);
+        let forever = operation(Kind::Acquire { lease_ms: 1_000, wait_ms: 0, try_once: false }, now, 2);
         assert!(!forever.expired(now + Duration::from_secs(100_000)));
         assert_eq!(line(&forever, now + Duration::from_secs(100)), "A k 1 0\n");
     }
 
     #[test]
-    fn an_acquire_moves_on_until_it_was_cut_on_every_connection() {
+    fn an_acquire_moves_on_until_it_was_cut_on_every_connection_then_waits_for_one() {
         let now = Instant::now();
         let mut acquire = operation(ACQUIRE, now, 3);
-        assert!(matches!(acquire.on_cut(&Cut::Io, now), Step::Resend));
-        assert!(matches!(acquire.on_cut(&Cut::Io, now), Step::Resend));
-        assert!(matches!(acquire.on_cut(&Cut::Io, now), Step::Done(Outcome::Failed(Error::NoConnection))));
+        assert!(matches!(acquire.on_cut(&Cut::Io, now, &POLICY), Step::Resend));
+        assert!(matches!(acquire.on_cut(&Cut::Io, now, &POLICY), Step::Resend));
+        assert!(matches!(acquire.on_cut(&Cut::Io, now, &POLICY), Step::RetryAt(_)));
+        assert_eq!(acquire.waiting_since, Some(now));
+        let late = now + Duration::from_secs(2);
+        assert!(matches!(acquire.on_cut(&Cut::Io, late, &POLICY), Step::Done(Outcome::NoConnection { .. })));
         let mut refused = operation(ACQUIRE, now, 1);
-        let step = refused.on_cut(&Cut::Refused(ErrorCode::TooManyConnections), now);
+        let step = refused.on_cut(&Cut::Refused(ErrorCode::TooManyConnections), now, &POLICY);
         assert!(matches!(step, Step::Done(Outcome::Failed(Error::Server(ErrorCode::TooManyConnections)))));
     }
 
+    /// Drives `operation` through "no connection" events at each retry
+    /// instant from `start`; the time it waited when it gave up.
+    fn wait_out(operation: &mut Operation, start: Instant) -> Duration {
+        let mut now = start;
+        loop {
+            match operation.on_unsent(Unsent::NoConnection, now, &POLICY) {
+                Step::RetryAt(at) => {
+                    assert!(at > now && at <= now + POLICY.retry_interval, "polled every retry interval at most");
+                    now = at;
+                }
+                Step::Done(Outcome::NoConnection { waited }) => {
+                    assert_eq!(waited, now - start);
+                    return waited;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
     #[test]
-    fn an_acquire_with_no_connection_fails_at_once() {
+    fn a_request_with_no_connection_waits_within_its_own_limit() {
+        let now = Instant::now();
+        assert_eq!(wait_out(&mut operation(ACQUIRE, now, 2), now), Duration::from_secs(2), "the acquire's wait");
+        let forever = Kind::Acquire { lease_ms: 1_000, wait_ms: 0, try_once: false };
+        assert_eq!(wait_out(&mut operation(forever, now, 2), now), POLICY.connect_limit, "no wait: the connect limit");
+        let once = Kind::Acquire { lease_ms: 1_000, wait_ms: 1, try_once: true };
+        assert_eq!(wait_out(&mut operation(once, now, 2), now), POLICY.connect_limit, "try once: the connect limit");
+        assert_eq!(wait_out(&mut operation(Kind::Inspect, now, 2), now), POLICY.connect_limit);
+        let extend = operation(Kind::Extend { token: 5, lease_ms: 1_000 }, now, 2);
+        let mut extend = extend.with_connection_deadline(now + Duration::from_millis(700));
+        assert_eq!(wait_out(&mut extend, now), Duration::from_millis(700), "the extend's lease left");
+        let started_late = now + Duration::from_millis(500);
+        assert_eq!(wait_out(&mut operation(ACQUIRE, now, 2), started_late), Duration::from_millis(1_500));
+    }
+
+    #[test]
+    fn an_acquire_that_tries_once_never_runs_out_of_its_wait_off_the_wire() {
+        let now = Instant::now();
+        let once = operation(Kind::Acquire { lease_ms: 30_000, wait_ms: 1, try_once: true }, now, 2);
+        let later = now + Duration::from_secs(5);
+        assert!(!once.expired(later), "it waits for a connection within the connect limit");
+        assert_eq!(line(&once, later), "A k 30 0.001\n", "and tries once whenever it goes out");
+    }
+
+    #[test]
+    fn a_bounded_acquire_whose_wait_ran_out_after_a_cut_reports_no_connection() {
         let now = Instant::now();
         let mut acquire = operation(ACQUIRE, now, 2);
-        let step = acquire.on_unsent(Unsent::NoConnection, now, &POLICY);
-        assert!(matches!(step, Step::Done(Outcome::Failed(Error::NoConnection))));
-        let step = acquire.on_unsent(Unsent::Full, now, &POLICY);
+        let cut_at = now + Duration::from_millis(1_500);
+        assert!(matches!(acquire.on_cut(&Cut::Io, cut_at, &POLICY), Step::Resend));
+        let later = now + Duration::from_secs(2);
+        assert!(acquire.expired(later));
+        let outcome = acquire.expired_outcome(later);
+        assert!(matches!(outcome, Outcome::NoConnection { waited } if waited == later - cut_at), "{outcome:?}");
+    }
+
+    #[test]
+    fn a_bounded_acquire_that_ran_out_waiting_for_a_connection_reports_no_connection() {
+        let now = Instant::now();
+        let mut acquire = operation(ACQUIRE, now, 2);
+        let later = now + Duration::from_secs(2);
+        assert!(matches!(acquire.expired_outcome(later), Outcome::TimedOut), "not waiting: the server's timeout");
+        assert!(matches!(acquire.on_unsent(Unsent::NoConnection, now, &POLICY), Step::RetryAt(_)));
+        assert!(matches!(acquire.expired_outcome(later), Outcome::NoConnection { waited } if waited == later - now));
+    }
+
+    #[test]
+    fn full_connections_fail_at_once_but_a_release_retries() {
+        let now = Instant::now();
+        let step = operation(ACQUIRE, now, 2).on_unsent(Unsent::Full, now, &POLICY);
         assert!(matches!(step, Step::Done(Outcome::Failed(Error::TooManyInFlight))));
+        let step = operation(Kind::Release { token: 5 }, now, 2).on_unsent(Unsent::Full, now, &POLICY);
+        assert!(matches!(step, Step::RetryAt(_)));
     }
 
     #[test]
     fn a_release_is_retried_every_interval_for_the_retry_period() {
         let start = Instant::now();
         let mut release = operation(Kind::Release { token: 5 }, start, 1);
-        assert!(matches!(release.on_cut(&Cut::Io, start), Step::Resend));
+        assert!(matches!(release.on_cut(&Cut::Io, start, &POLICY), Step::Resend));
         let mut now = start;
         let mut retries = 0;
         loop {
@@ -356,12 +529,12 @@ mod tests {
                     now = at;
                     retries += 1;
                 }
-                Step::Done(Outcome::Failed(Error::NoConnection)) => break,
+                Step::Done(Outcome::NoConnection { .. }) => break,
                 other => panic!("{other:?}"),
             }
         }
         assert_eq!(retries, 25, "5 s every 200 ms");
-        assert!(matches!(release.on_cut(&Cut::Io, now + Duration::from_millis(1)), Step::Done(_)));
+        assert!(matches!(release.on_cut(&Cut::Io, now + Duration::from_millis(1), &POLICY), Step::Done(_)));
     }
 
     #[test]
@@ -400,7 +573,7 @@ mod tests {
     #[test]
     fn no_active_known_is_retried_for_the_retry_period() {
         let start = Instant::now();
-        let mut acquire = operation(Kind::Acquire { lease_ms: 1_000, wait_ms: 0 }, start, 1);
+        let mut acquire = operation(Kind::Acquire { lease_ms: 1_000, wait_ms: 0, try_once: false }, start, 1);
         let moved = Reply::Moved { op: Op::Acquire, key: b"k", active: None };
         assert!(matches!(acquire.on_reply(&moved, start, &POLICY), Step::RetryAt(_)));
         let late = start + POLICY.retry_for;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::completion::{Completion, Wakes};
 use crate::config::{ClientBuilder, NODES_MAX};
 use crate::connection::{self, Connection, Phase, Refusal};
-use crate::error::Error;
+use crate::error::{ConnectionFailure, Error};
 use crate::operation::{Cut, Kind, Operation, Outcome, Policy, Step, Unsent};
 use crate::timer::Timer;
 
@@ -135,6 +135,25 @@ impl Router {
         self.submit_owing(kind, key, completion, &mut Wakes::default());
     }
 
+    /// Starts a request that waits for a usable connection until
+    /// `connection_deadline` at most, if given (an extend: until its lease
+    /// ends), instead of the limit its kind implies.
+    pub(crate) fn submit_until(
+        self: &Arc<Self>,
+        kind: Kind,
+        key: Arc<[u8]>,
+        completion: Option<Arc<Completion>>,
+        connection_deadline: Option<Instant>,
+    ) {
+        let Some(deadline) = connection_deadline else {
+            return self.submit(kind, key, completion);
+        };
+        let now = Instant::now();
+        let operation = Operation::new(kind, key, now, self.connection_count(), &self.policy, completion)
+            .with_connection_deadline(deadline);
+        self.send_at(operation, now, &mut Wakes::default());
+    }
+
     /// [`submit`](Self::submit), adding the wake-up of a request that ends
     /// at once (no connection, say) to `wakes`.
     fn submit_owing(
@@ -159,7 +178,7 @@ impl Router {
             Step::Redirect => self.send_to_active(operation, wakes),
             Step::RetryAt(at) => {
                 if let Err(operation) = self.timer.schedule(at, operation) {
-                    self.finish(operation, Outcome::Failed(Error::NoConnection), wakes);
+                    self.finish(operation, Outcome::NoConnection { waited: Duration::ZERO }, wakes);
                 }
             }
         }
@@ -174,7 +193,8 @@ impl Router {
     /// is a measurable part of a request's cost).
     fn send_at(self: &Arc<Self>, operation: Operation, now: Instant, wakes: &mut Wakes) {
         if operation.expired(now) {
-            return self.finish(operation, Outcome::TimedOut, wakes);
+            let outcome = operation.expired_outcome(now);
+            return self.finish(operation, outcome, wakes);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let topology = self.topology();
@@ -205,7 +225,8 @@ impl Router {
     fn send_to_active(self: &Arc<Self>, mut operation: Operation, wakes: &mut Wakes) {
         let now = Instant::now();
         if operation.expired(now) {
-            return self.finish(operation, Outcome::TimedOut, wakes);
+            let outcome = operation.expired_outcome(now);
+            return self.finish(operation, outcome, wakes);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let topology = self.topology();
@@ -255,6 +276,12 @@ impl Router {
     /// at once.
     fn finish(self: &Arc<Self>, operation: Operation, outcome: Outcome, wakes: &mut Wakes) {
         let Some(completion) = operation.completion else { return };
+        let outcome = match outcome {
+            Outcome::NoConnection { waited } => {
+                Outcome::Failed(Error::NoConnection { waited, addresses: self.connection_failures() })
+            }
+            other => other,
+        };
         if let Err(Outcome::Acquired(token)) = completion.complete(outcome, wakes) {
             self.submit_owing(Kind::Release { token }, operation.key, None, wakes);
         }
@@ -268,7 +295,7 @@ impl Router {
         let now = Instant::now();
         let mut wakes = Wakes::default();
         for mut operation in operations {
-            let step = operation.on_cut(cut, now);
+            let step = operation.on_cut(cut, now, &self.policy);
             self.handle(operation, step, &mut wakes);
         }
     }
@@ -277,8 +304,31 @@ impl Router {
     pub(crate) fn abort(self: &Arc<Self>, operations: Vec<Operation>) {
         let mut wakes = Wakes::default();
         for operation in operations {
-            self.finish(operation, Outcome::Failed(Error::NoConnection), &mut wakes);
+            self.finish(operation, Outcome::NoConnection { waited: Duration::ZERO }, &mut wakes);
         }
+    }
+
+    /// A connection just came up: the requests waiting for one go now.
+    pub(crate) fn connection_up(&self) {
+        self.timer.hurry_connection_waiters(Instant::now());
+    }
+
+    /// Every node's address with the failure of its last attempt (the
+    /// latest among its connections), in the order the nodes were given or
+    /// learned.
+    fn connection_failures(&self) -> Vec<ConnectionFailure> {
+        self.topology()
+            .nodes
+            .iter()
+            .map(|node| {
+                node.connections
+                    .iter()
+                    .filter_map(|connection| connection.last_failure())
+                    .max_by_key(|(at, _)| *at)
+                    .map(|(_, failure)| failure)
+                    .unwrap_or_else(|| ConnectionFailure::pending(&node.address))
+            })
+            .collect()
     }
 
     /// Learns from an `M` reply received on a connection of node `from`.

@@ -81,6 +81,24 @@ impl Timer {
         self.lock().queue.len()
     }
 
+    /// Makes every request that waits for a usable connection due at once
+    /// (a connection just came up), keeping their order; the others keep
+    /// their instants.
+    pub(crate) fn hurry_connection_waiters(&self, now: Instant) {
+        let mut state = self.lock();
+        if !state.queue.iter().any(|scheduled| scheduled.operation.waiting_since.is_some() && scheduled.at > now) {
+            return;
+        }
+        let mut queue = std::mem::take(&mut state.queue).into_vec();
+        for scheduled in &mut queue {
+            if scheduled.operation.waiting_since.is_some() {
+                scheduled.at = scheduled.at.min(now);
+            }
+        }
+        state.queue = BinaryHeap::from(queue);
+        self.wake.notify_one();
+    }
+
     /// Stops the timer and gives back every request still waiting.
     pub(crate) fn close(&self) -> Vec<Operation> {
         let mut state = self.lock();
@@ -123,8 +141,12 @@ mod tests {
     use std::time::Duration;
 
     fn release(token: u64, now: Instant) -> Operation {
-        let policy =
-            Policy { retry_interval: Duration::from_millis(1), retry_for: Duration::from_secs(1), redirect_limit: 1 };
+        let policy = Policy {
+            retry_interval: Duration::from_millis(1),
+            retry_for: Duration::from_secs(1),
+            redirect_limit: 1,
+            connect_limit: Duration::from_secs(1),
+        };
         Operation::new(Kind::Release { token }, Arc::from(&b"k"[..]), now, 1, &policy, None)
     }
 
@@ -146,6 +168,24 @@ mod tests {
         let order: Vec<u64> = (0..4).map(|_| fired.recv().unwrap()).collect();
         assert_eq!(order, [4, 2, 3, 1]);
         assert!(timer.close().is_empty());
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_connection_coming_up_hurries_only_the_requests_waiting_for_one() {
+        let timer = Arc::new(Timer::default());
+        let now = Instant::now();
+        let mut waiting = release(1, now);
+        waiting.waiting_since = Some(now);
+        timer.schedule(now + Duration::from_secs(60), waiting).unwrap();
+        timer.schedule(now + Duration::from_secs(60), release(2, now)).unwrap();
+        timer.hurry_connection_waiters(Instant::now());
+        let (sender, fired) = mpsc::channel();
+        let runner = timer.clone();
+        let thread = std::thread::spawn(move || runner.run(|operation| sender.send(token(&operation)).unwrap()));
+        assert_eq!(fired.recv_timeout(Duration::from_secs(20)), Ok(1));
+        assert!(fired.recv_timeout(Duration::from_millis(50)).is_err(), "the other keeps its instant");
+        assert_eq!(timer.close().iter().map(token).collect::<Vec<_>>(), [2]);
         thread.join().unwrap();
     }
 

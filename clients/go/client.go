@@ -65,10 +65,12 @@ type Client struct {
 // them). Give every node of a cluster, in any order.
 //
 // Connections are made and kept up in the background. Dial waits until one
-// of them is up, or every first try failed, or ctx ends; it fails with an
-// error wrapping ErrNoConnection if no node could be reached. After that,
-// a broken connection is left out and reconnected every 3s; ctx is not used
-// after Dial returns.
+// of them is up, or every first try failed, or ctx ends; it fails with a
+// *ConnectionError (errors.Is(err, ErrNoConnection)) naming every address
+// and its error if no node could be reached. After that, a broken
+// connection is left out and reconnected at once, then after doubling
+// pauses from 50ms up to 3s, each drawn between half its length and all of
+// it (WithReconnectDelayFirst); ctx is not used after Dial returns.
 func Dial(ctx context.Context, addrs []string, opts ...Option) (*Client, error) {
 	if len(addrs) == 0 {
 		return nil, &ArgumentError{Arg: "addrs", Reason: "give at least one server address"}
@@ -94,13 +96,16 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Client, error) 
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
+	started := time.Now()
 	c := &Client{router: newRouter(addrs, o)}
 	if err := c.router.waitReady(ctx); err != nil {
-		c.router.close()
 		if ctx.Err() != nil {
+			c.router.close()
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: %s: %w", ErrNoConnection, strings.Join(addrs, ", "), err)
+		failed := c.router.connectionError(time.Since(started))
+		c.router.close()
+		return nil, failed
 	}
 	return c, nil
 }
@@ -149,9 +154,11 @@ func checkLease(lease time.Duration) (uint64, error) {
 // stays queued on the server until then, or until its wait runs out.
 //
 // If the connection carrying the acquire breaks, it moves to the next
-// connection with the wait it has left; it fails with ErrNoConnection once
-// no usable connection is left, or after it was cut on as many connections
-// as the client has. An acquire cut after the server granted it leaves that
+// connection with the wait it has left. If no connection is usable (a
+// server restarting, say), it waits for one within its wait, or within the
+// connect limit (WithConnectLimit, 10s) if it has no wait limit, and then
+// fails with a *ConnectionError, which errors.Is matches with
+// ErrNoConnection. An acquire cut after the server granted it leaves that
 // grant to run out its lease.
 //
 // Errors: an *ArgumentError for a bad key (1 to 250 bytes, no space, tab,
@@ -163,17 +170,19 @@ func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Durat
 	if wait < 0 || wait > WaitMax {
 		return nil, &ArgumentError{Arg: "wait", Reason: "0 (no limit) to 24h"}
 	}
-	return c.acquire(ctx, key, lease, wait)
+	return c.acquire(ctx, key, lease, wait, false)
 }
 
 // TryAcquire acquires key for lease only if it is free now: it asks for the
 // shortest wait (1ms, see WithTryAcquireWait) and returns ErrTimeout if the
-// key is held. Errors as for Acquire.
+// key is held. With no usable connection it waits for one up to the connect
+// limit, as its own wait is too short to cover a reconnect. Errors as for
+// Acquire.
 func (c *Client) TryAcquire(ctx context.Context, key string, lease time.Duration) (*Lock, error) {
-	return c.acquire(ctx, key, lease, c.router.options.tryAcquireWait)
+	return c.acquire(ctx, key, lease, c.router.options.tryAcquireWait, true)
 }
 
-func (c *Client) acquire(ctx context.Context, key string, lease, wait time.Duration) (*Lock, error) {
+func (c *Client) acquire(ctx context.Context, key string, lease, wait time.Duration, tryOnce bool) (*Lock, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
@@ -187,11 +196,15 @@ func (c *Client) acquire(ctx context.Context, key string, lease, wait time.Durat
 	o := c.router.newOperation(kindAcquire, key, true)
 	o.leaseMs = leaseMs
 	o.waitMs = millisecondsUp(wait)
+	o.tryOnce = tryOnce
+	// One clock reading serves the wait's start and the lease's end.
+	sent := time.Now()
+	o.started = sent
 	result, err := c.request(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	return &Lock{client: c, key: key, token: result.token}, nil
+	return &Lock{client: c, key: key, token: result.token, leaseEnds: sent.Add(lease)}, nil
 }
 
 // request submits o and waits for its outcome or for ctx to end; the

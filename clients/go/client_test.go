@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,17 +140,33 @@ func TestPingAndStats(t *testing.T) {
 	}
 }
 
-func TestDialFailsWhenNoNodeAnswers(t *testing.T) {
-	// A port that was free a moment ago: nothing listens there.
-	listener, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	address := listener.Addr().String()
-	listener.Close()
-	_, err = ringlock.Dial(testContext(t), []string{address})
+func TestDialFailsWhenNoNodeAnswersWithTheNetError(t *testing.T) {
+	address := refusingAddress(t)
+	_, err := ringlock.Dial(testContext(t), []string{address})
 	if !errors.Is(err, ringlock.ErrNoConnection) {
 		t.Fatalf("%v, want ErrNoConnection", err)
+	}
+	assertRefused(t, err, address)
+}
+
+// assertRefused checks that err is a *ConnectionError naming address, whose
+// last attempt was refused, with the net error reachable through it.
+func assertRefused(t *testing.T, err error, address string) {
+	t.Helper()
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("errors.Is(%v, ECONNREFUSED) is false", err)
+	}
+	var opErr *net.OpError
+	if !errors.As(err, &opErr) || opErr.Op != "dial" {
+		t.Errorf("errors.As(%v, *net.OpError): %v", err, opErr)
+	}
+	var connectionError *ringlock.ConnectionError
+	if !errors.As(err, &connectionError) || len(connectionError.Addresses) != 1 ||
+		connectionError.Addresses[0].Address != address {
+		t.Fatalf("%#v, want a *ConnectionError naming %s", err, address)
+	}
+	if want := address + " (connection refused)"; !strings.HasSuffix(err.Error(), want) {
+		t.Errorf("%q does not end with %q", err.Error(), want)
 	}
 }
 

@@ -4,8 +4,8 @@ package ringlock
 //
 //   - The reader owns the connection's life: it connects, reads and pairs
 //     replies, and when the socket breaks it hands every request in flight
-//     back to the router (which moves or retries them), waits the reconnect
-//     interval, and connects again.
+//     back to the router (which moves or retries them), and connects again:
+//     at once, then after the growing pauses of reconnectDelay.
 //   - The writer sends what callers queued. Callers append encoded lines to
 //     the connection's buffer under its lock; everything queued while a
 //     write is under way goes out in the next single write, which is what
@@ -24,6 +24,8 @@ package ringlock
 import (
 	"bytes"
 	"context"
+	"io"
+	"math/rand/v2"
 	"net"
 	"runtime"
 	"sync"
@@ -113,6 +115,29 @@ type connection struct {
 	// way (see close).
 	dialContext context.Context
 	cancelDial  context.CancelFunc
+
+	// failure is how the last connect failed or the last socket broke,
+	// and failedAt when; both under mu.
+	failure  error
+	failedAt time.Time
+	// replied and readError describe the socket being read; the reader
+	// alone uses them.
+	replied   bool
+	readError error
+}
+
+// lastFailure is how the last connect failed or the last socket broke, and
+// when; a nil error if neither happened yet.
+func (c *connection) lastFailure() (time.Time, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failedAt, c.failure
+}
+
+func (c *connection) noteFailure(err error) {
+	c.mu.Lock()
+	c.failure, c.failedAt = err, time.Now()
+	c.mu.Unlock()
 }
 
 func newConnection(address string, node int, r *router) *connection {
@@ -351,6 +376,9 @@ func (c *connection) runReader() {
 	defer c.cancelDial()
 	r := c.router
 	first := true
+	// attempt counts the reconnects since a connection last worked; the
+	// first goes at once, the others after growing pauses.
+	attempt := 0
 	for {
 		conn, err := r.dial(c.dialContext, c.address)
 		if err == nil {
@@ -362,10 +390,30 @@ func (c *connection) runReader() {
 				r.firstConnectDone(true, nil)
 				first = false
 			}
+			r.connectionUp()
+			opened := time.Now()
+			c.replied, c.readError = false, nil
 			cause := c.readReplies(conn)
 			conn.Close()
+			switch {
+			case c.readError != nil:
+				c.noteFailure(c.readError)
+			case cause == ErrNoConnection:
+				c.noteFailure(io.EOF)
+			default:
+				c.noteFailure(cause)
+			}
 			r.cut(c.takeDown(), cause)
+			// A connection that answered, or stayed open for as long as
+			// the longest pause, worked: the schedule starts over. One
+			// closed at once after its connect (a server refusing
+			// connections, a listener of a killed process) did not, or
+			// the client would reconnect to it in a tight loop.
+			if c.replied || time.Since(opened) >= r.options.reconnectDelayMax {
+				attempt = 0
+			}
 		} else {
+			c.noteFailure(err)
 			if first {
 				r.firstConnectDone(false, err)
 				first = false
@@ -373,7 +421,9 @@ func (c *connection) runReader() {
 			// Only a first connect has requests queued to hand back.
 			r.cut(c.takeDown(), ErrNoConnection)
 		}
-		if !r.sleep(r.options.reconnectInterval) {
+		pause := reconnectDelay(attempt, r.options.reconnectDelayFirst, r.options.reconnectDelayMax, rand.Float64())
+		attempt++
+		if !r.sleep(pause) {
 			break
 		}
 	}
@@ -401,6 +451,9 @@ func (c *connection) readReplies(conn net.Conn) error {
 	for {
 		read, err := conn.Read(buffer[filled:])
 		if read == 0 && err != nil {
+			if err != io.EOF {
+				c.readError = err
+			}
 			return ErrNoConnection
 		}
 		filled += read
@@ -455,6 +508,9 @@ func (c *connection) readReplies(conn net.Conn) error {
 		// Act on the replies with the connection unlocked, as moving
 		// requests locks other connections.
 		handed := len(replies)
+		if handed > 0 {
+			c.replied = true
+		}
 		for i := range replies {
 			if replies[i].moved {
 				r.noteMoved(c.node, replies[i].active)
@@ -467,6 +523,9 @@ func (c *connection) readReplies(conn net.Conn) error {
 			return stop
 		}
 		if err != nil {
+			if err != io.EOF {
+				c.readError = err
+			}
 			return ErrNoConnection
 		}
 		filled = copy(buffer, buffer[consumed:filled])

@@ -23,17 +23,23 @@
 //   - Connections: one per node, two when given a single address, chosen
 //     round-robin a write at a time (requests queued while a connection
 //     gathers its next write join it). A broken one is left out and
-//     reconnected in the background every 3 s.
+//     reconnected in the background: at once, then after doubling pauses
+//     from 50 ms up to 3 s, each drawn between half its length and all of
+//     it (WithReconnectDelayFirst, WithReconnectDelayMax).
+//   - Waiting for a connection: a request that finds no usable connection
+//     waits for one within its own limit (an acquire's wait, an extend's
+//     lease left, a release's retry period, else WithConnectLimit, 10 s),
+//     then fails with a *ConnectionError naming every address and the
+//     net error of its last attempt (errors.Is(err, ErrNoConnection)).
 //   - Pipelining: requests from all goroutines share the connections;
 //     replies are paired with requests by (operation, key), and several
 //     requests with the same (operation, key) on one connection are paired
 //     in the order sent.
 //   - Cut connections: an acquire (or extend, inspect, ping, stats) whose
 //     connection breaks moves to the next connection with the wait it has
-//     left; it fails with ErrNoConnection only when no usable connection is
-//     left, or after it was cut on as many connections as the client has. A
-//     release is sent again on another connection, else retried every
-//     200 ms for 5 s.
+//     left; once cut on as many connections as the client has, it waits for
+//     a connection to come back, as above. A release is sent again on
+//     another connection, else retried every 200 ms for 5 s.
 //   - Clusters: a standby answers lock requests with M naming the active;
 //     the client re-sends the request there and prefers that node from then
 //     on, adding it to its set if it was not given. While no active is known

@@ -3,6 +3,11 @@ package ringlock
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"time"
 )
 
 // Code is an error code the server sends in an E reply (README "Error
@@ -49,9 +54,10 @@ var (
 	// granted.
 	ErrTimeout = errors.New("ringlock: the wait ran out; nothing was granted")
 
-	// ErrNoConnection means no usable connection was left: every connection
-	// is broken (they are reconnected in the background), or the request
-	// was cut off on as many connections as the client has.
+	// ErrNoConnection matches every *ConnectionError: no usable connection
+	// within the request's limit. Every connection stayed broken for as long
+	// as the request could wait (they are reconnected in the background), or
+	// the request was cut off on them until then.
 	ErrNoConnection = errors.New("ringlock: no usable connection to a server")
 
 	// ErrNoActive means no node could be found to serve the request: the
@@ -116,6 +122,101 @@ func (e *ServerError) Error() string {
 func (e *ServerError) Is(target error) bool {
 	other, ok := target.(*ServerError)
 	return ok && other.Code == e.Code
+}
+
+// ConnectionError is the error of a request that found no usable
+// connection within its limit: an Acquire its wait, an Extend the lease it
+// has left, a Release its retry period, else the client's connect limit
+// (WithConnectLimit). errors.Is(err, ErrNoConnection) matches it.
+//
+// It wraps the error of each address's last attempt (a *net.OpError for a
+// failed connect or a broken socket), so that errors.Is(err,
+// syscall.ECONNREFUSED) and errors.As(err, &opErr) with a *net.OpError
+// work through it.
+type ConnectionError struct {
+	// Waited is how long the request waited for a usable connection.
+	Waited time.Duration
+	// Addresses holds every address the client tried, each with the error
+	// of its last attempt, in the order the client was given them.
+	Addresses []AddressError
+}
+
+// AddressError is the error of the last attempt to use one address: a
+// connect that failed, or a connection that broke.
+type AddressError struct {
+	// Address is the node's address, as the client was given it or learned
+	// it from an M reply.
+	Address string
+	// Err is what the attempt failed with: a *net.OpError, io.EOF if the
+	// server closed the connection, or nil if no attempt has ended yet.
+	Err error
+}
+
+// Error names the address and what went wrong, in words: the OS error's
+// text ("connection refused"), "timed out", or "closed by the server".
+func (e AddressError) Error() string {
+	return e.Address + " (" + describeConnectError(e.Err) + ")"
+}
+
+// Unwrap returns the attempt's error.
+func (e AddressError) Unwrap() error {
+	return e.Err
+}
+
+// Error says how long the request waited and names every address with the
+// error of its last attempt, as in "ringlock: no usable connection after
+// 10.0 s: 127.0.0.1:7700 (connection refused), 127.0.0.1:7701 (timed out)".
+func (e *ConnectionError) Error() string {
+	var text strings.Builder
+	fmt.Fprintf(&text, "ringlock: no usable connection after %.1f s", e.Waited.Seconds())
+	for index, address := range e.Addresses {
+		if index == 0 {
+			text.WriteString(": ")
+		} else {
+			text.WriteString(", ")
+		}
+		text.WriteString(address.Error())
+	}
+	return text.String()
+}
+
+// Is reports whether target is ErrNoConnection.
+func (e *ConnectionError) Is(target error) bool {
+	return target == ErrNoConnection
+}
+
+// Unwrap returns the error of each address's last attempt, for errors.Is
+// and errors.As.
+func (e *ConnectionError) Unwrap() []error {
+	errs := make([]error, 0, len(e.Addresses))
+	for _, address := range e.Addresses {
+		if address.Err != nil {
+			errs = append(errs, address.Err)
+		}
+	}
+	return errs
+}
+
+// errNotConnectedYet is the error of an address none of whose attempts has
+// ended yet (a connect still under way).
+var errNotConnectedYet = errors.New("no attempt has ended yet")
+
+// describeConnectError is err in a few words: an OS error by its text, a
+// timeout as such, a closed connection as closed by the server.
+func describeConnectError(err error) string {
+	var errno syscall.Errno
+	var netError net.Error
+	switch {
+	case err == nil:
+		return errNotConnectedYet.Error()
+	case errors.Is(err, io.EOF):
+		return "closed by the server"
+	case errors.As(err, &errno):
+		return errno.Error()
+	case errors.As(err, &netError) && netError.Timeout():
+		return "timed out"
+	}
+	return err.Error()
 }
 
 // ArgumentError is an argument the client refused before sending anything.

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -62,27 +63,41 @@ func startServer() (*server, error) {
 		return nil, err
 	}
 	s := &server{data: data}
-	s.command = exec.Command(path, "--listen", "127.0.0.1:0", "--shards", "1", "--no-pin", "--data-dir", data)
-	stderr, err := s.command.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := s.command.Start(); err != nil {
+	if err := s.launch(path, "127.0.0.1:0"); err != nil {
 		os.RemoveAll(data)
 		return nil, err
 	}
+	return s, nil
+}
+
+// launch starts the server's process listening on listen, with the
+// server's data directory, and records the address it names.
+func (s *server) launch(path, listen string) error {
+	s.command = exec.Command(path, "--listen", listen, "--shards", "1", "--no-pin", "--data-dir", s.data)
+	stderr, err := s.command.StderrPipe()
+	if err != nil {
+		return err
+	}
+	if err := s.command.Start(); err != nil {
+		return err
+	}
 	lines := bufio.NewScanner(stderr)
+	address := ""
 	for lines.Scan() {
+		s.logMu.Lock()
 		s.log = append(s.log, lines.Text())
+		s.logMu.Unlock()
 		if found := listening.FindStringSubmatch(lines.Text()); found != nil {
-			s.addr = found[1]
+			address = found[1]
 			break
 		}
 	}
-	if s.addr == "" {
-		s.stop()
-		return nil, fmt.Errorf("the server exited before listening:\n%s", strings.Join(s.log, "\n"))
+	if address == "" {
+		_ = s.command.Process.Kill()
+		_ = s.command.Wait()
+		return fmt.Errorf("the server exited before listening:\n%s", strings.Join(s.log, "\n"))
 	}
+	s.addr = address
 	// Keep reading its log, so that a full pipe never stops the server.
 	go func() {
 		for lines.Scan() {
@@ -91,7 +106,74 @@ func startServer() (*server, error) {
 			s.logMu.Unlock()
 		}
 	}()
-	return s, nil
+	return nil
+}
+
+// kill sends SIGKILL and waits for the process to be gone; the data
+// directory stays, for restart.
+func (s *server) kill() {
+	_ = s.command.Process.Kill()
+	_ = s.command.Wait()
+}
+
+// restart starts the server again on the same address and data directory,
+// and returns once it answers a real P round trip: a killed server's
+// io_uring listener may accept, and drop, connections for a few ms.
+func (s *server) restart(t *testing.T) {
+	t.Helper()
+	path, err := binary("ringlock", "RINGLOCK_BIN")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.launch(path, s.addr); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(patience)
+	for {
+		if answersPing(s.addr) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted server does not answer P")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// answersPing reports whether a P sent to address on a new connection is
+// answered.
+func answersPing(address string) bool {
+	conn, err := net.DialTimeout("tcp", address, time.Second)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(conn, "P\n"); err != nil {
+		return false
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	return err == nil && strings.HasPrefix(line, "P ")
+}
+
+// refusingAddress is a loopback address that refuses connections until the
+// test ends: a socket bound but not listening, so that no other test's
+// server can take the port meanwhile, as it could a port merely freed.
+func refusingAddress(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	name, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", name.(*syscall.SockaddrInet4).Port)
 }
 
 // newServer starts a server stopped when the test ends.

@@ -3,6 +3,7 @@ package ringlock
 import (
 	"context"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -22,6 +23,19 @@ type Lock struct {
 	client *Client
 	key    string
 	token  uint64
+
+	// leaseEnds is when the lease ends at the latest, as far as this client
+	// knows: counted from when the acquire or the last confirmed extend was
+	// sent, so never later than the server's. An extend waits for a usable
+	// connection until then, as after it the grant is gone anyway.
+	leaseMu   sync.Mutex
+	leaseEnds time.Time
+}
+
+func (l *Lock) knownLeaseEnd() time.Time {
+	l.leaseMu.Lock()
+	defer l.leaseMu.Unlock()
+	return l.leaseEnds
 }
 
 // Key is the key held.
@@ -67,8 +81,10 @@ func (l *Lock) Release(ctx context.Context) error {
 //
 // errors.Is(err, ErrNotHolder) means the grant is gone (its lease ran out,
 // or the server restarted): the lock is lost, stop using it. An extend cut
-// by a broken connection moves to the next connection as an acquire does.
-// Other errors as for Client.Acquire.
+// by a broken connection moves to the next connection as an acquire does;
+// with no usable connection it waits for one until the lease this client
+// knows of ends, then fails with a *ConnectionError. Other errors as for
+// Client.Acquire.
 func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 	leaseMs, err := checkLease(lease)
 	if err != nil {
@@ -80,6 +96,13 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 	o := l.client.router.newOperation(kindExtend, l.key, true)
 	o.token = l.token
 	o.leaseMs = leaseMs
-	_, err = l.client.request(ctx, o)
-	return err
+	o.connectionDeadline = l.knownLeaseEnd()
+	sent := time.Now()
+	if _, err = l.client.request(ctx, o); err != nil {
+		return err
+	}
+	l.leaseMu.Lock()
+	l.leaseEnds = sent.Add(lease)
+	l.leaseMu.Unlock()
+	return nil
 }

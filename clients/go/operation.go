@@ -8,6 +8,7 @@ package ringlock
 // and the connections carry the steps out.
 
 import (
+	"errors"
 	"math"
 	"strconv"
 	"sync/atomic"
@@ -24,6 +25,9 @@ type policy struct {
 	retryFor time.Duration
 	// redirectLimit is the most M redirects one request follows.
 	redirectLimit int
+	// connectLimit is how long a request with no limit of its own waits
+	// for a usable connection.
+	connectLimit time.Duration
 }
 
 // kind is what a request asks.
@@ -73,12 +77,17 @@ const (
 	stepRedirect
 	// stepRetryAt: send it again at a later instant.
 	stepRetryAt
+	// stepNoConnection: the request is over, with no usable connection
+	// within its limit after waiting waited; the router names the
+	// addresses and their errors.
+	stepNoConnection
 )
 
 type step struct {
 	kind    stepKind
 	outcome outcome
 	at      time.Time
+	waited  time.Duration
 }
 
 func done(o outcome) step {
@@ -132,6 +141,17 @@ type operation struct {
 	// off or finds no connection, or another request is told that no
 	// active is known. Zero: unset.
 	retryUntil time.Time
+	// tryOnce marks an acquire whose wait is only the shortest the wire
+	// carries (TryAcquire): it waits for a connection as long as one with
+	// no wait limit.
+	tryOnce bool
+	// connectionDeadline is the last instant the caller lets the request
+	// wait for a usable connection, when the caller sets one (an extend:
+	// the end of its lease). Zero: the limit its kind implies.
+	connectionDeadline time.Time
+	// waitingSince is when the request began waiting for a usable
+	// connection; zero while it is in flight or waits for something else.
+	waitingSince time.Time
 	// done receives the outcome (capacity 1, so finishing never blocks);
 	// nil when nobody waits, as for the release of an abandoned grant.
 	done chan outcome
@@ -171,10 +191,15 @@ func (o *operation) op() byte {
 }
 
 // waitLeftMs is the wait left to an acquire at now, in milliseconds: 0 for
-// no limit, and false once a bounded wait has run out.
+// no limit, and false once a bounded wait has run out. An acquire that
+// tries once asks for its short wait whenever it goes out: it waits for a
+// connection within the connect limit, not within that wait.
 func (o *operation) waitLeftMs(now time.Time) (uint64, bool) {
 	if o.kind != kindAcquire || o.waitMs == 0 {
 		return 0, true
+	}
+	if o.tryOnce {
+		return o.waitMs, true
 	}
 	waited := now.Sub(o.started)
 	if waited < 0 {
@@ -188,7 +213,9 @@ func (o *operation) waitLeftMs(now time.Time) (uint64, bool) {
 }
 
 // expired reports whether this is an acquire whose wait ran out before it
-// could be (re)sent; it then ends as timed out, as on the server.
+// could be (re)sent. It then ends with no connection if it was off the wire
+// for want of one (a broken connection took it back, or none was usable),
+// else as timed out, as on the server.
 func (o *operation) expired(now time.Time) bool {
 	_, ok := o.waitLeftMs(now)
 	return !ok
@@ -299,40 +326,89 @@ func (o *operation) onReply(r *reply, now time.Time, p *policy) step {
 // cut; cause is the error to report if it cannot move on. The server may or
 // may not have seen the request.
 func (o *operation) onCut(cause error, now time.Time, p *policy) step {
+	if o.waitingSince.IsZero() && errors.Is(cause, ErrNoConnection) {
+		// Off the wire for want of a connection from now on, until a
+		// connection takes it again.
+		o.waitingSince = now
+	}
 	if o.kind == kindRelease {
 		// Send it again at once on another connection; the router falls
 		// back to retrying every interval while none is usable.
 		if o.retryUntil.IsZero() {
 			o.retryUntil = now.Add(p.retryFor)
 		} else if now.After(o.retryUntil) {
+			if errors.Is(cause, ErrNoConnection) {
+				firstCut := o.retryUntil.Add(-p.retryFor)
+				return step{kind: stepNoConnection, waited: now.Sub(firstCut)}
+			}
 			return failed(cause)
 		}
 		return step{kind: stepResend}
 	}
 	o.triesLeft--
-	if o.triesLeft <= 0 {
-		return failed(cause)
+	switch {
+	case o.triesLeft > 0:
+		return step{kind: stepResend}
+	case errors.Is(cause, ErrNoConnection):
+		// Cut on as many connections as the client has: a server that
+		// went away (a restart, a failover) takes every connection to it
+		// down at once, so the request waits for one to come back.
+		return o.waitForConnection(now, p)
 	}
-	return step{kind: stepResend}
+	return failed(cause)
 }
 
 // onUnsent is the next step when no connection took the request.
 func (o *operation) onUnsent(why unsent, now time.Time, p *policy) step {
-	var err error
-	switch why {
-	case unsentNoConnection:
-		err = ErrNoConnection
-	case unsentFull:
-		err = ErrTooManyInFlight
-	case unsentActiveUnreachable:
-		err = ErrNoActive
+	switch {
+	case why == unsentNoConnection:
+		return o.waitForConnection(now, p)
+	case why == unsentActiveUnreachable:
+		// During a failover the node an M named may be gone for a moment:
+		// wait for the others to name the new active.
+		return o.retryLater(now, p, ErrNoActive)
+	case o.kind == kindRelease:
+		return o.retryLater(now, p, ErrTooManyInFlight)
 	}
-	// During a failover the node an M named may be gone for a moment: wait
-	// for the others to name the new active.
-	if why == unsentActiveUnreachable || o.kind == kindRelease {
-		return o.retryLater(now, p, err)
+	return failed(ErrTooManyInFlight)
+}
+
+// connectionDeadline is the last instant the request may wait for a
+// usable connection, having begun to wait at since: a bounded acquire's
+// wait, an extend's lease, a release's retry period, else the connect
+// limit.
+func (o *operation) connectionDeadlineFrom(since time.Time, p *policy) time.Time {
+	switch {
+	case !o.connectionDeadline.IsZero():
+		return o.connectionDeadline
+	case o.kind == kindAcquire && o.waitMs != 0 && !o.tryOnce:
+		return o.started.Add(durationOfMs(o.waitMs))
+	case o.kind == kindRelease:
+		if o.retryUntil.IsZero() {
+			o.retryUntil = since.Add(p.retryFor)
+		}
+		return o.retryUntil
 	}
-	return failed(err)
+	return since.Add(p.connectLimit)
+}
+
+// waitForConnection waits for a usable connection within the request's
+// limit: tried again after the retry interval, or at once when a
+// connection comes up (the router hurries requests with waitingSince set);
+// past the limit it ends with no connection.
+func (o *operation) waitForConnection(now time.Time, p *policy) step {
+	if o.waitingSince.IsZero() {
+		o.waitingSince = now
+	}
+	deadline := o.connectionDeadlineFrom(o.waitingSince, p)
+	if !now.Before(deadline) {
+		return step{kind: stepNoConnection, waited: now.Sub(o.waitingSince)}
+	}
+	at := now.Add(p.retryInterval)
+	if at.After(deadline) {
+		at = deadline
+	}
+	return step{kind: stepRetryAt, at: at}
 }
 
 // retryLater retries after the interval while within the retry period,

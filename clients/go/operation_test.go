@@ -7,7 +7,8 @@ import (
 	"time"
 )
 
-var testPolicy = policy{retryInterval: 200 * time.Millisecond, retryFor: 5 * time.Second, redirectLimit: 2}
+var testPolicy = policy{retryInterval: 200 * time.Millisecond, retryFor: 5 * time.Second, redirectLimit: 2,
+	connectLimit: 10 * time.Second}
 
 func acquireOperation(waitMs uint64, tries int, started time.Time) *operation {
 	o := newOperation(kindAcquire, "k", tries, &testPolicy, false)
@@ -91,8 +92,8 @@ func TestAnInspectFollowsRedirectsAndReportsRefusals(t *testing.T) {
 	if s := moving.onCut(ErrNoConnection, now, &testPolicy); s.kind != stepResend {
 		t.Fatalf("cut: %+v", s)
 	}
-	if s := moving.onCut(ErrNoConnection, now, &testPolicy); s.kind != stepDone || !errors.Is(s.outcome.err, ErrNoConnection) {
-		t.Fatalf("cut twice: %+v", s)
+	if s := moving.onCut(ErrNoConnection, now, &testPolicy); s.kind != stepRetryAt {
+		t.Fatalf("cut twice: %+v, want it to wait for a connection", s)
 	}
 }
 
@@ -117,7 +118,7 @@ func TestAResentAcquireAsksForTheWaitItHasLeft(t *testing.T) {
 	}
 }
 
-func TestAnAcquireMovesOnUntilItWasCutOnEveryConnection(t *testing.T) {
+func TestAnAcquireMovesOnUntilItWasCutOnEveryConnectionThenWaitsForOne(t *testing.T) {
 	now := time.Now()
 	acquire := acquireOperation(2000, 3, now)
 	for range 2 {
@@ -125,8 +126,12 @@ func TestAnAcquireMovesOnUntilItWasCutOnEveryConnection(t *testing.T) {
 			t.Fatalf("%+v", s)
 		}
 	}
-	if s := acquire.onCut(ErrNoConnection, now, &testPolicy); s.kind != stepDone || !errors.Is(s.outcome.err, ErrNoConnection) {
+	if s := acquire.onCut(ErrNoConnection, now, &testPolicy); s.kind != stepRetryAt || !acquire.waitingSince.Equal(now) {
 		t.Fatalf("%+v", s)
+	}
+	late := now.Add(2 * time.Second)
+	if s := acquire.onCut(ErrNoConnection, late, &testPolicy); s.kind != stepNoConnection || s.waited != 2*time.Second {
+		t.Fatalf("cut past its wait: %+v", s)
 	}
 	refused := acquireOperation(2000, 1, now)
 	s := refused.onCut(&ServerError{Code: CodeTooManyConnections, Op: "-"}, now, &testPolicy)
@@ -135,13 +140,77 @@ func TestAnAcquireMovesOnUntilItWasCutOnEveryConnection(t *testing.T) {
 	}
 }
 
-func TestAnAcquireWithNoConnectionFailsAtOnce(t *testing.T) {
+func TestAnAcquireThatTriesOnceNeverRunsOutOfItsWaitOffTheWire(t *testing.T) {
+	now := time.Now()
+	once := acquireOperation(1, 2, now)
+	once.tryOnce = true
+	later := now.Add(5 * time.Second)
+	if once.expired(later) {
+		t.Error("a try expired: it waits for a connection within the connect limit")
+	}
+	if got := line(once, later); got != "A k 30 0.001\n" {
+		t.Errorf("%q: a try asks for its short wait whenever it goes out", got)
+	}
+}
+
+func TestABoundedAcquireWhoseWaitRanOutAfterACutWaitsAsForAConnection(t *testing.T) {
 	now := time.Now()
 	acquire := acquireOperation(2000, 2, now)
-	if s := acquire.onUnsent(unsentNoConnection, now, &testPolicy); s.kind != stepDone || s.outcome.err != ErrNoConnection {
+	cutAt := now.Add(1500 * time.Millisecond)
+	if s := acquire.onCut(ErrNoConnection, cutAt, &testPolicy); s.kind != stepResend {
 		t.Fatalf("%+v", s)
 	}
-	if s := acquire.onUnsent(unsentFull, now, &testPolicy); s.kind != stepDone || s.outcome.err != ErrTooManyInFlight {
+	if !acquire.expired(now.Add(2*time.Second)) || !acquire.waitingSince.Equal(cutAt) {
+		t.Errorf("expired %v, waiting since %v", acquire.expired(now.Add(2*time.Second)), acquire.waitingSince)
+	}
+}
+
+// waitOut drives o through "no connection" events at each retry instant
+// from start; how long it waited when it gave up.
+func waitOut(t *testing.T, o *operation, start time.Time) time.Duration {
+	t.Helper()
+	now := start
+	for {
+		s := o.onUnsent(unsentNoConnection, now, &testPolicy)
+		switch {
+		case s.kind == stepNoConnection:
+			if s.waited != now.Sub(start) {
+				t.Fatalf("waited %v, want %v", s.waited, now.Sub(start))
+			}
+			return s.waited
+		case s.kind != stepRetryAt || !s.at.After(now) || s.at.After(now.Add(testPolicy.retryInterval)):
+			t.Fatalf("%+v: want a retry within the retry interval", s)
+		}
+		now = s.at
+	}
+}
+
+func TestARequestWithNoConnectionWaitsWithinItsOwnLimit(t *testing.T) {
+	now := time.Now()
+	if got := waitOut(t, acquireOperation(2000, 2, now), now); got != 2*time.Second {
+		t.Errorf("an acquire waits its wait: %v", got)
+	}
+	if got := waitOut(t, acquireOperation(0, 2, now), now); got != testPolicy.connectLimit {
+		t.Errorf("an acquire with no wait limit waits the connect limit: %v", got)
+	}
+	once := acquireOperation(1, 2, now)
+	once.tryOnce = true
+	if got := waitOut(t, once, now); got != testPolicy.connectLimit {
+		t.Errorf("a try waits the connect limit: %v", got)
+	}
+	if got := waitOut(t, newOperation(kindPing, "", 2, &testPolicy, false), now); got != testPolicy.connectLimit {
+		t.Errorf("a ping waits the connect limit: %v", got)
+	}
+	extend := newOperation(kindExtend, "k", 2, &testPolicy, false)
+	extend.connectionDeadline = now.Add(700 * time.Millisecond)
+	if got := waitOut(t, extend, now); got != 700*time.Millisecond {
+		t.Errorf("an extend waits the lease it has left: %v", got)
+	}
+	if got := waitOut(t, acquireOperation(2000, 2, now), now.Add(500*time.Millisecond)); got != 1500*time.Millisecond {
+		t.Errorf("an acquire's wait counts from its start: %v", got)
+	}
+	if s := acquireOperation(2000, 2, now).onUnsent(unsentFull, now, &testPolicy); s.kind != stepDone ||
+		s.outcome.err != ErrTooManyInFlight {
 		t.Fatalf("%+v", s)
 	}
 }
@@ -155,10 +224,7 @@ func TestAReleaseIsRetriedEveryIntervalForTheRetryPeriod(t *testing.T) {
 	now, retries := start, 0
 	for {
 		s := release.onUnsent(unsentNoConnection, now, &testPolicy)
-		if s.kind == stepDone {
-			if s.outcome.err != ErrNoConnection {
-				t.Fatalf("%+v", s)
-			}
+		if s.kind == stepNoConnection {
 			break
 		}
 		if s.kind != stepRetryAt || !s.at.Equal(now.Add(testPolicy.retryInterval)) {
@@ -170,7 +236,7 @@ func TestAReleaseIsRetriedEveryIntervalForTheRetryPeriod(t *testing.T) {
 	if retries != 25 {
 		t.Fatalf("%d retries, want 25 (5 s every 200 ms)", retries)
 	}
-	if s := release.onCut(ErrNoConnection, now.Add(time.Millisecond), &testPolicy); s.kind != stepDone {
+	if s := release.onCut(ErrNoConnection, now.Add(time.Millisecond), &testPolicy); s.kind != stepNoConnection {
 		t.Fatalf("a release cut after its retry period: %+v", s)
 	}
 }

@@ -11,18 +11,20 @@ import (
 const (
 	// connectionsPerSingleNode is the connections to a node when the client
 	// is given one address: two, so a brief cut of one does not stop service.
-	connectionsPerSingleNode  = 2
-	connectionsPerNodeMax     = 64
-	reconnectIntervalDefault  = 3 * time.Second
-	releaseRetryIntervalDef   = 200 * time.Millisecond
-	releaseRetryForDefault    = 5 * time.Second
-	connectTimeoutDefault     = time.Second
-	tryAcquireWaitDefault     = time.Millisecond
-	redirectLimitDefault      = 16
-	maxInFlightDefault        = 65536
-	retryIntervalShortest     = time.Millisecond
-	connectTimeoutShortest    = time.Millisecond
-	reconnectIntervalShortest = time.Millisecond
+	connectionsPerSingleNode = 2
+	connectionsPerNodeMax    = 64
+	reconnectDelayFirstDef   = 50 * time.Millisecond
+	reconnectDelayMaxDefault = 3 * time.Second
+	connectLimitDefault      = 10 * time.Second
+	releaseRetryIntervalDef  = 200 * time.Millisecond
+	releaseRetryForDefault   = 5 * time.Second
+	connectTimeoutDefault    = time.Second
+	tryAcquireWaitDefault    = time.Millisecond
+	redirectLimitDefault     = 16
+	maxInFlightDefault       = 65536
+	retryIntervalShortest    = time.Millisecond
+	connectTimeoutShortest   = time.Millisecond
+	reconnectDelayShortest   = time.Millisecond
 )
 
 // options is every setting of a Client.
@@ -30,7 +32,9 @@ type options struct {
 	connectionsPerNode int
 	// connectionsPerNodeSet tells Dial not to pick the default.
 	connectionsPerNodeSet bool
-	reconnectInterval     time.Duration
+	reconnectDelayFirst   time.Duration
+	reconnectDelayMax     time.Duration
+	connectLimit          time.Duration
 	releaseRetryInterval  time.Duration
 	releaseRetryFor       time.Duration
 	connectTimeout        time.Duration
@@ -43,7 +47,9 @@ type options struct {
 
 func defaultOptions() options {
 	return options{
-		reconnectInterval:    reconnectIntervalDefault,
+		reconnectDelayFirst:  reconnectDelayFirstDef,
+		reconnectDelayMax:    reconnectDelayMaxDefault,
+		connectLimit:         connectLimitDefault,
 		releaseRetryInterval: releaseRetryIntervalDef,
 		releaseRetryFor:      releaseRetryForDefault,
 		connectTimeout:       connectTimeoutDefault,
@@ -59,8 +65,12 @@ func (o *options) validate() error {
 	switch {
 	case o.connectionsPerNode < 1 || o.connectionsPerNode > connectionsPerNodeMax:
 		return &ArgumentError{Arg: "WithConnectionsPerNode", Reason: fmt.Sprintf("1 to %d", connectionsPerNodeMax)}
-	case o.reconnectInterval < reconnectIntervalShortest:
-		return &ArgumentError{Arg: "WithReconnectInterval", Reason: "at least 1ms"}
+	case o.reconnectDelayFirst < reconnectDelayShortest:
+		return &ArgumentError{Arg: "WithReconnectDelayFirst", Reason: "at least 1ms"}
+	case o.reconnectDelayMax < o.reconnectDelayFirst:
+		return &ArgumentError{Arg: "WithReconnectDelayMax", Reason: "at least the first delay"}
+	case o.connectLimit < 0:
+		return &ArgumentError{Arg: "WithConnectLimit", Reason: "at least 0"}
 	case o.releaseRetryInterval < retryIntervalShortest || o.releaseRetryFor < 0:
 		return &ArgumentError{Arg: "WithReleaseRetry", Reason: "an interval of at least 1ms and a period of at least 0"}
 	case o.connectTimeout < connectTimeoutShortest:
@@ -89,10 +99,35 @@ func WithConnectionsPerNode(n int) Option {
 	}
 }
 
-// WithReconnectInterval sets the pause between two attempts to reconnect a
-// broken connection, which carries no request meanwhile. Default: 3s.
-func WithReconnectInterval(d time.Duration) Option {
-	return func(o *options) { o.reconnectInterval = d }
+// WithReconnectDelayFirst sets the first pause of the reconnect schedule.
+// Default: 50ms.
+//
+// A connection that broke, or whose connect failed, is tried again at once,
+// then after doubling pauses from this one up to WithReconnectDelayMax. Each
+// pause is drawn at random between half its nominal length and all of it,
+// so that clients cut at the same moment do not all come back at the same
+// moment. The schedule starts over once a connection has answered a request
+// or stayed open for the longest pause. A broken connection carries no
+// request meanwhile.
+func WithReconnectDelayFirst(d time.Duration) Option {
+	return func(o *options) { o.reconnectDelayFirst = d }
+}
+
+// WithReconnectDelayMax sets the longest pause of the reconnect schedule
+// (see WithReconnectDelayFirst). Default: 3s.
+func WithReconnectDelayMax(d time.Duration) Option {
+	return func(o *options) { o.reconnectDelayMax = d }
+}
+
+// WithConnectLimit sets how long a request with no limit of its own waits
+// for a usable connection before it fails with a *ConnectionError: an
+// Acquire with no wait limit, a TryAcquire, a Ping, an Inspect, a Stats.
+// Default: 10s.
+//
+// Requests with a limit of their own wait within it instead: an Acquire its
+// wait, an Extend the lease it has left, a Release its retry period.
+func WithConnectLimit(d time.Duration) Option {
+	return func(o *options) { o.connectLimit = d }
 }
 
 // WithReleaseRetry sets how a release that found no usable connection is

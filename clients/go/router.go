@@ -62,7 +62,8 @@ type router struct {
 func newRouter(addresses []string, o options) *router {
 	r := &router{
 		options: o,
-		policy:  policy{retryInterval: o.releaseRetryInterval, retryFor: o.releaseRetryFor, redirectLimit: o.redirectLimit},
+		policy: policy{retryInterval: o.releaseRetryInterval, retryFor: o.releaseRetryFor, redirectLimit: o.redirectLimit,
+			connectLimit: o.connectLimit},
 		done:    make(chan struct{}),
 		retries: make(map[*operation]*time.Timer),
 		ready:   make(chan struct{}),
@@ -139,8 +140,8 @@ func (r *router) waitReady(ctx context.Context) error {
 
 // submit starts a request and returns it.
 func (r *router) submit(o *operation) {
-	var at time.Time
-	if o.needsClock() {
+	at := o.started
+	if o.needsClock() && at.IsZero() {
 		at = time.Now()
 		o.started = at
 	}
@@ -182,6 +183,53 @@ func (r *router) handle(o *operation, s step) {
 		r.sendToActive(o)
 	case stepRetryAt:
 		r.schedule(o, s.at)
+	case stepNoConnection:
+		r.finish(o, outcome{err: r.connectionError(s.waited)})
+	}
+}
+
+// connectionError is the error of a request that found no usable
+// connection within its limit after waiting waited: every node's address
+// with the error of its last attempt (the latest among its connections).
+func (r *router) connectionError(waited time.Duration) *ConnectionError {
+	t := r.topology.Load()
+	e := &ConnectionError{Waited: waited, Addresses: make([]AddressError, 0, len(t.nodes))}
+	for _, n := range t.nodes {
+		var latest time.Time
+		var last error
+		for _, c := range n.connections {
+			at, err := c.lastFailure()
+			if err != nil && at.After(latest) {
+				latest, last = at, err
+			}
+		}
+		e.Addresses = append(e.Addresses, AddressError{Address: n.address, Err: last})
+	}
+	return e
+}
+
+// expire ends an acquire whose wait ran out before it could be (re)sent:
+// with no connection if it was waiting for one, else timed out, as it
+// would have on the server.
+func (r *router) expire(o *operation, at time.Time) {
+	if !o.waitingSince.IsZero() {
+		r.finish(o, outcome{err: r.connectionError(at.Sub(o.waitingSince))})
+		return
+	}
+	r.finish(o, outcome{err: ErrTimeout})
+}
+
+// connectionUp sends at once the requests waiting for a usable connection:
+// one just came up.
+func (r *router) connectionUp() {
+	r.retriesMu.Lock()
+	defer r.retriesMu.Unlock()
+	for o, timer := range r.retries {
+		// The timer's function sends it; stopped before it ran, it is set
+		// to run now.
+		if !o.waitingSince.IsZero() && timer.Stop() {
+			timer.Reset(0)
+		}
 	}
 }
 
@@ -214,9 +262,13 @@ func (r *router) sendAt(o *operation, at time.Time) {
 		return
 	}
 	if o.expired(at) {
-		r.finish(o, outcome{err: ErrTimeout})
+		r.expire(o, at)
 		return
 	}
+	// Cleared before it is offered: once a connection took it, a cut may
+	// set it again at any moment on the connection's reader.
+	waitingSince := o.waitingSince
+	o.waitingSince = time.Time{}
 	// active before topology: noteMoved stores a grown topology before
 	// naming a new node active, so the topology read after holds it.
 	active := r.active.Load() - 1
@@ -241,6 +293,7 @@ func (r *router) sendAt(o *operation, at time.Time) {
 	case refusedFull:
 		full = true
 	}
+	o.waitingSince = waitingSince
 	why := unsentNoConnection
 	if full {
 		why = unsentFull
@@ -260,18 +313,21 @@ func (r *router) sendToActive(o *operation) {
 	}
 	at := now(o)
 	if o.expired(at) {
-		r.finish(o, outcome{err: ErrTimeout})
+		r.expire(o, time.Now())
 		return
 	}
 	why := unsentActiveUnreachable
 	if active := r.active.Load() - 1; active >= 0 {
 		connections := r.topology.Load().nodes[active].connections
+		waitingSince := o.waitingSince
+		o.waitingSince = time.Time{}
 		switch r.offer(connections, r.turn(connections), o, at) {
 		case refusedNone:
 			return
 		case refusedFull:
 			why = unsentFull
 		}
+		o.waitingSince = waitingSince
 	}
 	r.handle(o, o.onUnsent(why, time.Now(), &r.policy))
 }

@@ -9,9 +9,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,6 +33,8 @@ var scenarios = map[string]func(*testing.T){
 	"same-key-in-send-order":            sameKeyInSendOrder,
 	"acquire-moves-on-cut":              acquireMovesOnCut,
 	"no-connection-left":                noConnectionLeft,
+	"restart-within-wait":               restartWithinWait,
+	"connect-backoff":                   connectBackoff,
 	"release-retried":                   releaseRetried,
 	"redirect-followed":                 redirectFollowed,
 	"redirect-to-no-active":             redirectToNoActive,
@@ -274,16 +279,131 @@ func acquireMovesOnCut(t *testing.T) {
 }
 
 func noConnectionLeft(t *testing.T) {
-	_, k, proxy, client := throughAProxy(t)
+	s := newServer(t)
+	k := newKit(t)
+	proxy, address := k.start("proxy %s", s.addr)
+	client := dial(t, []string{address})
 	ctx := testContext(t)
 	if _, err := client.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// A connection still being accepted when refusing starts would be
+	// forwarded after the cut.
+	k.call("wait-open %s 2", proxy)
 	k.call("refuse %s on", proxy)
 	k.call("cut %s", proxy)
 	k.call("wait-open %s 0", proxy)
-	if _, err := client.Acquire(ctx, "nowhere", lease, 0); !errors.Is(err, ringlock.ErrNoConnection) {
+	started := time.Now()
+	_, err := client.Acquire(ctx, "nowhere", lease, time.Second)
+	elapsed := time.Since(started)
+	if !errors.Is(err, ringlock.ErrNoConnection) {
 		t.Fatalf("acquire with no connection: %v, want ErrNoConnection", err)
+	}
+	// Generous bounds: only failing at once, or hanging, breaks them.
+	if elapsed < 900*time.Millisecond || elapsed > 10*time.Second {
+		t.Errorf("the acquire waited %v for a connection, want about its wait (1s)", elapsed)
+	}
+	var connectionError *ringlock.ConnectionError
+	if !errors.As(err, &connectionError) || connectionError.Waited > elapsed {
+		t.Fatalf("%#v, want a *ConnectionError", err)
+	}
+	if len(connectionError.Addresses) != 1 || connectionError.Addresses[0].Address != address ||
+		!errors.Is(err, io.EOF) {
+		t.Errorf("%v: want the proxy's address, closed by the server", err)
+	}
+	if !strings.HasPrefix(err.Error(), "ringlock: no usable connection after ") ||
+		!strings.HasSuffix(err.Error(), address+" (closed by the server)") {
+		t.Errorf("%q", err.Error())
+	}
+}
+
+func restartWithinWait(t *testing.T) {
+	s := newServer(t)
+	client := dial(t, []string{s.addr})
+	before := mustAcquire(t, client, "before")
+	s.kill()
+	waitUntil(t, "the client to see its connections broken", func() bool {
+		return ringlock.UsableConnections(client) == 0
+	})
+	acquired := make(chan *ringlock.Lock, 1)
+	failed := make(chan error, 1)
+	go func() {
+		lock, err := client.Acquire(testContext(t), "restarted", lease, 5*time.Second)
+		if err != nil {
+			failed <- err
+			return
+		}
+		acquired <- lock
+	}()
+	// The acquire waits for a connection; the server comes back within
+	// about 100 ms of the kill.
+	waitUntil(t, "the acquire to wait for a connection", func() bool {
+		return ringlock.RequestsWaitingForConnection(client) == 1
+	})
+	s.restart(t)
+	select {
+	case lock := <-acquired:
+		if lock.Token() <= before.Token() {
+			t.Errorf("token %d after %d, want a new epoch's", lock.Token(), before.Token())
+		}
+		mustRelease(t, lock)
+	case err := <-failed:
+		t.Fatalf("the acquire started during the restart failed: %v", err)
+	}
+}
+
+func connectBackoff(t *testing.T) {
+	s := newServer(t)
+	k := newKit(t)
+	proxy, address := k.start("proxy %s", s.addr)
+	k.call("refuse %s on", proxy)
+	// The proxy accepts and closes at once, so Dial's first connect counts
+	// as made; the connection then breaks, again and again.
+	dial(t, []string{address}, ringlock.WithConnectionsPerNode(1), ringlock.WithReconnectDelayMax(time.Second))
+	k.call("wait-attempts %s 9", proxy)
+	assertBackoffShape(t, k.call("attempts %s", proxy))
+}
+
+// assertBackoffShape checks the connection attempts an attempts reply lists
+// (a count, then milliseconds since the proxy started) against the
+// reconnect schedule of the connect-backoff scenario (a cap of 1s): loose
+// bounds, on purpose, that only a wrong schedule breaks (a fixed interval,
+// or no pause at all); the host is shared and noisy.
+func assertBackoffShape(t *testing.T, reply []string) {
+	t.Helper()
+	var times []float64
+	for _, field := range reply[1:] {
+		ms, err := strconv.ParseFloat(field, 64)
+		if err != nil {
+			t.Fatalf("%v: %v", reply, err)
+		}
+		times = append(times, ms/1000)
+	}
+	if len(times) < 9 {
+		t.Fatalf("%v: want 9 attempts", reply)
+	}
+	gaps := make([]float64, 8)
+	for i := range gaps {
+		gaps[i] = times[i+1] - times[i]
+	}
+	sum := func(values []float64) float64 {
+		total := 0.0
+		for _, value := range values {
+			total += value
+		}
+		return total
+	}
+	if gaps[0] >= 0.5 {
+		t.Errorf("the first retry goes at once: %v", gaps)
+	}
+	if sum(gaps[5:])/3 <= 2*sum(gaps[:3])/3 {
+		t.Errorf("the gaps grow: %v", gaps)
+	}
+	if slices.Max(gaps[5:]) < 0.3 {
+		t.Errorf("they grow to the cap's order: %v", gaps)
+	}
+	if slices.Max(gaps) > 2.5 {
+		t.Errorf("none beyond the cap: %v", gaps)
 	}
 }
 
@@ -295,7 +415,7 @@ func releaseRetried(t *testing.T) {
 	released := make(chan error, 1)
 	go func() { released <- lock.Release(ctx) }()
 	// The release is on its way; every connection is cut under it, and the
-	// client reconnects within its 5 s of retries.
+	// client reconnects at once, within its 5 s of retries.
 	k.call("wait-upstream %s - R retried ", proxy)
 	k.call("cut %s", proxy)
 	k.call("resume %s", proxy)

@@ -36,6 +36,12 @@ struct Cli {
     #[arg(long, env = "RINGLOCK_SERVERS", default_value = "127.0.0.1:7700", value_delimiter = ',', global = true)]
     servers: Vec<String>,
 
+    /// How long, in seconds, a request with no limit of its own (ping,
+    /// stats, inspect, an acquire without --wait or with --wait 0) waits for
+    /// a node to be reachable before the tool gives up.
+    #[arg(long, env = "RINGLOCK_CONNECT_LIMIT", default_value = "10", value_parser = seconds, global = true)]
+    connect_limit: Duration,
+
     #[command(subcommand)]
     command: Action,
 }
@@ -104,8 +110,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn connect(servers: &[String]) -> Result<Client, String> {
+fn connect(servers: &[String], connect_limit: Duration) -> Result<Client, String> {
     ClientBuilder::new(servers.iter().map(String::as_str))
+        .connect_limit(connect_limit)
         .connect()
         .map_err(|error| format!("cannot use --servers {}: {error}", servers.join(",")))
 }
@@ -113,8 +120,8 @@ fn connect(servers: &[String]) -> Result<Client, String> {
 /// What an error of the client means for the operator.
 fn explain(servers: &[String], error: Error) -> String {
     match error {
-        Error::NoConnection => {
-            format!("no node of --servers {} could be reached; is ringlock running?", servers.join(","))
+        error @ Error::NoConnection { .. } => {
+            format!("{error}; is ringlock running at --servers {}?", servers.join(","))
         }
         Error::NoActive => {
             "the nodes know no active node yet (a cluster starting or failing over); try again".to_string()
@@ -125,13 +132,14 @@ fn explain(servers: &[String], error: Error) -> String {
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
     let servers = cli.servers;
+    let limit = cli.connect_limit;
     match cli.command {
-        Action::Ping => per_node(&servers, |address, client| {
+        Action::Ping => per_node(&servers, limit, |address, client| {
             let pong = client.ping()?;
             println!("{address} {} {} {}", pong.role, pong.epoch, pong.active.as_deref().unwrap_or("-"));
             Ok(())
         }),
-        Action::Stats { raw } => per_node(&servers, |address, client| {
+        Action::Stats { raw } => per_node(&servers, limit, |address, client| {
             let json = client.stats()?;
             if servers.len() > 1 {
                 println!("# {address}");
@@ -140,7 +148,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(())
         }),
         Action::Inspect { key } => {
-            let client = connect(&servers)?;
+            let client = connect(&servers, limit)?;
             let state = client.inspect(&key).map_err(|error| explain(&servers, error))?;
             match state.token {
                 Some(token) => println!(
@@ -153,7 +161,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Action::Acquire { key, lease, wait } => {
-            let client = connect(&servers)?;
+            let client = connect(&servers, limit)?;
             match acquire(&client, &key, lease, wait).map_err(|error| explain(&servers, error))? {
                 Some(lock) => {
                     println!("{}", lock.detach());
@@ -166,7 +174,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             }
         }
         Action::Release { key, token } => {
-            let client = connect(&servers)?;
+            let client = connect(&servers, limit)?;
             match client.release(&key, token).map_err(|error| explain(&servers, error))? {
                 ReleaseOutcome::Released => Ok(ExitCode::SUCCESS),
                 ReleaseOutcome::NotHeld => {
@@ -175,7 +183,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 }
             }
         }
-        Action::Run { key, lease, wait, command } => run_holding(&servers, &key, lease, wait, &command),
+        Action::Run { key, lease, wait, command } => run_holding(&servers, limit, &key, lease, wait, &command),
     }
 }
 
@@ -188,10 +196,14 @@ fn acquire(client: &Client, key: &str, lease: Duration, wait: Option<Duration>) 
 
 /// Runs `action` against each node on its own, so that every node answers
 /// for itself (a client of several nodes would ask any one of them).
-fn per_node(servers: &[String], action: impl Fn(&str, &Client) -> Result<(), Error>) -> Result<ExitCode, String> {
+fn per_node(
+    servers: &[String],
+    limit: Duration,
+    action: impl Fn(&str, &Client) -> Result<(), Error>,
+) -> Result<ExitCode, String> {
     let mut failed = 0;
     for address in servers {
-        let client = connect(std::slice::from_ref(address))?;
+        let client = connect(std::slice::from_ref(address), limit)?;
         if let Err(error) = action(address, &client) {
             eprintln!("ringlock-cli: {address}: {}", explain(std::slice::from_ref(address), error));
             failed += 1;
@@ -203,6 +215,7 @@ fn per_node(servers: &[String], action: impl Fn(&str, &Client) -> Result<(), Err
 /// `run`: see [`Action::Run`].
 fn run_holding(
     servers: &[String],
+    limit: Duration,
     key: &str,
     lease: Duration,
     wait: Option<Duration>,
@@ -212,7 +225,7 @@ fn run_holding(
     // SIGTERM from cron goes to the command, and this process stays to
     // release the lock once the command has ended.
     let signals = block_stop_signals();
-    let client = connect(servers)?;
+    let client = connect(servers, limit)?;
     let Some(lock) = acquire(&client, key, lease, wait).map_err(|error| explain(servers, error))? else {
         eprintln!("ringlock-cli: {key} was not granted within --wait; {} not run", command[0]);
         return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
@@ -277,13 +290,15 @@ fn keep_extending(
     pid: i32,
 ) {
     let (finished, wake) = done;
-    let mut finished = finished.lock().unwrap();
     loop {
-        let (guard, _) = wake.wait_timeout(finished, lease / 3).unwrap();
-        finished = guard;
-        if *finished {
+        let (guard, _) = wake.wait_timeout(finished.lock().unwrap(), lease / 3).unwrap();
+        if *guard {
             return;
         }
+        // Unlocked while extending: with no usable connection the extend
+        // waits for one until the lease ends, and the command may end
+        // meanwhile.
+        drop(guard);
         if let Err(error) = lock.extend(lease) {
             eprintln!(
                 "ringlock-cli: cannot extend the lease of {key} ({error}); the lock may be lost: stopping {program}"

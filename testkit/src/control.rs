@@ -85,6 +85,20 @@ impl Kit {
                 Item::Fake(fake) => Ok(fake.accepted().to_string()),
             },
             "refused" => Ok(self.proxy(next("an id")?)?.refused().to_string()),
+            "attempts" => {
+                let times = self.proxy(next("an id")?)?.attempt_times();
+                let listed: Vec<String> =
+                    times.iter().map(|time| format!("{:.3}", time.as_secs_f64() * 1000.0)).collect();
+                Ok(format!("{} {}", times.len(), listed.join(" ")).trim_end().to_string())
+            }
+            "wait-attempts" => {
+                let proxy = self.proxy(next("an id")?)?;
+                let count = number(next("a count")?)?;
+                proxy.try_wait_until(&format!("{count} connection attempts"), |proxy| {
+                    proxy.attempt_times().len() >= count
+                })?;
+                Ok(String::new())
+            }
             "redirected" => Ok(self.fake(next("an id")?)?.redirected().to_string()),
             "open" => {
                 let ids = self.proxy(next("an id")?)?.open_ids();
@@ -212,6 +226,11 @@ mod tests {
         assert_eq!(id, "0");
         let _client = TcpStream::connect(addr).unwrap();
         assert_eq!(kit.execute("wait-accepted 0 1"), Ok(String::new()));
+        assert_eq!(kit.execute("wait-attempts 0 1"), Ok(String::new()));
+        let attempts = kit.execute("attempts 0").unwrap();
+        let (count, time) = attempts.split_once(' ').unwrap();
+        assert_eq!(count, "1");
+        assert!(time.parse::<f64>().unwrap() >= 0.0, "{attempts}");
         assert_eq!(kit.execute("open 0"), Ok("1 0".to_string()));
         assert_eq!(kit.execute("cut 0"), Ok(String::new()));
         assert_eq!(kit.execute("wait-open 0 0"), Ok(String::new()));

@@ -78,6 +78,10 @@ struct Shared {
     changed: Condvar,
     accepted: AtomicUsize,
     refused: AtomicUsize,
+    /// When the proxy started; attempt times are counted from it.
+    started: Instant,
+    /// When each connection attempt arrived, accepted or refused, in order.
+    attempts: Mutex<Vec<Duration>>,
     closed: AtomicBool,
 }
 
@@ -124,11 +128,20 @@ impl Proxy {
             changed: Condvar::new(),
             accepted: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
+            started: Instant::now(),
+            attempts: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
         });
         let accepting = shared.clone();
         thread::spawn(move || accept(&listener, &accepting));
         Ok(Proxy { addr, shared })
+    }
+
+    /// When each connection attempt arrived since the start, accepted or
+    /// refused, in arrival order, counted from the proxy's start: what a
+    /// test of a client's reconnect schedule looks at.
+    pub fn attempt_times(&self) -> Vec<Duration> {
+        self.shared.attempts.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     /// Connections forwarded since the start.
@@ -294,6 +307,8 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
             return;
         }
         let Ok(client) = client else { continue };
+        let arrived = shared.started.elapsed();
+        shared.attempts.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(arrived);
         if shared.refusing.load(Ordering::SeqCst) {
             shared.refused.fetch_add(1, Ordering::SeqCst);
             let _ = client.shutdown(Shutdown::Both);
@@ -303,6 +318,7 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
         let target = *shared.target.lock().unwrap();
         let Ok(server) = TcpStream::connect(target) else {
             let _ = client.shutdown(Shutdown::Both);
+            shared.notify();
             continue;
         };
         let _ = client.set_nodelay(true);

@@ -380,3 +380,41 @@ pub fn scrape(address: SocketAddr) -> std::collections::HashMap<String, f64> {
         })
         .collect()
 }
+
+/// A loopback port that refuses connections for as long as the returned
+/// socket lives: bound but not listening, so no other test's server can take
+/// the port meanwhile (as it could a port merely freed).
+pub struct RefusingPort {
+    socket: std::os::fd::OwnedFd,
+    pub addr: SocketAddr,
+}
+
+impl RefusingPort {
+    pub fn new() -> RefusingPort {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket calls on a descriptor owned here; the address
+        // structures are zeroed and sized as the calls expect.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+            let socket = std::os::fd::OwnedFd::from_raw_fd(fd);
+            let mut address: libc::sockaddr_in = std::mem::zeroed();
+            address.sin_family = libc::AF_INET as libc::sa_family_t;
+            address.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let size = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let bound = libc::bind(fd, (&raw const address).cast(), size);
+            assert_eq!(bound, 0, "bind: {}", std::io::Error::last_os_error());
+            let mut length = size;
+            let named = libc::getsockname(fd, (&raw mut address).cast(), &mut length);
+            assert_eq!(named, 0, "getsockname: {}", std::io::Error::last_os_error());
+            let port = u16::from_be(address.sin_port);
+            RefusingPort { socket, addr: SocketAddr::from(([127, 0, 0, 1], port)) }
+        }
+    }
+}
+
+impl std::fmt::Debug for RefusingPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RefusingPort({}, {:?})", self.addr, self.socket)
+    }
+}

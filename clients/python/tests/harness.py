@@ -5,6 +5,7 @@ whoever started it."""
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import re
 import socket
@@ -34,10 +35,40 @@ class Server:
 
     def __init__(self) -> None:
         self._data = tempfile.TemporaryDirectory(prefix="ringlock-py-")
+        self.address: str = self._start("127.0.0.1:0")
+
+    def kill(self) -> None:
+        """SIGKILL, and waits for the process to be gone; the data directory
+        stays, for :meth:`restart`."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def restart(self) -> None:
+        """Starts the server again on the same address and data directory;
+        returns once it answers a real ``P`` round trip (a killed server's
+        io_uring listener may accept, and drop, connections for a few ms)."""
+        self._start(self.address)
+        host, _, port = self.address.rpartition(":")
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection((host, int(port)), timeout=1) as probe:
+                    probe.sendall(b"P\n")
+                    if probe.makefile("rb").readline().startswith(b"P "):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the restarted server does not answer:\n" + "".join(self.log))
+            time.sleep(0.001)
+
+    def _start(self, listen: str) -> str:
+        """Starts the process listening on ``listen``; the address it names."""
         command = [
             str(binary("ringlock", "RINGLOCK_BIN")),
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--shards",
             "1",
             "--no-pin",
@@ -60,13 +91,13 @@ class Server:
         if address is None:
             self.stop()
             raise RuntimeError("the server exited before listening:\n" + "".join(self.log))
-        self.address: str = address
         # Keep reading its log, so that a full pipe never stops the server.
-        threading.Thread(target=self._drain, daemon=True).start()
+        threading.Thread(target=self._drain, args=(self.process,), daemon=True).start()
+        return address
 
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        for raw in self.process.stderr:
+    def _drain(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stderr is not None
+        for raw in process.stderr:
             self.log.append(raw.decode(errors="replace"))
 
     def stop(self) -> None:
@@ -206,3 +237,36 @@ class InspectStandby:
     def close(self) -> None:
         self._closed = True
         self._listener.close()
+
+
+def assert_backoff_shape(reply: list[str]) -> None:
+    """Checks the connection attempts an ``attempts`` reply lists (a count,
+    then milliseconds since the proxy started) against the reconnect
+    schedule of the connect-backoff scenario (a cap of 1 s): loose bounds,
+    on purpose, that only a wrong schedule breaks (a fixed interval, or no
+    pause at all); the host is shared and noisy."""
+    times = [float(field) / 1000 for field in reply[1:]]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)][:8]
+    assert len(gaps) == 8, reply
+    assert gaps[0] < 0.5, f"the first retry goes at once: {gaps}"
+    assert sum(gaps[5:]) / 3 > 2 * sum(gaps[:3]) / 3, f"the gaps grow: {gaps}"
+    assert max(gaps[5:]) >= 0.3, f"they grow to the cap's order: {gaps}"
+    assert max(gaps) <= 2.5, f"none beyond the cap: {gaps}"
+
+
+def assert_no_connection(error: BaseException, address: str, elapsed: float, wait: float) -> None:
+    """Checks the error of a call that found no usable connection through a
+    refusing proxy for its whole wait."""
+    import ringlock
+
+    assert isinstance(error, ringlock.NoConnectionError), repr(error)
+    assert isinstance(error, ConnectionError) and isinstance(error, ringlock.NoActiveNodeError)
+    assert error.code == "no-connection"
+    # Generous bounds: only failing at once, or hanging, breaks them.
+    assert elapsed >= wait * 0.9, f"it waited for a connection within its wait: {elapsed}"
+    assert elapsed < wait + 9, f"not a hang: {elapsed}"
+    assert error.waited <= elapsed + 0.01
+    assert error.addresses == [address]
+    text = str(error)
+    assert text.startswith("no usable connection after "), text
+    assert f": {address} (closed by the server)" in text, text

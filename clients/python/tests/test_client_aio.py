@@ -154,3 +154,21 @@ async def test_inspect_follows_a_standby_redirect(server: Server, key: Callable[
                 assert (await client.inspect(key("moved"))).token == lock.token
     finally:
         standby.close()
+
+
+async def test_no_server_is_a_connection_error_naming_the_address_and_errno() -> None:
+    import errno
+    import socket
+
+    # Bound but not listening: connections are refused, and no other test
+    # can take the port meanwhile.
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+        async with ringlock.aio.Client(address, connect_limit=0.3) as client:
+            with pytest.raises(ConnectionError) as raised:
+                await client.ping()
+    error = raised.value
+    assert isinstance(error, ringlock.NoConnectionError)
+    assert error.errno == errno.ECONNREFUSED and error.addresses == [address]
+    assert f"{address} (connection refused)" in str(error), str(error)

@@ -202,11 +202,25 @@ def test_a_closed_client_fails_fast(server: Server, key: Callable[[str], str]) -
         client.lock(key("closed")).acquire()
 
 
-def test_no_server_is_an_error_not_a_hang(key: Callable[[str], str]) -> None:
+def test_no_server_is_a_connection_error_naming_the_address_and_errno(key: Callable[[str], str]) -> None:
+    import errno
     import socket
 
+    # Bound but not listening: connections are refused, and no other test
+    # can take the port meanwhile.
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{unused.getsockname()[1]}"
-        with ringlock.Client(address) as client, pytest.raises(ringlock.NoActiveNodeError):
-            client.ping()
+        with ringlock.Client(address, connect_limit=0.3) as client:
+            with pytest.raises(ConnectionError) as raised:
+                client.ping()
+            with pytest.raises(ringlock.NoConnectionError):
+                client.lock(key("nowhere"), lease=10).acquire(blocking=False)
+    error = raised.value
+    assert isinstance(error, ringlock.NoConnectionError) and isinstance(error, ringlock.NoActiveNodeError)
+    assert error.errno == errno.ECONNREFUSED
+    assert error.addresses == [address]
+    assert error.failures[0].errno == errno.ECONNREFUSED
+    assert 0.2 <= error.waited < 10, error.waited
+    assert str(error).startswith("no usable connection after 0.")
+    assert f"{address} (connection refused)" in str(error), str(error)

@@ -3,21 +3,37 @@ and the rules of docs/protocol.md §4 as the request state machine applies them.
 
 from __future__ import annotations
 
+import errno
+import pickle
+from typing import Any
+
 import pytest
 
-from ringlock import KeyState, LockLostError, NoActiveNodeError, Pong, ProtocolError, RinglockError
+from ringlock import (
+    ConnectionFailure,
+    KeyState,
+    LockLostError,
+    NoActiveNodeError,
+    NoConnectionError,
+    Pong,
+    ProtocolError,
+    RinglockError,
+)
+from ringlock._backoff import reconnect_delay
 from ringlock._operation import (
     ACQUIRE,
     CUT_IO,
     DONE,
     EXTEND,
     INSPECT,
+    NO_CONNECTION,
     PING,
     REDIRECT,
     RELEASE,
     RESEND,
     RETRY_AT,
     UNSENT_ACTIVE_UNREACHABLE,
+    UNSENT_FULL,
     UNSENT_NO_CONNECTION,
     Operation,
     Policy,
@@ -26,10 +42,10 @@ from ringlock._pairing import Pairing
 from ringlock._protocol import key_bytes, lease_ms, seconds_field, split_reply, wait_ms
 from ringlock._router import check_addresses, split_address
 
-POLICY = Policy(retry_interval=0.2, retry_for=5.0, redirect_limit=2)
+POLICY = Policy(retry_interval=0.2, retry_for=5.0, redirect_limit=2, connect_limit=10.0)
 
 
-def operation(kind: int = ACQUIRE, tries: int = 1, now: float = 100.0, **fields: int) -> Operation:
+def operation(kind: int = ACQUIRE, tries: int = 1, now: float = 100.0, **fields: Any) -> Operation:
     fields.setdefault("lease_ms", 30_000) if kind in (ACQUIRE, EXTEND) else None
     return Operation(kind, b"k", now, tries, POLICY, None, **fields)
 
@@ -145,33 +161,107 @@ def test_inspect_replies() -> None:
         with pytest.raises(ValueError):
             operation(INSPECT).on_reply(reply(malformed), POLICY, 100.0)
     # Cut like a ping: moved on to the next connection.
-    assert operation(INSPECT, tries=2).on_cut(CUT_IO, 100.0) == (RESEND, None)
+    assert operation(INSPECT, tries=2).on_cut(CUT_IO, 100.0, POLICY) == (RESEND, None)
 
 
-def test_an_acquire_moves_on_until_it_was_cut_on_every_connection() -> None:
-    acquire = operation(tries=3)
-    assert acquire.on_cut(CUT_IO, 100.0) == (RESEND, None)
-    assert acquire.on_cut(CUT_IO, 100.0) == (RESEND, None)
-    what, error = acquire.on_cut(CUT_IO, 100.0)
-    assert what == DONE and isinstance(error, NoActiveNodeError) and error.code == "no-connection"
-    what, error = operation(tries=2).on_unsent(UNSENT_NO_CONNECTION, 100.0, POLICY)
-    assert what == DONE and error.code == "no-connection"  # type: ignore[attr-defined]
+def test_an_acquire_moves_on_until_it_was_cut_on_every_connection_then_waits_for_one() -> None:
+    acquire = operation(tries=3, wait_ms=2_000)
+    assert acquire.on_cut(CUT_IO, 100.0, POLICY) == (RESEND, None)
+    assert acquire.on_cut(CUT_IO, 100.0, POLICY) == (RESEND, None)
+    assert acquire.on_cut(CUT_IO, 100.0, POLICY)[0] == RETRY_AT
+    assert acquire.waiting_since == 100.0
+    assert acquire.on_cut(CUT_IO, 102.0, POLICY) == (NO_CONNECTION, pytest.approx(2.0))
+    refused = operation(tries=1)
+    what, error = refused.on_cut(RinglockError("too-many-connections"), 100.0, POLICY)
+    assert what == DONE and error.code == "too-many-connections"  # type: ignore[attr-defined]
+
+
+def test_an_acquire_that_tries_once_never_runs_out_of_its_wait_off_the_wire() -> None:
+    once = operation(wait_ms=1, try_once=True, now=100.0)
+    assert not once.expired(105.0), "it waits for a connection within the connect limit"
+    assert once.encode(105.0) == b"A k 30 0.001\n", "and tries once whenever it goes out"
+
+
+def test_a_bounded_acquire_whose_wait_ran_out_after_a_cut_waits_as_for_a_connection() -> None:
+    acquire = operation(tries=2, wait_ms=2_000, now=100.0)
+    assert acquire.on_cut(CUT_IO, 101.5, POLICY) == (RESEND, None)
+    assert acquire.expired(102.0) and acquire.waiting_since == 101.5
+
+
+def wait_out(operation: Operation, start: float) -> float:
+    """Drives ``operation`` through "no connection" events at each retry
+    instant from ``start``; the seconds it waited when it gave up."""
+    now = start
+    while True:
+        what, value = operation.on_unsent(UNSENT_NO_CONNECTION, now, POLICY)
+        if what == NO_CONNECTION:
+            assert value == pytest.approx(now - start)
+            return value  # type: ignore[return-value]
+        assert what == RETRY_AT and now < value <= now + POLICY.retry_interval + 1e-9, "polled every interval at most"
+        now = value  # type: ignore[assignment]
+
+
+def test_a_request_with_no_connection_waits_within_its_own_limit() -> None:
+    assert wait_out(operation(wait_ms=2_000), 100.0) == pytest.approx(2.0), "the acquire's wait"
+    assert wait_out(operation(wait_ms=0), 100.0) == pytest.approx(10.0), "no wait: the connect limit"
+    assert wait_out(operation(wait_ms=1, try_once=True), 100.0) == pytest.approx(10.0), "try once: the connect limit"
+    assert wait_out(operation(INSPECT), 100.0) == pytest.approx(10.0)
+    extend = operation(EXTEND, token=5, connection_deadline=100.7)
+    assert wait_out(extend, 100.0) == pytest.approx(0.7), "the extend's lease left"
+    assert wait_out(operation(wait_ms=2_000), 100.5) == pytest.approx(1.5), "from the acquire's start"
+    what, error = operation(tries=2).on_unsent(UNSENT_FULL, 100.0, POLICY)
+    assert what == DONE and error.code == "too-many-in-flight"  # type: ignore[attr-defined]
 
 
 def test_a_release_is_retried_every_interval_for_the_retry_period() -> None:
     start = 100.0
     release = operation(RELEASE, token=5, now=start)
-    assert release.on_cut(CUT_IO, start) == (RESEND, None)
+    assert release.on_cut(CUT_IO, start, POLICY) == (RESEND, None)
     now, retries = start, 0
     while True:
         what, value = release.on_unsent(UNSENT_NO_CONNECTION, now, POLICY)
-        if what == DONE:
+        if what == NO_CONNECTION:
             break
         assert what == RETRY_AT and value == pytest.approx(now + 0.2)
         now = value  # type: ignore[assignment]
         retries += 1
     assert retries == 25, "5 s every 200 ms"
-    assert release.on_cut(CUT_IO, now + 0.001)[0] == DONE
+    assert release.on_cut(CUT_IO, now + 0.001, POLICY)[0] == NO_CONNECTION
+
+
+def test_the_reconnect_schedule_goes_at_once_then_doubles_up_to_the_cap() -> None:
+    assert reconnect_delay(0, 0.05, 3.0, 0.0) == 0.0
+    assert reconnect_delay(0, 0.05, 3.0, 0.99) == 0.0
+    ceiling = 0.05
+    for attempt in range(1, 7):
+        assert reconnect_delay(attempt, 0.05, 3.0, 0.0) == pytest.approx(ceiling / 2), attempt
+        assert reconnect_delay(attempt, 0.05, 3.0, 1.0) == pytest.approx(ceiling), attempt
+        assert ceiling / 2 < reconnect_delay(attempt, 0.05, 3.0, 0.5) < ceiling
+        ceiling *= 2
+    for attempt in (7, 8, 40, 10**6):
+        assert reconnect_delay(attempt, 0.05, 3.0, 1.0) == 3.0, "capped"
+        assert reconnect_delay(attempt, 0.05, 3.0, 0.0) == 1.5
+    assert reconnect_delay(1, 0.05, 3.0, 7.0) == pytest.approx(0.05), "a draw out of range stays in the delay"
+    assert reconnect_delay(1, 0.05, 3.0, float("nan")) == pytest.approx(0.025)
+
+
+def test_a_connection_error_names_each_address_with_its_os_error() -> None:
+    refused = ConnectionFailure.from_os_error("127.0.0.1:7700", ConnectionRefusedError(errno.ECONNREFUSED, "refused"))
+    timed_out = ConnectionFailure.from_os_error("127.0.0.1:7701", TimeoutError("timed out"))
+    closed = ConnectionFailure("127.0.0.1:7702", "closed by the server")
+    error = NoConnectionError(op="A", key="k", waited=10.04, failures=[refused, timed_out, closed])
+    assert str(error) == (
+        "no usable connection after 10.0 s: 127.0.0.1:7700 (connection refused), "
+        "127.0.0.1:7701 (timed out), 127.0.0.1:7702 (closed by the server) (A k)"
+    )
+    assert isinstance(error, ConnectionError) and isinstance(error, OSError)
+    assert isinstance(error, NoActiveNodeError) and isinstance(error, RinglockError)
+    assert error.code == "no-connection" and error.errno == errno.ECONNREFUSED
+    assert error.addresses == ["127.0.0.1:7700", "127.0.0.1:7701", "127.0.0.1:7702"]
+    assert [failure.errno for failure in error.failures] == [errno.ECONNREFUSED, errno.ETIMEDOUT, None]
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is NoConnectionError and str(copy) == str(error) and copy.errno == error.errno
+    assert NoConnectionError(waited=1.0).errno is None
 
 
 def test_redirects_are_followed_up_to_the_limit() -> None:
@@ -195,8 +285,8 @@ def test_no_active_known_is_retried_for_the_retry_period() -> None:
 def test_docstring_examples() -> None:
     import doctest
 
-    from ringlock import _pairing, _protocol, _router, errors
+    from ringlock import _backoff, _pairing, _protocol, _router, errors
 
-    for module in (_protocol, _pairing, _router, errors):
+    for module in (_protocol, _pairing, _router, errors, _backoff):
         failed, _ = doctest.testmod(module)
         assert failed == 0, module.__name__

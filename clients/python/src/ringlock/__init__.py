@@ -3,8 +3,10 @@
 ``ringlock.Client`` is the sync client (background threads do the I/O, so
 many threads share one client); ``ringlock.aio.Client`` is the asyncio
 client, with the same names. Both follow docs/protocol.md §4: persistent connections
-(two for a single address), round-robin, pipelining, acquires moved off cut
-connections, releases retried, ``M`` redirects followed.
+(two for a single address) reconnected at once and then with growing
+pauses, round-robin, pipelining, acquires moved off cut connections, calls
+that wait for a connection within their own limit, releases retried, ``M``
+redirects followed.
 
 Example::
 
@@ -23,6 +25,7 @@ Example::
 - ``_pairing``: replies paired with requests by (op, key).
 - ``_operation``: one request's life and the rules of docs/protocol.md §4, without I/O.
 - ``_router``: round-robin, redirects, what happens after each step.
+- ``_backoff``: the reconnect schedule, a pure function.
 - ``_threaded``: the sync client's connection and timer threads.
 - ``_settings``: the settings both clients take.
 """
@@ -31,10 +34,12 @@ from ._protocol import KeyState, Pong
 from .client import Client, Lock
 from .errors import (
     CapacityError,
+    ConnectionFailure,
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
     NoActiveNodeError,
+    NoConnectionError,
     ProtocolError,
     RinglockError,
     ShuttingDownError,
@@ -43,12 +48,14 @@ from .errors import (
 __all__ = [
     "CapacityError",
     "Client",
+    "ConnectionFailure",
     "KeyState",
     "Lock",
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
     "NoActiveNodeError",
+    "NoConnectionError",
     "Pong",
     "ProtocolError",
     "RinglockError",

@@ -81,6 +81,10 @@ class LockBase:
         self.wait = wait
         """The default wait of ``acquire``, in seconds; ``None`` for no limit."""
         self._wait_ms = wait_ms(wait)
+        # When the current grant's lease ends at the latest, counted from
+        # when the acquire or the last confirmed extend was sent; an extend
+        # waits for a usable connection until then.
+        self._lease_ends = 0.0
         self.auto_extend = auto_extend
         self.on_lost = on_lost
         self._token: int | None = None

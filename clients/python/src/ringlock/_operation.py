@@ -45,6 +45,7 @@ DONE = 0  # value: the result, or a RinglockError
 RESEND = 1  # on the next usable connection
 REDIRECT = 2  # to the active node an M reply named
 RETRY_AT = 3  # value: the monotonic instant
+NO_CONNECTION = 4  # done without a usable connection; value: the seconds waited for one
 
 # Why no connection took a request.
 UNSENT_NO_CONNECTION = 0
@@ -66,6 +67,8 @@ class Policy:
     """Seconds a release, or a request that finds no active, keeps being retried."""
     redirect_limit: int = 16
     """Most ``M`` redirects one request follows."""
+    connect_limit: float = 10.0
+    """Seconds a request with no limit of its own waits for a usable connection."""
 
 
 class Waiter(Protocol):
@@ -80,6 +83,7 @@ class Operation:
     """A request in flight, or waiting to be retried."""
 
     __slots__ = (
+        "connection_deadline",
         "key",
         "kind",
         "lease_ms",
@@ -89,8 +93,10 @@ class Operation:
         "started",
         "token",
         "tries_left",
+        "try_once",
         "wait_ms",
         "waiter",
+        "waiting_since",
     )
 
     def __init__(
@@ -105,6 +111,8 @@ class Operation:
         lease_ms: int = 0,
         wait_ms: int = 0,
         token: int = 0,
+        try_once: bool = False,
+        connection_deadline: float | None = None,
     ) -> None:
         self.kind = kind
         self.op = _OPS[kind]
@@ -119,18 +127,33 @@ class Operation:
         # node says no active is known.
         self.retry_until: float | None = now + policy.retry_for if kind == RELEASE else None
         self.waiter = waiter
+        # An acquire whose wait is only the shortest the wire carries (try
+        # once) waits for a connection as long as one with no limit.
+        self.try_once = try_once
+        # The last instant the caller lets it wait for a usable connection,
+        # when the caller sets one (an extend: the end of its lease).
+        self.connection_deadline = connection_deadline
+        # Since when it has waited for a usable connection; None while in
+        # flight or waiting for something else.
+        self.waiting_since: float | None = None
 
     def _wait_left_ms(self, now: float) -> int | None:
         """The wait left at ``now`` in ms: 0 for no limit, ``None`` once a
-        bounded wait has run out."""
+        bounded wait has run out. An acquire that tries once asks for its
+        short wait whenever it goes out: it waits for a connection within
+        the connect limit, not within that wait."""
         if self.kind != ACQUIRE or self.wait_ms == 0:
             return 0
+        if self.try_once:
+            return self.wait_ms
         left = self.wait_ms - int((now - self.started) * 1000)
         return left if left > 0 else None
 
     def expired(self, now: float) -> bool:
         """An acquire whose wait ran out before it could be (re)sent: it
-        ends as timed out, as it would have on the server."""
+        ends with no connection if it was off the wire for want of one (a
+        broken connection took it back, or none was usable), else as timed
+        out, as it would have on the server."""
         return self.kind == ACQUIRE and self.wait_ms != 0 and self._wait_left_ms(now) is None
 
     def encode(self, now: float) -> bytes:
@@ -204,19 +227,31 @@ class Operation:
         # Pairing by (op, key) leaves nothing else but a broken server.
         return (DONE, self.error("protocol", f"unexpected reply {b' '.join(fields)!r}"))
 
-    def on_cut(self, error: RinglockError, now: float) -> Step:
+    def on_cut(self, error: RinglockError, now: float, policy: Policy) -> Step:
         """The next step after the connection carrying this request was cut
-        (``error`` says how). The server may or may not have seen it."""
+        (``error`` says how). The server may or may not have seen it.
+
+        A request cut off on as many connections as the client has stops
+        moving from one to the next: a server that went away (a restart, a
+        failover) takes every connection to it down at once, so the request
+        waits for a connection to come back, within its limit."""
+        broken = error.code == "no-connection"
+        if broken and self.waiting_since is None:
+            # Off the wire for want of a connection from now on, until a
+            # connection takes it again.
+            self.waiting_since = now
         if self.kind == RELEASE:
             # Again at once on another connection; the router falls back
             # to retrying every interval while none is usable.
             if self.retry_until is not None and now > self.retry_until:
-                return (DONE, self._named(error))
+                return (NO_CONNECTION, now - self.started) if broken else (DONE, self._named(error))
             return _RESEND
         self.tries_left -= 1
-        if self.tries_left <= 0:
-            return (DONE, self._named(error))
-        return _RESEND
+        if self.tries_left > 0:
+            return _RESEND
+        if broken:
+            return self.wait_for_connection(now, policy)
+        return (DONE, self._named(error))
 
     def on_unsent(self, unsent: int, now: float, policy: Policy) -> Step:
         """The next step when no connection took the request."""
@@ -224,10 +259,35 @@ class Operation:
             # During a failover the node an M named may be gone for a
             # moment: wait for the others to name the new active.
             return self.retry_later(now, policy, "no-active")
-        code = "too-many-in-flight" if unsent == UNSENT_FULL else "no-connection"
+        if unsent == UNSENT_NO_CONNECTION:
+            return self.wait_for_connection(now, policy)
         if self.kind == RELEASE:
-            return self.retry_later(now, policy, code)
-        return (DONE, self.error(code))
+            return self.retry_later(now, policy, "too-many-in-flight")
+        return (DONE, self.error("too-many-in-flight"))
+
+    def connection_deadline_from(self, since: float, policy: Policy) -> float:
+        """The last instant this request may wait for a usable connection,
+        if it started waiting at ``since``: a bounded acquire's wait, an
+        extend's lease, a release's retry period, else the connect limit."""
+        if self.connection_deadline is not None:
+            return self.connection_deadline
+        if self.kind == ACQUIRE and self.wait_ms and not self.try_once:
+            return self.started + self.wait_ms / 1000
+        if self.kind == RELEASE:
+            return self.retry_until if self.retry_until is not None else since + policy.retry_for
+        return since + policy.connect_limit
+
+    def wait_for_connection(self, now: float, policy: Policy) -> Step:
+        """Waits for a usable connection within the request's limit: tried
+        again after the retry interval, or at once when a connection comes up
+        (the router hurries requests with ``waiting_since`` set); past the
+        limit it ends with no connection."""
+        if self.waiting_since is None:
+            self.waiting_since = now
+        deadline = self.connection_deadline_from(self.waiting_since, policy)
+        if now >= deadline:
+            return (NO_CONNECTION, now - self.waiting_since)
+        return (RETRY_AT, min(now + policy.retry_interval, deadline))
 
     def retry_later(self, now: float, policy: Policy, code: str) -> Step:
         """Retry after the interval while within the retry period, which

@@ -13,11 +13,12 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._operation import (
     ACQUIRE,
     DONE,
+    NO_CONNECTION,
     REDIRECT,
     RELEASE,
     RESEND,
@@ -29,7 +30,7 @@ from ._operation import (
     Step,
     Waiter,
 )
-from .errors import RinglockError, error_for
+from .errors import ConnectionFailure, NoConnectionError, RinglockError, error_for
 
 NODES_MAX = 16
 """Most nodes a client learns of (a cluster has at most 16)."""
@@ -43,6 +44,8 @@ class Connection(Protocol):
     """What the router needs of a connection."""
 
     node: int
+    last_failure: tuple[float, ConnectionFailure] | None
+    """How the last connect failed or the last socket broke, and when (monotonic)."""
 
     @property
     def usable(self) -> bool: ...
@@ -83,6 +86,11 @@ class Router:
         self.active: int | None = None
         """The node an ``M`` reply last named as active."""
         self.closed = False
+        # Requests waiting for a usable connection, each with a retry timer
+        # too; whoever takes one out of here (its timer, or a connection
+        # coming up) sends it.
+        self._waiting: dict[Operation, None] = {}
+        self._waiting_lock = threading.Lock()
         for address in addresses:
             self._add_node(address)
 
@@ -96,7 +104,7 @@ class Router:
         self.connections = self.connections + connections
         return index
 
-    def submit(self, kind: int, key: bytes, waiter: Waiter | None, **fields: int) -> None:
+    def submit(self, kind: int, key: bytes, waiter: Waiter | None, **fields: Any) -> None:
         """Starts a request; its outcome goes to ``waiter``."""
         now = time.monotonic()
         operation = Operation(kind, key, now, len(self.connections), self.policy, waiter, **fields)
@@ -111,8 +119,53 @@ class Router:
             self.send(operation, time.monotonic())
         elif what == REDIRECT:
             self.send_to_active(operation)
+        elif what == NO_CONNECTION:
+            self.finish(operation, self.no_connection(operation, value))  # type: ignore[arg-type]
+        elif operation.waiting_since is not None:
+            with self._waiting_lock:
+                self._waiting[operation] = None
+            if not self._runtime.call_at(value, lambda: self._send_waiting(operation)):  # type: ignore[arg-type]
+                with self._waiting_lock:
+                    self._waiting.pop(operation, None)
+                self.finish(operation, operation.error("no-connection", "the client is closed"))
         elif not self._runtime.call_at(value, lambda: self.send(operation, time.monotonic())):  # type: ignore[arg-type]
             self.finish(operation, operation.error("no-connection", "the client is closed"))
+
+    def _send_waiting(self, operation: Operation) -> None:
+        """Sends a request that waits for a connection, unless a connection
+        that came up meanwhile sent it already."""
+        with self._waiting_lock:
+            if operation not in self._waiting:
+                return
+            del self._waiting[operation]
+        self.send(operation, time.monotonic())
+
+    def connection_up(self) -> None:
+        """A connection just came up: the requests waiting for one go now."""
+        with self._waiting_lock:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        now = time.monotonic()
+        for operation in waiting:
+            self.send(operation, now)
+
+    def no_connection(self, operation: Operation, waited: float) -> NoConnectionError:
+        """The error of a request that found no usable connection within
+        its limit, naming every address and its last failure."""
+        key = operation.key.decode(errors="replace") if operation.key else None
+        return NoConnectionError(op=operation.op.decode(), key=key, waited=waited, failures=self.connection_failures())
+
+    def connection_failures(self) -> list[ConnectionFailure]:
+        """Every node's address with the failure of its last attempt (the
+        latest among its connections), in the order the nodes were given."""
+        failures = []
+        for address, connections in zip(self.addresses, self.node_connections):
+            known = [connection.last_failure for connection in connections if connection.last_failure is not None]
+            if known:
+                failures.append(max(known, key=lambda timed: timed[0])[1])
+            else:
+                failures.append(ConnectionFailure(address, "no attempt has ended yet"))
+        return failures
 
     def send(self, operation: Operation, now: float) -> None:
         """Sends on the next usable connection, the active node's first."""
@@ -149,8 +202,11 @@ class Router:
 
     def _expire(self, operation: Operation) -> None:
         """Ends an acquire whose wait ran out before it could be (re)sent:
-        as timed out, as the server would have, unless it was waiting for
-        some node to name an active, which is then the error to report."""
+        as timed out, as the server would have, unless it was waiting for a
+        usable connection or for some node to name an active, which is then
+        the error to report."""
+        if operation.waiting_since is not None:
+            return self.finish(operation, self.no_connection(operation, time.monotonic() - operation.waiting_since))
         if operation.retry_until is not None:
             return self.finish(operation, operation.error("no-active", "no active node was named within the wait"))
         self.finish(operation, None)
@@ -170,7 +226,7 @@ class Router:
             return self.abort(operations)
         now = time.monotonic()
         for operation in operations:
-            self.handle(operation, operation.on_cut(error, now))
+            self.handle(operation, operation.on_cut(error, now, self.policy))
 
     def abort(self, operations: list[Operation]) -> None:
         """Ends requests that can go nowhere because the client is closing."""
@@ -207,12 +263,17 @@ def _offer(connections: list[Connection], start: int, operation: Operation, now:
     else ``REFUSED_FULL`` if any refused only for being full."""
     worst = REFUSED_UNUSABLE
     count = len(connections)
+    # Cleared before it is offered: once taken, a reader thread may cut it
+    # and set it again at any moment.
+    waiting_since = operation.waiting_since
+    operation.waiting_since = None
     for offset in range(count):
         refusal = connections[(start + offset) % count].try_send(operation, now)
         if not refusal:
             return 0
         if refusal == REFUSED_FULL:
             worst = REFUSED_FULL
+    operation.waiting_since = waiting_since
     return worst
 
 

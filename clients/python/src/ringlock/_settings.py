@@ -14,13 +14,16 @@ class Settings:
     """Every setting, checked.
 
     The defaults are those of docs/protocol.md §4: two connections when given one address (one
-    per address otherwise), reconnection every 3 s, releases retried every
-    200 ms for 5 s.
+    per address otherwise), reconnection at once then after doubling pauses
+    from 50 ms up to 3 s, a connect limit of 10 s for requests with no limit
+    of their own, releases retried every 200 ms for 5 s.
     """
 
     addresses: list[str]
     connections_per_node: int
-    reconnect_interval: float
+    reconnect_delay_first: float
+    reconnect_delay_max: float
+    connect_limit: float
     connect_timeout: float
     release_retry_interval: float
     release_retry_for: float
@@ -31,7 +34,9 @@ class Settings:
     def build(
         addresses: str | Sequence[str],
         connections_per_node: int | None,
-        reconnect_interval: float,
+        reconnect_delay_first: float,
+        reconnect_delay_max: float,
+        connect_limit: float,
         connect_timeout: float,
         release_retry_interval: float,
         release_retry_for: float,
@@ -44,12 +49,16 @@ class Settings:
         if not 1 <= connections_per_node <= 64:
             raise ValueError("connections_per_node must be 1 to 64")
         for name, value in (
-            ("reconnect_interval", reconnect_interval),
+            ("reconnect_delay_first", reconnect_delay_first),
             ("connect_timeout", connect_timeout),
             ("release_retry_interval", release_retry_interval),
         ):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0 seconds")
+        if not reconnect_delay_max >= reconnect_delay_first:
+            raise ValueError("reconnect_delay_max must be >= reconnect_delay_first")
+        if not connect_limit >= 0:
+            raise ValueError("connect_limit must be >= 0 seconds")
         if not release_retry_for >= 0:
             raise ValueError("release_retry_for must be >= 0 seconds")
         if redirect_limit < 0:
@@ -59,7 +68,9 @@ class Settings:
         return Settings(
             checked,
             connections_per_node,
-            reconnect_interval,
+            reconnect_delay_first,
+            reconnect_delay_max,
+            connect_limit,
             connect_timeout,
             release_retry_interval,
             release_retry_for,
@@ -69,4 +80,4 @@ class Settings:
 
     @property
     def policy(self) -> Policy:
-        return Policy(self.release_retry_interval, self.release_retry_for, self.redirect_limit)
+        return Policy(self.release_retry_interval, self.release_retry_for, self.redirect_limit, self.connect_limit)

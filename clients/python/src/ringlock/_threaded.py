@@ -2,8 +2,8 @@
 
 Each connection has a **reader** thread that connects, reads and pairs
 replies, completes the callers' requests, and on a cut hands every request
-in flight back to the router, waits the reconnect interval and connects
-again. Callers write their own request lines, under the connection's mutex
+in flight back to the router and connects again: at once, then after the
+growing pauses of ``_backoff``. Callers write their own request lines, under the connection's mutex
 and without blocking (``MSG_DONTWAIT``), so that a request costs no thread
 switch on the way out; the table's order for an (op, key) is then the
 wire's order. Only what the socket did not take at once goes to the
@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import socket
 import threading
 import time
 from collections.abc import Callable
 
+from ._backoff import reconnect_delay
 from ._operation import CUT_IO, Operation, cut_protocol
 from ._pairing import Pairing
 from ._protocol import REPLY_LINE_LEN_MAX, split_reply
 from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
-from .errors import RinglockError, error_for
+from .errors import ConnectionFailure, RinglockError, error_for
 
 # Where a connection is in its life.
 _CONNECTING = 0  # first connect under way: takes requests, sent once up
@@ -41,9 +43,12 @@ _CLOSE_LINGER_S = 1.0
 class ThreadRuntime:
     """Connections on threads, and the retry timer (see :class:`~ringlock._router.Runtime`)."""
 
-    def __init__(self, connect_timeout: float, reconnect_interval: float, in_flight_max: int) -> None:
+    def __init__(
+        self, connect_timeout: float, reconnect_delay_first: float, reconnect_delay_max: float, in_flight_max: int
+    ) -> None:
         self.connect_timeout = connect_timeout
-        self.reconnect_interval = reconnect_interval
+        self.reconnect_delay_first = reconnect_delay_first
+        self.reconnect_delay_max = reconnect_delay_max
         self.in_flight_max = in_flight_max
         self.closed = threading.Event()
         self.connections: list[ThreadConnection] = []
@@ -129,6 +134,10 @@ class ThreadConnection:
         self._writing = False
         self._pairing: Pairing[Operation] = Pairing()
         self._reader_done = threading.Event()
+        self.last_failure: tuple[float, ConnectionFailure] | None = None
+        # Set by the reader while it reads one socket.
+        self._replied = False
+        self._read_error: OSError | None = None
         self._reader = threading.Thread(target=self._run_reader, name=f"ringlock-read {address}", daemon=True)
         self._writer = threading.Thread(target=self._run_writer, name=f"ringlock-write {address}", daemon=True)
 
@@ -237,13 +246,17 @@ class ThreadConnection:
     def _run_reader(self) -> None:
         router = self._router
         runtime = self._runtime
+        # Reconnect attempts since a connection last worked; the first goes
+        # at once, the others after growing pauses.
+        attempt = 0
         try:
             # A client closed before this first connect still makes it if
             # requests were queued for it (see _install).
             while not runtime.closed.is_set() or self._queued():
                 try:
                     sock = socket.create_connection((self._host, self._port), timeout=runtime.connect_timeout)
-                except OSError:
+                except OSError as failure:
+                    self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
                     router.cut(self._take_down(), CUT_IO)
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -251,11 +264,27 @@ class ThreadConnection:
                     if not self._install(sock):
                         sock.close()
                         break
+                    router.connection_up()
+                    opened = time.monotonic()
+                    self._replied = False
+                    self._read_error = None
                     error = self._read(sock)
                     _shutdown(sock, socket.SHUT_RDWR)
+                    self.last_failure = (time.monotonic(), _ended(self.address, error, self._read_error))
                     router.cut(self._take_down(), error)
                     sock.close()
-                if runtime.closed.wait(runtime.reconnect_interval):
+                    # A connection that answered, or stayed open for as long
+                    # as the longest pause, worked: the schedule starts over.
+                    # One closed at once after its connect (a server refusing
+                    # connections, a listener of a killed process) did not,
+                    # or the client would reconnect to it in a tight loop.
+                    if self._replied or time.monotonic() - opened >= runtime.reconnect_delay_max:
+                        attempt = 0
+                pause = reconnect_delay(
+                    attempt, runtime.reconnect_delay_first, runtime.reconnect_delay_max, random.random()
+                )
+                attempt += 1
+                if runtime.closed.wait(pause):
                     break
         finally:
             self._reader_done.set()
@@ -272,7 +301,8 @@ class ThreadConnection:
         while True:
             try:
                 data = sock.recv(_READ_BYTES)
-            except OSError:
+            except OSError as failure:
+                self._read_error = failure
                 return CUT_IO
             if not data:
                 return CUT_IO
@@ -307,6 +337,8 @@ class ThreadConnection:
                         stop = cut_protocol(f"reply {line[:100]!r} answers no request in flight")
                         break
                     paired.append((operation, fields))
+            if paired:
+                self._replied = True
             # Act with the connection unlocked, as moving a request locks
             # another connection.
             now = time.monotonic()
@@ -361,6 +393,15 @@ class ThreadConnection:
             _shutdown(sock, socket.SHUT_WR)
             self._reader_done.wait(_CLOSE_LINGER_S)
             _shutdown(sock, socket.SHUT_RDWR)
+
+
+def _ended(address: str, error: RinglockError, read_error: OSError | None) -> ConnectionFailure:
+    """How a socket's reading ended, as the failure of ``address``."""
+    if read_error is not None:
+        return ConnectionFailure.from_os_error(address, read_error)
+    if error.code == "no-connection":
+        return ConnectionFailure(address, "closed by the server")
+    return ConnectionFailure(address, f"dropped: {error}")
 
 
 def _shutdown(sock: socket.socket, how: int) -> None:

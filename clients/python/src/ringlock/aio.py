@@ -23,18 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
+from ._backoff import reconnect_delay
 from ._common import ClientBase, LockBase
 from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation, cut_protocol
 from ._pairing import Pairing
 from ._protocol import REPLY_LINE_LEN_MAX, KeyState, Pong, key_bytes, lease_ms, split_reply, wait_ms
 from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
 from ._settings import Settings
-from .errors import LockLostError, LockNotOwnedError, LockTimeoutError, RinglockError, error_for
+from .errors import ConnectionFailure, LockLostError, LockNotOwnedError, LockTimeoutError, RinglockError, error_for
 
 __all__ = ["Client", "Lock"]
 
@@ -133,6 +135,11 @@ class _Connection(asyncio.Protocol):
         self._pairing: Pairing[Operation] = Pairing()
         self._pending = b""
         self._lost: asyncio.Future[RinglockError] | None = None
+        self.last_failure: tuple[float, ConnectionFailure] | None = None
+        # Set while one socket is read: a reply was paired, and the OS error
+        # that ended it, if one did.
+        self._replied = False
+        self._lost_error: Exception | None = None
         self.task: asyncio.Task[None] | None = self._loop.create_task(self._run())
 
     @property
@@ -185,24 +192,52 @@ class _Connection(asyncio.Protocol):
         router = self._router
         runtime = self._runtime
         settings = runtime.settings
+        # Reconnect attempts since a connection last worked; the first goes
+        # at once, the others after growing pauses.
+        attempt = 0
         try:
             # A client closed before this first connect still makes it if
             # requests were queued for it (see connection_made).
             while not runtime.closed.is_set() or self._out:
                 self._lost = self._loop.create_future()
+                self._replied = False
+                self._lost_error = None
                 try:
                     await asyncio.wait_for(
                         self._loop.create_connection(lambda: self, self._host, self._port), settings.connect_timeout
                     )
-                except (OSError, asyncio.TimeoutError):
+                except (OSError, asyncio.TimeoutError) as failure:
+                    self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
                     router.cut(self._take_down(), CUT_IO)
                 else:
+                    router.connection_up()
+                    opened = time.monotonic()
                     error = await self._lost
+                    self.last_failure = (time.monotonic(), self._ended(error))
                     router.cut(self._take_down(), error)
-                if await runtime.sleep(settings.reconnect_interval):
+                    # A connection that answered, or stayed open for as long
+                    # as the longest pause, worked: the schedule starts over.
+                    # One closed at once after its connect (a server refusing
+                    # connections, a listener of a killed process) did not,
+                    # or the client would reconnect to it in a tight loop.
+                    if self._replied or time.monotonic() - opened >= settings.reconnect_delay_max:
+                        attempt = 0
+                pause = reconnect_delay(
+                    attempt, settings.reconnect_delay_first, settings.reconnect_delay_max, random.random()
+                )
+                attempt += 1
+                if await runtime.sleep(pause):
                     break
         finally:
             router.abort(self._take_down())
+
+    def _ended(self, error: RinglockError) -> ConnectionFailure:
+        """How the last socket's reading ended, as this address's failure."""
+        if self._lost_error is not None:
+            return ConnectionFailure.from_os_error(self.address, self._lost_error)
+        if error.code == "no-connection":
+            return ConnectionFailure(self.address, "closed by the server")
+        return ConnectionFailure(self.address, f"dropped: {error}")
 
     # asyncio.Protocol
 
@@ -225,6 +260,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._lost is not None and not self._lost.done():
+            self._lost_error = exc
             self._lost.set_result(CUT_IO)
 
     def _stop(self, error: RinglockError) -> None:
@@ -266,6 +302,7 @@ class _Connection(asyncio.Protocol):
             except ValueError:
                 self._pairing.push(operation.op, operation.key, operation)
                 return self._stop(cut_protocol(f"malformed reply {line[:100]!r}"))
+            self._replied = True
             if fields[0] == b"M":
                 router.note_moved(self.node, fields[3])
             router.handle(operation, step)
@@ -294,7 +331,9 @@ class Client(ClientBase):
         addresses: str | Sequence[str],
         *,
         connections_per_node: int | None = None,
-        reconnect_interval: float = 3.0,
+        reconnect_delay_first: float = 0.05,
+        reconnect_delay_max: float = 3.0,
+        connect_limit: float = 10.0,
         connect_timeout: float = 1.0,
         release_retry_interval: float = 0.2,
         release_retry_for: float = 5.0,
@@ -304,7 +343,9 @@ class Client(ClientBase):
         self.settings = Settings.build(
             addresses,
             connections_per_node,
-            reconnect_interval,
+            reconnect_delay_first,
+            reconnect_delay_max,
+            connect_limit,
             connect_timeout,
             release_retry_interval,
             release_retry_for,
@@ -405,7 +446,7 @@ class Client(ClientBase):
         state: KeyState = await self._request(INSPECT, raw)
         return dataclasses.replace(state, key=key)
 
-    async def _request(self, kind: int, key: bytes, **fields: int) -> Any:
+    async def _request(self, kind: int, key: bytes, **fields: Any) -> Any:
         router = self._start()
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         router.submit(kind, key, _FutureWaiter(future), **fields)
@@ -467,11 +508,17 @@ class Lock(LockBase):
             wait = wait_ms(timeout)
         else:
             wait = self._wait_ms
-        token = await self._client._request(ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait)
+        # The lease ends this long after the request at the latest; an
+        # extend waits for a usable connection until then.
+        lease_ends = time.monotonic() + self.lease
+        token = await self._client._request(
+            ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=wait == _TRY_WAIT_MS
+        )
         if token is None:
             return False
         self._lost = None
         self._token = token
+        self._lease_ends = lease_ends
         if self.auto_extend:
             self._extender = asyncio.get_running_loop().create_task(self._extend_in_background(token))
         return True
@@ -511,12 +558,16 @@ class Lock(LockBase):
         token = self._token
         if token is None:
             raise LockNotOwnedError("not-owned", "X", _text(self._key), f"this Lock does not hold {self._key!r}")
+        sent_at = time.monotonic()
         try:
-            await self._client._request(EXTEND, self._key_bytes, token=token, lease_ms=lease_ms(lease))
+            await self._client._request(
+                EXTEND, self._key_bytes, token=token, lease_ms=lease_ms(lease), connection_deadline=self._lease_ends
+            )
         except LockLostError as error:
             if self._token == token:
                 self._lost = error
             raise
+        self._lease_ends = sent_at + lease
 
     async def __aenter__(self) -> Lock:
         if not await self.acquire():
@@ -552,7 +603,9 @@ class Lock(LockBase):
                 return
             sent_at = time.monotonic()
             try:
-                await self._client._request(EXTEND, self._key_bytes, token=token, lease_ms=self._lease_ms)
+                await self._client._request(
+                    EXTEND, self._key_bytes, token=token, lease_ms=self._lease_ms, connection_deadline=lease_ends
+                )
             except LockLostError as error:
                 return self._mark_lost(token, error)
             except RinglockError as error:
@@ -562,6 +615,7 @@ class Lock(LockBase):
                 delay = retry_interval
                 continue
             lease_ends = sent_at + self.lease
+            self._lease_ends = lease_ends
             delay = self.lease / 3
 
     def _mark_lost(self, token: int, error: LockLostError) -> None:

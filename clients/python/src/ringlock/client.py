@@ -82,7 +82,17 @@ class Client(ClientBase):
 
     The keyword settings are the defaults of docs/protocol.md §4 and rarely need changing:
     ``connections_per_node`` (2 with one address, else 1),
-    ``reconnect_interval`` (3 s), ``connect_timeout`` (1 s),
+    ``reconnect_delay_first`` (0.05 s) and ``reconnect_delay_max`` (3 s): a
+    broken connection is tried again at once, then after doubling pauses
+    from the first to the longest, each drawn between half its length and
+    all of it, starting over once a connection has answered or stayed open
+    for the longest pause;
+    ``connect_limit`` (10 s): how long a request with no limit of its own
+    (an acquire with no wait or that tries once, a ping, an inspect) waits
+    for a usable connection before it raises
+    :class:`~ringlock.NoConnectionError`; an acquire waits within its wait,
+    an extend within the lease it has left, a release within its retries;
+    ``connect_timeout`` (1 s),
     ``release_retry_interval`` (0.2 s, also spaces "no active known"
     retries), ``release_retry_for`` (5 s, also bounds them),
     ``redirect_limit`` (16 ``M`` redirects per request) and
@@ -102,7 +112,9 @@ class Client(ClientBase):
         addresses: str | Sequence[str],
         *,
         connections_per_node: int | None = None,
-        reconnect_interval: float = 3.0,
+        reconnect_delay_first: float = 0.05,
+        reconnect_delay_max: float = 3.0,
+        connect_limit: float = 10.0,
         connect_timeout: float = 1.0,
         release_retry_interval: float = 0.2,
         release_retry_for: float = 5.0,
@@ -112,14 +124,18 @@ class Client(ClientBase):
         self.settings = Settings.build(
             addresses,
             connections_per_node,
-            reconnect_interval,
+            reconnect_delay_first,
+            reconnect_delay_max,
+            connect_limit,
             connect_timeout,
             release_retry_interval,
             release_retry_for,
             redirect_limit,
             in_flight_per_connection_max,
         )
-        self._runtime = ThreadRuntime(connect_timeout, reconnect_interval, in_flight_per_connection_max)
+        self._runtime = ThreadRuntime(
+            connect_timeout, reconnect_delay_first, reconnect_delay_max, in_flight_per_connection_max
+        )
         self._router = Router(
             self.settings.addresses, self.settings.connections_per_node, self.settings.policy, self._runtime
         )
@@ -227,7 +243,7 @@ class Client(ClientBase):
         state: KeyState = self._request(INSPECT, raw)  # type: ignore[assignment]
         return dataclasses.replace(state, key=key)
 
-    def _request(self, kind: int, key: bytes, **fields: int) -> object:
+    def _request(self, kind: int, key: bytes, **fields: Any) -> object:
         waiter = _Waiter()
         self._router.submit(kind, key, waiter, **fields)
         try:
@@ -241,7 +257,7 @@ class Client(ClientBase):
             raise value
         return value
 
-    def _background(self, kind: int, key: bytes, callback: Callable[[object], None], **fields: int) -> None:
+    def _background(self, kind: int, key: bytes, callback: Callable[[object], None], **fields: Any) -> None:
         self._router.submit(kind, key, _Callback(callback), **fields)
 
     def _call_at(self, at: float, callback: Callable[[], None]) -> bool:
@@ -314,12 +330,18 @@ class Lock(LockBase):
             wait = wait_ms(timeout)
         else:
             wait = self._wait_ms
-        token = self._client._request(ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait)
+        # The lease ends this long after the request at the latest; an
+        # extend waits for a usable connection until then.
+        lease_ends = time.monotonic() + self.lease
+        token = self._client._request(
+            ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=wait == _TRY_WAIT_MS
+        )
         if token is None:
             return False
         self._grant += 1
         self._lost = None
         self._token = token  # type: ignore[assignment]
+        self._lease_ends = lease_ends
         if self.auto_extend:
             self._schedule_extend(self._grant, time.monotonic())
         return True
@@ -364,12 +386,16 @@ class Lock(LockBase):
         token = self._token
         if token is None:
             raise LockNotOwnedError("not-owned", "X", _text(self._key), f"this Lock does not hold {self._key!r}")
+        sent_at = time.monotonic()
         try:
-            self._client._request(EXTEND, self._key_bytes, token=token, lease_ms=lease_ms(lease))
+            self._client._request(
+                EXTEND, self._key_bytes, token=token, lease_ms=lease_ms(lease), connection_deadline=self._lease_ends
+            )
         except LockLostError as error:
             if self._token == token:
                 self._lost = error
             raise
+        self._lease_ends = sent_at + lease
 
     def __enter__(self) -> Lock:
         if not self.acquire():
@@ -406,6 +432,7 @@ class Lock(LockBase):
             if grant != self._grant or self._token is None:
                 return
             if value is True:
+                self._lease_ends = sent_at + self.lease
                 self._schedule_extend(grant, sent_at)
                 return
             retry_at = time.monotonic() + self._client.settings.release_retry_interval
@@ -416,7 +443,9 @@ class Lock(LockBase):
             # No connection for now: try again while the lease lasts.
             self._client._call_at(retry_at, lambda: self._extend_now(grant, lease_ends))
 
-        self._client._background(EXTEND, self._key_bytes, done, token=token, lease_ms=self._lease_ms)
+        self._client._background(
+            EXTEND, self._key_bytes, done, token=token, lease_ms=self._lease_ms, connection_deadline=lease_ends
+        )
 
     def _mark_lost(self, error: LockLostError) -> None:
         self._lost = error

@@ -7,7 +7,9 @@ caller usually handles differently.
 
 Codes are the server's (README, "Error codes") plus the client's own:
 
-- ``no-connection``: no usable connection was left (:class:`NoActiveNodeError`).
+- ``no-connection``: no usable connection within the request's limit
+  (:class:`NoConnectionError`, also a :class:`NoActiveNodeError` and a
+  :class:`ConnectionError`).
 - ``no-active``: no node would serve the request (:class:`NoActiveNodeError`).
 - ``timeout``: the wait ran out (:class:`LockTimeoutError`).
 - ``not-owned``: this :class:`~ringlock.Lock` holds nothing (:class:`LockNotOwnedError`).
@@ -26,11 +28,15 @@ Example::
             ...
     except ringlock.LockTimeoutError:
         print("someone else holds orders/42")
-    except ringlock.NoActiveNodeError as error:
-        print("no server reachable:", error.code)
+    except ringlock.NoConnectionError as error:
+        print("no server reachable:", error)  # names each address and its OS error
 """
 
 from __future__ import annotations
+
+import errno as errno_codes
+import os
+from dataclasses import dataclass
 
 
 class RinglockError(Exception):
@@ -151,6 +157,109 @@ class NoActiveNodeError(RinglockError):
     """
 
 
+@dataclass(frozen=True)
+class ConnectionFailure:
+    """How the last attempt to use one address failed: a connect that
+    failed, or a connection that broke.
+
+    Example::
+
+        >>> failure = ConnectionFailure.from_os_error("127.0.0.1:7700", ConnectionRefusedError(111, "Connection refused"))
+        >>> str(failure), failure.errno
+        ('127.0.0.1:7700 (connection refused)', 111)
+    """
+
+    address: str
+    """The address as the client was given it (or learned it from ``M``)."""
+    message: str
+    """What went wrong, in words."""
+    errno: int | None = None
+    """The OS error number (``errno.ECONNREFUSED``, say), if the OS gave one."""
+
+    @staticmethod
+    def from_os_error(address: str, error: BaseException) -> ConnectionFailure:
+        """The failure of ``address`` with ``error`` (an :class:`OSError`,
+        or a timeout)."""
+        number = getattr(error, "errno", None)
+        if isinstance(number, int) and number > 0:
+            message = os.strerror(number)
+        elif isinstance(error, TimeoutError):
+            number = errno_codes.ETIMEDOUT
+            message = "timed out"
+        else:
+            number = None
+            message = str(error) or type(error).__name__
+        return ConnectionFailure(address, message[:1].lower() + message[1:], number)
+
+    def __str__(self) -> str:
+        return f"{self.address} ({self.message})"
+
+
+class NoConnectionError(NoActiveNodeError, ConnectionError):
+    """No usable connection within the request's limit (code
+    ``no-connection``): every connection stayed broken for as long as the
+    request could wait (an acquire its wait, an extend the lease it has
+    left, a release its retry period, else the client's ``connect_limit``),
+    or the request was cut off on every connection until then.
+
+    It is a :class:`ConnectionError` (so an :class:`OSError`) as well as a
+    :class:`NoActiveNodeError`. Its message says how long the request waited
+    and names every address with the failure of its last attempt; the same
+    is in its attributes:
+
+    - ``waited``: the seconds the request waited for a connection;
+    - ``failures``: a :class:`ConnectionFailure` per address, in the order
+      the client was given them;
+    - ``addresses``: the addresses alone;
+    - ``errno``: the first OS error number among the failures (``None`` if
+      none came from the OS, as for a connection the server closed).
+
+    Example::
+
+        try:
+            client.ping()
+        except ConnectionError as error:  # a ringlock.NoConnectionError
+            print(error)  # no usable connection after 10.0 s: 127.0.0.1:7700 (connection refused)
+            print(error.addresses, error.errno)
+    """
+
+    def __init__(
+        self,
+        code: str = "no-connection",
+        op: str | None = None,
+        key: str | None = None,
+        message: str | None = None,
+        *,
+        waited: float = 0.0,
+        failures: tuple[ConnectionFailure, ...] | list[ConnectionFailure] = (),
+    ) -> None:
+        self.waited = waited
+        self.failures = list(failures)
+        self.addresses = [failure.address for failure in self.failures]
+        if message is None:
+            message = f"no usable connection after {waited:.1f} s"
+            if self.failures:
+                message += ": " + ", ".join(str(failure) for failure in self.failures)
+            if key is not None:
+                message += f" ({op} {key})"
+        super().__init__(code, op, key, message)
+        # OSError's own field, set after its constructor so that it does not
+        # turn the message into "[Errno n] ...".
+        self.errno = next((failure.errno for failure in self.failures if failure.errno is not None), None)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_no_connection,
+            (self.code, self.op, self.key, str(self), self.waited, tuple(self.failures)),
+        )
+
+
+def _rebuild_no_connection(
+    code: str, op: str | None, key: str | None, message: str, waited: float, failures: tuple[ConnectionFailure, ...]
+) -> NoConnectionError:
+    return NoConnectionError(code, op, key, message, waited=waited, failures=failures)
+
+
 class ProtocolError(RinglockError):
     """The server broke the protocol (a malformed or unsolicited reply); the
     client dropped that connection.
@@ -178,7 +287,9 @@ def error_for(code: str, op: str | None = None, key: str | None = None, message:
         cls = CapacityError
     elif code == "shutting-down":
         cls = ShuttingDownError
-    elif code in ("no-connection", "no-active"):
+    elif code == "no-connection":
+        cls = NoConnectionError
+    elif code == "no-active":
         cls = NoActiveNodeError
     elif code == "protocol":
         cls = ProtocolError
