@@ -407,12 +407,18 @@ fn a_forged_peer_is_believed_in_nothing_and_counted_unless_it_proves_the_secret(
 }
 
 #[test]
-fn connections_that_never_prove_the_secret_do_not_keep_a_real_peer_out() {
+fn connections_that_never_prove_the_secret_do_not_keep_out_a_real_peer_that_proved_it() {
     let mut node = SecuredNode::start();
-    // Twice as many connections as may wait for their introduction, all
-    // held open: a third send nothing, a third the first 15 bytes of a
-    // challenge, a third a whole challenge and then nothing (answered, they
-    // owe a proof that never comes).
+    // Node 0 starts its exchange first and proves the secret; its hello
+    // comes later (in a later segment, as it may on a real network).
+    let nonce = [0xEE; 32];
+    let (mut valid, answer) = node.challenge(9, &nonce);
+    valid.write_all(&node.proof(&nonce, &answer)).unwrap();
+    // Then twice as many connections as may wait for their introduction,
+    // all held open and all newer than node 0's: a third send nothing, a
+    // third the first 15 bytes of a challenge, a third a whole challenge and
+    // then nothing (answered, they owe a proof that never comes). Room is
+    // made for each by shutting the oldest that has not sent what it owes.
     let waiting: Vec<TcpStream> = (0..128u8)
         .map(|index| {
             let mut stream = TcpStream::connect(node.peer_1).unwrap();
@@ -425,16 +431,21 @@ fn connections_that_never_prove_the_secret_do_not_keep_a_real_peer_out() {
             stream
         })
         .collect();
-    // Node 0 connects behind them, proves the secret and beats: node 1 hears it.
-    let nonce = [0xEE; 32];
-    let (mut valid, answer) = node.challenge(9, &nonce);
-    let mut bytes = node.proof(&nonce, &answer);
-    bytes.extend(hello(0, 1_000_000, node.fingerprint));
-    valid.write_all(&bytes).unwrap();
+    // Once a connection opened after all of them is answered, node 1 has
+    // accepted every one of them (and made room for each).
+    wait_until("node 1 to answer a challenge sent after the flood", || {
+        let mut marker = TcpStream::connect(node.peer_1).unwrap();
+        marker.write_all(&challenge(&[0xAA; 32])).unwrap();
+        marker.set_read_timeout(Some(PATIENCE)).unwrap();
+        marker.read_exact(&mut [0u8; 78]).is_ok()
+    });
+    wait_until("node 1 to count the connections the flood took over", || inbound_failures(node.metrics) >= 1.0);
+    // Node 0 finishes its exchange with its hello, and beats: node 1 hears it.
+    valid.write_all(&hello(0, 1_000_000, node.fingerprint)).unwrap();
     let epoch = (node.epoch() / 16 + 1) * 16;
     let following = format!("P standby {epoch} {}", node.client_0);
     let mut sequence = 0;
-    wait_until("node 1 to follow node 0 behind the silent connections", || {
+    wait_until("node 1 to follow node 0, which proved the secret before the flood", || {
         sequence += 1;
         valid.write_all(&active_heartbeat(1_000_000, sequence, epoch)).unwrap();
         node.conn.call("P") == following
