@@ -22,8 +22,13 @@ use std::time::{Duration, Instant};
 use common::{Conn, PATIENCE, SecretFile, Server, wait_until};
 use ring::hmac;
 
-/// The peer protocol version the server speaks.
-const PEER_PROTOCOL: u32 = 4;
+/// The peer protocol version of a Hello, with or without a secret: that
+/// of the release before the peer secret, so that a cluster without one can
+/// be upgraded one node at a time.
+const PEER_PROTOCOL: u32 = 3;
+
+/// The version a Challenge names and a proof binds.
+const SECURED_PROTOCOL: u32 = 4;
 
 /// The secret the nodes of these tests share, as its file holds it.
 const SECRET_LINE: &[u8] = b"peer-auth-test-secret-0123456789abcdef\n";
@@ -91,7 +96,7 @@ fn active_heartbeat(incarnation: u64, sequence: u64, epoch: u64) -> Vec<u8> {
 
 fn challenge(nonce: &[u8; 32]) -> Vec<u8> {
     let mut body = b"RLKP".to_vec();
-    body.extend_from_slice(&PEER_PROTOCOL.to_le_bytes());
+    body.extend_from_slice(&SECURED_PROTOCOL.to_le_bytes());
     body.extend_from_slice(nonce);
     frame(12, &body)
 }
@@ -125,7 +130,7 @@ fn parse_answer(bytes: &[u8; 78]) -> Answer {
 fn mac(secret: &[u8], label: &str, nonces: (&[u8; 32], &[u8; 32]), node: u8, fingerprint: u64) -> [u8; 32] {
     let mut message = label.as_bytes().to_vec();
     message.push(0);
-    message.extend_from_slice(&PEER_PROTOCOL.to_le_bytes());
+    message.extend_from_slice(&SECURED_PROTOCOL.to_le_bytes());
     message.extend_from_slice(nonces.0);
     message.extend_from_slice(nonces.1);
     message.push(node);
@@ -492,6 +497,42 @@ fn a_node_with_the_secret_and_a_node_without_do_not_form_a_cluster_and_say_why()
         let ping = server.connect().call("P");
         assert!(!ping.ends_with(&other.to_string()), "{own} follows {other}: {ping}");
     }
+}
+
+#[test]
+fn a_node_without_a_secret_speaks_the_peer_protocol_of_version_3_both_ways() {
+    // A node of the release before the peer secret must form a cluster with
+    // this one while a cluster without a secret is upgraded node by node.
+    // The test plays that node 0 against a real node 1 without a secret.
+    let addresses = free_addrs(4);
+    let (client_0, client_1, peer_0, peer_1) = (addresses[0], addresses[1], addresses[2], addresses[3]);
+    let node_0 = TcpListener::bind(peer_0).unwrap();
+    let peers = format!("{client_0}@{peer_0},{client_1}@{peer_1}");
+    let node_1 = start_node(client_1, &peers, "1", &[]);
+    let fingerprint = fingerprint(&[client_0, client_1]);
+    // Node 1 dials node 0 and says hello first, as version 3 did.
+    let (mut dialled, _) = node_0.accept().unwrap();
+    dialled.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut hello_1 = [0u8; 40];
+    dialled.read_exact(&mut hello_1).unwrap();
+    assert_eq!(&hello_1[..9], &[36, 0, 0, 0, 1, b'R', b'L', b'K', b'P'], "a hello first: {hello_1:?}");
+    assert_eq!(u32::from_le_bytes(hello_1[9..13].try_into().unwrap()), 3, "version 3: {hello_1:?}");
+    assert_eq!((hello_1[13], hello_1[14]), (2, 1), "node 1 of 2");
+    assert_eq!(u64::from_le_bytes(hello_1[32..40].try_into().unwrap()), fingerprint);
+    // Node 0's version-3 hello and heartbeats are believed: node 1 follows.
+    let mut conn = node_1.connect();
+    wait_until("node 1 to serve alone", || conn.call("P").starts_with("P active "));
+    let epoch: u64 = conn.call("P").split(' ').nth(2).unwrap().parse().unwrap();
+    let epoch = (epoch / 16 + 1) * 16;
+    let mut stream = TcpStream::connect(peer_1).unwrap();
+    stream.write_all(&hello(0, 1_000_000, fingerprint)).unwrap();
+    let following = format!("P standby {epoch} {client_0}");
+    let mut sequence = 0;
+    wait_until("node 1 to follow node 0, which spoke version 3", || {
+        sequence += 1;
+        stream.write_all(&active_heartbeat(1_000_000, sequence, epoch)).unwrap();
+        conn.call("P") == following
+    });
 }
 
 /// How many lines of `log` give the warning of a peer port without a secret.
