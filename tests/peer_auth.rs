@@ -603,13 +603,13 @@ fn a_missing_empty_or_short_secret_file_stops_the_start_and_says_how_to_make_one
     let peers = format!("{}@{},{}@{}", addresses[0], addresses[2], addresses[1], addresses[3]);
     let cluster = ["--peers", &peers, "--node", "0"];
     let empty = SecretFile::new(b"\n");
-    let short = SecretFile::new(b"fifteen-bytes-!\n");
+    let short = SecretFile::new(b"0123456789abcdef0123456789abcde\n");
     let missing = empty.path.with_file_name("no-such-secret");
     let missing = missing.to_str().unwrap();
     let cases = [
         (missing, "cannot read --peer-secret-file"),
         (empty.arg(), "is empty"),
-        (short.arg(), "holds a secret of 15 bytes, shorter than the 16 needed"),
+        (short.arg(), "holds a secret of 31 bytes, shorter than the 32 needed"),
     ];
     for (file, expected) in cases {
         for through_env in [false, true] {
