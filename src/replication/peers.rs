@@ -42,7 +42,7 @@ use crate::cluster::wire::{
 };
 use crate::node::shared::Shared;
 
-use super::log_limit::{FailureLog, LogLimit};
+use super::log_limit::{self, FailureLog, LogLimit};
 use super::proof::{self, Nonces, Side};
 
 /// Bytes waiting for one peer before its connection is dropped: a peer that
@@ -251,17 +251,27 @@ pub struct Gate {
     random: SystemRandom,
     /// When inbound failures were last logged, by address.
     failures: RefCell<FailureLog>,
+    /// A failure is logged at most once per this, per address or peer.
+    log_interval_ms: u64,
     shared: Arc<Shared>,
     started: Instant,
 }
 
 impl Gate {
     pub fn new(identity: Identity, key: Option<hmac::Key>, shared: Arc<Shared>) -> Gate {
+        // Read once, here: tests set it so that counting log lines does not
+        // depend on how long they take (see `log_limit`).
+        let variable = std::env::var(log_limit::FAILURE_LOG_INTERVAL_ENV).ok();
+        let log_interval_ms = log_limit::interval_ms(variable.as_deref()).unwrap_or_else(|error| {
+            tracing::warn!("{error}; failed peer connections are logged once a minute per address");
+            log_limit::FAILURE_LOG_INTERVAL_MS
+        });
         Gate {
             identity,
             key,
             random: SystemRandom::new(),
-            failures: RefCell::new(FailureLog::default()),
+            failures: RefCell::new(FailureLog::new(log_interval_ms)),
+            log_interval_ms,
             shared,
             started: Instant::now(),
         }
@@ -301,10 +311,20 @@ impl Gate {
         let logged = self.failures.borrow_mut().failure(address.map(|address| address.ip()), self.now_ms());
         if let Some(logged) = logged {
             let shared = if logged.shared { " (logged for many addresses at once)" } else { "" };
+            let forgotten = if logged.forgotten > 0 {
+                format!(
+                    "; {} failures from other addresses were left out since their last lines (they had no failure \
+                     after their interval)",
+                    logged.forgotten
+                )
+            } else {
+                String::new()
+            };
             tracing::warn!(
                 peer = ?address,
                 left_out = logged.suppressed,
-                "{message}; such failures from this address are logged once a minute{shared}"
+                "{message}; such failures from this address are logged at most once every {}{shared}{forgotten}",
+                log_limit::describe_interval(self.log_interval_ms)
             );
         }
     }
@@ -868,13 +888,14 @@ pub async fn write(to: usize, address: SocketAddr, links: PeerLinks, retry: Dura
             };
             if let Some(reason) = failure {
                 gate.count_failure(Direction::Outbound);
-                if let Some(left_out) = failures_logged.failure(gate.now_ms()) {
+                if let Some(left_out) = failures_logged.failure(gate.now_ms(), gate.log_interval_ms) {
                     tracing::warn!(
                         peer = to,
                         %address,
                         left_out,
                         "peer connection dropped: the peer did not prove it holds the peer secret: {reason}; trying \
-                         again (logged once a minute)"
+                         again (logged at most once every {})",
+                        log_limit::describe_interval(gate.log_interval_ms)
                     );
                 }
                 let _ = stream.shutdown(std::net::Shutdown::Both).await;
