@@ -422,6 +422,42 @@ fn a_forged_peer_is_believed_in_nothing_and_counted_unless_it_proves_the_secret(
 }
 
 #[test]
+fn a_hello_that_does_not_name_what_its_proof_bound_or_silence_after_a_challenge_is_dropped_and_counted() {
+    let mut node = SecuredNode::start();
+    let mut failures = inbound_failures(node.metrics);
+    let takeover = node.takeover_frames();
+    let reason = "does not name the node and --peers fingerprint its proof bound";
+
+    // Whoever holds the secret can prove it as any node: a valid proof as
+    // node 5, then node 0's hello and heartbeats.
+    let nonce = [0x10; 32];
+    let (mut other_node, answer) = node.challenge(10, &nonce);
+    let node_5_mac = mac(secret(), CONNECTOR, (&nonce, &answer.nonce), 5, node.fingerprint);
+    let mut bytes = proof_frame(5, node.fingerprint, &node_5_mac);
+    bytes.extend(&takeover);
+    let _ = other_node.write_all(&bytes);
+    expect_closed(&mut other_node, 0);
+    failures = node.assert_refused_and_unchanged(failures, &other_node, reason);
+
+    // A valid proof for another --peers fingerprint, then a hello with this
+    // cluster's.
+    let nonce = [0x11; 32];
+    let (mut other_cluster, answer) = node.challenge(11, &nonce);
+    let other_fingerprint = node.fingerprint ^ 1;
+    let other_mac = mac(secret(), CONNECTOR, (&nonce, &answer.nonce), 0, other_fingerprint);
+    let mut bytes = proof_frame(0, other_fingerprint, &other_mac);
+    bytes.extend(&takeover);
+    let _ = other_cluster.write_all(&bytes);
+    expect_closed(&mut other_cluster, 0);
+    failures = node.assert_refused_and_unchanged(failures, &other_cluster, reason);
+
+    // A challenge, then silence: dropped once the 5 s to prove it are up.
+    let (mut silent, _) = node.challenge(12, &[0x12; 32]);
+    expect_closed(&mut silent, 0);
+    node.assert_refused_and_unchanged(failures, &silent, "no proof and hello within 5 s");
+}
+
+#[test]
 fn connections_that_never_prove_the_secret_do_not_keep_out_a_real_peer_that_proved_it() {
     let mut node = SecuredNode::start();
     // Node 0 starts its exchange first and proves the secret; its hello
