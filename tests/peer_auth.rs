@@ -4,9 +4,15 @@
 //! one, with garbage, with a proof replayed from an earlier connection or
 //! reflected back, nothing it sends is believed (node 1's role and epoch
 //! stay as they were, while the same frames sent after a valid proof do
-//! move them), and every failure is counted in `/metrics`. Nodes with and
-//! without the secret do not form a cluster, and say why; a cluster without
-//! it warns once at start; bad secret files stop the start.
+//! move them), and every failure is counted in `/metrics`; so is a hello
+//! that does not name what its proof bound, and a challenge followed by
+//! silence. A flood of connections does not take the place of a peer that
+//! proved itself. Played the other way, as the node a real node dials, a
+//! wrong, reflected or misdirected answer, or a refusal without a proof, is
+//! believed in nothing. Nodes with and without the secret do not form a
+//! cluster, and say why; without a secret a node speaks peer protocol
+//! version 3; a cluster without it warns once at start; bad secret files
+//! stop the start.
 //!
 //! The frames are spelled out here (see the top of src/cluster/wire.rs),
 //! so that the tests do not trust the codec they check.
@@ -682,4 +688,137 @@ fn a_secret_file_that_others_can_read_is_a_warning_not_a_refusal() {
     let log = node.log();
     assert!(log.contains("can be read by other users than its owner; `chmod 600` it"), "{log}");
     assert_eq!(unauthenticated_warnings(&log), 0, "{log}");
+}
+
+// ---------------------------------------------------------------------------
+// The connecting side: a real node dials the test, which plays the acceptor
+
+const ACCEPTOR: &str = "ringlock/peer-proof/acceptor";
+
+fn challenge_answer(nonce: &[u8; 32], node: u8, fingerprint: u64, mac: &[u8; 32]) -> Vec<u8> {
+    let mut body = nonce.to_vec();
+    body.push(node);
+    body.extend_from_slice(&fingerprint.to_le_bytes());
+    body.extend_from_slice(mac);
+    frame(13, &body)
+}
+
+#[test]
+fn a_node_believes_nothing_from_a_peer_it_dialled_that_does_not_prove_the_secret() {
+    // A real node 1 with the secret dials node 0, which the test plays: it
+    // accepts node 1's connections and answers each challenge wrongly.
+    let secret_file = SecretFile::new(SECRET_LINE);
+    let addresses = free_addrs(4);
+    let (client_0, client_1, peer_0, peer_1) = (addresses[0], addresses[1], addresses[2], addresses[3]);
+    let acceptor = TcpListener::bind(peer_0).unwrap();
+    let peers = format!("{client_0}@{peer_0},{client_1}@{peer_1}");
+    let listen = client_1.to_string();
+    // Node 1 waits max(--failover-ms, 1 s) for each answer: 3 s leaves the
+    // test time to answer on a shared machine.
+    let mut args = vec!["--listen", &listen, "--peers", &peers, "--node", "1"];
+    args.extend_from_slice(&["--heartbeat-ms", "50", "--failover-ms", "3000"]);
+    args.extend_from_slice(&["--peer-secret-file", secret_file.arg(), "--metrics-listen", "127.0.0.1:0"]);
+    // Every failure logged (node 1 retries every 50 ms), so that each case
+    // can be told by its line.
+    let node_1 = Server::start_with_env(&[(LOG_INTERVAL_ENV, "1")], &args);
+    let mut conn = node_1.connect();
+    wait_until("node 1 to serve alone", || conn.call("P").starts_with("P active "));
+    let alone = conn.call("P");
+    let metrics = metrics_address(&node_1);
+    let fingerprint = fingerprint(&[client_0, client_1]);
+
+    // Node 1's next connection to node 0 that still waits for its answer
+    // (one that node 1 gave up on while the test was busy is skipped), and
+    // the nonce of its challenge.
+    let next_challenge = || loop {
+        let (mut stream, _) = acceptor.accept().unwrap();
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut bytes = [0u8; 45];
+        stream.read_exact(&mut bytes).expect("node 1 starts with a challenge");
+        assert_eq!(&bytes[..13], &[41, 0, 0, 0, 12, b'R', b'L', b'K', b'P', 4, 0, 0, 0], "a challenge: {bytes:?}");
+        stream.set_nonblocking(true).unwrap();
+        let given_up = matches!(stream.peek(&mut [0u8; 1]), Ok(0));
+        stream.set_nonblocking(false).unwrap();
+        if !given_up {
+            let nonce: [u8; 32] = bytes[13..].try_into().unwrap();
+            break (stream, nonce);
+        }
+    };
+    let acceptor_nonce = [0x21; 32];
+    let other_secret = b"another-secret-of-enough-bytes-0123456789";
+    let cases: Vec<(&str, Box<dyn Fn(&[u8; 32]) -> Vec<u8>>, &str)> = vec![
+        (
+            "an answer made with another secret",
+            Box::new(|nonce| {
+                let mac = mac(other_secret, ACCEPTOR, (nonce, &acceptor_nonce), 0, fingerprint);
+                challenge_answer(&acceptor_nonce, 0, fingerprint, &mac)
+            }),
+            "its answer does not check",
+        ),
+        (
+            "node 1's own answer to the same challenge, reflected",
+            Box::new(|nonce| {
+                let mut own = connect_from([127, 0, 0, 20], peer_1);
+                own.write_all(&challenge(nonce)).unwrap();
+                own.set_read_timeout(Some(PATIENCE)).unwrap();
+                let mut answer = vec![0u8; 78];
+                own.read_exact(&mut answer).expect("node 1 answers a challenge");
+                answer
+            }),
+            "it proves it is node 1, not node 0",
+        ),
+        (
+            "a valid proof of another node",
+            Box::new(|nonce| {
+                let mac = mac(secret(), ACCEPTOR, (nonce, &acceptor_nonce), 5, fingerprint);
+                challenge_answer(&acceptor_nonce, 5, fingerprint, &mac)
+            }),
+            "it proves it is node 5, not node 0",
+        ),
+        (
+            "a valid proof for another --peers list",
+            Box::new(|nonce| {
+                let mac = mac(secret(), ACCEPTOR, (nonce, &acceptor_nonce), 0, fingerprint ^ 1);
+                challenge_answer(&acceptor_nonce, 0, fingerprint ^ 1, &mac)
+            }),
+            "it was started with another --peers list",
+        ),
+        (
+            "a refusal of node 1's hello instead of a proof",
+            Box::new(|_| frame(11, &[3])),
+            "a frame of 2 bytes announced",
+        ),
+    ];
+    for (case, answer, reason) in cases {
+        let before = auth_failures(metrics, "outbound");
+        let (mut stream, nonce) = next_challenge();
+        let _ = stream.write_all(&answer(&nonce));
+        // Node 1 closes without sending its proof or its hello.
+        expect_closed(&mut stream, 0);
+        wait_until(&format!("node 1 to count the connection to {case}"), || {
+            auth_failures(metrics, "outbound") > before
+        });
+        wait_until(&format!("node 1 to log why it dropped the connection to {case}: {reason}"), || {
+            node_1
+                .log()
+                .lines()
+                .any(|line| line.contains("did not prove it holds the peer secret") && line.contains(reason))
+        });
+        assert_eq!(conn.call("P"), alone, "node 1's role and epoch are unchanged after {case}");
+    }
+    assert!(
+        !node_1.log().contains("peer refuses this node"),
+        "a refusal without a proof was believed:\n{}",
+        node_1.log()
+    );
+
+    // A valid answer: node 1 sends its proof, as node 1, and its hello.
+    let (mut stream, nonce) = next_challenge();
+    let mac_0 = mac(secret(), ACCEPTOR, (&nonce, &acceptor_nonce), 0, fingerprint);
+    stream.write_all(&challenge_answer(&acceptor_nonce, 0, fingerprint, &mac_0)).unwrap();
+    let mut proof_and_hello = [0u8; 86];
+    stream.read_exact(&mut proof_and_hello).expect("node 1's proof and hello");
+    let mac_1 = mac(secret(), CONNECTOR, (&nonce, &acceptor_nonce), 1, fingerprint);
+    assert_eq!(proof_and_hello[..46], proof_frame(1, fingerprint, &mac_1)[..], "node 1's proof");
+    assert_eq!(proof_and_hello[46..55], [36, 0, 0, 0, 1, b'R', b'L', b'K', b'P'], "then its hello");
 }
