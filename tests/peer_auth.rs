@@ -695,6 +695,9 @@ fn a_secret_file_that_others_can_read_is_a_warning_not_a_refusal() {
 
 const ACCEPTOR: &str = "ringlock/peer-proof/acceptor";
 
+/// What the played acceptor sends in answer to the challenge with this nonce.
+type AnswerTo<'a> = Box<dyn Fn(&[u8; 32]) -> Vec<u8> + 'a>;
+
 fn challenge_answer(nonce: &[u8; 32], node: u8, fingerprint: u64, mac: &[u8; 32]) -> Vec<u8> {
     let mut body = nonce.to_vec();
     body.push(node);
@@ -746,7 +749,7 @@ fn a_node_believes_nothing_from_a_peer_it_dialled_that_does_not_prove_the_secret
     };
     let acceptor_nonce = [0x21; 32];
     let other_secret = b"another-secret-of-enough-bytes-0123456789";
-    let cases: Vec<(&str, Box<dyn Fn(&[u8; 32]) -> Vec<u8>>, &str)> = vec![
+    let cases: Vec<(&str, AnswerTo<'_>, &str)> = vec![
         (
             "an answer made with another secret",
             Box::new(|nonce| {

@@ -42,7 +42,7 @@ pub fn interval_ms(value: Option<&str>) -> Result<u64, String> {
 
 /// The interval, said for the log: "60 s", or "250 ms".
 pub fn describe_interval(interval_ms: u64) -> String {
-    if interval_ms % 1000 == 0 { format!("{} s", interval_ms / 1000) } else { format!("{interval_ms} ms") }
+    if interval_ms.is_multiple_of(1000) { format!("{} s", interval_ms / 1000) } else { format!("{interval_ms} ms") }
 }
 
 /// One address's (or one peer's) log times.
