@@ -54,9 +54,10 @@ pub struct Config {
     #[arg(long, env = "RINGLOCK_CLUSTER_LISTEN")]
     pub cluster_listen: Option<SocketAddr>,
 
-    /// Cluster: a file holding a shared secret, one line of at least 16
-    /// bytes (make one with `head -c 32 /dev/urandom | base64 > FILE`; the
-    /// same file on every node, readable only by the server's user). Every
+    /// Cluster: a file holding a shared secret, one line of at least 32
+    /// bytes, which are the key as written (make one with `head -c 32
+    /// /dev/urandom | base64 > FILE`: 44 characters; the same file on every
+    /// node, readable only by the server's user). Every
     /// peer connection then proves, both ways, that its two nodes hold it
     /// (HMAC-SHA256 over fresh nonces, the node index and the --peers list)
     /// before anything else it sends is read; a peer without it is refused.

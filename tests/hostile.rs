@@ -1066,7 +1066,7 @@ impl Pair {
 // that the tests do not trust the codec they attack.
 
 /// The peer protocol version the server speaks.
-const PEER_PROTOCOL: u32 = 4;
+const PEER_PROTOCOL: u32 = 3;
 
 /// The largest epoch a token can carry (24 bits).
 const EPOCH_MAX: u64 = (1 << 24) - 1;

@@ -4,9 +4,15 @@
 //! one, with garbage, with a proof replayed from an earlier connection or
 //! reflected back, nothing it sends is believed (node 1's role and epoch
 //! stay as they were, while the same frames sent after a valid proof do
-//! move them), and every failure is counted in `/metrics`. Nodes with and
-//! without the secret do not form a cluster, and say why; a cluster without
-//! it warns once at start; bad secret files stop the start.
+//! move them), and every failure is counted in `/metrics`; so is a hello
+//! that does not name what its proof bound, and a challenge followed by
+//! silence. A flood of connections does not take the place of a peer that
+//! proved itself. Played the other way, as the node a real node dials, a
+//! wrong, reflected or misdirected answer, or a refusal without a proof, is
+//! believed in nothing. Nodes with and without the secret do not form a
+//! cluster, and say why; without a secret a node speaks peer protocol
+//! version 3; a cluster without it warns once at start; bad secret files
+//! stop the start.
 //!
 //! The frames are spelled out here (see the top of src/cluster/wire.rs),
 //! so that the tests do not trust the codec they check.
@@ -22,14 +28,24 @@ use std::time::{Duration, Instant};
 use common::{Conn, PATIENCE, SecretFile, Server, wait_until};
 use ring::hmac;
 
-/// The peer protocol version the server speaks.
-const PEER_PROTOCOL: u32 = 4;
+/// The peer protocol version of a Hello, with or without a secret: that
+/// of the release before the peer secret, so that a cluster without one can
+/// be upgraded one node at a time.
+const PEER_PROTOCOL: u32 = 3;
+
+/// The version a Challenge names and a proof binds.
+const SECURED_PROTOCOL: u32 = 4;
 
 /// The secret the nodes of these tests share, as its file holds it.
 const SECRET_LINE: &[u8] = b"peer-auth-test-secret-0123456789abcdef\n";
 
 /// Heartbeat and failover periods of the nodes these tests start.
 const FAST: [&str; 4] = ["--heartbeat-ms", "50", "--failover-ms", "300"];
+
+/// The variable that sets, for tests, how often a failure from one address
+/// is logged, and the interval the tests set: a day.
+const LOG_INTERVAL_ENV: &str = "RINGLOCK_TEST_PEER_FAILURE_LOG_INTERVAL_MS";
+const LOG_INTERVAL_MS: &str = "86400000";
 
 const ACTIVE: u8 = 1;
 const NONE: u8 = 0xFF;
@@ -91,7 +107,7 @@ fn active_heartbeat(incarnation: u64, sequence: u64, epoch: u64) -> Vec<u8> {
 
 fn challenge(nonce: &[u8; 32]) -> Vec<u8> {
     let mut body = b"RLKP".to_vec();
-    body.extend_from_slice(&PEER_PROTOCOL.to_le_bytes());
+    body.extend_from_slice(&SECURED_PROTOCOL.to_le_bytes());
     body.extend_from_slice(nonce);
     frame(12, &body)
 }
@@ -125,7 +141,7 @@ fn parse_answer(bytes: &[u8; 78]) -> Answer {
 fn mac(secret: &[u8], label: &str, nonces: (&[u8; 32], &[u8; 32]), node: u8, fingerprint: u64) -> [u8; 32] {
     let mut message = label.as_bytes().to_vec();
     message.push(0);
-    message.extend_from_slice(&PEER_PROTOCOL.to_le_bytes());
+    message.extend_from_slice(&SECURED_PROTOCOL.to_le_bytes());
     message.extend_from_slice(nonces.0);
     message.extend_from_slice(nonces.1);
     message.push(node);
@@ -142,7 +158,7 @@ fn secret() -> &'static [u8] {
 }
 
 /// A connection to `to` from the loopback address `local` (127.0.0.x): a
-/// node logs failed connections once a minute per address, so each case
+/// node logs failed connections once per interval and address, so each case
 /// that must be logged comes from an address of its own.
 fn connect_from(local: [u8; 4], to: SocketAddr) -> TcpStream {
     use std::os::fd::FromRawFd;
@@ -256,7 +272,10 @@ impl SecuredNode {
         let mut args = vec!["--listen", &listen, "--peers", &peers, "--node", "1"];
         args.extend_from_slice(&FAST);
         args.extend_from_slice(&["--peer-secret-file", secret.arg(), "--metrics-listen", "127.0.0.1:0"]);
-        let server = Server::start(&args);
+        // Failures from one address are logged once per interval: a day
+        // here, so that counting the lines does not depend on how long the
+        // test takes.
+        let server = Server::start_with_env(&[(LOG_INTERVAL_ENV, LOG_INTERVAL_MS)], &args);
         let mut conn = server.connect();
         let prefix = "P active ";
         wait_until("node 1 to serve alone", || conn.call("P").starts_with(prefix));
@@ -377,7 +396,8 @@ fn a_forged_peer_is_believed_in_nothing_and_counted_unless_it_proves_the_secret(
     failures = node.assert_refused_and_unchanged(failures, &replayed, "its proof (as node 0) does not check");
     drop(earlier);
 
-    // Failures from one address are logged once a minute, and all counted.
+    // Failures from one address are logged once per interval (a day here),
+    // and all counted.
     let mut again = connect_from([127, 0, 0, 2], node.peer_1);
     let _ = again.write_all(&[0x5a; 45]);
     expect_closed(&mut again, 0);
@@ -386,7 +406,8 @@ fn a_forged_peer_is_believed_in_nothing_and_counted_unless_it_proves_the_secret(
     });
     failures += 1.0;
     let logged = node.server.log().lines().filter(|line| line.contains("Some(127.0.0.2:")).count();
-    assert_eq!(logged, 1, "one line for 127.0.0.2 in this minute:\n{}", node.server.log());
+    assert_eq!(logged, 1, "one line for 127.0.0.2 in this interval:\n{}", node.server.log());
+    assert!(node.server.log().contains("logged at most once every 86400 s"), "{}", node.server.log());
 
     // The same frames after a valid proof are believed: node 1 follows
     // node 0 into its higher epoch.
@@ -407,12 +428,54 @@ fn a_forged_peer_is_believed_in_nothing_and_counted_unless_it_proves_the_secret(
 }
 
 #[test]
-fn connections_that_never_prove_the_secret_do_not_keep_a_real_peer_out() {
+fn a_hello_that_does_not_name_what_its_proof_bound_or_silence_after_a_challenge_is_dropped_and_counted() {
     let mut node = SecuredNode::start();
-    // Twice as many connections as may wait for their introduction, all
-    // held open: a third send nothing, a third the first 15 bytes of a
-    // challenge, a third a whole challenge and then nothing (answered, they
-    // owe a proof that never comes).
+    let mut failures = inbound_failures(node.metrics);
+    let takeover = node.takeover_frames();
+    let reason = "does not name the node and --peers fingerprint its proof bound";
+
+    // Whoever holds the secret can prove it as any node: a valid proof as
+    // node 5, then node 0's hello and heartbeats.
+    let nonce = [0x10; 32];
+    let (mut other_node, answer) = node.challenge(10, &nonce);
+    let node_5_mac = mac(secret(), CONNECTOR, (&nonce, &answer.nonce), 5, node.fingerprint);
+    let mut bytes = proof_frame(5, node.fingerprint, &node_5_mac);
+    bytes.extend(&takeover);
+    let _ = other_node.write_all(&bytes);
+    expect_closed(&mut other_node, 0);
+    failures = node.assert_refused_and_unchanged(failures, &other_node, reason);
+
+    // A valid proof for another --peers fingerprint, then a hello with this
+    // cluster's.
+    let nonce = [0x11; 32];
+    let (mut other_cluster, answer) = node.challenge(11, &nonce);
+    let other_fingerprint = node.fingerprint ^ 1;
+    let other_mac = mac(secret(), CONNECTOR, (&nonce, &answer.nonce), 0, other_fingerprint);
+    let mut bytes = proof_frame(0, other_fingerprint, &other_mac);
+    bytes.extend(&takeover);
+    let _ = other_cluster.write_all(&bytes);
+    expect_closed(&mut other_cluster, 0);
+    failures = node.assert_refused_and_unchanged(failures, &other_cluster, reason);
+
+    // A challenge, then silence: dropped once the 5 s to prove it are up.
+    let (mut silent, _) = node.challenge(12, &[0x12; 32]);
+    expect_closed(&mut silent, 0);
+    node.assert_refused_and_unchanged(failures, &silent, "no proof and hello within 5 s");
+}
+
+#[test]
+fn connections_that_never_prove_the_secret_do_not_keep_out_a_real_peer_that_proved_it() {
+    let mut node = SecuredNode::start();
+    // Node 0 starts its exchange first and proves the secret; its hello
+    // comes later (in a later segment, as it may on a real network).
+    let nonce = [0xEE; 32];
+    let (mut valid, answer) = node.challenge(9, &nonce);
+    valid.write_all(&node.proof(&nonce, &answer)).unwrap();
+    // Then twice as many connections as may wait for their introduction,
+    // all held open and all newer than node 0's: a third send nothing, a
+    // third the first 15 bytes of a challenge, a third a whole challenge and
+    // then nothing (answered, they owe a proof that never comes). Room is
+    // made for each by shutting the oldest that has not sent what it owes.
     let waiting: Vec<TcpStream> = (0..128u8)
         .map(|index| {
             let mut stream = TcpStream::connect(node.peer_1).unwrap();
@@ -425,16 +488,21 @@ fn connections_that_never_prove_the_secret_do_not_keep_a_real_peer_out() {
             stream
         })
         .collect();
-    // Node 0 connects behind them, proves the secret and beats: node 1 hears it.
-    let nonce = [0xEE; 32];
-    let (mut valid, answer) = node.challenge(9, &nonce);
-    let mut bytes = node.proof(&nonce, &answer);
-    bytes.extend(hello(0, 1_000_000, node.fingerprint));
-    valid.write_all(&bytes).unwrap();
+    // Once a connection opened after all of them is answered, node 1 has
+    // accepted every one of them (and made room for each).
+    wait_until("node 1 to answer a challenge sent after the flood", || {
+        let mut marker = TcpStream::connect(node.peer_1).unwrap();
+        marker.write_all(&challenge(&[0xAA; 32])).unwrap();
+        marker.set_read_timeout(Some(PATIENCE)).unwrap();
+        marker.read_exact(&mut [0u8; 78]).is_ok()
+    });
+    wait_until("node 1 to count the connections the flood took over", || inbound_failures(node.metrics) >= 1.0);
+    // Node 0 finishes its exchange with its hello, and beats: node 1 hears it.
+    valid.write_all(&hello(0, 1_000_000, node.fingerprint)).unwrap();
     let epoch = (node.epoch() / 16 + 1) * 16;
     let following = format!("P standby {epoch} {}", node.client_0);
     let mut sequence = 0;
-    wait_until("node 1 to follow node 0 behind the silent connections", || {
+    wait_until("node 1 to follow node 0, which proved the secret before the flood", || {
         sequence += 1;
         valid.write_all(&active_heartbeat(1_000_000, sequence, epoch)).unwrap();
         node.conn.call("P") == following
@@ -481,6 +549,42 @@ fn a_node_with_the_secret_and_a_node_without_do_not_form_a_cluster_and_say_why()
         let ping = server.connect().call("P");
         assert!(!ping.ends_with(&other.to_string()), "{own} follows {other}: {ping}");
     }
+}
+
+#[test]
+fn a_node_without_a_secret_speaks_the_peer_protocol_of_version_3_both_ways() {
+    // A node of the release before the peer secret must form a cluster with
+    // this one while a cluster without a secret is upgraded node by node.
+    // The test plays that node 0 against a real node 1 without a secret.
+    let addresses = free_addrs(4);
+    let (client_0, client_1, peer_0, peer_1) = (addresses[0], addresses[1], addresses[2], addresses[3]);
+    let node_0 = TcpListener::bind(peer_0).unwrap();
+    let peers = format!("{client_0}@{peer_0},{client_1}@{peer_1}");
+    let node_1 = start_node(client_1, &peers, "1", &[]);
+    let fingerprint = fingerprint(&[client_0, client_1]);
+    // Node 1 dials node 0 and says hello first, as version 3 did.
+    let (mut dialled, _) = node_0.accept().unwrap();
+    dialled.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut hello_1 = [0u8; 40];
+    dialled.read_exact(&mut hello_1).unwrap();
+    assert_eq!(&hello_1[..9], &[36, 0, 0, 0, 1, b'R', b'L', b'K', b'P'], "a hello first: {hello_1:?}");
+    assert_eq!(u32::from_le_bytes(hello_1[9..13].try_into().unwrap()), 3, "version 3: {hello_1:?}");
+    assert_eq!((hello_1[13], hello_1[14]), (2, 1), "node 1 of 2");
+    assert_eq!(u64::from_le_bytes(hello_1[32..40].try_into().unwrap()), fingerprint);
+    // Node 0's version-3 hello and heartbeats are believed: node 1 follows.
+    let mut conn = node_1.connect();
+    wait_until("node 1 to serve alone", || conn.call("P").starts_with("P active "));
+    let epoch: u64 = conn.call("P").split(' ').nth(2).unwrap().parse().unwrap();
+    let epoch = (epoch / 16 + 1) * 16;
+    let mut stream = TcpStream::connect(peer_1).unwrap();
+    stream.write_all(&hello(0, 1_000_000, fingerprint)).unwrap();
+    let following = format!("P standby {epoch} {client_0}");
+    let mut sequence = 0;
+    wait_until("node 1 to follow node 0, which spoke version 3", || {
+        sequence += 1;
+        stream.write_all(&active_heartbeat(1_000_000, sequence, epoch)).unwrap();
+        conn.call("P") == following
+    });
 }
 
 /// How many lines of `log` give the warning of a peer port without a secret.
@@ -551,13 +655,13 @@ fn a_missing_empty_or_short_secret_file_stops_the_start_and_says_how_to_make_one
     let peers = format!("{}@{},{}@{}", addresses[0], addresses[2], addresses[1], addresses[3]);
     let cluster = ["--peers", &peers, "--node", "0"];
     let empty = SecretFile::new(b"\n");
-    let short = SecretFile::new(b"fifteen-bytes-!\n");
+    let short = SecretFile::new(b"0123456789abcdef0123456789abcde\n");
     let missing = empty.path.with_file_name("no-such-secret");
     let missing = missing.to_str().unwrap();
     let cases = [
         (missing, "cannot read --peer-secret-file"),
         (empty.arg(), "is empty"),
-        (short.arg(), "holds a secret of 15 bytes, shorter than the 16 needed"),
+        (short.arg(), "holds a secret of 31 bytes, shorter than the 32 needed"),
     ];
     for (file, expected) in cases {
         for through_env in [false, true] {
@@ -584,4 +688,140 @@ fn a_secret_file_that_others_can_read_is_a_warning_not_a_refusal() {
     let log = node.log();
     assert!(log.contains("can be read by other users than its owner; `chmod 600` it"), "{log}");
     assert_eq!(unauthenticated_warnings(&log), 0, "{log}");
+}
+
+// ---------------------------------------------------------------------------
+// The connecting side: a real node dials the test, which plays the acceptor
+
+const ACCEPTOR: &str = "ringlock/peer-proof/acceptor";
+
+/// What the played acceptor sends in answer to the challenge with this nonce.
+type AnswerTo<'a> = Box<dyn Fn(&[u8; 32]) -> Vec<u8> + 'a>;
+
+fn challenge_answer(nonce: &[u8; 32], node: u8, fingerprint: u64, mac: &[u8; 32]) -> Vec<u8> {
+    let mut body = nonce.to_vec();
+    body.push(node);
+    body.extend_from_slice(&fingerprint.to_le_bytes());
+    body.extend_from_slice(mac);
+    frame(13, &body)
+}
+
+#[test]
+fn a_node_believes_nothing_from_a_peer_it_dialled_that_does_not_prove_the_secret() {
+    // A real node 1 with the secret dials node 0, which the test plays: it
+    // accepts node 1's connections and answers each challenge wrongly.
+    let secret_file = SecretFile::new(SECRET_LINE);
+    let addresses = free_addrs(4);
+    let (client_0, client_1, peer_0, peer_1) = (addresses[0], addresses[1], addresses[2], addresses[3]);
+    let acceptor = TcpListener::bind(peer_0).unwrap();
+    let peers = format!("{client_0}@{peer_0},{client_1}@{peer_1}");
+    let listen = client_1.to_string();
+    // Node 1 waits max(--failover-ms, 1 s) for each answer: 3 s leaves the
+    // test time to answer on a shared machine.
+    let mut args = vec!["--listen", &listen, "--peers", &peers, "--node", "1"];
+    args.extend_from_slice(&["--heartbeat-ms", "50", "--failover-ms", "3000"]);
+    args.extend_from_slice(&["--peer-secret-file", secret_file.arg(), "--metrics-listen", "127.0.0.1:0"]);
+    // Every failure logged (node 1 retries every 50 ms), so that each case
+    // can be told by its line.
+    let node_1 = Server::start_with_env(&[(LOG_INTERVAL_ENV, "1")], &args);
+    let mut conn = node_1.connect();
+    wait_until("node 1 to serve alone", || conn.call("P").starts_with("P active "));
+    let alone = conn.call("P");
+    let metrics = metrics_address(&node_1);
+    let fingerprint = fingerprint(&[client_0, client_1]);
+
+    // Node 1's next connection to node 0 that still waits for its answer
+    // (one that node 1 gave up on while the test was busy is skipped), and
+    // the nonce of its challenge.
+    let next_challenge = || loop {
+        let (mut stream, _) = acceptor.accept().unwrap();
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut bytes = [0u8; 45];
+        stream.read_exact(&mut bytes).expect("node 1 starts with a challenge");
+        assert_eq!(&bytes[..13], &[41, 0, 0, 0, 12, b'R', b'L', b'K', b'P', 4, 0, 0, 0], "a challenge: {bytes:?}");
+        stream.set_nonblocking(true).unwrap();
+        let given_up = matches!(stream.peek(&mut [0u8; 1]), Ok(0));
+        stream.set_nonblocking(false).unwrap();
+        if !given_up {
+            let nonce: [u8; 32] = bytes[13..].try_into().unwrap();
+            break (stream, nonce);
+        }
+    };
+    let acceptor_nonce = [0x21; 32];
+    let other_secret = b"another-secret-of-enough-bytes-0123456789";
+    let cases: Vec<(&str, AnswerTo<'_>, &str)> = vec![
+        (
+            "an answer made with another secret",
+            Box::new(|nonce| {
+                let mac = mac(other_secret, ACCEPTOR, (nonce, &acceptor_nonce), 0, fingerprint);
+                challenge_answer(&acceptor_nonce, 0, fingerprint, &mac)
+            }),
+            "its answer does not check",
+        ),
+        (
+            "node 1's own answer to the same challenge, reflected",
+            Box::new(|nonce| {
+                let mut own = connect_from([127, 0, 0, 20], peer_1);
+                own.write_all(&challenge(nonce)).unwrap();
+                own.set_read_timeout(Some(PATIENCE)).unwrap();
+                let mut answer = vec![0u8; 78];
+                own.read_exact(&mut answer).expect("node 1 answers a challenge");
+                answer
+            }),
+            "it proves it is node 1, not node 0",
+        ),
+        (
+            "a valid proof of another node",
+            Box::new(|nonce| {
+                let mac = mac(secret(), ACCEPTOR, (nonce, &acceptor_nonce), 5, fingerprint);
+                challenge_answer(&acceptor_nonce, 5, fingerprint, &mac)
+            }),
+            "it proves it is node 5, not node 0",
+        ),
+        (
+            "a valid proof for another --peers list",
+            Box::new(|nonce| {
+                let mac = mac(secret(), ACCEPTOR, (nonce, &acceptor_nonce), 0, fingerprint ^ 1);
+                challenge_answer(&acceptor_nonce, 0, fingerprint ^ 1, &mac)
+            }),
+            "it was started with another --peers list",
+        ),
+        (
+            "a refusal of node 1's hello instead of a proof",
+            Box::new(|_| frame(11, &[3])),
+            "a frame of 2 bytes announced",
+        ),
+    ];
+    for (case, answer, reason) in cases {
+        let before = auth_failures(metrics, "outbound");
+        let (mut stream, nonce) = next_challenge();
+        let _ = stream.write_all(&answer(&nonce));
+        // Node 1 closes without sending its proof or its hello.
+        expect_closed(&mut stream, 0);
+        wait_until(&format!("node 1 to count the connection to {case}"), || {
+            auth_failures(metrics, "outbound") > before
+        });
+        wait_until(&format!("node 1 to log why it dropped the connection to {case}: {reason}"), || {
+            node_1
+                .log()
+                .lines()
+                .any(|line| line.contains("did not prove it holds the peer secret") && line.contains(reason))
+        });
+        assert_eq!(conn.call("P"), alone, "node 1's role and epoch are unchanged after {case}");
+    }
+    assert!(
+        !node_1.log().contains("peer refuses this node"),
+        "a refusal without a proof was believed:\n{}",
+        node_1.log()
+    );
+
+    // A valid answer: node 1 sends its proof, as node 1, and its hello.
+    let (mut stream, nonce) = next_challenge();
+    let mac_0 = mac(secret(), ACCEPTOR, (&nonce, &acceptor_nonce), 0, fingerprint);
+    stream.write_all(&challenge_answer(&acceptor_nonce, 0, fingerprint, &mac_0)).unwrap();
+    let mut proof_and_hello = [0u8; 86];
+    stream.read_exact(&mut proof_and_hello).expect("node 1's proof and hello");
+    let mac_1 = mac(secret(), CONNECTOR, (&nonce, &acceptor_nonce), 1, fingerprint);
+    assert_eq!(proof_and_hello[..46], proof_frame(1, fingerprint, &mac_1)[..], "node 1's proof");
+    assert_eq!(proof_and_hello[46..55], [36, 0, 0, 0, 1, b'R', b'L', b'K', b'P'], "then its hello");
 }

@@ -47,8 +47,10 @@
 //! # Peer secret
 //!
 //! Without `--peer-secret-file` a connection starts with the connector's
-//! Hello. With it, both sides first prove that they hold the secret, and
-//! nothing else is read until both proofs check:
+//! Hello, byte for byte as in version 3, so that nodes of this version and
+//! of the last can form a cluster (a rolling upgrade). With it, both sides
+//! first prove that they hold the secret, and nothing else is read until
+//! both proofs check:
 //!
 //! ```text
 //! connector                                   acceptor
@@ -56,7 +58,7 @@
 //!                                       <-    ChallengeAnswer(nonce_a, acceptor's node, fingerprint, mac_a)
 //!   Proof(connector's node, fingerprint, mac_c)  Hello  ->
 //!
-//! mac_x = HMAC-SHA256(secret, label_x 0x00 version:u32 nonce_c nonce_a node:u8 peers_fingerprint:u64)
+//! mac_x = HMAC-SHA256(secret, label_x 0x00 secured_version:u32 nonce_c nonce_a node:u8 peers_fingerprint:u64)
 //! label_a = "ringlock/peer-proof/acceptor"   label_c = "ringlock/peer-proof/connector"
 //! ```
 //!
@@ -64,6 +66,11 @@
 //! fresh nonces and the `--peers` fingerprint; the Hello that follows must
 //! name the node and fingerprint the connector's Proof bound. The proof
 //! itself is computed in `replication::proof`.
+//!
+//! The Challenge and the proofs name [`SECURED_PROTOCOL_VERSION`] (4);
+//! the Hello after them, and every frame after it, are those of
+//! [`PROTOCOL_VERSION`] (3). A node of version 3 reads a Challenge as a
+//! first frame that is not a Hello and closes the connection.
 //!
 //! The rules [`decode`] enforces:
 //! - `len` above [`FRAME_LEN_MAX`] is an error as soon as the four length
@@ -77,7 +84,7 @@
 //!   `EPOCH_MAX` (2^24 - 1): no token can carry a larger one, and a node
 //!   that learned one could never move above it.
 //! - A HelloRefused reason is one of the four [`Refusal`]s.
-//! - Challenge: the magic and `version` = [`PROTOCOL_VERSION`], as a Hello.
+//! - Challenge: the magic and `version` = [`SECURED_PROTOCOL_VERSION`].
 //!   ChallengeAnswer and Proof: `node` below `NODES_MAX` (never "none").
 //! - Heartbeat: `following` and `handing_off_to` below `NODES_MAX` or `0xFF`;
 //!   a table that is absent (`has_table` 0) is sent as zeros, and zeros are
@@ -105,9 +112,15 @@ use crate::cluster::{Heartbeat, PeerMessage, PeerRole, TableVersion};
 /// Version 3: a Hello carries the fingerprint of the sender's `--peers`, an
 /// acceptor answers a Hello it refuses with HelloRefused, and epochs are
 /// range-checked.
-/// Version 4: with a peer secret, a connection starts with Challenge,
-/// ChallengeAnswer and Proof before the Hello.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// The peer secret did not change it: a connection without one speaks
+/// version 3 exactly, so that a cluster without a secret can be upgraded one
+/// node at a time.
+pub const PROTOCOL_VERSION: u32 = 3;
+
+/// The version a Challenge names and the proofs bind: version 3 preceded by
+/// the exchange of proofs of the peer secret (Challenge, ChallengeAnswer,
+/// Proof). Only a node with a peer secret sends it.
+pub const SECURED_PROTOCOL_VERSION: u32 = 4;
 
 /// Longest frame, in bytes after the 4-byte length prefix.
 pub const FRAME_LEN_MAX: usize = 1 << 20;
@@ -373,6 +386,8 @@ pub enum WireError {
     BadMagic([u8; 4]),
     /// A Hello of another protocol version.
     BadVersion(u32),
+    /// A Challenge of another version than [`SECURED_PROTOCOL_VERSION`].
+    BadChallengeVersion(u32),
     /// A Hello's cluster size is not `1..=NODES_MAX`.
     BadNodes(u8),
     /// A node index is out of range.
@@ -420,6 +435,11 @@ impl fmt::Display for WireError {
             WireError::BadVersion(version) => {
                 write!(f, "peer speaks protocol version {version}; this node speaks {PROTOCOL_VERSION}")
             }
+            WireError::BadChallengeVersion(version) => write!(
+                f,
+                "peer's challenge names protocol version {version}; this node's peer secret speaks \
+                 {SECURED_PROTOCOL_VERSION}"
+            ),
             WireError::BadNodes(nodes) => write!(f, "cluster size {nodes} is not between 1 and {NODES_MAX}"),
             WireError::BadIndex(index) => write!(f, "node index {index} out of range"),
             WireError::BadRole(byte) => write!(f, "unknown role {byte}"),
@@ -468,7 +488,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         Frame::Challenge { nonce } => {
             let start = begin_frame(frame_type::CHALLENGE, out);
             out.extend_from_slice(&HELLO_MAGIC);
-            put_u32(PROTOCOL_VERSION, out);
+            put_u32(SECURED_PROTOCOL_VERSION, out);
             out.extend_from_slice(nonce);
             end_frame(start, out);
         }
@@ -710,7 +730,10 @@ pub fn decode(input: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
             Frame::HelloRefused(Refusal::from_byte(byte).ok_or(WireError::BadRefusal(byte))?)
         }
         frame_type::CHALLENGE => {
-            read_magic_and_version(&mut reader)?;
+            let version = read_magic_and_version(&mut reader)?;
+            if version != SECURED_PROTOCOL_VERSION {
+                return Err(WireError::BadChallengeVersion(version));
+            }
             Frame::Challenge { nonce: reader.array()? }
         }
         frame_type::CHALLENGE_ANSWER => {
@@ -725,17 +748,13 @@ pub fn decode(input: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
     Ok(Some((frame, LEN_PREFIX_BYTES + len)))
 }
 
-/// The magic and version a Hello and a Challenge start with.
+/// The magic a Hello and a Challenge start with, and the version after it.
 fn read_magic_and_version(reader: &mut Reader<'_>) -> Result<u32, WireError> {
     let magic = reader.array::<4>()?;
     if magic != HELLO_MAGIC {
         return Err(WireError::BadMagic(magic));
     }
-    let version = reader.u32()?;
-    if version != PROTOCOL_VERSION {
-        return Err(WireError::BadVersion(version));
-    }
-    Ok(version)
+    reader.u32()
 }
 
 fn read_proof(reader: &mut Reader<'_>) -> Result<Proof, WireError> {
@@ -744,6 +763,9 @@ fn read_proof(reader: &mut Reader<'_>) -> Result<Proof, WireError> {
 
 fn read_hello(reader: &mut Reader<'_>) -> Result<Hello, WireError> {
     let version = read_magic_and_version(reader)?;
+    if version != PROTOCOL_VERSION {
+        return Err(WireError::BadVersion(version));
+    }
     let nodes = reader.u8()?;
     if !(1..=NODES_MAX).contains(&usize::from(nodes)) {
         return Err(WireError::BadNodes(nodes));
@@ -1077,7 +1099,50 @@ mod tests {
         assert_eq!(decode(&bytes), Err(WireError::BadMagic(*b"XLKP")));
         let mut bytes = challenge;
         bytes[PAYLOAD_AT + 4..PAYLOAD_AT + 8].copy_from_slice(&3u32.to_le_bytes());
-        assert_eq!(decode(&bytes), Err(WireError::BadVersion(3)), "version 3 has no peer secret");
+        assert_eq!(decode(&bytes), Err(WireError::BadChallengeVersion(3)), "version 3 has no peer secret");
+    }
+
+    #[test]
+    fn a_hello_is_byte_for_byte_that_of_version_3() {
+        // A node without a peer secret must be read by a node of the last
+        // release, and read it: the same version number and the same bytes.
+        let hello = Hello {
+            version: PROTOCOL_VERSION,
+            nodes: 3,
+            node: 1,
+            incarnation: 0x0102_0304_0506_0708,
+            epoch: 0x21,
+            role: PeerRole::Standby,
+            peers_fingerprint: 0x1112_1314_1516_1718,
+        };
+        let mut expected = vec![36, 0, 0, 0, 1, b'R', b'L', b'K', b'P', 3, 0, 0, 0, 3, 1];
+        expected.extend_from_slice(&[8, 7, 6, 5, 4, 3, 2, 1]);
+        expected.extend_from_slice(&[0x21, 0, 0, 0, 0, 0, 0, 0]);
+        expected.push(2);
+        expected.extend_from_slice(&[0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11]);
+        assert_eq!(encoded(&Frame::Hello(hello)), expected);
+        assert_eq!(decode(&expected), Ok(Some((Frame::Hello(hello), HELLO_FRAME_BYTES))));
+    }
+
+    #[test]
+    fn a_challenge_names_the_secured_version_and_a_hello_of_it_is_refused() {
+        let challenge = encoded(&Frame::Challenge { nonce: [7; NONCE_BYTES] });
+        assert_eq!(challenge[PAYLOAD_AT + 4..PAYLOAD_AT + 8], SECURED_PROTOCOL_VERSION.to_le_bytes());
+        let mut hello = encoded(&Frame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            nodes: 2,
+            node: 0,
+            incarnation: 1,
+            epoch: 1,
+            role: PeerRole::Active,
+            peers_fingerprint: 1,
+        }));
+        hello[PAYLOAD_AT + 4..PAYLOAD_AT + 8].copy_from_slice(&SECURED_PROTOCOL_VERSION.to_le_bytes());
+        assert_eq!(decode(&hello), Err(WireError::BadVersion(SECURED_PROTOCOL_VERSION)));
+        assert_eq!(
+            WireError::BadChallengeVersion(3).to_string(),
+            "peer's challenge names protocol version 3; this node's peer secret speaks 4"
+        );
     }
 
     #[test]
@@ -1449,7 +1514,7 @@ mod tests {
             WireError::FrameTooLong { len: 5_000_000 }.to_string(),
             "frame of 5000000 bytes announced; the limit is 1048576"
         );
-        assert_eq!(WireError::BadVersion(1).to_string(), "peer speaks protocol version 1; this node speaks 4");
+        assert_eq!(WireError::BadVersion(1).to_string(), "peer speaks protocol version 1; this node speaks 3");
         assert_eq!(
             WireError::BadMagic(*b"GET ").to_string(),
             "hello or challenge starts with [47, 45, 54, 20], not [52, 4c, 4b, 50]: not a ringlock peer"

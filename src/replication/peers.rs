@@ -42,7 +42,7 @@ use crate::cluster::wire::{
 };
 use crate::node::shared::Shared;
 
-use super::log_limit::{FailureLog, LogLimit};
+use super::log_limit::{self, FailureLog, LogLimit};
 use super::proof::{self, Nonces, Side};
 
 /// Bytes waiting for one peer before its connection is dropped: a peer that
@@ -76,11 +76,18 @@ const WRITE_PIECE_BYTES: usize = 256 << 10;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The most bytes an inbound connection may have to show waiting, whole,
-/// to keep its place among the [`Unintroduced`]: a Proof and a Hello.
-const INTRODUCTION_PEEK_BYTES_MAX: usize = PROOF_FRAME_BYTES + HELLO_FRAME_BYTES;
+/// to keep its place among the [`Unintroduced`]: its Proof, the longest of
+/// the frames it can owe.
+const INTRODUCTION_PEEK_BYTES_MAX: usize = PROOF_FRAME_BYTES;
 
 const _: () = assert!(HELLO_FRAME_BYTES <= INTRODUCTION_PEEK_BYTES_MAX);
 const _: () = assert!(CHALLENGE_FRAME_BYTES <= INTRODUCTION_PEEK_BYTES_MAX);
+
+/// The longest frame read before a connection is admitted: the
+/// ChallengeAnswer a connector reads.
+const FIRST_FRAME_BYTES_MAX: usize = CHALLENGE_ANSWER_FRAME_BYTES;
+
+const _: () = assert!(INTRODUCTION_PEEK_BYTES_MAX <= FIRST_FRAME_BYTES_MAX);
 
 /// What happened on a connection from a peer.
 #[derive(Debug)]
@@ -244,17 +251,27 @@ pub struct Gate {
     random: SystemRandom,
     /// When inbound failures were last logged, by address.
     failures: RefCell<FailureLog>,
+    /// A failure is logged at most once per this, per address or peer.
+    log_interval_ms: u64,
     shared: Arc<Shared>,
     started: Instant,
 }
 
 impl Gate {
     pub fn new(identity: Identity, key: Option<hmac::Key>, shared: Arc<Shared>) -> Gate {
+        // Read once, here: tests set it so that counting log lines does not
+        // depend on how long they take (see `log_limit`).
+        let variable = std::env::var(log_limit::FAILURE_LOG_INTERVAL_ENV).ok();
+        let log_interval_ms = log_limit::interval_ms(variable.as_deref()).unwrap_or_else(|error| {
+            tracing::warn!("{error}; failed peer connections are logged once a minute per address");
+            log_limit::FAILURE_LOG_INTERVAL_MS
+        });
         Gate {
             identity,
             key,
             random: SystemRandom::new(),
-            failures: RefCell::new(FailureLog::default()),
+            failures: RefCell::new(FailureLog::new(log_interval_ms)),
+            log_interval_ms,
             shared,
             started: Instant::now(),
         }
@@ -294,10 +311,20 @@ impl Gate {
         let logged = self.failures.borrow_mut().failure(address.map(|address| address.ip()), self.now_ms());
         if let Some(logged) = logged {
             let shared = if logged.shared { " (logged for many addresses at once)" } else { "" };
+            let forgotten = if logged.forgotten > 0 {
+                format!(
+                    "; {} failures from other addresses were left out since their last lines (they had no failure \
+                     after their interval)",
+                    logged.forgotten
+                )
+            } else {
+                String::new()
+            };
             tracing::warn!(
                 peer = ?address,
                 left_out = logged.suppressed,
-                "{message}; such failures from this address are logged once a minute{shared}"
+                "{message}; such failures from this address are logged at most once every {}{shared}{forgotten}",
+                log_limit::describe_interval(self.log_interval_ms)
             );
         }
     }
@@ -342,8 +369,10 @@ enum Expecting {
     Hello,
     /// Its Challenge (with a peer secret, before this node answered it).
     Challenge,
-    /// Its Proof and its Hello (with a peer secret, once this node answered).
-    ProofAndHello,
+    /// Its Proof (with a peer secret, once this node answered). The Hello
+    /// that follows is not waited for here: it may come in a later segment,
+    /// and once the proof checks the connection leaves the waiting list.
+    Proof,
 }
 
 /// The inbound connections that have not said hello yet, oldest first,
@@ -358,10 +387,12 @@ impl Unintroduced {
     /// Makes room for one more: if [`UNINTRODUCED_MAX`] are waiting, shuts
     /// the oldest that has not sent the whole of what it must send next
     /// (its read ends, and its task with it). A peer sends its hello (with
-    /// a peer secret: its challenge, and its proof and hello as soon as it
-    /// is answered) at once, so connections that send nothing or trickle,
+    /// a peer secret: its challenge, and its proof as soon as it is
+    /// answered) at once, so connections that send nothing or trickle,
     /// however many and however often reopened, never keep it out: it would
-    /// have to be the oldest of them. False if every waiting one has what
+    /// have to be the oldest of them. (With a peer secret it is exposed for
+    /// the round trip between its challenge and its proof, when it owes a
+    /// proof it cannot have sent yet.) False if every waiting one has what
     /// it must send next whole in its socket.
     fn make_room(&mut self) -> bool {
         if self.waiting.len() < UNINTRODUCED_MAX {
@@ -388,7 +419,7 @@ fn expected_frames_waiting(fd: RawFd, expecting: Expecting) -> bool {
     let wanted = match expecting {
         Expecting::Hello => HELLO_FRAME_BYTES,
         Expecting::Challenge => CHALLENGE_FRAME_BYTES,
-        Expecting::ProofAndHello => PROOF_FRAME_BYTES + HELLO_FRAME_BYTES,
+        Expecting::Proof => PROOF_FRAME_BYTES,
     };
     let mut bytes = [0u8; INTRODUCTION_PEEK_BYTES_MAX];
     // SAFETY: a peek into a local buffer of at least this length.
@@ -400,18 +431,19 @@ fn expected_frames_waiting(fd: RawFd, expecting: Expecting) -> bool {
     match expecting {
         Expecting::Hello => matches!(frame(0), Some(Frame::Hello(_))),
         Expecting::Challenge => matches!(frame(0), Some(Frame::Challenge { .. })),
-        Expecting::ProofAndHello => {
-            matches!(frame(0), Some(Frame::Proof(_))) && matches!(frame(PROOF_FRAME_BYTES), Some(Frame::Hello(_)))
-        }
+        Expecting::Proof => matches!(frame(0), Some(Frame::Proof(_))),
     }
 }
 
 /// A connection's entry among the [`Unintroduced`], removed when it has
-/// said hello (or failed to) or when its task ends, before its stream is
-/// dropped, so that the queue never holds a closed descriptor.
+/// proved the peer secret, when it has said hello (or failed to) or when
+/// its task ends, before its stream is dropped, so that the queue never
+/// holds a closed descriptor.
 struct Introduction {
     queue: Rc<RefCell<Unintroduced>>,
     id: u64,
+    /// It left the queue once its proof checked (see [`Introduction::proved`]).
+    proved: Cell<bool>,
 }
 
 impl Introduction {
@@ -420,7 +452,7 @@ impl Introduction {
         let id = unintroduced.next_id;
         unintroduced.next_id += 1;
         unintroduced.waiting.push_back((id, stream.as_raw_fd(), expecting));
-        Introduction { queue: queue.clone(), id }
+        Introduction { queue: queue.clone(), id, proved: Cell::new(false) }
     }
 
     /// The connection must now send `expecting` to keep its place.
@@ -431,13 +463,27 @@ impl Introduction {
         }
     }
 
+    /// The connection proved that it holds the peer secret: it leaves the
+    /// queue, so that no newer connection can take its place. Whoever
+    /// reaches this point holds the secret, so it is no flood; its Hello
+    /// was sent with its proof, and [`HELLO_TIMEOUT`] still bounds the wait.
+    /// False if a newer connection took its place before its proof was read.
+    fn proved(&self) -> bool {
+        let mut queue = self.queue.borrow_mut();
+        let before = queue.waiting.len();
+        queue.waiting.retain(|&(id, _, _)| id != self.id);
+        let was_waiting = queue.waiting.len() < before;
+        self.proved.set(was_waiting);
+        was_waiting
+    }
+
     /// Ends the wait for the hello; false if a newer connection took this
     /// one's place meanwhile (and shut it).
     fn end(self) -> bool {
         let mut queue = self.queue.borrow_mut();
         let before = queue.waiting.len();
         queue.waiting.retain(|&(id, _, _)| id != self.id);
-        queue.waiting.len() < before
+        queue.waiting.len() < before || self.proved.get()
     }
 }
 
@@ -471,8 +517,8 @@ async fn read(mut stream: TcpStream, connection: u64, gate: Rc<Gate>, events: Ev
     if !introduction.end() {
         if secured {
             let reason = format!(
-                "it had not sent its challenge, or its proof and hello, when {UNINTRODUCED_MAX} newer connections \
-                 waited for their turn"
+                "it had not sent its challenge, or its proof once answered, when {UNINTRODUCED_MAX} newer \
+                 connections waited for their turn"
             );
             gate.inbound_failed(peer_address, &reason);
         } else {
@@ -628,7 +674,7 @@ async fn introduce(stream: &mut TcpStream, gate: &Gate, introduction: &Introduct
     let own_proof = proof::prove(key, Side::Acceptor, &nonces, identity.me, identity.peers_fingerprint);
     let mut answer = Vec::with_capacity(CHALLENGE_ANSWER_FRAME_BYTES);
     wire::encode(&Frame::ChallengeAnswer { nonce: acceptor_nonce, proof: own_proof }, &mut answer);
-    introduction.expect(Expecting::ProofAndHello);
+    introduction.expect(Expecting::Proof);
     if let Err(error) = stream.write_all(&answer).await {
         return Err(HelloError::Unproven(format!("cannot answer its challenge: {error}")));
     }
@@ -643,6 +689,11 @@ async fn introduce(stream: &mut TcpStream, gate: &Gate, introduction: &Introduct
              connection",
             proof.node
         )));
+    }
+    if !introduction.proved() {
+        // A newer connection took this one's place (and shut it) while its
+        // proof waited; `read` says so.
+        return Err(HelloError::Unproven("taken over".to_string()));
     }
     let hello = match read_first_frame(stream, HELLO_FRAME_BYTES).await {
         Ok(Frame::Hello(hello)) => hello,
@@ -695,7 +746,8 @@ impl FirstFrameError {
 /// Reads exactly one frame of `frame_bytes` (length prefix included): a
 /// connection that has not been admitted gets no more buffer than that.
 async fn read_first_frame(stream: &mut TcpStream, frame_bytes: usize) -> Result<Frame, FirstFrameError> {
-    let mut bytes = [0u8; INTRODUCTION_PEEK_BYTES_MAX];
+    assert!(frame_bytes <= FIRST_FRAME_BYTES_MAX, "a first frame of {frame_bytes} bytes");
+    let mut bytes = [0u8; FIRST_FRAME_BYTES_MAX];
     let mut filled = 0;
     while filled < frame_bytes {
         match stream.read(&mut bytes[filled..frame_bytes]).await {
@@ -836,13 +888,14 @@ pub async fn write(to: usize, address: SocketAddr, links: PeerLinks, retry: Dura
             };
             if let Some(reason) = failure {
                 gate.count_failure(Direction::Outbound);
-                if let Some(left_out) = failures_logged.failure(gate.now_ms()) {
+                if let Some(left_out) = failures_logged.failure(gate.now_ms(), gate.log_interval_ms) {
                     tracing::warn!(
                         peer = to,
                         %address,
                         left_out,
                         "peer connection dropped: the peer did not prove it holds the peer secret: {reason}; trying \
-                         again (logged once a minute)"
+                         again (logged at most once every {})",
+                        log_limit::describe_interval(gate.log_interval_ms)
                     );
                 }
                 let _ = stream.shutdown(std::net::Shutdown::Both).await;
@@ -1007,4 +1060,152 @@ fn watch_for_refusal(stream: &TcpStream, to: usize, events: Events) {
         }
     })
     .detach();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+    use crate::cluster::PeerRole;
+    use crate::cluster::wire::{MAC_BYTES, NONCE_BYTES};
+
+    fn encoded(frame: &Frame) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        wire::encode(frame, &mut bytes);
+        bytes
+    }
+
+    fn challenge() -> Vec<u8> {
+        encoded(&Frame::Challenge { nonce: [7; NONCE_BYTES] })
+    }
+
+    fn proof() -> Vec<u8> {
+        encoded(&Frame::Proof(Proof { node: 0, peers_fingerprint: 1, mac: [9; MAC_BYTES] }))
+    }
+
+    fn hello() -> Vec<u8> {
+        let hello = Hello {
+            version: PROTOCOL_VERSION,
+            nodes: 2,
+            node: 0,
+            incarnation: 1,
+            epoch: 0,
+            role: PeerRole::Standby,
+            peers_fingerprint: 1,
+        };
+        encoded(&Frame::Hello(hello))
+    }
+
+    /// Inbound connections as the acceptor sees them: the node's end of a
+    /// socket pair (whose descriptor the queue holds) and the peer's end.
+    struct Waiting {
+        unintroduced: Unintroduced,
+        sockets: Vec<(UnixStream, UnixStream)>,
+    }
+
+    impl Waiting {
+        /// `UNINTRODUCED_MAX` connections, oldest first: the first ones
+        /// expect and have sent what `first` says, the others expect a
+        /// hello and have sent nothing.
+        fn new(first: &[(Expecting, &[u8])]) -> Waiting {
+            let mut waiting = Waiting { unintroduced: Unintroduced::default(), sockets: Vec::new() };
+            for index in 0..UNINTRODUCED_MAX {
+                let (expecting, sent) = first.get(index).copied().unwrap_or((Expecting::Hello, &[]));
+                waiting.arrive(expecting, sent);
+            }
+            waiting
+        }
+
+        /// A new connection, which expects `expecting` and has sent `sent`.
+        fn arrive(&mut self, expecting: Expecting, sent: &[u8]) {
+            let (node_end, mut peer_end) = UnixStream::pair().unwrap();
+            peer_end.write_all(sent).unwrap();
+            let id = self.unintroduced.next_id;
+            self.unintroduced.next_id += 1;
+            self.unintroduced.waiting.push_back((id, node_end.as_raw_fd(), expecting));
+            self.sockets.push((node_end, peer_end));
+        }
+
+        fn ids(&self) -> Vec<u64> {
+            self.unintroduced.waiting.iter().map(|&(id, _, _)| id).collect()
+        }
+
+        /// Whether the node's end of connection `index` was shut.
+        fn was_shut(&mut self, index: usize) -> bool {
+            let peer_end = &mut self.sockets[index].1;
+            peer_end.set_nonblocking(true).unwrap();
+            matches!(peer_end.read(&mut [0u8; 1]), Ok(0))
+        }
+    }
+
+    #[test]
+    fn room_is_made_by_shutting_the_oldest_that_has_not_sent_what_it_owes() {
+        // The oldest two have sent, whole, the frames they owe; the third
+        // has sent half a challenge, the fourth a proof without its last
+        // byte: the third goes, the oldest that owes something.
+        let (challenge, proof) = (challenge(), proof());
+        let mut waiting = Waiting::new(&[
+            (Expecting::Challenge, &challenge),
+            (Expecting::Proof, &proof),
+            (Expecting::Challenge, &challenge[..20]),
+            (Expecting::Proof, &proof[..proof.len() - 1]),
+        ]);
+        assert!(waiting.unintroduced.make_room());
+        let mut expected: Vec<u64> = (0..UNINTRODUCED_MAX as u64).collect();
+        expected.remove(2);
+        assert_eq!(waiting.ids(), expected);
+        assert!(waiting.was_shut(2));
+        assert!(!waiting.was_shut(0) && !waiting.was_shut(1) && !waiting.was_shut(3));
+        // Next time, the proof without its last byte.
+        waiting.arrive(Expecting::Hello, &[]);
+        assert!(waiting.unintroduced.make_room());
+        assert!(waiting.was_shut(3));
+        assert_eq!(waiting.ids()[..3], [0, 1, 4]);
+    }
+
+    #[test]
+    fn a_proof_keeps_its_place_before_its_hello_arrives() {
+        // The Hello is sent with the proof but may come in a later segment:
+        // a whole proof alone is what the connection owes.
+        let proof = proof();
+        let mut waiting = Waiting::new(&[(Expecting::Proof, &proof)]);
+        assert!(waiting.unintroduced.make_room());
+        assert_eq!(waiting.ids()[0], 0);
+        assert_eq!(waiting.ids()[1], 2);
+        assert!(waiting.was_shut(1) && !waiting.was_shut(0));
+    }
+
+    #[test]
+    fn bytes_of_the_wrong_frame_do_not_keep_a_place() {
+        // As many bytes as the frame owed, but not that frame: garbage
+        // where a hello is owed, a challenge (and a byte) where a proof is.
+        let garbage = [b'x'; HELLO_FRAME_BYTES];
+        let mut challenge_and_more = challenge();
+        challenge_and_more.push(0);
+        assert_eq!(challenge_and_more.len(), PROOF_FRAME_BYTES);
+        let hello = hello();
+        let mut waiting = Waiting::new(&[
+            (Expecting::Hello, &garbage),
+            (Expecting::Proof, &challenge_and_more),
+            (Expecting::Hello, &hello),
+        ]);
+        assert!(waiting.unintroduced.make_room());
+        waiting.arrive(Expecting::Hello, &[]);
+        assert!(waiting.unintroduced.make_room());
+        assert!(waiting.was_shut(0) && waiting.was_shut(1) && !waiting.was_shut(2));
+        assert_eq!(waiting.ids()[0], 2);
+    }
+
+    #[test]
+    fn no_room_when_every_waiting_connection_has_sent_what_it_owes() {
+        let hello = hello();
+        let all: Vec<(Expecting, &[u8])> = vec![(Expecting::Hello, &hello); UNINTRODUCED_MAX];
+        let mut waiting = Waiting::new(&all);
+        assert!(!waiting.unintroduced.make_room());
+        assert_eq!(waiting.ids().len(), UNINTRODUCED_MAX);
+        assert!(!waiting.was_shut(0));
+    }
 }

@@ -13,12 +13,13 @@
 //!   not let its sender speak as node 0;
 //! - the `--peers` fingerprint: a proof meant for another cluster that
 //!   shares the secret is refused here;
-//! - the protocol version: both sides read the frames the same way.
+//! - the version of the exchange (`SECURED_PROTOCOL_VERSION`): both sides
+//!   read the frames the same way.
 
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::cluster::wire::{MAC_BYTES, NONCE_BYTES, PROTOCOL_VERSION, Proof};
+use crate::cluster::wire::{MAC_BYTES, NONCE_BYTES, Proof, SECURED_PROTOCOL_VERSION};
 
 /// The label of the proof the side that dialled sends.
 const CONNECTOR_LABEL: &[u8] = b"ringlock/peer-proof/connector";
@@ -70,7 +71,7 @@ fn message(side: Side, nonces: &Nonces, node: usize, peers_fingerprint: u64) -> 
     bytes.extend_from_slice(label);
     // The labels hold no zero byte: this one ends the label unambiguously.
     bytes.push(0);
-    bytes.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&SECURED_PROTOCOL_VERSION.to_le_bytes());
     bytes.extend_from_slice(&nonces.connector);
     bytes.extend_from_slice(&nonces.acceptor);
     bytes.push(u8::try_from(node).expect("a node index fits a byte"));
@@ -119,7 +120,7 @@ mod tests {
         // with message = b"ringlock/peer-proof/connector\0" + (4).to_bytes(4,
         // "little") + b"\x11" * 32 + b"\x22" * 32 + bytes([2]) +
         // FINGERPRINT.to_bytes(8, "little").
-        assert_eq!(PROTOCOL_VERSION, 4, "the expected MAC below is for version 4");
+        assert_eq!(SECURED_PROTOCOL_VERSION, 4, "the expected MAC below is for version 4");
         let proof = prove(&key(SECRET), Side::Connector, &nonces(), 2, FINGERPRINT);
         let hex: String = proof.mac.iter().map(|byte| format!("{byte:02x}")).collect();
         assert_eq!(hex, EXPECTED_CONNECTOR_MAC_HEX);

@@ -5,15 +5,19 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-/// Fewest bytes a peer secret may have: 128 bits, which nobody guesses.
-pub const PEER_SECRET_BYTES_MIN: usize = 16;
+/// Fewest bytes a peer secret may have. The bytes of the line are the key,
+/// whatever they spell: 32 characters hold 128 bits of randomness even as
+/// hex (4 bits a character), and `head -c 32 /dev/urandom | base64` gives 44
+/// characters that hold 256.
+pub const PEER_SECRET_BYTES_MIN: usize = 32;
 
 /// Most bytes a peer secret file may hold: it is one line.
 pub const PEER_SECRET_BYTES_MAX: usize = 4096;
 
 /// How to make a good secret, for the errors.
-const HOW_TO_MAKE_ONE: &str =
-    "make one with `head -c 32 /dev/urandom | base64 > FILE`, give every node the same file, and `chmod 600` it";
+const HOW_TO_MAKE_ONE: &str = "make one with `head -c 32 /dev/urandom | base64 > FILE` (44 characters of 32 random \
+                               bytes; the bytes of the file's one line are the key, as written), give every node the \
+                               same file, and `chmod 600` it";
 
 /// A peer secret read from its file.
 pub struct PeerSecret {
@@ -66,7 +70,8 @@ fn secret_of(bytes: &[u8]) -> Result<&[u8], String> {
     }
     if secret.len() < PEER_SECRET_BYTES_MIN {
         return Err(format!(
-            "holds a secret of {} bytes, shorter than the {PEER_SECRET_BYTES_MIN} needed; {HOW_TO_MAKE_ONE}",
+            "holds a secret of {} bytes, shorter than the {PEER_SECRET_BYTES_MIN} needed (a short or typed secret \
+             can be guessed); {HOW_TO_MAKE_ONE}",
             secret.len()
         ));
     }
@@ -79,25 +84,33 @@ mod tests {
 
     #[test]
     fn the_line_is_the_secret_without_its_trailing_whitespace() {
-        assert_eq!(secret_of(b"0123456789abcdef\n"), Ok(&b"0123456789abcdef"[..]));
-        assert_eq!(secret_of(b"0123456789abcdef \r\n\n"), Ok(&b"0123456789abcdef"[..]));
+        const LINE: &[u8] = b"0123456789abcdef0123456789abcdef";
+        assert_eq!(secret_of(b"0123456789abcdef0123456789abcdef\n"), Ok(LINE));
+        assert_eq!(secret_of(b"0123456789abcdef0123456789abcdef \r\n\n"), Ok(LINE));
         // Leading and inner spaces belong to the secret.
-        assert_eq!(secret_of(b" 0123456789 abcdef"), Ok(&b" 0123456789 abcdef"[..]));
+        assert_eq!(secret_of(b" 0123456789 abcdef0123456789abcde"), Ok(&b" 0123456789 abcdef0123456789abcde"[..]));
+        // What `head -c 32 /dev/urandom | base64` writes: 44 characters,
+        // which are the key as they are (not decoded).
+        let made = b"q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=\n";
+        assert_eq!(secret_of(made).map(<[u8]>::len), Ok(44));
     }
 
     #[test]
     fn empty_short_long_and_multi_line_files_are_refused_with_how_to_make_one() {
-        let cases: [(&[u8], &str); 5] = [
+        let cases: [(&[u8], &str); 6] = [
             (b"", "is empty"),
             (b" \n\n", "is empty"),
-            (b"0123456789abcde\n", "of 15 bytes, shorter than the 16 needed"),
-            (b"0123456789abcdef\n0123456789abcdef\n", "more than one line"),
+            (b"0123456789abcdef0123456789abcde\n", "of 31 bytes, shorter than the 32 needed"),
+            // 16 hex characters hold only 64 bits.
+            (b"0123456789abcdef\n", "of 16 bytes, shorter than the 32 needed"),
+            (b"0123456789abcdef0123456789abcdef\n0123456789abcdef0123456789abcdef\n", "more than one line"),
             (&[b'k'; PEER_SECRET_BYTES_MAX + 1], "more than 4096 bytes"),
         ];
         for (bytes, expected) in cases {
             let error = secret_of(bytes).unwrap_err();
             assert!(error.contains(expected), "{error}");
             assert!(error.contains("head -c 32 /dev/urandom | base64"), "{error}");
+            assert!(error.contains("the bytes of the file's one line are the key"), "{error}");
         }
     }
 }
