@@ -19,13 +19,12 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Conn, PATIENCE, SecretFile, Server, wait_until};
+use common::{Conn, PATIENCE, SecretFile, Server, metrics_address, scrape, wait_until};
 use ring::hmac;
 
 /// The peer protocol version of a Hello, with or without a secret: that
@@ -205,34 +204,6 @@ fn expect_closed(stream: &mut TcpStream, at_most: usize) {
 
 // ---------------------------------------------------------------------------
 // /metrics
-
-/// The operator endpoint's address, from the server's log.
-fn metrics_address(server: &Server) -> SocketAddr {
-    let mut found = None;
-    wait_until("the metrics endpoint's log line", || {
-        found = server
-            .log()
-            .lines()
-            .find_map(|line| line.split("serving /metrics, /livez and /readyz on ").nth(1))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|address| address.parse().ok());
-        found.is_some()
-    });
-    found.unwrap()
-}
-
-/// Every sample of a scrape, by its name and labels as written.
-fn scrape(address: SocketAddr) -> HashMap<String, f64> {
-    let mut stream = TcpStream::connect(address).expect("connect to the metrics endpoint");
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: ringlock\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
-    body.lines()
-        .filter(|line| !line.starts_with('#') && !line.is_empty())
-        .filter_map(|line| line.rsplit_once(' ').map(|(series, value)| (series.to_string(), value.parse().unwrap())))
-        .collect()
-}
 
 /// `ringlock_peer_auth_failures_total` of `direction` (inbound, outbound).
 fn auth_failures(metrics: SocketAddr, direction: &str) -> f64 {
