@@ -113,6 +113,22 @@ pub struct Config {
     #[arg(long, env = "RINGLOCK_AUTH_FILE", value_name = "FILE")]
     pub auth_file: Option<PathBuf>,
 
+    /// The client port's TLS certificate chain (PEM). With --tls-key, the
+    /// client port speaks only TLS (1.3, and 1.2 with AEAD suites); a client
+    /// that does not is dropped. Default: off (plain TCP).
+    #[arg(long, env = "RINGLOCK_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "RINGLOCK_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// With --tls-cert: the CA certificates (PEM) that client certificates
+    /// must chain to; a client without such a certificate is refused during
+    /// the handshake (mutual TLS).
+    #[arg(long, env = "RINGLOCK_TLS_CLIENT_CA", value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Address of the HTTP endpoint for operators: `/metrics` (Prometheus
     /// text format), `/livez` and `/readyz`. Served by a thread of its own,
     /// never by a shard core. Default: off.

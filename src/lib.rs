@@ -4,6 +4,7 @@
 //! - `server`: start-up (epoch, listeners, pinned threads) and shutdown.
 //! - `config`: command-line flags and their environment variables.
 //! - `auth`: client authentication: the auth file, secrets, scopes.
+//! - `tls`: the client port's TLS settings (certificates, keys, client CA).
 //! - `core`: one shard core: its io_uring event loop, connections, parsing
 //!   and routing of requests, and the mailboxes between cores.
 //! - `node`: what the cores of a node share: the epoch file, token ranges,
@@ -25,3 +26,4 @@ mod node;
 mod ops;
 mod replication;
 pub mod server;
+pub mod tls;

@@ -39,6 +39,10 @@ pub fn run(config: Config) -> Result<(), String> {
     let cluster = config.cluster()?;
     let peer_secret = peer_secret(&config, cluster.as_ref())?;
     let auth = config.auth_file.as_deref().map(SharedAuth::load).transpose()?;
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key, config.tls_client_ca.as_deref())?),
+        _ => None,
+    };
     if let Some(auth) = &auth {
         let (_, table) = auth.current();
         tracing::info!(
@@ -63,7 +67,10 @@ pub fn run(config: Config) -> Result<(), String> {
     let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.keepalive())?;
     let (mailboxes, inboxes) = inboxes(shards)?;
     let link = cluster.as_ref().map(|_| ClusterLink::new(report_sender));
-    let shared = shared(&config, mailboxes, authority.clone(), local, link, auth);
+    if tls.is_some() {
+        tracing::info!(mutual = config.tls_client_ca.is_some(), "the client port speaks TLS only");
+    }
+    let shared = shared(&config, mailboxes, authority.clone(), local, link, auth, tls);
 
     // The loops must not take the signals: block them before the threads
     // start (they inherit the mask) and wait for them here.
@@ -146,6 +153,7 @@ fn shared(
     local: SocketAddr,
     cluster: Option<ClusterLink>,
     auth: Option<SharedAuth>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> Arc<Shared> {
     let shards = mailboxes.len();
     Arc::new(Shared {
@@ -165,6 +173,7 @@ fn shared(
         started: Instant::now(),
         cluster,
         auth,
+        tls,
     })
 }
 

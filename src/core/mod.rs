@@ -14,6 +14,8 @@
 //! - `listener`: the clients' listening socket, and binding with retries.
 //! - `sockets`: accepting, receiving, sending on the ring, and carrying out
 //!   the dispatcher's socket effects (pause, resume, close).
+//! - `tls`: the TLS layer of a socket (`--tls-cert`), between the ring's
+//!   ciphertext and the dispatcher's plaintext.
 //! - `control`: the replication core's orders to a core (serve, hold,
 //!   resume, follow), token ranges, and delta reports.
 //! - `client_id`: which core and connection a request came from.
@@ -30,6 +32,7 @@ pub(crate) mod per_ip;
 mod ring;
 mod sockets;
 mod state;
+mod tls;
 
 pub use event_loop::EventLoop;
 pub use ring::{build_ring, ring_mode_name};

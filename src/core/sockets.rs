@@ -10,11 +10,12 @@ use io_uring::types::Fd;
 use io_uring::{cqueue, opcode};
 use ringlock_proto::{ErrorCode, Reply, encode_reply};
 
-use crate::core::dispatcher::{BUFFER_BYTES_KEPT, SocketEffect};
+use crate::core::dispatcher::{BUFFER_BYTES_KEPT, Dispatcher, SocketEffect};
 use crate::core::event_loop::EventLoop;
 use crate::core::mailbox::CoreMessage;
 use crate::core::ring::{Kind, RECV_BUFFER_GROUP, send_entry, user_data};
 use crate::core::state::{CoreState, Socket};
+use crate::core::tls::TlsLayer;
 
 /// Pause before accepting again after the process ran out of descriptors.
 const ACCEPT_RETRY_MS: u64 = 100;
@@ -196,7 +197,19 @@ impl EventLoop {
     /// this core or another.
     pub(crate) fn adopt(&mut self, fd: RawFd, peer_ip: Option<std::net::IpAddr>) {
         let state = &mut self.state;
-        let Some((slot, generation)) = self.dispatcher.open() else {
+        let tls = match &state.shared.tls {
+            None => None,
+            Some(config) => match TlsLayer::new(config.clone()) {
+                Ok(layer) => Some(Box::new(layer)),
+                Err(error) => {
+                    tracing::warn!(core = state.core, "cannot start TLS on a connection: {error}");
+                    None
+                }
+            },
+        };
+        let tls_failed = state.shared.tls.is_some() && tls.is_none();
+        let opened = if tls_failed { None } else { self.dispatcher.open() };
+        let Some((slot, generation)) = opened else {
             state.shared.connections.fetch_sub(1, Ordering::SeqCst);
             if let Some(ip) = peer_ip {
                 state.shared.per_ip.release(ip);
@@ -206,7 +219,7 @@ impl EventLoop {
             refuse(fd, code);
             return;
         };
-        let socket = Socket { fd, peer_ip, ..Socket::closed() };
+        let socket = Socket { fd, peer_ip, tls, ..Socket::closed() };
         match state.sockets.get_mut(slot as usize) {
             Some(free) => *free = socket,
             None => {
@@ -239,6 +252,15 @@ impl EventLoop {
                 SocketEffect::Close(slot) => {
                     let socket = &mut self.state.sockets[slot as usize];
                     socket.closing = true;
+                    if let Some(tls) = &mut socket.tls
+                        && !socket.send_in_flight
+                    {
+                        // Every reply is out (the dispatcher closes only
+                        // then): end the TLS stream properly, best effort.
+                        let mut alert = Vec::new();
+                        tls.close_notify(&mut alert);
+                        send_now(socket.fd, &alert);
+                    }
                     // Shutting the socket down ends the multishot receive, so
                     // the descriptor can be closed once its completions are in.
                     // SAFETY: a socket this connection owns.
@@ -283,20 +305,34 @@ impl EventLoop {
     pub(crate) fn flush(&mut self) {
         let mut flush = std::mem::take(&mut self.state.flush);
         self.dispatcher.take_flush(&mut flush);
+        flush.append(&mut self.state.tls_flush);
+        let mut plain = std::mem::take(&mut self.state.plain);
         for &slot in &flush {
             let socket = &mut self.state.sockets[slot as usize];
             if socket.fd < 0 || socket.closing || socket.send_in_flight {
                 // A send in flight is followed by the next when it completes.
                 continue;
             }
-            if self.dispatcher.take_output(slot, &mut socket.sending) {
-                socket.sent = 0;
-                socket.send_in_flight = true;
-                let (fd, pointer, len) = (socket.fd, socket.sending.as_ptr(), socket.sending.len());
+            let ready = match &mut socket.tls {
+                None => self.dispatcher.take_output(slot, &mut socket.sending),
+                Some(tls) => {
+                    // Every reply of the turn goes in as one plaintext, so
+                    // pipelined replies share records.
+                    if self.dispatcher.take_output(slot, &mut plain) {
+                        tls.write_plain(&plain);
+                    }
+                    socket.sending.clear();
+                    tls.write_tls(&mut socket.sending);
+                    !socket.sending.is_empty()
+                }
+            };
+            if ready {
                 let generation = self.dispatcher.generation(slot);
-                self.state.push(send_entry(fd, pointer, len.min(u32::MAX as usize) as u32, slot, generation));
+                start_send(&mut self.state, slot, generation);
             }
         }
+        self.state.plain = plain;
+        flush.clear();
         self.state.flush = flush;
         self.state.send_batches(self.dispatcher.outgoing());
     }
@@ -315,11 +351,14 @@ impl EventLoop {
             socket.sent += bytes;
             if socket.sent < socket.sending.len() {
                 // The kernel took part of it: the rest goes out next.
+                let plaintext = socket.tls.is_none();
                 let rest = &socket.sending[socket.sent..];
                 let len = rest.len().min(u32::MAX as usize) as u32;
                 let entry = send_entry(socket.fd, rest.as_ptr(), len, slot, generation);
                 self.state.push(entry);
-                self.dispatcher.sent(slot, bytes);
+                if plaintext {
+                    self.dispatcher.sent(slot, bytes);
+                }
             } else {
                 socket.send_in_flight = false;
                 socket.sending.clear();
@@ -327,7 +366,20 @@ impl EventLoop {
                 if socket.sending.capacity() > BUFFER_BYTES_KEPT {
                     socket.sending = Vec::new();
                 }
-                self.dispatcher.sent(slot, bytes);
+                match &mut socket.tls {
+                    None => self.dispatcher.sent(slot, bytes),
+                    Some(tls) if tls.wants_write() => {
+                        tls.write_tls(&mut socket.sending);
+                        start_send(&mut self.state, slot, generation);
+                    }
+                    Some(tls) => {
+                        // Every record is out: the replies in them are sent.
+                        let delivered = tls.take_delivered();
+                        if delivered > 0 {
+                            self.dispatcher.sent(slot, delivered);
+                        }
+                    }
+                }
             }
         }
         self.supply_tokens();
@@ -351,7 +403,11 @@ impl EventLoop {
         if let Some(id) = buffer {
             if result > 0 {
                 let data = self.buffers.get(id, result as usize);
-                self.dispatcher.received(slot, data);
+                if socket.tls.is_none() {
+                    self.dispatcher.received(slot, data);
+                } else {
+                    tls_received(&mut self.state, &mut self.dispatcher, slot, data);
+                }
             }
             self.buffers.push(id);
         }
@@ -365,6 +421,58 @@ impl EventLoop {
         self.apply_socket_effects();
         self.maybe_rearm_recv(slot);
         self.maybe_close(slot);
+    }
+}
+
+/// Starts the send of what `slot`'s socket holds in its sending buffer.
+fn start_send(state: &mut CoreState, slot: u32, generation: u32) {
+    let socket = &mut state.sockets[slot as usize];
+    socket.sent = 0;
+    socket.send_in_flight = true;
+    let (fd, pointer, len) = (socket.fd, socket.sending.as_ptr(), socket.sending.len());
+    state.push(send_entry(fd, pointer, len.min(u32::MAX as usize) as u32, slot, generation));
+}
+
+/// Ciphertext received on a TLS socket: its plaintext goes to the
+/// dispatcher, and ciphertext of the layer's own (handshake messages) is
+/// sent at the end of the turn. A TLS error ends the connection, after a
+/// best-effort send of the alert that says why.
+fn tls_received(state: &mut CoreState, dispatcher: &mut Dispatcher, slot: u32, data: &[u8]) {
+    let mut plain = std::mem::take(&mut state.plain);
+    plain.clear();
+    let socket = &mut state.sockets[slot as usize];
+    let Some(tls) = &mut socket.tls else { return };
+    let outcome = tls.received(data, &mut plain);
+    let wants_write = tls.wants_write();
+    if let Err(error) = outcome {
+        tracing::debug!(core = state.core, slot, "TLS connection ended: {error}");
+        let mut alert = Vec::new();
+        tls.write_tls(&mut alert);
+        if !socket.send_in_flight {
+            send_now(socket.fd, &alert);
+        }
+        state.tls_errors += 1;
+        dispatcher.failed(slot);
+    } else {
+        if !plain.is_empty() {
+            dispatcher.received(slot, &plain);
+        }
+        if wants_write {
+            state.tls_flush.push(slot);
+        }
+    }
+    state.plain = plain;
+}
+
+/// A short send that does not wait, for an alert before a close: it fits in
+/// the socket's buffer or is dropped.
+fn send_now(fd: RawFd, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    // SAFETY: a socket this core owns; the kernel copies the bytes.
+    unsafe {
+        libc::send(fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
     }
 }
 

@@ -9,13 +9,13 @@ use ringlock_proto::Role;
 
 use crate::core::dispatcher::NodeView;
 use crate::core::mailbox::CoreMessage;
+use crate::core::tls::TlsLayer;
 use crate::node::role::Report;
 use crate::node::shared::Shared;
 use crate::node::stats_reply;
 
 /// One connection's socket, by the slot the dispatcher gave it: what the
 /// ring does with it. Its requests and replies are the dispatcher's.
-#[derive(Debug)]
 pub(crate) struct Socket {
     /// -1 once closed (the slot is then free in the dispatcher too).
     pub(crate) fd: RawFd,
@@ -28,6 +28,8 @@ pub(crate) struct Socket {
     pub(crate) closing: bool,
     /// The client's address, if counted for `--max-connections-per-ip`.
     pub(crate) peer_ip: Option<IpAddr>,
+    /// The TLS layer between this socket and the dispatcher (`--tls-cert`).
+    pub(crate) tls: Option<Box<TlsLayer>>,
 }
 
 impl Socket {
@@ -40,6 +42,7 @@ impl Socket {
             send_in_flight: false,
             closing: false,
             peer_ip: None,
+            tls: None,
         }
     }
 }
@@ -57,6 +60,11 @@ pub(crate) struct CoreState {
     pub(crate) sockets: Vec<Socket>,
     /// The connections to flush this turn, kept to reuse its memory.
     pub(crate) flush: Vec<u32>,
+    /// TLS sockets with ciphertext of their own to send (handshake
+    /// messages, alerts), flushed with the rest at the end of the turn.
+    pub(crate) tls_flush: Vec<u32>,
+    /// Plaintext decrypted or to be encrypted, reused from call to call.
+    pub(crate) plain: Vec<u8>,
     /// Batches a full inbox refused, sent again next turn.
     pub(crate) refused: Vec<Vec<CoreMessage>>,
     pub(crate) token_retry_at_ms: Option<u64>,
@@ -74,6 +82,8 @@ pub(crate) struct CoreState {
     pub(crate) refusal_errors: [u64; ringlock_proto::ErrorCode::ALL.len()],
     /// Connections this core has served.
     pub(crate) accepted: u64,
+    /// TLS connections ended by a TLS error (a failed handshake, a bad record).
+    pub(crate) tls_errors: u64,
     pub(crate) eventfd: RawFd,
     pub(crate) wake_buffer: Box<u64>,
     pub(crate) wake_armed: bool,

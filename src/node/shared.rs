@@ -41,6 +41,8 @@ pub struct Shared {
     pub cluster: Option<ClusterLink>,
     /// The auth file, with `--auth-file`.
     pub auth: Option<crate::auth::SharedAuth>,
+    /// The client port's TLS settings, with `--tls-cert` and `--tls-key`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Shared {

@@ -1,0 +1,104 @@
+//! TLS between the ring and the dispatcher: one rustls server connection
+//! per socket, owned by the socket's core. Ciphertext from the ring goes in
+//! and plaintext comes out for the dispatcher; the dispatcher's replies go
+//! in and ciphertext comes out for the ring. Many pipelined replies taken
+//! in one turn are written as one plaintext, so they share records.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+use rustls::{ServerConfig, ServerConnection};
+
+/// Plaintext read from rustls at a time.
+const PLAIN_CHUNK: usize = 16 << 10;
+
+/// A socket's TLS state.
+pub(crate) struct TlsLayer {
+    connection: ServerConnection,
+    /// Plaintext bytes taken from the dispatcher that are not yet known to
+    /// be on the wire (encrypted and sent); reported sent once they are.
+    pub(crate) plain_pending: usize,
+}
+
+impl TlsLayer {
+    pub(crate) fn new(config: Arc<ServerConfig>) -> Result<TlsLayer, rustls::Error> {
+        let mut connection = ServerConnection::new(config)?;
+        // The dispatcher bounds the replies a connection may have unsent
+        // (its output limit counts what this layer holds), so rustls keeps
+        // whatever it is given rather than refusing part of a write.
+        connection.set_buffer_limit(None);
+        Ok(TlsLayer { connection, plain_pending: 0 })
+    }
+
+    /// Ciphertext from the socket: the plaintext it held is appended to
+    /// `plain`. An error ends the connection (its alert, if any, is left to
+    /// [`TlsLayer::write_tls`]).
+    pub(crate) fn received(&mut self, mut data: &[u8], plain: &mut Vec<u8>) -> Result<(), rustls::Error> {
+        while !data.is_empty() {
+            if let Err(error) = self.connection.read_tls(&mut data) {
+                // Only the plaintext buffer being full stops a read from a
+                // slice; it is drained below, and the read tried again.
+                debug_assert_eq!(error.kind(), std::io::ErrorKind::Other, "{error}");
+            }
+            self.connection.process_new_packets()?;
+            self.read_plain(plain);
+        }
+        Ok(())
+    }
+
+    fn read_plain(&mut self, plain: &mut Vec<u8>) {
+        loop {
+            let start = plain.len();
+            plain.resize(start + PLAIN_CHUNK, 0);
+            match self.connection.reader().read(&mut plain[start..]) {
+                Ok(read) => {
+                    plain.truncate(start + read);
+                    if read == 0 {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    // WouldBlock: no more plaintext for now.
+                    plain.truncate(start);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Replies from the dispatcher, to be encrypted.
+    pub(crate) fn write_plain(&mut self, plain: &[u8]) {
+        // rustls buffers what it cannot send yet (during the handshake).
+        let _ = self.connection.writer().write_all(plain);
+        self.plain_pending += plain.len();
+    }
+
+    /// Whether ciphertext (handshake messages, records, alerts) waits to be sent.
+    pub(crate) fn wants_write(&self) -> bool {
+        self.connection.wants_write()
+    }
+
+    /// Appends the ciphertext waiting to be sent to `out`.
+    pub(crate) fn write_tls(&mut self, out: &mut Vec<u8>) {
+        while self.connection.wants_write() {
+            if self.connection.write_tls(out).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// A `close_notify` for a connection that closes, as ciphertext in `out`.
+    pub(crate) fn close_notify(&mut self, out: &mut Vec<u8>) {
+        self.connection.send_close_notify();
+        self.write_tls(out);
+    }
+
+    /// Plaintext taken from the dispatcher that is now on the wire: every
+    /// record rustls had is sent. Returns how many bytes that is.
+    pub(crate) fn take_delivered(&mut self) -> usize {
+        if self.connection.wants_write() || self.connection.is_handshaking() {
+            return 0;
+        }
+        std::mem::take(&mut self.plain_pending)
+    }
+}

@@ -1,0 +1,59 @@
+//! TLS settings of the client port (`--tls-cert`, `--tls-key`,
+//! `--tls-client-ca`): the rustls server configuration every shard core's
+//! connections share. rustls runs with the `ring` provider, the crate the
+//! peer proof and the auth file already use (docs/security.md says why).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+
+/// The rustls configuration of the client port, from PEM files: the
+/// server's certificate chain and key, and, for mutual TLS, the CA that
+/// client certificates must chain to. TLS 1.3 and 1.2 (AEAD suites only:
+/// the provider offers no other).
+pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<ServerConfig>, String> {
+    let chain = read_certificates(cert, "--tls-cert")?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|error| format!("cannot read a private key from {} (--tls-key): {error}", key.display()))?;
+    // rustls marks the ring provider deprecated because it has no
+    // post-quantum key exchange (X25519MLKEM768 needs aws-lc-rs); it is kept
+    // for now because it builds with only a C compiler (docs/security.md).
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|error| format!("TLS settings refused: {error}"))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for certificate in read_certificates(ca, "--tls-client-ca")? {
+                roots
+                    .add(certificate)
+                    .map_err(|error| format!("{} (--tls-client-ca) holds an unusable CA: {error}", ca.display()))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|error| format!("cannot check client certificates with {}: {error}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder.with_single_cert(chain, key).map_err(|error| {
+        format!("the certificate of --tls-cert and the key of --tls-key do not make a usable pair: {error}")
+    })?;
+    Ok(Arc::new(config))
+}
+
+fn read_certificates(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certificates = CertificateDer::pem_file_iter(path)
+        .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
+        .map_err(|error| format!("cannot read certificates from {} ({flag}): {error}", path.display()))?;
+    if certificates.is_empty() {
+        return Err(format!("{} ({flag}) holds no PEM certificate", path.display()));
+    }
+    Ok(certificates)
+}
