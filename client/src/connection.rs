@@ -650,6 +650,49 @@ mod tests {
         writer.join().unwrap();
     }
 
+    /// What `authenticate` makes of the server's answer `answer` (sent
+    /// once the `U` line has arrived; `None`: the server closes instead).
+    fn authenticate_against(answer: Option<&'static str>) -> (String, Result<String, ConnectionFailure>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let serving = thread::spawn(move || {
+            let mut line = Vec::new();
+            let mut byte = [0u8; 1];
+            while line.last() != Some(&b'\n') {
+                server.read_exact(&mut byte).unwrap();
+                line.push(byte[0]);
+            }
+            if let Some(answer) = answer {
+                server.write_all(answer.as_bytes()).unwrap();
+            }
+            String::from_utf8(line).unwrap()
+        });
+        let outcome = authenticate(&client, "db:7700", "s3cret", Duration::from_secs(1));
+        (serving.join().unwrap(), outcome)
+    }
+
+    #[test]
+    fn authenticate_sends_the_secret_first_and_reads_the_name_or_the_refusal() {
+        let (sent, outcome) = authenticate_against(Some("U billing\n"));
+        assert_eq!(sent, "U s3cret\n");
+        assert_eq!(outcome, Ok("billing".to_string()));
+        let (_, outcome) = authenticate_against(Some("E U - auth-failed\n"));
+        assert_eq!(outcome, Err(ConnectionFailure::auth("db:7700", ErrorCode::AuthFailed)));
+        let (_, outcome) = authenticate_against(Some("E U - auth-disabled\r\n"));
+        assert_eq!(outcome.unwrap_err().auth, Some(ErrorCode::AuthDisabled));
+        let (_, outcome) = authenticate_against(Some("E - - too-many-connections\n"));
+        let failure = outcome.unwrap_err();
+        assert_eq!(
+            (failure.auth, failure.message.as_str()),
+            (None, "the server refused the connection: too-many-connections")
+        );
+        let (_, outcome) = authenticate_against(Some("A k 1\n"));
+        assert_eq!(outcome.unwrap_err().kind, io::ErrorKind::InvalidData);
+        let (_, outcome) = authenticate_against(None);
+        assert_eq!(outcome, Err(ConnectionFailure::closed("db:7700")));
+    }
+
     #[test]
     fn a_client_closed_with_nothing_queued_refuses_a_new_socket() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();

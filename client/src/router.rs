@@ -424,6 +424,18 @@ fn find_node(topology: &Topology, address: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::ErrorCode;
+
+    #[test]
+    fn the_secret_s_refusal_is_the_error_only_when_every_address_refused_it() {
+        let refused = |address| ConnectionFailure::auth(address, ErrorCode::AuthFailed);
+        let waited = Duration::from_secs(1);
+        let all = no_connection(waited, vec![refused("a:1"), refused("b:1")]);
+        assert_eq!(all, Error::Auth { address: "a:1".into(), code: ErrorCode::AuthFailed });
+        let mixed = vec![refused("a:1"), ConnectionFailure::closed("b:1")];
+        assert_eq!(no_connection(waited, mixed.clone()), Error::NoConnection { waited, addresses: mixed });
+        assert_eq!(no_connection(waited, Vec::new()), Error::NoConnection { waited, addresses: Vec::new() });
+    }
 
     fn topology(addresses: &[&str]) -> Topology {
         Topology {
