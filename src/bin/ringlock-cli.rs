@@ -43,10 +43,13 @@ struct Cli {
     connect_limit: Duration,
 
     /// The secret to authenticate with, for servers started with
-    /// --auth-file. Prefer the RINGLOCK_SECRET environment variable: a
+    /// --auth-file. Without it, the secret is taken from the environment
+    /// variable RINGLOCK_SECRET if it is set and not empty; prefer that: a
     /// secret on the command line shows in shell history and to anyone who
     /// can list the host's processes.
-    #[arg(long, env = "RINGLOCK_SECRET", hide_env_values = true, value_parser = secret, global = true)]
+    // The client library reads RINGLOCK_SECRET itself, so that the tool
+    // treats it exactly as every client does (an empty value is no secret).
+    #[arg(long, value_parser = secret, global = true)]
     secret: Option<Secret>,
 
     #[command(subcommand)]
