@@ -563,3 +563,39 @@ fn cli_gives_up_after_its_connect_limit_naming_the_address_and_its_error() {
     assert!(said.contains("no usable connection after 0."), "{said}");
     assert!(said.contains(&format!("{address} (connection refused)")), "{said}");
 }
+
+#[test]
+fn cli_authenticates_with_the_secret_from_the_environment_and_names_a_refused_one() {
+    let secret = "cli-4f1a9c0e7b2d5863";
+    let digest: String = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = common::DataDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let auth = dir.0.join("auth");
+    std::fs::write(&auth, format!("cron {digest} cron/*\n")).unwrap();
+    let server = Server::start(&["--auth-file", auth.to_str().unwrap()]);
+    let servers = server.addr.to_string();
+    let acquire = ["--servers", &servers, "--connect-limit", "1", "acquire", "cron/job", "--lease", "30"];
+    let output = cli().args(acquire).env("RINGLOCK_SECRET", secret).output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let token = String::from_utf8(output.stdout).unwrap().trim().to_string();
+    let output = cli()
+        .args(["--servers", &servers, "release", "cron/job", &token])
+        .env("RINGLOCK_SECRET", secret)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    // The flag wins over the environment; a refused secret is named by its
+    // address and code, and never printed.
+    let output =
+        cli().args(["--secret", "wrong-secret-1"]).args(acquire).env("RINGLOCK_SECRET", secret).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains(&format!("{servers} refused the client's secret: auth-failed")), "{stderr}");
+    assert!(!stderr.contains("wrong-secret-1") && !stderr.contains(secret), "{stderr}");
+    let help = String::from_utf8(cli().arg("--help").env("RINGLOCK_SECRET", secret).output().unwrap().stdout).unwrap();
+    assert!(help.contains("RINGLOCK_SECRET") && !help.contains(secret), "{help}");
+}

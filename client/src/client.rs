@@ -136,8 +136,9 @@ impl ClientBuilder {
     /// assert!(matches!(error, Error::BadArgument(BadArgument::Setting(_))));
     /// ```
     pub fn connect(self) -> Result<Client, Error> {
-        self.validate()?;
-        Ok(Client { handle: Arc::new(Handle { router: Router::start(self) }) })
+        let config = self.secret_from_environment();
+        config.validate()?;
+        Ok(Client { handle: Arc::new(Handle { router: Router::start(config) }) })
     }
 }
 
@@ -534,6 +535,24 @@ impl Client {
     /// ```
     pub fn active_node(&self) -> Option<String> {
         self.router().active_address()
+    }
+
+    /// The name the server gave the client's secret
+    /// ([`ClientBuilder::secret`]) when a connection last authenticated;
+    /// `None` without a secret, or before any connection has authenticated.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), ringlock_client::Error> {
+    /// let client = ringlock_client::Client::builder(["127.0.0.1:7700"]).secret("0kq3…").connect()?;
+    /// client.ping()?;
+    /// println!("authenticated as {:?}", client.name());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn name(&self) -> Option<String> {
+        self.router().name()
     }
 
     /// Requests waiting for their next try (releases that found no usable

@@ -1,5 +1,6 @@
 //! The client's settings: [`ClientBuilder`], with the defaults of docs/protocol.md §4.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::error::{BadArgument, Error};
@@ -30,6 +31,23 @@ const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
 const TRY_ACQUIRE_WAIT_DEFAULT: Duration = Duration::from_millis(1);
 const REDIRECT_LIMIT_DEFAULT: u32 = 16;
 const IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT: usize = 65_536;
+/// The environment variable a client reads its secret from when
+/// [`ClientBuilder::secret`] was not called, so that the secret need not
+/// appear on a command line or in shell history.
+pub const SECRET_ENV: &str = "RINGLOCK_SECRET";
+/// Longest secret: a `U` line must fit in the server's 1024 bytes.
+const SECRET_LEN_MAX: usize = 1024 - 2;
+
+/// The client's secret. Its `Debug` shows only that there is one, so that
+/// logging a client's settings never leaks it.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Secret(pub(crate) String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
 
 /// Settings for a [`Client`](crate::Client), then
 /// [`connect`](ClientBuilder::connect).
@@ -64,6 +82,7 @@ pub struct ClientBuilder {
     pub(crate) try_acquire_wait: Duration,
     redirect_limit: u32,
     pub(crate) in_flight_per_connection_max: usize,
+    pub(crate) secret: Option<Secret>,
 }
 
 impl ClientBuilder {
@@ -95,6 +114,7 @@ impl ClientBuilder {
             try_acquire_wait: TRY_ACQUIRE_WAIT_DEFAULT,
             redirect_limit: REDIRECT_LIMIT_DEFAULT,
             in_flight_per_connection_max: IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT,
+            secret: None,
         }
     }
 
@@ -272,6 +292,42 @@ impl ClientBuilder {
         self
     }
 
+    /// The secret to authenticate every connection with, for servers started
+    /// with `--auth-file` (docs/security.md). Without this call the client
+    /// takes the environment variable `RINGLOCK_SECRET` if it is set and not
+    /// empty, which keeps the secret off command lines and out of shell
+    /// history; with neither, it sends no secret.
+    ///
+    /// With a secret, each connection, and each reconnect, first sends
+    /// `U <secret>` and carries requests only once the server has answered
+    /// with the name the secret belongs to ([`Client::name`](crate::Client::name)).
+    /// A refused secret fails that connection, which is then retried with
+    /// the usual pauses; requests waiting for a connection fail past their
+    /// limit with [`Error::Auth`]. The secret never appears in `Debug` output
+    /// or in errors.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).secret("0kq3…");
+    /// assert!(!format!("{builder:?}").contains("0kq3"));
+    /// ```
+    pub fn secret(mut self, secret: impl Into<String>) -> ClientBuilder {
+        self.secret = Some(Secret(secret.into()));
+        self
+    }
+
+    /// Takes the secret from `RINGLOCK_SECRET` if none was set.
+    pub(crate) fn secret_from_environment(mut self) -> ClientBuilder {
+        if self.secret.is_none()
+            && let Ok(secret) = std::env::var(SECRET_ENV)
+            && !secret.is_empty()
+        {
+            self.secret = Some(Secret(secret));
+        }
+        self
+    }
+
     /// Connections per node, as set or by default.
     pub(crate) fn connections_per_node_or_default(&self) -> usize {
         self.connections_per_node.unwrap_or(if self.addresses.len() == 1 { CONNECTIONS_PER_NODE_SINGLE } else { 1 })
@@ -320,6 +376,13 @@ impl ClientBuilder {
         if self.in_flight_per_connection_max == 0 {
             return bad("in_flight_per_connection_max must be at least 1");
         }
+        if let Some(Secret(secret)) = &self.secret
+            && (secret.is_empty()
+                || secret.len() > SECRET_LEN_MAX
+                || secret.bytes().any(|byte| matches!(byte, b' ' | b'\t' | b'\r' | b'\n' | 0)))
+        {
+            return bad("the secret must be 1 to 1022 bytes, none of them space, tab, CR, LF or NUL");
+        }
         Ok(())
     }
 }
@@ -360,5 +423,17 @@ mod tests {
         let inverted = ClientBuilder::new(["a:1"]).reconnect_delay_max(Duration::from_millis(10));
         assert!(inverted.validate().is_err(), "a cap below the first delay");
         assert!(ClientBuilder::new(["a:1"]).in_flight_per_connection_max(0).validate().is_err());
+        assert!(ClientBuilder::new(["a:1"]).secret("two words").validate().is_err());
+        assert!(ClientBuilder::new(["a:1"]).secret("").validate().is_err());
+        assert!(ClientBuilder::new(["a:1"]).secret("x".repeat(1023)).validate().is_err());
+        assert!(ClientBuilder::new(["a:1"]).secret("x".repeat(1022)).validate().is_ok());
+    }
+
+    #[test]
+    fn debug_output_hides_the_secret() {
+        let builder = ClientBuilder::new(["a:1"]).secret("hunter2-9f8e7d");
+        let debug = format!("{builder:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(debug.contains("<redacted>"), "{debug}");
     }
 }

@@ -35,7 +35,7 @@ use crate::completion::Wakes;
 use crate::error::{ConnectionFailure, ProtocolError};
 use crate::operation::{Cut, Operation, Step};
 use crate::pairing::{Paired, Pairing};
-use crate::proto::{Decoded, Op, REPLY_LINE_LEN_MAX, Reply, decode_reply};
+use crate::proto::{Decoded, ErrorCode, Op, REPLY_LINE_LEN_MAX, Reply, decode_reply};
 use crate::router::{Moved, Router};
 
 /// Bytes the reader asks the socket for at once; a reply line of
@@ -283,6 +283,32 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
         match connect(&connection.address, config.connect_timeout) {
             Ok(stream) => {
                 let stream = Arc::new(stream);
+                if let Some(secret) = &config.secret {
+                    match authenticate(&stream, &connection.address, &secret.0, config.connect_timeout) {
+                        Ok(name) => router.note_name(name),
+                        Err(failure) => {
+                            // A refused secret fails the connection like a
+                            // failed connect: its requests move on or wait,
+                            // and the attempt count is not reset, so a wrong
+                            // secret is retried with growing pauses.
+                            let _ = stream.shutdown(Shutdown::Both);
+                            connection.note_failure(failure);
+                            let operations = connection.take_down();
+                            router.cut(operations, &Cut::Io);
+                            let pause = reconnect_delay(
+                                attempt,
+                                config.reconnect_delay_first,
+                                config.reconnect_delay_max,
+                                jitter.draw(),
+                            );
+                            attempt = attempt.saturating_add(1);
+                            if !router.sleep(pause) {
+                                break;
+                            }
+                            continue;
+                        }
+                    }
+                }
                 if !connection.install(stream.clone()) {
                     let _ = stream.shutdown(Shutdown::Both);
                     break;
@@ -320,6 +346,89 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
     router.abort(connection.take_down());
 }
 
+/// How long a connection waits for the answer to its `U` line beyond the
+/// connect timeout: the server answers a wrong secret only after 200 ms.
+const AUTH_REPLY_MARGIN: Duration = Duration::from_secs(1);
+
+/// Sends `U <secret>` on a fresh socket, before any request, and reads the
+/// answer: the name the secret belongs to, or why the connection cannot be
+/// used. Nothing else is in flight yet, so the answer is the first line and
+/// is read here rather than paired (`U` replies carry no key).
+fn authenticate(
+    stream: &TcpStream,
+    address: &str,
+    secret: &str,
+    timeout: Duration,
+) -> Result<String, ConnectionFailure> {
+    let io_failure = |error: &io::Error| ConnectionFailure::from_io(address, error);
+    let mut line = Vec::with_capacity(secret.len() + 3);
+    line.extend_from_slice(b"U ");
+    line.extend_from_slice(secret.as_bytes());
+    line.push(b'\n');
+    stream.set_read_timeout(Some(timeout + AUTH_REPLY_MARGIN)).map_err(|error| io_failure(&error))?;
+    (&*stream).write_all(&line).map_err(|error| io_failure(&error))?;
+    // Byte by byte, so that nothing after the answer is taken from the
+    // reader; this happens once per connection.
+    let mut reply = Vec::new();
+    let mut byte = [0u8; 1];
+    while reply.last() != Some(&b'\n') {
+        match (&*stream).read(&mut byte) {
+            Ok(0) => return Err(ConnectionFailure::closed(address)),
+            Ok(_) if reply.len() > REPLY_LINE_LEN_MAX => {
+                return Err(protocol_failure(address, &ProtocolError::LineTooLong));
+            }
+            Ok(_) => reply.push(byte[0]),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(io_failure(&error)),
+        }
+    }
+    stream.set_read_timeout(None).map_err(|error| io_failure(&error))?;
+    let reply = match decode_reply(&reply) {
+        Decoded::Line { item: Ok(reply), .. } => reply,
+        Decoded::Line { item: Err(error), .. } => {
+            return Err(protocol_failure(address, &ProtocolError::Malformed(error)));
+        }
+        Decoded::Incomplete | Decoded::LineTooLong => {
+            return Err(protocol_failure(address, &ProtocolError::LineTooLong));
+        }
+    };
+    match reply {
+        Reply::Authenticated { name } => Ok(String::from_utf8_lossy(name).into_owned()),
+        Reply::Error { op: Some(Op::Authenticate), code, .. }
+            if matches!(code, ErrorCode::AuthFailed | ErrorCode::AuthDisabled) =>
+        {
+            Err(ConnectionFailure::auth(address, code))
+        }
+        Reply::Error { op: None, code, .. } => Err(refused_failure(address, code)),
+        other => {
+            let mut line = Vec::new();
+            crate::proto::encode_reply(&other, &mut line);
+            let line = String::from_utf8_lossy(line.strip_suffix(b"\n").unwrap_or(&line)).into_owned();
+            Err(protocol_failure(address, &ProtocolError::Unsolicited(line)))
+        }
+    }
+}
+
+fn refused_failure(address: &str, code: ErrorCode) -> ConnectionFailure {
+    ConnectionFailure {
+        address: address.to_string(),
+        kind: io::ErrorKind::ConnectionAborted,
+        os_error: None,
+        message: format!("the server refused the connection: {code}"),
+        auth: None,
+    }
+}
+
+fn protocol_failure(address: &str, violation: &ProtocolError) -> ConnectionFailure {
+    ConnectionFailure {
+        address: address.to_string(),
+        kind: io::ErrorKind::InvalidData,
+        os_error: None,
+        message: format!("dropped after a protocol violation: {violation}"),
+        auth: None,
+    }
+}
+
 /// What the reader learned about one socket while it read from it.
 #[derive(Debug, Default)]
 struct Session {
@@ -336,18 +445,8 @@ impl Session {
         match (cut, &self.error) {
             (Cut::Io, Some(error)) => ConnectionFailure::from_io(address, error),
             (Cut::Io, None) => ConnectionFailure::closed(address),
-            (Cut::Refused(code), _) => ConnectionFailure {
-                address: address.to_string(),
-                kind: io::ErrorKind::ConnectionAborted,
-                os_error: None,
-                message: format!("the server refused the connection: {code}"),
-            },
-            (Cut::Protocol(violation), _) => ConnectionFailure {
-                address: address.to_string(),
-                kind: io::ErrorKind::InvalidData,
-                os_error: None,
-                message: format!("dropped after a protocol violation: {violation}"),
-            },
+            (Cut::Refused(code), _) => refused_failure(address, *code),
+            (Cut::Protocol(violation), _) => protocol_failure(address, violation),
         }
     }
 }
@@ -399,7 +498,19 @@ fn read_replies(connection: &Connection, router: &Arc<Router>, stream: &TcpStrea
                     // `E - - <code>`: the server could not read a line as a
                     // request, or refuses the connection; it closes it.
                     let Reply::Error { code, .. } = reply else { unreachable!("only E replies lack an op") };
-                    stop = Some(Cut::Refused(code));
+                    stop = Some(if code == ErrorCode::AuthRevoked {
+                        // A reload removed the client's name: a broken
+                        // connection like any other, reconnected with the
+                        // secret (which then fails if it was removed), and
+                        // its requests move on or wait.
+                        session.error = Some(io::Error::new(
+                            io::ErrorKind::ConnectionAborted,
+                            "the server revoked the secret's name",
+                        ));
+                        Cut::Io
+                    } else {
+                        Cut::Refused(code)
+                    });
                     break;
                 };
                 let Some(mut operation) = state.in_flight.take(op, reply.key().unwrap_or(b"")) else {
@@ -537,6 +648,49 @@ mod tests {
         connection.close();
         assert_eq!(connection.take_down().len(), 1);
         writer.join().unwrap();
+    }
+
+    /// What `authenticate` makes of the server's answer `answer` (sent
+    /// once the `U` line has arrived; `None`: the server closes instead).
+    fn authenticate_against(answer: Option<&'static str>) -> (String, Result<String, ConnectionFailure>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let serving = thread::spawn(move || {
+            let mut line = Vec::new();
+            let mut byte = [0u8; 1];
+            while line.last() != Some(&b'\n') {
+                server.read_exact(&mut byte).unwrap();
+                line.push(byte[0]);
+            }
+            if let Some(answer) = answer {
+                server.write_all(answer.as_bytes()).unwrap();
+            }
+            String::from_utf8(line).unwrap()
+        });
+        let outcome = authenticate(&client, "db:7700", "s3cret", Duration::from_secs(1));
+        (serving.join().unwrap(), outcome)
+    }
+
+    #[test]
+    fn authenticate_sends_the_secret_first_and_reads_the_name_or_the_refusal() {
+        let (sent, outcome) = authenticate_against(Some("U billing\n"));
+        assert_eq!(sent, "U s3cret\n");
+        assert_eq!(outcome, Ok("billing".to_string()));
+        let (_, outcome) = authenticate_against(Some("E U - auth-failed\n"));
+        assert_eq!(outcome, Err(ConnectionFailure::auth("db:7700", ErrorCode::AuthFailed)));
+        let (_, outcome) = authenticate_against(Some("E U - auth-disabled\r\n"));
+        assert_eq!(outcome.unwrap_err().auth, Some(ErrorCode::AuthDisabled));
+        let (_, outcome) = authenticate_against(Some("E - - too-many-connections\n"));
+        let failure = outcome.unwrap_err();
+        assert_eq!(
+            (failure.auth, failure.message.as_str()),
+            (None, "the server refused the connection: too-many-connections")
+        );
+        let (_, outcome) = authenticate_against(Some("A k 1\n"));
+        assert_eq!(outcome.unwrap_err().kind, io::ErrorKind::InvalidData);
+        let (_, outcome) = authenticate_against(None);
+        assert_eq!(outcome, Err(ConnectionFailure::closed("db:7700")));
     }
 
     #[test]

@@ -61,6 +61,21 @@ pub enum Error {
     /// [`in_flight_per_connection_max`](crate::ClientBuilder::in_flight_per_connection_max)
     /// requests; try again once some have been answered.
     TooManyInFlight,
+    /// The server refused the client's secret
+    /// ([`ClientBuilder::secret`](crate::ClientBuilder::secret)): every
+    /// address the request could use answered its `U` line with
+    /// `auth-failed` (no name has this secret, or it was removed by a
+    /// reload) or `auth-disabled` (the server has no auth file), and stayed
+    /// so for as long as the request could wait. The client keeps
+    /// reconnecting with its usual pauses, so a secret added to the server's
+    /// auth file later is taken. A key outside the name's scope is not this
+    /// error but [`Error::Server`] with [`ErrorCode::Forbidden`].
+    Auth {
+        /// The address that refused the secret (the first, if several did).
+        address: String,
+        /// [`ErrorCode::AuthFailed`] or [`ErrorCode::AuthDisabled`].
+        code: ErrorCode,
+    },
 }
 
 impl fmt::Display for Error {
@@ -79,6 +94,7 @@ impl fmt::Display for Error {
             Error::Server(code) => write!(f, "the ringlock server refused the request: {code}"),
             Error::Protocol(violation) => write!(f, "protocol violation by the ringlock server: {violation}"),
             Error::TooManyInFlight => f.write_str("too many requests in flight on every connection; retry later"),
+            Error::Auth { address, code } => write!(f, "{address} refused the client's secret: {code}"),
         }
     }
 }
@@ -126,6 +142,10 @@ pub struct ConnectionFailure {
     /// What went wrong, in words (the OS error's text, lower-cased, without
     /// its number).
     pub message: String,
+    /// The server's answer to the client's secret when the connection
+    /// failed on it ([`ErrorCode::AuthFailed`] or
+    /// [`ErrorCode::AuthDisabled`]), else `None`.
+    pub auth: Option<ErrorCode>,
 }
 
 impl ConnectionFailure {
@@ -154,7 +174,25 @@ impl ConnectionFailure {
             message.extend(first.to_lowercase());
             message.push_str(chars.as_str());
         }
-        ConnectionFailure { address: address.to_string(), kind: error.kind(), os_error: error.raw_os_error(), message }
+        ConnectionFailure {
+            address: address.to_string(),
+            kind: error.kind(),
+            os_error: error.raw_os_error(),
+            message,
+            auth: None,
+        }
+    }
+
+    /// The failure of `address` whose server refused the client's secret
+    /// with `code`.
+    pub(crate) fn auth(address: &str, code: ErrorCode) -> ConnectionFailure {
+        ConnectionFailure {
+            address: address.to_string(),
+            kind: io::ErrorKind::PermissionDenied,
+            os_error: None,
+            message: format!("secret refused: {code}"),
+            auth: Some(code),
+        }
     }
 
     /// The failure of `address` whose connection the other end closed.
@@ -164,6 +202,7 @@ impl ConnectionFailure {
             kind: io::ErrorKind::UnexpectedEof,
             os_error: None,
             message: "closed by the server".to_string(),
+            auth: None,
         }
     }
 
@@ -175,6 +214,7 @@ impl ConnectionFailure {
             kind: io::ErrorKind::NotConnected,
             os_error: None,
             message: "no attempt has ended yet".to_string(),
+            auth: None,
         }
     }
 }

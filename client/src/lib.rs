@@ -104,6 +104,12 @@
 //!   active; the client re-sends the request there and prefers that node from
 //!   then on. A node it was not given is added to the set. While no active is
 //!   known (a failover), requests are retried every 200 ms for 5 s.
+//! - **Authentication.** With a secret ([`ClientBuilder::secret`], or the
+//!   environment variable `RINGLOCK_SECRET`), every connection and every
+//!   reconnect first sends `U <secret>` and carries requests only once the
+//!   server has named the client ([`Client::name`]); a refused secret fails
+//!   the connection, which is retried with the usual pauses, and requests
+//!   fail past their limit with [`Error::Auth`].
 //! - **Cancellation.** Dropping a [`Lock`] releases it in the background;
 //!   dropping an acquire future releases a grant that arrives after all.
 //!
@@ -179,6 +185,6 @@ mod timer;
 pub use ringlock_proto as proto;
 
 pub use client::{Client, Inspection, Pong};
-pub use config::{ClientBuilder, NODES_MAX};
+pub use config::{ClientBuilder, NODES_MAX, SECRET_ENV};
 pub use error::{BadArgument, ConnectionFailure, Error, ProtocolError};
 pub use lock::{Lock, ReleaseOutcome};

@@ -62,6 +62,21 @@ pub(crate) struct Router {
     timer: Timer,
     closed: Mutex<bool>,
     closed_wake: Condvar,
+    /// The name the server last gave the client's secret.
+    name: Mutex<Option<String>>,
+}
+
+/// The error of a request that found no usable connection within its
+/// limit: the secret's refusal if every address refused it (the request
+/// could not have gone anywhere with that secret), else the addresses and
+/// their failures, auth refusals among them.
+fn no_connection(waited: Duration, addresses: Vec<ConnectionFailure>) -> Error {
+    match addresses.first() {
+        Some(first) if addresses.iter().all(|failure| failure.auth.is_some()) => {
+            Error::Auth { address: first.address.clone(), code: first.auth.expect("checked above") }
+        }
+        _ => Error::NoConnection { waited, addresses },
+    }
 }
 
 impl Router {
@@ -78,6 +93,7 @@ impl Router {
             timer: Timer::default(),
             closed: Mutex::new(false),
             closed_wake: Condvar::new(),
+            name: Mutex::new(None),
         });
         for address in router.config.addresses.clone() {
             router.add_node(&mut router.topology.write().unwrap_or_else(|poisoned| poisoned.into_inner()), &address);
@@ -277,9 +293,7 @@ impl Router {
     fn finish(self: &Arc<Self>, operation: Operation, outcome: Outcome, wakes: &mut Wakes) {
         let Some(completion) = operation.completion else { return };
         let outcome = match outcome {
-            Outcome::NoConnection { waited } => {
-                Outcome::Failed(Error::NoConnection { waited, addresses: self.connection_failures() })
-            }
+            Outcome::NoConnection { waited } => Outcome::Failed(no_connection(waited, self.connection_failures())),
             other => other,
         };
         if let Err(Outcome::Acquired(token)) = completion.complete(outcome, wakes) {
@@ -306,6 +320,16 @@ impl Router {
         for operation in operations {
             self.finish(operation, Outcome::NoConnection { waited: Duration::ZERO }, &mut wakes);
         }
+    }
+
+    /// A connection authenticated as `name`.
+    pub(crate) fn note_name(&self, name: String) {
+        *self.name.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(name);
+    }
+
+    /// The name the server last gave the client's secret.
+    pub(crate) fn name(&self) -> Option<String> {
+        self.name.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     /// A connection just came up: the requests waiting for one go now.
@@ -400,6 +424,18 @@ fn find_node(topology: &Topology, address: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::ErrorCode;
+
+    #[test]
+    fn the_secret_s_refusal_is_the_error_only_when_every_address_refused_it() {
+        let refused = |address| ConnectionFailure::auth(address, ErrorCode::AuthFailed);
+        let waited = Duration::from_secs(1);
+        let all = no_connection(waited, vec![refused("a:1"), refused("b:1")]);
+        assert_eq!(all, Error::Auth { address: "a:1".into(), code: ErrorCode::AuthFailed });
+        let mixed = vec![refused("a:1"), ConnectionFailure::closed("b:1")];
+        assert_eq!(no_connection(waited, mixed.clone()), Error::NoConnection { waited, addresses: mixed });
+        assert_eq!(no_connection(waited, Vec::new()), Error::NoConnection { waited, addresses: Vec::new() });
+    }
 
     fn topology(addresses: &[&str]) -> Topology {
         Topology {

@@ -87,6 +87,7 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Client, error) 
 	for _, option := range opts {
 		option(&o)
 	}
+	o.secretFromEnvironment()
 	if !o.connectionsPerNodeSet {
 		o.connectionsPerNode = 1
 		if len(addrs) == 1 {
@@ -103,11 +104,20 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Client, error) 
 			c.router.close()
 			return nil, err
 		}
-		failed := c.router.connectionError(time.Since(started))
+		failed := c.router.noConnection(time.Since(started))
 		c.router.close()
 		return nil, failed
 	}
 	return c, nil
+}
+
+// Name is the name the server gave the client's secret (WithSecret) when a
+// connection last authenticated; empty without a secret.
+func (c *Client) Name() string {
+	if name := c.router.name.Load(); name != nil {
+		return *name
+	}
+	return ""
 }
 
 // checkAddress refuses an address no server could name in an M reply.

@@ -381,6 +381,15 @@ func (c *connection) runReader() {
 	attempt := 0
 	for {
 		conn, err := r.dial(c.dialContext, c.address)
+		if err == nil && r.options.secret != nil {
+			// A refused secret fails the connection like a failed connect
+			// (below): its requests move on or wait, and the attempt count
+			// is not reset, so a wrong secret is retried with growing
+			// pauses.
+			if err = c.authenticate(conn); err != nil {
+				conn.Close()
+			}
+		}
 		if err == nil {
 			if !c.install(conn) {
 				conn.Close()
@@ -428,6 +437,53 @@ func (c *connection) runReader() {
 		}
 	}
 	r.abort(c.takeDown())
+}
+
+// authReplyMargin is how long a connection waits for the answer to its U
+// line beyond the connect timeout: the server answers a wrong secret only
+// after 200 ms.
+const authReplyMargin = time.Second
+
+// authenticate sends "U <secret>" on a fresh socket, before any request, and
+// reads the answer: nil once authenticated (the name is recorded), else why
+// the connection cannot be used (an *AuthError if the server refused the
+// secret). Nothing else is in flight yet, so the answer is the first line
+// and is read here rather than paired (U replies carry no key).
+func (c *connection) authenticate(conn net.Conn) error {
+	r := c.router
+	if err := conn.SetDeadline(time.Now().Add(r.options.connectTimeout + authReplyMargin)); err != nil {
+		return err
+	}
+	if _, err := conn.Write(appendAuth(nil, r.options.secret())); err != nil {
+		return err
+	}
+	// Byte by byte, so that nothing after the answer is taken from the
+	// reader; this happens once per connection.
+	var line []byte
+	var one [1]byte
+	for len(line) == 0 || line[len(line)-1] != '\n' {
+		if len(line) > replyLineLenMax {
+			return protocolError("reply line too long", nil)
+		}
+		if _, err := io.ReadFull(conn, one[:]); err != nil {
+			return err
+		}
+		line = append(line, one[0])
+	}
+	if err := conn.SetDeadline(time.Time{}); err != nil {
+		return err
+	}
+	name, code, err := parseAuthAnswer(bytes.TrimRight(line, "\r\n"))
+	switch {
+	case err != nil:
+		return err
+	case code == CodeAuthFailed || code == CodeAuthDisabled:
+		return &AuthError{Address: c.address, Code: code}
+	case code != "":
+		return &ServerError{Code: code, Op: "-"}
+	}
+	r.name.Store(&name)
+	return nil
 }
 
 // answered is one paired reply, acted on once the connection is unlocked.
@@ -486,6 +542,12 @@ func (c *connection) readReplies(conn net.Conn) error {
 				// E - - code: the server could not read a line as a
 				// request, or refuses the connection; it closes it.
 				stop = &ServerError{Code: parsed.code, Op: "-"}
+				if parsed.code == CodeAuthRevoked {
+					// A reload removed the secret's name: a broken
+					// connection like any other, reconnected with the
+					// secret (refused then, if it was removed).
+					c.readError, stop = errRevoked, ErrNoConnection
+				}
 				break
 			}
 			o := c.inFlight.take(parsed.op, parsed.key)

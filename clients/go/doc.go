@@ -44,6 +44,12 @@
 //     the client re-sends the request there and prefers that node from then
 //     on, adding it to its set if it was not given. While no active is known
 //     (a failover), requests are retried every 200 ms for 5 s.
+//   - Authentication: with a secret (WithSecret, else the environment
+//     variable RINGLOCK_SECRET), every connection and every reconnect first
+//     sends "U <secret>" and carries requests only once the server has
+//     named the client (Client.Name); a refused secret fails the
+//     connection, which is retried with the usual pauses, and requests fail
+//     past their limit with an *AuthError (errors.Is(err, ErrAuth)).
 //   - Contexts: every call takes a context.Context. An acquire given up
 //     through its context releases a grant that arrives anyway; a release
 //     given up carries on in the background.
@@ -54,7 +60,8 @@
 // wait ran out, nothing was granted), ErrNoConnection, ErrNoActive,
 // ErrClosed, ErrTooManyInFlight; *ServerError for an E reply, carrying the
 // server's Code, which errors.Is matches against ErrNotHolder,
-// ErrTooManyWaiters, ErrShuttingDown and the other code sentinels;
+// ErrTooManyWaiters, ErrShuttingDown, ErrForbidden and the other code
+// sentinels; *AuthError (errors.Is(err, ErrAuth)) for a refused secret;
 // *ArgumentError for an argument refused before sending; *ProtocolError
 // for a server that broke the protocol.
 //

@@ -45,6 +45,21 @@ const (
 	CodeTooManyConnections Code = "too-many-connections"
 	// CodeShuttingDown: the server is stopping.
 	CodeShuttingDown Code = "shutting-down"
+	// CodeAuthRequired: the server has an auth file and the connection has
+	// not authenticated; a client with WithSecret never sees it.
+	CodeAuthRequired Code = "auth-required"
+	// CodeAuthFailed: no name of the server's auth file has the client's
+	// secret (or a reload removed it); the server closes the connection.
+	CodeAuthFailed Code = "auth-failed"
+	// CodeForbidden: the key is outside the scope of the secret's name (or
+	// S without the stats right).
+	CodeForbidden Code = "forbidden"
+	// CodeAuthRevoked: a reload removed the connection's name; the server
+	// closes the connection.
+	CodeAuthRevoked Code = "auth-revoked"
+	// CodeAuthDisabled: the client sent a secret to a server without an
+	// auth file.
+	CodeAuthDisabled Code = "auth-disabled"
 )
 
 // Sentinel errors, for errors.Is.
@@ -91,7 +106,48 @@ var (
 
 	// ErrShuttingDown matches a *ServerError with code shutting-down.
 	ErrShuttingDown = &ServerError{Code: CodeShuttingDown}
+
+	// ErrForbidden matches a *ServerError with code forbidden: the key is
+	// outside the scope of the name the client's secret belongs to. It is an
+	// error of that request only: not retried, and the connection stays up.
+	ErrForbidden = &ServerError{Code: CodeForbidden}
+
+	// ErrAuth matches every *AuthError: the server refused the client's
+	// secret (WithSecret). A *ConnectionError one of whose addresses refused
+	// the secret matches it too, through that address's error.
+	ErrAuth = errors.New("ringlock: the server refused the client's secret")
 )
+
+// AuthError is the error of a request (or of Dial) when the server refused
+// the client's secret on every address the request could use, for as long
+// as it could wait: Code is CodeAuthFailed (no name has this secret, or a
+// reload removed it) or CodeAuthDisabled (the server has no auth file).
+// errors.Is(err, ErrAuth) matches it. The secret is never in it.
+//
+// It is also each such address's error in a *ConnectionError, when another
+// address failed otherwise. The client keeps reconnecting with its usual
+// pauses, so a secret added to the server's auth file later is taken.
+type AuthError struct {
+	// Address is the address that refused the secret (the first, if
+	// several did).
+	Address string
+	// Code is the server's answer to the secret.
+	Code Code
+}
+
+// Error names the address and the code, as in "ringlock: 127.0.0.1:7700
+// refused the client's secret: auth-failed".
+func (e *AuthError) Error() string {
+	return fmt.Sprintf("ringlock: %s refused the client's secret: %s", e.Address, e.Code)
+}
+
+// Is reports whether target is ErrAuth.
+func (e *AuthError) Is(target error) bool {
+	return target == ErrAuth
+}
+
+// errRevoked is a connection's error once a reload removed its name.
+var errRevoked = errors.New("the server revoked the secret's name")
 
 // ServerError is an E reply: the server refused the request, which had no
 // effect. errors.Is(err, ErrNotHolder) and the other code sentinels match
@@ -206,9 +262,12 @@ var errNotConnectedYet = errors.New("no attempt has ended yet")
 func describeConnectError(err error) string {
 	var errno syscall.Errno
 	var netError net.Error
+	var authError *AuthError
 	switch {
 	case err == nil:
 		return errNotConnectedYet.Error()
+	case errors.As(err, &authError):
+		return "secret refused: " + string(authError.Code)
 	case errors.Is(err, io.EOF):
 		return "closed by the server"
 	case errors.As(err, &errno):

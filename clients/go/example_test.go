@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
 	"time"
 
 	"ringlock"
@@ -189,4 +190,20 @@ func ExampleClient_Inspect() {
 	// Output:
 	// held: false waiters: 0
 	// held: true by our token: true lease left within 30 s: true
+}
+
+// A client of a server started with --auth-file authenticates every
+// connection with its secret; here the secret comes from the environment,
+// where RINGLOCK_SECRET would be read without the option, too.
+func ExampleWithSecret() {
+	ctx := context.Background()
+	client, err := ringlock.Dial(ctx, []string{"127.0.0.1:7700"}, ringlock.WithSecret(os.Getenv("BILLING_RINGLOCK_SECRET")))
+	if errors.Is(err, ringlock.ErrAuth) {
+		log.Fatal(err) // ringlock: 127.0.0.1:7700 refused the client's secret: auth-failed
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	fmt.Println("authenticated as", client.Name())
 }

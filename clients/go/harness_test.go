@@ -46,14 +46,16 @@ type server struct {
 	addr    string
 	command *exec.Cmd
 	data    string
-	logMu   sync.Mutex
-	log     []string
+	// args are more flags, kept for restart.
+	args  []string
+	logMu sync.Mutex
+	log   []string
 }
 
 var listening = regexp.MustCompile(`listening on ([0-9.:]+)`)
 
 // startServer starts a server; stop it with stop.
-func startServer() (*server, error) {
+func startServer(args ...string) (*server, error) {
 	path, err := binary("ringlock", "RINGLOCK_BIN")
 	if err != nil {
 		return nil, err
@@ -62,7 +64,7 @@ func startServer() (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &server{data: data}
+	s := &server{data: data, args: args}
 	if err := s.launch(path, "127.0.0.1:0"); err != nil {
 		os.RemoveAll(data)
 		return nil, err
@@ -73,7 +75,8 @@ func startServer() (*server, error) {
 // launch starts the server's process listening on listen, with the
 // server's data directory, and records the address it names.
 func (s *server) launch(path, listen string) error {
-	s.command = exec.Command(path, "--listen", listen, "--shards", "1", "--no-pin", "--data-dir", s.data)
+	args := append([]string{"--listen", listen, "--shards", "1", "--no-pin", "--data-dir", s.data}, s.args...)
+	s.command = exec.Command(path, args...)
 	stderr, err := s.command.StderrPipe()
 	if err != nil {
 		return err
@@ -176,10 +179,11 @@ func refusingAddress(t *testing.T) string {
 	return fmt.Sprintf("127.0.0.1:%d", name.(*syscall.SockaddrInet4).Port)
 }
 
-// newServer starts a server stopped when the test ends.
-func newServer(t *testing.T) *server {
+// newServer starts a server, with more flags if given, stopped when the
+// test ends.
+func newServer(t *testing.T, args ...string) *server {
 	t.Helper()
-	s, err := startServer()
+	s, err := startServer(args...)
 	if err != nil {
 		t.Fatal(err)
 	}

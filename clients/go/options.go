@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"time"
 )
 
@@ -25,7 +27,25 @@ const (
 	retryIntervalShortest    = time.Millisecond
 	connectTimeoutShortest   = time.Millisecond
 	reconnectDelayShortest   = time.Millisecond
+	// secretLenMax is the longest secret: a U line must fit in the
+	// server's 1024 bytes.
+	secretLenMax = 1022
 )
+
+// SecretEnv is the environment variable Dial takes the client's secret from
+// when it is given no WithSecret, so that the secret need not appear in
+// code, on a command line or in shell history.
+const SecretEnv = "RINGLOCK_SECRET"
+
+// secret holds the client's secret behind a function, so that printing
+// the options with fmt, with any verb, shows a function's address and never
+// the secret.
+type secret func() string
+
+// newSecret keeps value for the options.
+func newSecret(value string) secret {
+	return func() string { return value }
+}
 
 // options is every setting of a Client.
 type options struct {
@@ -41,6 +61,10 @@ type options struct {
 	tryAcquireWait        time.Duration
 	redirectLimit         int
 	maxInFlight           int
+	// secret is sent as U on every connection first; nil for none.
+	secret secret
+	// secretSet tells Dial not to read SecretEnv.
+	secretSet bool
 	// dial connects to a node: dialTCP, but for tests that hold a connect.
 	dial func(ctx context.Context, address string, timeout time.Duration) (net.Conn, error)
 }
@@ -81,6 +105,10 @@ func (o *options) validate() error {
 		return &ArgumentError{Arg: "WithRedirectLimit", Reason: "at least 0"}
 	case o.maxInFlight < 1:
 		return &ArgumentError{Arg: "WithMaxInFlight", Reason: "at least 1"}
+	case o.secret != nil && (o.secret() == "" || len(o.secret()) > secretLenMax ||
+		strings.ContainsAny(o.secret(), " \t\r\n\x00")):
+		return &ArgumentError{Arg: "WithSecret",
+			Reason: fmt.Sprintf("1 to %d bytes, none of them space, tab, CR, LF or NUL", secretLenMax)}
 	}
 	return nil
 }
@@ -169,4 +197,30 @@ func WithRedirectLimit(n int) Option {
 // 65536.
 func WithMaxInFlight(n int) Option {
 	return func(o *options) { o.maxInFlight = n }
+}
+
+// WithSecret sets the secret the client authenticates with, for servers
+// started with --auth-file. Without it, Dial takes the environment variable
+// RINGLOCK_SECRET (SecretEnv) if it is set and not empty.
+//
+// With a secret, every connection, and every reconnect, first sends
+// "U <secret>" and carries requests only once the server has answered with
+// the name the secret belongs to (Client.Name). A refused secret fails that
+// connection, which is retried with the usual pauses; requests waiting for a
+// connection fail past their limit with an *AuthError (errors.Is(err,
+// ErrAuth)). The secret never appears in errors or in printed options.
+func WithSecret(s string) Option {
+	return func(o *options) {
+		o.secretSet = true
+		o.secret = newSecret(s)
+	}
+}
+
+// secretFromEnvironment takes the secret from SecretEnv if none was set.
+func (o *options) secretFromEnvironment() {
+	if !o.secretSet {
+		if value := os.Getenv(SecretEnv); value != "" {
+			o.secret = newSecret(value)
+		}
+	}
 }

@@ -313,3 +313,27 @@ func parseUint64(field []byte) (uint64, error) {
 	}
 	return n, nil
 }
+
+// appendAuth appends "U <secret>", the first line of every connection of a
+// client with a secret.
+func appendAuth(buffer []byte, secret string) []byte {
+	buffer = append(buffer, "U "...)
+	buffer = append(buffer, secret...)
+	return append(buffer, '\n')
+}
+
+// parseAuthAnswer reads the answer to U (line without its line ending): the
+// name the connection is authenticated as; else the code of an "E U - code"
+// (CodeAuthFailed, CodeAuthDisabled) or of an "E - - code" refusing the
+// connection, with an empty name; else a *ProtocolError.
+func parseAuthAnswer(line []byte) (name string, code Code, err error) {
+	fields := bytes.Split(line, []byte{' '})
+	switch {
+	case len(fields) == 2 && string(fields[0]) == "U" && len(fields[1]) > 0:
+		return string(fields[1]), "", nil
+	case len(fields) == 4 && string(fields[0]) == "E" && string(fields[2]) == "-" &&
+		(string(fields[1]) == "U" || string(fields[1]) == "-") && len(fields[3]) > 0:
+		return "", Code(fields[3]), nil
+	}
+	return "", "", protocolError("an unexpected answer to U", line)
+}

@@ -209,3 +209,29 @@ func TestTheGrantAndReleasePathAgreesWithTheGeneralOne(t *testing.T) {
 		t.Fatalf("only %d of %d lines took the one-pass path", fast, len(lines))
 	}
 }
+
+func TestTheAnswerToUIsANameOrACode(t *testing.T) {
+	if got := string(appendAuth(nil, "s3cret")); got != "U s3cret\n" {
+		t.Errorf("appendAuth: %q", got)
+	}
+	for line, want := range map[string]struct {
+		name string
+		code Code
+	}{
+		"U billing":                  {name: "billing"},
+		"E U - auth-failed":          {code: CodeAuthFailed},
+		"E U - auth-disabled":        {code: CodeAuthDisabled},
+		"E - - too-many-connections": {code: CodeTooManyConnections},
+	} {
+		name, code, err := parseAuthAnswer([]byte(line))
+		if err != nil || name != want.name || code != want.code {
+			t.Errorf("%q: %q %q %v, want %q %q", line, name, code, err, want.name, want.code)
+		}
+	}
+	for _, line := range []string{"A k 1", "U", "E A k auth-failed", ""} {
+		var violation *ProtocolError
+		if _, _, err := parseAuthAnswer([]byte(line)); !errors.As(err, &violation) {
+			t.Errorf("%q: %v, want a *ProtocolError", line, err)
+		}
+	}
+}

@@ -6,6 +6,7 @@ package ringlock
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"sync"
@@ -57,6 +58,10 @@ type router struct {
 	firstError    error
 	readyClosed   bool
 	ready         chan struct{}
+
+	// name is the name the server gave the client's secret when a
+	// connection last authenticated.
+	name atomic.Pointer[string]
 }
 
 func newRouter(addresses []string, o options) *router {
@@ -184,7 +189,7 @@ func (r *router) handle(o *operation, s step) {
 	case stepRetryAt:
 		r.schedule(o, s.at)
 	case stepNoConnection:
-		r.finish(o, outcome{err: r.connectionError(s.waited)})
+		r.finish(o, outcome{err: r.noConnection(s.waited)})
 	}
 }
 
@@ -208,12 +213,34 @@ func (r *router) connectionError(waited time.Duration) *ConnectionError {
 	return e
 }
 
+// noConnection is the error of a request that found no usable connection
+// within its limit: the secret's refusal if every address refused it (the
+// request could not have gone anywhere with that secret), else every
+// address with the error of its last attempt, refusals among them.
+func (r *router) noConnection(waited time.Duration) error {
+	failed := r.connectionError(waited)
+	var first *AuthError
+	for _, address := range failed.Addresses {
+		var refused *AuthError
+		if !errors.As(address.Err, &refused) {
+			return failed
+		}
+		if first == nil {
+			first = refused
+		}
+	}
+	if first == nil {
+		return failed
+	}
+	return first
+}
+
 // expire ends an acquire whose wait ran out before it could be (re)sent:
 // with no connection if it was waiting for one, else timed out, as it
 // would have on the server.
 func (r *router) expire(o *operation, at time.Time) {
 	if !o.waitingSince.IsZero() {
-		r.finish(o, outcome{err: r.connectionError(at.Sub(o.waitingSince))})
+		r.finish(o, outcome{err: r.noConnection(at.Sub(o.waitingSince))})
 		return
 	}
 	r.finish(o, outcome{err: ErrTimeout})

@@ -6,6 +6,8 @@ package ringlock_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,6 +43,11 @@ var scenarios = map[string]func(*testing.T){
 	"redirect-to-no-active":             redirectToNoActive,
 	"timeout-is-not-a-grant":            timeoutIsNotAGrant,
 	"delayed-replies":                   delayedReplies,
+	"auth-ok":                           authOK,
+	"auth-wrong":                        authWrong,
+	"auth-forbidden-key":                authForbiddenKey,
+	"auth-revoked-on-reload":            authRevokedOnReload,
+	"auth-reconnect":                    authReconnect,
 }
 
 // scenarioIDs reads the ids of clients/scenarios.json.
@@ -474,6 +482,148 @@ func delayedReplies(t *testing.T) {
 	lock := mustAcquire(t, client, "slow")
 	if err := lock.Extend(testContext(t), lease); err != nil {
 		t.Fatal(err)
+	}
+	mustRelease(t, lock)
+}
+
+// Secrets of the two names of the authentication scenarios; made for these
+// tests only.
+const (
+	alphaSecret = "alpha-5e0c1b7a9d2f4836"
+	betaSecret  = "beta-8a4d2c6e1f0b9357"
+)
+
+// authFile is an auth file in a temporary directory of the test's.
+type authFile struct {
+	path string
+}
+
+// newAuthFile writes names (name to secret); each name may lock the keys
+// "<name>/*".
+func newAuthFile(t *testing.T, names map[string]string) *authFile {
+	t.Helper()
+	file := &authFile{path: filepath.Join(t.TempDir(), "auth")}
+	file.write(t, names)
+	return file
+}
+
+// write replaces the file in one rename, so that a reload never reads half
+// a file.
+func (f *authFile) write(t *testing.T, names map[string]string) {
+	t.Helper()
+	var text strings.Builder
+	for name, secret := range names {
+		digest := sha256.Sum256([]byte(secret))
+		fmt.Fprintf(&text, "%s %s %s/*\n", name, hex.EncodeToString(digest[:]), name)
+	}
+	draft := f.path + ".draft"
+	if err := os.WriteFile(draft, []byte(text.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(draft, f.path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// authServer starts a server whose auth file names alpha and beta.
+func authServer(t *testing.T) (*server, *authFile) {
+	t.Helper()
+	file := newAuthFile(t, map[string]string{"alpha": alphaSecret, "beta": betaSecret})
+	return newServer(t, "--auth-file", file.path), file
+}
+
+// assertRefusedSecret checks the error of a call whose client's secret the
+// server refused.
+func assertRefusedSecret(t *testing.T, err error, address string, elapsed time.Duration) {
+	t.Helper()
+	var refused *ringlock.AuthError
+	if !errors.Is(err, ringlock.ErrAuth) || !errors.As(err, &refused) {
+		t.Fatalf("err = %v, want an *AuthError", err)
+	}
+	if refused.Address != address || refused.Code != ringlock.CodeAuthFailed {
+		t.Errorf("refused by %s with %s, want %s and auth-failed", refused.Address, refused.Code, address)
+	}
+	if elapsed >= 10*time.Second {
+		t.Errorf("not a hang: %v", elapsed)
+	}
+	text := err.Error()
+	if !strings.Contains(text, address) || !strings.Contains(text, "auth-failed") {
+		t.Errorf("the error names neither the address nor the code: %s", text)
+	}
+	if strings.Contains(text, alphaSecret) || strings.Contains(text, "not-the-secret") {
+		t.Errorf("the error holds a secret: %s", text)
+	}
+}
+
+func authOK(t *testing.T) {
+	s, _ := authServer(t)
+	client := dial(t, []string{s.addr}, ringlock.WithSecret(alphaSecret))
+	cycle(t, client, "alpha/ok")
+	if name := client.Name(); name != "alpha" {
+		t.Errorf("Name() = %q, want alpha", name)
+	}
+}
+
+func authWrong(t *testing.T) {
+	s, _ := authServer(t)
+	// Dial waits for a first connection, so it is the call that fails.
+	started := time.Now()
+	client, err := ringlock.Dial(testContext(t), []string{s.addr}, ringlock.WithSecret("not-the-secret"))
+	if err == nil {
+		client.Close()
+		t.Fatal("Dial with a wrong secret succeeded")
+	}
+	assertRefusedSecret(t, err, s.addr, time.Since(started))
+}
+
+func authForbiddenKey(t *testing.T) {
+	s, _ := authServer(t)
+	client := dial(t, []string{s.addr}, ringlock.WithSecret(alphaSecret))
+	_, err := client.Acquire(testContext(t), "beta/theirs", lease, time.Second)
+	var refused *ringlock.ServerError
+	if !errors.Is(err, ringlock.ErrForbidden) || !errors.As(err, &refused) || refused.Key != "beta/theirs" {
+		t.Fatalf("err = %v, want forbidden for beta/theirs", err)
+	}
+	cycle(t, client, "alpha/mine")
+	if usable := ringlock.UsableConnections(client); usable != 2 {
+		t.Errorf("%d usable connections, want 2: the forbidden key broke none", usable)
+	}
+}
+
+func authRevokedOnReload(t *testing.T) {
+	s, file := authServer(t)
+	alpha := dial(t, []string{s.addr}, ringlock.WithSecret(alphaSecret))
+	beta := dial(t, []string{s.addr}, ringlock.WithSecret(betaSecret))
+	cycle(t, alpha, "alpha/before")
+	cycle(t, beta, "beta/before")
+	waitUntil(t, "both of alpha's connections up", func() bool { return ringlock.UsableConnections(alpha) == 2 })
+	file.write(t, map[string]string{"beta": betaSecret})
+	if err := s.command.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	// The server closes alpha's connections; the client reconnects, and its
+	// secret is refused from then on.
+	waitUntil(t, "alpha's connections revoked", func() bool { return ringlock.UsableConnections(alpha) == 0 })
+	started := time.Now()
+	_, err := alpha.Acquire(testContext(t), "alpha/after", lease, time.Second)
+	assertRefusedSecret(t, err, s.addr, time.Since(started))
+	cycle(t, beta, "beta/after")
+}
+
+func authReconnect(t *testing.T) {
+	s, _ := authServer(t)
+	client := dial(t, []string{s.addr}, ringlock.WithSecret(alphaSecret))
+	cycle(t, client, "alpha/before")
+	s.kill()
+	waitUntil(t, "the client to see its connections broken", func() bool {
+		return ringlock.UsableConnections(client) == 0
+	})
+	s.restart(t)
+	// Granted only if the new connections authenticated: the server answers
+	// auth-required to anything else.
+	lock, err := client.Acquire(testContext(t), "alpha/after", lease, 5*time.Second)
+	if err != nil {
+		t.Fatalf("acquire after the restart: %v", err)
 	}
 	mustRelease(t, lock)
 }

@@ -42,6 +42,16 @@ struct Cli {
     #[arg(long, env = "RINGLOCK_CONNECT_LIMIT", default_value = "10", value_parser = seconds, global = true)]
     connect_limit: Duration,
 
+    /// The secret to authenticate with, for servers started with
+    /// --auth-file. Without it, the secret is taken from the environment
+    /// variable RINGLOCK_SECRET if it is set and not empty; prefer that: a
+    /// secret on the command line shows in shell history and to anyone who
+    /// can list the host's processes.
+    // The client library reads RINGLOCK_SECRET itself, so that the tool
+    // treats it exactly as every client does (an empty value is no secret).
+    #[arg(long, value_parser = secret, global = true)]
+    secret: Option<Secret>,
+
     #[command(subcommand)]
     command: Action,
 }
@@ -93,6 +103,26 @@ enum Action {
     },
 }
 
+/// A secret from `--secret` or `RINGLOCK_SECRET`; its `Debug` hides it.
+#[derive(Clone)]
+struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+fn secret(text: &str) -> Result<Secret, String> {
+    Ok(Secret(text.to_string()))
+}
+
+/// What every client the tool makes is built with.
+struct Settings {
+    connect_limit: Duration,
+    secret: Option<Secret>,
+}
+
 fn seconds(text: &str) -> Result<Duration, String> {
     parse_seconds_ms(text.as_bytes())
         .map(Duration::from_millis)
@@ -110,11 +140,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn connect(servers: &[String], connect_limit: Duration) -> Result<Client, String> {
-    ClientBuilder::new(servers.iter().map(String::as_str))
-        .connect_limit(connect_limit)
-        .connect()
-        .map_err(|error| format!("cannot use --servers {}: {error}", servers.join(",")))
+fn connect(servers: &[String], settings: &Settings) -> Result<Client, String> {
+    let mut builder = ClientBuilder::new(servers.iter().map(String::as_str)).connect_limit(settings.connect_limit);
+    if let Some(Secret(secret)) = &settings.secret {
+        builder = builder.secret(secret.as_str());
+    }
+    builder.connect().map_err(|error| format!("cannot use --servers {}: {error}", servers.join(",")))
 }
 
 /// What an error of the client means for the operator.
@@ -122,6 +153,9 @@ fn explain(servers: &[String], error: Error) -> String {
     match error {
         error @ Error::NoConnection { .. } => {
             format!("{error}; is ringlock running at --servers {}?", servers.join(","))
+        }
+        error @ Error::Auth { .. } => {
+            format!("{error}; check --secret or RINGLOCK_SECRET against the server's auth file")
         }
         Error::NoActive => {
             "the nodes know no active node yet (a cluster starting or failing over); try again".to_string()
@@ -132,7 +166,7 @@ fn explain(servers: &[String], error: Error) -> String {
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
     let servers = cli.servers;
-    let limit = cli.connect_limit;
+    let limit = &Settings { connect_limit: cli.connect_limit, secret: cli.secret };
     match cli.command {
         Action::Ping => per_node(&servers, limit, |address, client| {
             let pong = client.ping()?;
@@ -198,7 +232,7 @@ fn acquire(client: &Client, key: &str, lease: Duration, wait: Option<Duration>) 
 /// for itself (a client of several nodes would ask any one of them).
 fn per_node(
     servers: &[String],
-    limit: Duration,
+    limit: &Settings,
     action: impl Fn(&str, &Client) -> Result<(), Error>,
 ) -> Result<ExitCode, String> {
     let mut failed = 0;
@@ -215,7 +249,7 @@ fn per_node(
 /// `run`: see [`Action::Run`].
 fn run_holding(
     servers: &[String],
-    limit: Duration,
+    limit: &Settings,
     key: &str,
     lease: Duration,
     wait: Option<Duration>,

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import pytest
 
-from harness import SCENARIOS, Server, Testkit
+from harness import ALPHA_SECRET, BETA_SECRET, SCENARIOS, AuthFile, Server, Testkit
 
 _Test = TypeVar("_Test", bound=Callable[..., object])
 
@@ -27,6 +27,17 @@ def fresh_server() -> Iterator[Server]:
     started = Server()
     yield started
     started.stop()
+
+
+@pytest.fixture
+def auth_server() -> Iterator[tuple[Server, AuthFile]]:
+    """A server of its own with an auth file: ``alpha`` may lock ``alpha/*``,
+    ``beta`` ``beta/*``."""
+    auth = AuthFile({"alpha": ALPHA_SECRET, "beta": BETA_SECRET})
+    started = Server("--auth-file", auth.path)
+    yield started, auth
+    started.stop()
+    auth.cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ whoever started it."""
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import os
 import re
@@ -33,9 +34,14 @@ def binary(name: str, variable: str) -> Path:
 class Server:
     """A ringlock server on a free loopback port, with its own data directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, *args: str) -> None:
         self._data = tempfile.TemporaryDirectory(prefix="ringlock-py-")
+        self._args = args
         self.address: str = self._start("127.0.0.1:0")
+
+    def signal(self, number: int) -> None:
+        """Sends the process a signal (``signal.SIGHUP`` reloads the auth file)."""
+        self.process.send_signal(number)
 
     def kill(self) -> None:
         """SIGKILL, and waits for the process to be gone; the data directory
@@ -74,6 +80,7 @@ class Server:
             "--no-pin",
             "--data-dir",
             self._data.name,
+            *self._args,
         ]
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -105,6 +112,36 @@ class Server:
             self.process.kill()
         self.process.wait()
         self._data.cleanup()
+
+
+ALPHA_SECRET = "alpha-5e0c1b7a9d2f4836"
+BETA_SECRET = "beta-8a4d2c6e1f0b9357"
+"""Secrets of the two names of the authentication scenarios; made for these
+tests only."""
+
+
+class AuthFile:
+    """An auth file in a temporary directory of its own, for ``--auth-file``:
+    each name may lock the keys ``<name>/*``."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="ringlock-py-auth-")
+        self.path = os.path.join(self._dir.name, "auth")
+        self.write(names)
+
+    def write(self, names: dict[str, str]) -> None:
+        """Replaces the file with ``names`` (name to secret), in one rename so
+        that a reload never reads half a file."""
+        text = "".join(
+            f"{name} {hashlib.sha256(secret.encode()).hexdigest()} {name}/*\n" for name, secret in names.items()
+        )
+        draft = self.path + ".draft"
+        with open(draft, "w") as file:
+            file.write(text)
+        os.replace(draft, self.path)
+
+    def cleanup(self) -> None:
+        self._dir.cleanup()
 
 
 class TestkitError(RuntimeError):
@@ -270,3 +307,15 @@ def assert_no_connection(error: BaseException, address: str, elapsed: float, wai
     text = str(error)
     assert text.startswith("no usable connection after "), text
     assert f": {address} (closed by the server)" in text, text
+
+
+def assert_refused_secret(error: BaseException, address: str, elapsed: float) -> None:
+    """Checks the error of a call whose client's secret the server refused."""
+    import ringlock
+
+    assert isinstance(error, ringlock.AuthenticationError) and isinstance(error, ringlock.RinglockError), repr(error)
+    assert error.code == "auth-failed" and error.address == address
+    assert elapsed < 10, f"not a hang: {elapsed}"
+    text = str(error)
+    assert address in text and "auth-failed" in text, text
+    assert ALPHA_SECRET not in text and "not-the-secret" not in text, text

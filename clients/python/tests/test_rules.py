@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from ringlock import (
+    AuthenticationError,
     ConnectionFailure,
+    ForbiddenError,
     KeyState,
     LockLostError,
     NoActiveNodeError,
@@ -39,8 +41,19 @@ from ringlock._operation import (
     Policy,
 )
 from ringlock._pairing import Pairing
-from ringlock._protocol import key_bytes, lease_ms, seconds_field, split_reply, wait_ms
+from ringlock._protocol import (
+    auth_answer,
+    auth_line,
+    key_bytes,
+    lease_ms,
+    seconds_field,
+    secret_bytes,
+    split_reply,
+    wait_ms,
+)
+from ringlock._settings import SECRET_ENV, Settings
 from ringlock._router import check_addresses, split_address
+from ringlock.errors import error_for
 
 POLICY = Policy(retry_interval=0.2, retry_for=5.0, redirect_limit=2, connect_limit=10.0)
 
@@ -290,3 +303,47 @@ def test_docstring_examples() -> None:
     for module in (_protocol, _pairing, _router, errors, _backoff):
         failed, _ = doctest.testmod(module)
         assert failed == 0, module.__name__
+
+
+def test_the_answer_to_u_is_a_name_or_a_code() -> None:
+    assert auth_line(b"s3cret") == b"U s3cret\n"
+    assert auth_answer(b"U billing") == ("billing", "")
+    assert auth_answer(b"E U - auth-failed") == (None, "auth-failed")
+    assert auth_answer(b"E U - auth-disabled") == (None, "auth-disabled")
+    assert auth_answer(b"E - - too-many-connections") == (None, "too-many-connections")
+    assert auth_answer(b"A k 1") == (None, "protocol")
+    for bad in ("", "two words", "tab\there", "x" * 1023):
+        with pytest.raises(ValueError) as raised:
+            secret_bytes(bad)
+        assert bad not in str(raised.value) or not bad, "the message never holds the secret"
+
+
+def build_settings(secret: str | None) -> Settings:
+    return Settings.build("127.0.0.1:7700", None, 0.05, 3.0, 10.0, 1.0, 0.2, 5.0, 16, 65536, secret)
+
+
+def test_the_secret_comes_from_the_environment_unless_given_and_is_never_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    assert build_settings(None).secret is None
+    monkeypatch.setenv(SECRET_ENV, "from-the-environment")
+    from_environment = build_settings(None).secret
+    assert from_environment is not None and from_environment.value == b"from-the-environment"
+    given = build_settings("given-secret").secret
+    assert given is not None and given.value == b"given-secret"
+    assert "given-secret" not in repr(build_settings("given-secret"))
+    monkeypatch.setenv(SECRET_ENV, "")
+    assert build_settings(None).secret is None, "an empty variable is no secret"
+
+
+def test_auth_codes_have_their_own_errors() -> None:
+    refused = error_for("auth-failed", "A", "k")
+    assert isinstance(refused, AuthenticationError) and isinstance(refused, RinglockError)
+    assert isinstance(error_for("forbidden", "A", "k"), ForbiddenError)
+    error = AuthenticationError("auth-failed", "A", "k", address="127.0.0.1:7700")
+    assert str(error) == "127.0.0.1:7700 refused the client's secret: auth-failed (A k)"
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is AuthenticationError and copy.address == error.address and str(copy) == str(error)
+    failure = ConnectionFailure.secret_refused("127.0.0.1:7700", "auth-failed")
+    assert failure.auth == "auth-failed" and str(failure) == "127.0.0.1:7700 (secret refused: auth-failed)"

@@ -8,6 +8,7 @@ Control commands block until the kit answers, so they run in a thread
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
 
@@ -16,7 +17,17 @@ import pytest
 import ringlock
 import ringlock.aio
 from conftest import Scenarios
-from harness import Server, Testkit, assert_backoff_shape, assert_no_connection, wait_until
+from harness import (
+    ALPHA_SECRET,
+    BETA_SECRET,
+    AuthFile,
+    Server,
+    Testkit,
+    assert_backoff_shape,
+    assert_no_connection,
+    assert_refused_secret,
+    wait_until,
+)
 
 pytestmark = pytest.mark.testkit
 
@@ -248,3 +259,79 @@ async def test_delayed_replies(server: Server, kit: Testkit, key: Callable[[str]
         await lock.extend(20)
         assert lock.token == token
         assert await lock.release() is True
+
+
+@scenario("auth-ok")
+async def test_auth_ok(auth_server: tuple[Server, AuthFile]) -> None:
+    server, _ = auth_server
+    async with ringlock.aio.Client(server.address, secret=ALPHA_SECRET) as client:
+        await cycle(client, "alpha/ok")
+        assert client.authenticated_name == "alpha"
+        assert ALPHA_SECRET not in repr(client.settings)
+
+
+@scenario("auth-wrong")
+async def test_auth_wrong(auth_server: tuple[Server, AuthFile]) -> None:
+    server, _ = auth_server
+    async with ringlock.aio.Client(server.address, secret="not-the-secret") as client:
+        started = time.monotonic()
+        with pytest.raises(ringlock.AuthenticationError) as raised:
+            await client.lock("alpha/wrong", lease=10, wait=1).acquire()
+        assert_refused_secret(raised.value, server.address, time.monotonic() - started)
+        assert client.authenticated_name is None
+
+
+@scenario("auth-forbidden-key")
+async def test_auth_forbidden_key(auth_server: tuple[Server, AuthFile]) -> None:
+    server, _ = auth_server
+    async with ringlock.aio.Client(server.address, secret=ALPHA_SECRET) as client:
+        with pytest.raises(ringlock.ForbiddenError) as raised:
+            await client.lock("beta/theirs", lease=10, wait=1).acquire()
+        assert raised.value.code == "forbidden" and raised.value.key == "beta/theirs"
+        await cycle(client, "alpha/mine")
+        assert client.usable_connection_count == 2, "the forbidden key broke no connection"
+
+
+@scenario("auth-revoked-on-reload")
+async def test_auth_revoked_on_reload(auth_server: tuple[Server, AuthFile]) -> None:
+    server, auth = auth_server
+    async with (
+        ringlock.aio.Client(server.address, secret=ALPHA_SECRET) as alpha,
+        ringlock.aio.Client(server.address, secret=BETA_SECRET) as beta,
+    ):
+        await cycle(alpha, "alpha/before")
+        await cycle(beta, "beta/before")
+        await until(lambda: alpha.usable_connection_count == 2, "both of alpha's connections up")
+        auth.write({"beta": BETA_SECRET})
+        server.signal(signal.SIGHUP)
+        # The server closes alpha's connections; the client reconnects, and
+        # its secret is refused from then on.
+        await until(lambda: alpha.usable_connection_count == 0, "alpha's connections revoked")
+        started = time.monotonic()
+        with pytest.raises(ringlock.AuthenticationError) as raised:
+            await alpha.lock("alpha/after", lease=10, wait=1).acquire()
+        assert_refused_secret(raised.value, server.address, time.monotonic() - started)
+        await cycle(beta, "beta/after")
+
+
+@scenario("auth-reconnect")
+async def test_auth_reconnect(auth_server: tuple[Server, AuthFile]) -> None:
+    server, _ = auth_server
+    async with ringlock.aio.Client(server.address, secret=ALPHA_SECRET) as client:
+        await cycle(client, "alpha/before")
+        server.kill()
+        await until(lambda: client.usable_connection_count == 0, "the client to see its connections broken")
+        await asyncio.to_thread(server.restart)
+        # Granted only if the new connections authenticated: the server
+        # answers auth-required to anything else.
+        lock = client.lock("alpha/after", lease=10, wait=5)
+        assert await lock.acquire()
+        assert await lock.release() is True
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Polls ``condition`` while the loop keeps serving the client's connections."""
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +13,17 @@ import pytest
 
 import ringlock
 from conftest import Scenarios
-from harness import Server, Testkit, assert_backoff_shape, assert_no_connection, wait_until
+from harness import (
+    ALPHA_SECRET,
+    BETA_SECRET,
+    AuthFile,
+    Server,
+    Testkit,
+    assert_backoff_shape,
+    assert_no_connection,
+    assert_refused_secret,
+    wait_until,
+)
 
 pytestmark = pytest.mark.testkit
 
@@ -244,4 +255,72 @@ def test_delayed_replies(server: Server, kit: Testkit, key: Callable[[str], str]
         token = lock.token
         lock.extend(20)
         assert lock.token == token
+        assert lock.release() is True
+
+
+@scenario("auth-ok")
+def test_auth_ok(auth_server: tuple[Server, AuthFile]) -> None:
+    server, _ = auth_server
+    with ringlock.Client(server.address, secret=ALPHA_SECRET) as client:
+        cycle(client, "alpha/ok")
+        assert client.authenticated_name == "alpha"
+        assert ALPHA_SECRET not in repr(client.settings)
+
+
+@scenario("auth-wrong")
+def test_auth_wrong(auth_server: tuple[Server, AuthFile]) -> None:
+    server, _ = auth_server
+    with ringlock.Client(server.address, secret="not-the-secret") as client:
+        started = time.monotonic()
+        with pytest.raises(ringlock.AuthenticationError) as raised:
+            client.lock("alpha/wrong", lease=10, wait=1).acquire()
+        assert_refused_secret(raised.value, server.address, time.monotonic() - started)
+        assert client.authenticated_name is None
+
+
+@scenario("auth-forbidden-key")
+def test_auth_forbidden_key(auth_server: tuple[Server, AuthFile]) -> None:
+    server, _ = auth_server
+    with ringlock.Client(server.address, secret=ALPHA_SECRET) as client:
+        with pytest.raises(ringlock.ForbiddenError) as raised:
+            client.lock("beta/theirs", lease=10, wait=1).acquire()
+        assert raised.value.code == "forbidden" and raised.value.key == "beta/theirs"
+        cycle(client, "alpha/mine")
+        assert client.usable_connection_count == 2, "the forbidden key broke no connection"
+
+
+@scenario("auth-revoked-on-reload")
+def test_auth_revoked_on_reload(auth_server: tuple[Server, AuthFile]) -> None:
+    server, auth = auth_server
+    with (
+        ringlock.Client(server.address, secret=ALPHA_SECRET) as alpha,
+        ringlock.Client(server.address, secret=BETA_SECRET) as beta,
+    ):
+        cycle(alpha, "alpha/before")
+        cycle(beta, "beta/before")
+        wait_until(lambda: alpha.usable_connection_count == 2, "both of alpha's connections up")
+        auth.write({"beta": BETA_SECRET})
+        server.signal(signal.SIGHUP)
+        # The server closes alpha's connections; the client reconnects, and
+        # its secret is refused from then on.
+        wait_until(lambda: alpha.usable_connection_count == 0, "alpha's connections revoked")
+        started = time.monotonic()
+        with pytest.raises(ringlock.AuthenticationError) as raised:
+            alpha.lock("alpha/after", lease=10, wait=1).acquire()
+        assert_refused_secret(raised.value, server.address, time.monotonic() - started)
+        cycle(beta, "beta/after")
+
+
+@scenario("auth-reconnect")
+def test_auth_reconnect(auth_server: tuple[Server, AuthFile]) -> None:
+    server, _ = auth_server
+    with ringlock.Client(server.address, secret=ALPHA_SECRET) as client:
+        cycle(client, "alpha/before")
+        server.kill()
+        wait_until(lambda: client.usable_connection_count == 0, "the client to see its connections broken")
+        server.restart()
+        # Granted only if the new connections authenticated: the server
+        # answers auth-required to anything else.
+        lock = client.lock("alpha/after", lease=10, wait=5)
+        assert lock.acquire()
         assert lock.release() is True

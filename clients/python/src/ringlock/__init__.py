@@ -33,8 +33,10 @@ Example::
 from ._protocol import KeyState, Pong
 from .client import Client, Lock
 from .errors import (
+    AuthenticationError,
     CapacityError,
     ConnectionFailure,
+    ForbiddenError,
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
@@ -46,9 +48,11 @@ from .errors import (
 )
 
 __all__ = [
+    "AuthenticationError",
     "CapacityError",
     "Client",
     "ConnectionFailure",
+    "ForbiddenError",
     "KeyState",
     "Lock",
     "LockLostError",

@@ -44,6 +44,20 @@ class ClientBase:
         return sum(1 for connection in self._router.connections if connection.usable)
 
     @property
+    def authenticated_name(self) -> str | None:
+        """The name the server gave the client's secret when a connection
+        last authenticated; ``None`` without a secret or before any
+        connection authenticated.
+
+        Example::
+
+            client = ringlock.Client("127.0.0.1:7700", secret=os.environ["MY_SECRET"])
+            client.ping()
+            print("authenticated as", client.authenticated_name)
+        """
+        return None if self._router is None else self._router.authenticated_name
+
+    @property
     def active_node(self) -> str | None:
         """The address an ``M`` reply last named as active, if any.
 

@@ -26,6 +26,12 @@ OP_EXTEND = b"X"
 OP_PING = b"P"
 OP_STATS = b"S"
 OP_INSPECT = b"I"
+OP_AUTHENTICATE = b"U"
+
+SECRET_LEN_MAX = 1022
+"""Longest secret: a ``U`` line must fit in the server's 1024 bytes."""
+AUTH_REFUSED_CODES = frozenset({"auth-failed", "auth-disabled"})
+"""The answers to ``U`` that mean the secret cannot be used on this server."""
 
 
 class Pong(NamedTuple):
@@ -160,6 +166,51 @@ def extend_line(key: bytes, token: int, lease: int) -> bytes:
 def inspect_line(key: bytes) -> bytes:
     """``I <key>``."""
     return b"I %s\n" % key
+
+
+def secret_bytes(secret: str | bytes) -> bytes:
+    """The secret as bytes, checked as a ``U`` line needs it.
+
+    Raises :class:`ValueError` (without the secret in its message) for an
+    empty secret, one over 1022 bytes, or one holding a space, tab, CR, LF or
+    NUL.
+
+    Example::
+
+        >>> secret_bytes("s3cret")
+        b's3cret'
+    """
+    raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+    if not 0 < len(raw) <= SECRET_LEN_MAX or not _FORBIDDEN_KEY_BYTES.isdisjoint(raw):
+        raise ValueError(f"the secret must be 1 to {SECRET_LEN_MAX} bytes, none of them space, tab, CR, LF or NUL")
+    return raw
+
+
+def auth_line(secret: bytes) -> bytes:
+    """``U <secret>``, the first line of every connection of a client with a secret."""
+    return b"U %s\n" % secret
+
+
+def auth_answer(line: bytes) -> tuple[str | None, str]:
+    """What the answer to ``U`` says: ``(name, "")`` when the connection is
+    authenticated as ``name``, else ``(None, code)``: ``auth-failed`` or
+    ``auth-disabled`` when the server refuses the secret, the code of an
+    ``E - - <code>`` refusing the connection, or ``protocol`` for anything
+    else. ``line`` has no line ending.
+
+    Example::
+
+        >>> auth_answer(b"U billing")
+        ('billing', '')
+        >>> auth_answer(b"E U - auth-failed")
+        (None, 'auth-failed')
+    """
+    fields = line.split(b" ")
+    if len(fields) == 2 and fields[0] == OP_AUTHENTICATE and fields[1]:
+        return fields[1].decode(errors="replace"), ""
+    if len(fields) == 4 and fields[0] == b"E" and fields[2] == b"-" and fields[1] in (OP_AUTHENTICATE, b"-"):
+        return None, fields[3].decode(errors="replace")
+    return None, "protocol"
 
 
 def split_reply(line: bytes) -> tuple[bytes, bytes, list[bytes]]:

@@ -30,7 +30,7 @@ from ._operation import (
     Step,
     Waiter,
 )
-from .errors import ConnectionFailure, NoConnectionError, RinglockError, error_for
+from .errors import AuthenticationError, ConnectionFailure, NoConnectionError, RinglockError, error_for
 
 NODES_MAX = 16
 """Most nodes a client learns of (a cluster has at most 16)."""
@@ -86,6 +86,9 @@ class Router:
         self.active: int | None = None
         """The node an ``M`` reply last named as active."""
         self.closed = False
+        self.authenticated_name: str | None = None
+        """The name the server gave the client's secret when a connection
+        last authenticated."""
         # Requests waiting for a usable connection, each with a retry timer
         # too; whoever takes one out of here (its timer, or a connection
         # coming up) sends it.
@@ -149,11 +152,18 @@ class Router:
         for operation in waiting:
             self.send(operation, now)
 
-    def no_connection(self, operation: Operation, waited: float) -> NoConnectionError:
+    def no_connection(self, operation: Operation, waited: float) -> NoConnectionError | AuthenticationError:
         """The error of a request that found no usable connection within
-        its limit, naming every address and its last failure."""
+        its limit, naming every address and its last failure; the secret's
+        refusal if every address refused it (the request could not have
+        gone anywhere with that secret)."""
         key = operation.key.decode(errors="replace") if operation.key else None
-        return NoConnectionError(op=operation.op.decode(), key=key, waited=waited, failures=self.connection_failures())
+        op = operation.op.decode()
+        failures = self.connection_failures()
+        if failures and all(failure.auth is not None for failure in failures):
+            first = failures[0]
+            return AuthenticationError(first.auth or "auth-failed", op, key, address=first.address)
+        return NoConnectionError(op=op, key=key, waited=waited, failures=failures)
 
     def connection_failures(self) -> list[ConnectionFailure]:
         """Every node's address with the failure of its last attempt (the

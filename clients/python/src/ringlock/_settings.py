@@ -2,11 +2,52 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._operation import Policy
+from ._protocol import secret_bytes
 from ._router import check_addresses
+
+SECRET_ENV = "RINGLOCK_SECRET"
+"""The environment variable a client takes its secret from when it is given
+none, so that the secret need not appear in code, on a command line or in
+shell history."""
+
+
+class Secret:
+    """The client's secret, whose ``repr`` and ``str`` never show it, so that
+    printing or logging a client's settings does not leak it.
+
+    Example::
+
+        >>> Secret(b"s3cret")
+        <redacted>
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<redacted>"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def secret_setting(secret: str | bytes | None) -> Secret | None:
+    """The secret given, else ``RINGLOCK_SECRET`` if set and not empty, checked."""
+    if secret is None:
+        secret = os.environ.get(SECRET_ENV) or None
+    return None if secret is None else Secret(secret_bytes(secret))
 
 
 @dataclass(frozen=True)
@@ -29,6 +70,7 @@ class Settings:
     release_retry_for: float
     redirect_limit: int
     in_flight_per_connection_max: int
+    secret: Secret | None = None
 
     @staticmethod
     def build(
@@ -42,6 +84,7 @@ class Settings:
         release_retry_for: float,
         redirect_limit: int,
         in_flight_per_connection_max: int,
+        secret: str | bytes | None = None,
     ) -> Settings:
         checked = check_addresses(addresses)
         if connections_per_node is None:
@@ -76,6 +119,7 @@ class Settings:
             release_retry_for,
             redirect_limit,
             in_flight_per_connection_max,
+            secret_setting(secret),
         )
 
     @property

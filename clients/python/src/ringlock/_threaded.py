@@ -25,7 +25,7 @@ from collections.abc import Callable
 from ._backoff import reconnect_delay
 from ._operation import CUT_IO, Operation, cut_protocol
 from ._pairing import Pairing
-from ._protocol import REPLY_LINE_LEN_MAX, split_reply
+from ._protocol import AUTH_REFUSED_CODES, REPLY_LINE_LEN_MAX, auth_answer, auth_line, split_reply
 from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
 from .errors import ConnectionFailure, RinglockError, error_for
 
@@ -38,15 +38,24 @@ _CLOSED = 3
 _READ_BYTES = 32 * 1024
 _CLOSE_LINGER_S = 1.0
 """How long a closing connection waits for the answers to what it sent."""
+AUTH_REPLY_MARGIN_S = 1.0
+"""How long a connection waits for the answer to its ``U`` line beyond the
+connect timeout: the server answers a wrong secret only after 200 ms."""
 
 
 class ThreadRuntime:
     """Connections on threads, and the retry timer (see :class:`~ringlock._router.Runtime`)."""
 
     def __init__(
-        self, connect_timeout: float, reconnect_delay_first: float, reconnect_delay_max: float, in_flight_max: int
+        self,
+        connect_timeout: float,
+        reconnect_delay_first: float,
+        reconnect_delay_max: float,
+        in_flight_max: int,
+        secret: bytes | None = None,
     ) -> None:
         self.connect_timeout = connect_timeout
+        self.secret = secret
         self.reconnect_delay_first = reconnect_delay_first
         self.reconnect_delay_max = reconnect_delay_max
         self.in_flight_max = in_flight_max
@@ -260,6 +269,22 @@ class ThreadConnection:
                     router.cut(self._take_down(), CUT_IO)
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    refused = self._authenticate(sock) if runtime.secret is not None else None
+                    if refused is not None:
+                        # A refused secret fails the connection like a failed
+                        # connect: its requests move on or wait, and the
+                        # attempt count is not reset, so a wrong secret is
+                        # retried with growing pauses.
+                        sock.close()
+                        self.last_failure = (time.monotonic(), refused)
+                        router.cut(self._take_down(), CUT_IO)
+                        pause = reconnect_delay(
+                            attempt, runtime.reconnect_delay_first, runtime.reconnect_delay_max, random.random()
+                        )
+                        attempt += 1
+                        if runtime.closed.wait(pause):
+                            break
+                        continue
                     sock.settimeout(None)
                     if not self._install(sock):
                         sock.close()
@@ -289,6 +314,38 @@ class ThreadConnection:
         finally:
             self._reader_done.set()
             router.abort(self._take_down())
+
+    def _authenticate(self, sock: socket.socket) -> ConnectionFailure | None:
+        """Sends ``U <secret>`` on a fresh socket, before any request, and
+        reads the answer; ``None`` once authenticated, else why the
+        connection cannot be used. Nothing else is in flight yet, so the
+        answer is the first line and is read here rather than paired (``U``
+        replies carry no key)."""
+        assert self._runtime.secret is not None
+        sock.settimeout(self._runtime.connect_timeout + AUTH_REPLY_MARGIN_S)
+        line = b""
+        try:
+            sock.sendall(auth_line(self._runtime.secret))
+            # Byte by byte, so that nothing after the answer is taken from
+            # the reader; this happens once per connection.
+            while not line.endswith(b"\n"):
+                if len(line) > REPLY_LINE_LEN_MAX:
+                    return ConnectionFailure(self.address, "dropped: reply line too long")
+                byte = sock.recv(1)
+                if not byte:
+                    return ConnectionFailure(self.address, "closed by the server")
+                line += byte
+        except OSError as failure:
+            return ConnectionFailure.from_os_error(self.address, failure)
+        name, code = auth_answer(line.rstrip(b"\r\n"))
+        if name is not None:
+            self._router.authenticated_name = name
+            return None
+        if code in AUTH_REFUSED_CODES:
+            return ConnectionFailure.secret_refused(self.address, code)
+        if code == "protocol":
+            return ConnectionFailure(self.address, f"dropped: unexpected answer to U {line[:100]!r}")
+        return ConnectionFailure(self.address, f"the server refused the connection: {code}")
 
     def _read(self, sock: socket.socket) -> RinglockError:
         """Reads and pairs replies until the socket breaks or the server
@@ -330,7 +387,14 @@ class ThreadConnection:
                         # E - - <code>: the server could not read a line, or
                         # refuses the connection; it closes it.
                         code = fields[3].decode(errors="replace")
-                        stop = error_for(code, message=f"the server refused the connection: {code}")
+                        if code == "auth-revoked":
+                            # A reload removed the secret's name: a broken
+                            # connection like any other, reconnected with the
+                            # secret (refused then, if it was removed).
+                            self._read_error = ConnectionAbortedError("the server revoked the secret's name")
+                            stop = CUT_IO
+                        else:
+                            stop = error_for(code, message=f"the server refused the connection: {code}")
                         break
                     operation = take(op, key)
                     if operation is None:

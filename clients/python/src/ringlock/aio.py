@@ -33,9 +33,21 @@ from ._backoff import reconnect_delay
 from ._common import ClientBase, LockBase
 from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation, cut_protocol
 from ._pairing import Pairing
-from ._protocol import REPLY_LINE_LEN_MAX, KeyState, Pong, key_bytes, lease_ms, split_reply, wait_ms
+from ._protocol import (
+    AUTH_REFUSED_CODES,
+    REPLY_LINE_LEN_MAX,
+    KeyState,
+    Pong,
+    auth_answer,
+    auth_line,
+    key_bytes,
+    lease_ms,
+    split_reply,
+    wait_ms,
+)
 from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
 from ._settings import Settings
+from ._threaded import AUTH_REPLY_MARGIN_S
 from .errors import ConnectionFailure, LockLostError, LockNotOwnedError, LockTimeoutError, RinglockError, error_for
 
 __all__ = ["Client", "Lock"]
@@ -140,6 +152,11 @@ class _Connection(asyncio.Protocol):
         # that ended it, if one did.
         self._replied = False
         self._lost_error: Exception | None = None
+        # While the answer to U is awaited: the socket, not yet the
+        # connection's (requests wait), and the future the answer line (or
+        # None, if the socket closed first) goes to.
+        self._handshake: asyncio.Transport | None = None
+        self._auth_reply: asyncio.Future[bytes | None] | None = None
         self.task: asyncio.Task[None] | None = self._loop.create_task(self._run())
 
     @property
@@ -210,6 +227,24 @@ class _Connection(asyncio.Protocol):
                     self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
                     router.cut(self._take_down(), CUT_IO)
                 else:
+                    refused = await self._authenticate() if settings.secret is not None else None
+                    if refused is not None:
+                        # A refused secret fails the connection like a failed
+                        # connect: its requests move on or wait, and the
+                        # attempt count is not reset, so a wrong secret is
+                        # retried with growing pauses. The socket's
+                        # connection_lost comes first, so that it cannot
+                        # resolve the next socket's future.
+                        await self._lost
+                        self.last_failure = (time.monotonic(), refused)
+                        router.cut(self._take_down(), CUT_IO)
+                        pause = reconnect_delay(
+                            attempt, settings.reconnect_delay_first, settings.reconnect_delay_max, random.random()
+                        )
+                        attempt += 1
+                        if await runtime.sleep(pause):
+                            break
+                        continue
                     router.connection_up()
                     opened = time.monotonic()
                     error = await self._lost
@@ -231,6 +266,45 @@ class _Connection(asyncio.Protocol):
         finally:
             router.abort(self._take_down())
 
+    async def _authenticate(self) -> ConnectionFailure | None:
+        """Awaits the answer to the ``U`` line ``connection_made`` sent;
+        ``None`` once authenticated (the connection then takes requests),
+        else why the connection cannot be used (the socket is closed)."""
+        transport, reply = self._handshake, self._auth_reply
+        assert transport is not None and reply is not None
+        timeout = self._runtime.settings.connect_timeout + AUTH_REPLY_MARGIN_S
+        try:
+            line = await asyncio.wait_for(asyncio.shield(reply), timeout)
+        except asyncio.TimeoutError:
+            line = None
+            failure = ConnectionFailure.from_os_error(self.address, TimeoutError())
+        else:
+            failure = ConnectionFailure(self.address, "closed by the server")
+        self._handshake = None
+        self._auth_reply = None
+        if line is not None:
+            name, code = auth_answer(line)
+            if name is not None:
+                self._router.authenticated_name = name
+                if self._phase == _CLOSED:
+                    # Closed meanwhile with requests queued (see
+                    # connection_made): they go out, then it closes.
+                    self._transport = transport
+                    self.close()
+                    return None
+                self._phase = _UP
+                self._transport = transport
+                self._flush()
+                return None
+            if code in AUTH_REFUSED_CODES:
+                failure = ConnectionFailure.secret_refused(self.address, code)
+            elif code == "protocol":
+                failure = ConnectionFailure(self.address, f"dropped: unexpected answer to U {line[:100]!r}")
+            else:
+                failure = ConnectionFailure(self.address, f"the server refused the connection: {code}")
+        transport.abort()
+        return failure
+
     def _ended(self, error: RinglockError) -> ConnectionFailure:
         """How the last socket's reading ended, as this address's failure."""
         if self._lost_error is not None:
@@ -243,10 +317,17 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        if self._phase == _CLOSED and not self._out:
+            transport.abort()
+            return
+        secret = self._runtime.settings.secret
+        if secret is not None:
+            # Requests wait until the server has answered U (_authenticate).
+            self._handshake = transport
+            self._auth_reply = self._loop.create_future()
+            transport.write(auth_line(secret.value))
+            return
         if self._phase == _CLOSED:
-            if not self._out:
-                transport.abort()
-                return
             # The client closed while this first connect was under way, with
             # requests queued (the release of a grant nobody waits for, say):
             # they go out on it, and it closes as close() closes a live one.
@@ -259,6 +340,8 @@ class _Connection(asyncio.Protocol):
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._auth_reply is not None and not self._auth_reply.done():
+            self._auth_reply.set_result(None)
         if self._lost is not None and not self._lost.done():
             self._lost_error = exc
             self._lost.set_result(CUT_IO)
@@ -273,6 +356,18 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._pending:
             data = self._pending + data
+        if self._handshake is not None:
+            # The answer to U: the first line, before any request was sent.
+            line, newline, rest = data.partition(b"\n")
+            if not newline:
+                if len(data) > REPLY_LINE_LEN_MAX:
+                    self._handshake.abort()
+                self._pending = data
+                return
+            self._pending = rest
+            if self._auth_reply is not None and not self._auth_reply.done():
+                self._auth_reply.set_result(line.rstrip(b"\r"))
+            return
         if b"\n" not in data:
             if len(data) > REPLY_LINE_LEN_MAX:
                 self._stop(cut_protocol("reply line too long"))
@@ -293,6 +388,12 @@ class _Connection(asyncio.Protocol):
                 return self._stop(cut_protocol(f"malformed reply {line[:100]!r}"))
             if op == b"-":
                 code = fields[3].decode(errors="replace")
+                if code == "auth-revoked":
+                    # A reload removed the secret's name: a broken connection
+                    # like any other, reconnected with the secret (refused
+                    # then, if it was removed).
+                    self._lost_error = ConnectionAbortedError("the server revoked the secret's name")
+                    return self._stop(CUT_IO)
                 return self._stop(error_for(code, message=f"the server refused the connection: {code}"))
             operation = take(op, key)
             if operation is None:
@@ -339,6 +440,7 @@ class Client(ClientBase):
         release_retry_for: float = 5.0,
         redirect_limit: int = 16,
         in_flight_per_connection_max: int = 65536,
+        secret: str | bytes | None = None,
     ) -> None:
         self.settings = Settings.build(
             addresses,
@@ -351,6 +453,7 @@ class Client(ClientBase):
             release_retry_for,
             redirect_limit,
             in_flight_per_connection_max,
+            secret,
         )
         self._runtime: _Runtime | None = None
         self._router: Router | None = None

@@ -98,6 +98,17 @@ class Client(ClientBase):
     ``redirect_limit`` (16 ``M`` redirects per request) and
     ``in_flight_per_connection_max`` (65536).
 
+    ``secret``: for servers started with ``--auth-file``, the secret every
+    connection (and every reconnect) sends as ``U <secret>`` before any
+    request; the connection carries requests only once the server has
+    answered with the name the secret belongs to
+    (:attr:`authenticated_name`). Without it, the client takes the
+    environment variable ``RINGLOCK_SECRET`` if it is set and not empty,
+    which keeps the secret out of code and shell history. A refused secret
+    fails the connection, which is retried with the usual pauses; requests
+    waiting for a connection raise :class:`~ringlock.AuthenticationError`
+    past their limit. The secret never appears in ``repr`` or in errors.
+
     Example::
 
         import ringlock
@@ -120,6 +131,7 @@ class Client(ClientBase):
         release_retry_for: float = 5.0,
         redirect_limit: int = 16,
         in_flight_per_connection_max: int = 65536,
+        secret: str | bytes | None = None,
     ) -> None:
         self.settings = Settings.build(
             addresses,
@@ -132,9 +144,14 @@ class Client(ClientBase):
             release_retry_for,
             redirect_limit,
             in_flight_per_connection_max,
+            secret,
         )
         self._runtime = ThreadRuntime(
-            connect_timeout, reconnect_delay_first, reconnect_delay_max, in_flight_per_connection_max
+            connect_timeout,
+            reconnect_delay_first,
+            reconnect_delay_max,
+            in_flight_per_connection_max,
+            self.settings.secret.value if self.settings.secret is not None else None,
         )
         self._router = Router(
             self.settings.addresses, self.settings.connections_per_node, self.settings.policy, self._runtime

@@ -19,6 +19,10 @@ Codes are the server's (README, "Error codes") plus the client's own:
   (:class:`CapacityError`).
 - ``protocol``: the server broke the protocol (:class:`ProtocolError`).
 
+With client authentication, ``auth-failed`` and ``auth-disabled`` (the
+server refused the secret) are :class:`AuthenticationError`, and
+``forbidden`` (a key outside the name's scope) is :class:`ForbiddenError`.
+
 Example::
 
     import ringlock
@@ -175,6 +179,14 @@ class ConnectionFailure:
     """What went wrong, in words."""
     errno: int | None = None
     """The OS error number (``errno.ECONNREFUSED``, say), if the OS gave one."""
+    auth: str | None = None
+    """The server's answer to the client's secret when the connection failed
+    on it (``auth-failed`` or ``auth-disabled``), else ``None``."""
+
+    @staticmethod
+    def secret_refused(address: str, code: str) -> ConnectionFailure:
+        """The failure of ``address``, whose server refused the secret with ``code``."""
+        return ConnectionFailure(address, f"secret refused: {code}", None, code)
 
     @staticmethod
     def from_os_error(address: str, error: BaseException) -> ConnectionFailure:
@@ -260,6 +272,67 @@ def _rebuild_no_connection(
     return NoConnectionError(code, op, key, message, waited=waited, failures=failures)
 
 
+class AuthenticationError(RinglockError):
+    """The server refused the client's secret, on every address the request
+    could use, for as long as the request could wait: ``code`` is
+    ``auth-failed`` (no name of the server's auth file has this secret, or a
+    reload removed it) or ``auth-disabled`` (the server has no auth file),
+    and ``address`` the address that answered so (the first, if several
+    did). The secret is never in the message.
+
+    The client keeps reconnecting with its usual pauses, so a secret added
+    to the server's auth file later is taken.
+
+    Example::
+
+        try:
+            client.ping()
+        except ringlock.AuthenticationError as error:
+            print(error)  # 127.0.0.1:7700 refused the client's secret: auth-failed
+            print(error.address, error.code)
+    """
+
+    def __init__(
+        self,
+        code: str = "auth-failed",
+        op: str | None = None,
+        key: str | None = None,
+        message: str | None = None,
+        *,
+        address: str = "",
+    ) -> None:
+        self.address = address
+        if message is None:
+            message = f"{address} refused the client's secret: {code}"
+            if key is not None:
+                message += f" ({op} {key})"
+        super().__init__(code, op, key, message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_authentication, (self.code, self.op, self.key, str(self), self.address))
+
+
+def _rebuild_authentication(
+    code: str, op: str | None, key: str | None, message: str, address: str
+) -> AuthenticationError:
+    return AuthenticationError(code, op, key, message, address=address)
+
+
+class ForbiddenError(RinglockError):
+    """The server answered ``forbidden``: the key is outside the scope of
+    the name the client's secret belongs to (or ``stats`` was asked without
+    the ``stats`` right). An error of that request only: it had no effect,
+    is not retried, and the connection stays up.
+
+    Example::
+
+        try:
+            client.lock("billing/1").acquire()
+        except ringlock.ForbiddenError as error:
+            print("not ours:", error.key)
+    """
+
+
 class ProtocolError(RinglockError):
     """The server broke the protocol (a malformed or unsolicited reply); the
     client dropped that connection.
@@ -293,6 +366,10 @@ def error_for(code: str, op: str | None = None, key: str | None = None, message:
         cls = NoActiveNodeError
     elif code == "protocol":
         cls = ProtocolError
+    elif code == "forbidden":
+        cls = ForbiddenError
+    elif code in ("auth-failed", "auth-disabled"):
+        cls = AuthenticationError
     elif code == "timeout":
         cls = LockTimeoutError
     else:
