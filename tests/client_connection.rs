@@ -262,3 +262,32 @@ fn dropping_the_client_closes_its_connections() {
     // The release may still be on its way to the server: wait for it.
     token_of(&other.call("A closing 30 20"), "closing");
 }
+
+/// Runs `call` on its own thread and gives its result, or fails the test if
+/// it has not returned within `limit` (a hang must fail, not block the run).
+fn within<T: Send + 'static>(limit: Duration, call: impl FnOnce() -> T + Send + 'static) -> T {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let _ = sender.send(call());
+    });
+    receiver.recv_timeout(limit).expect("the call returned")
+}
+
+#[test]
+fn a_ping_to_a_node_that_accepts_then_closes_fails_within_the_connect_limit() {
+    let server = Server::start(&[]);
+    let proxy = Proxy::start(server.addr);
+    // Every connection is accepted and closed at once, before it answers:
+    // the ping goes out on each and is cut, which must not start its wait
+    // for a connection over.
+    proxy.set_refusing(true);
+    let address = proxy.addr.to_string();
+    let client = Client::builder([address.clone()])
+        .connect_limit(Duration::from_secs(1))
+        .reconnect_delay_max(Duration::from_millis(200))
+        .connect()
+        .unwrap();
+    let error = within(Duration::from_secs(60), move || client.ping()).unwrap_err();
+    assert!(matches!(&error, Error::NoConnection { addresses, .. } if addresses[0].address == address), "{error:?}");
+    assert!(proxy.refused() >= 1, "the proxy turned connections away");
+}

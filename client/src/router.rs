@@ -287,14 +287,18 @@ impl Router {
         }
     }
 
-    /// Takes back the requests of a connection that was cut.
-    pub(crate) fn cut(self: &Arc<Self>, operations: Vec<Operation>, cut: &Cut) {
+    /// Takes back the requests of a connection that was cut; `answered`
+    /// if it had answered anything before.
+    pub(crate) fn cut(self: &Arc<Self>, operations: Vec<Operation>, cut: &Cut, answered: bool) {
         if self.is_closed() {
             return self.abort(operations);
         }
         let now = Instant::now();
         let mut wakes = Wakes::default();
         for mut operation in operations {
+            if answered {
+                operation.connection_answered();
+            }
             let step = operation.on_cut(cut, now, &self.policy);
             self.handle(operation, step, &mut wakes);
         }

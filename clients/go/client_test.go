@@ -273,3 +273,24 @@ func TestCloseEndsRequestsAStalledServerHolds(t *testing.T) {
 		t.Fatalf("%v, want ErrClosed", err)
 	}
 }
+
+// A node that accepts connections and closes them at once, before
+// answering (a refusing proxy, a load balancer with no backend): a ping
+// goes out on each such connection and is cut, which must not start its
+// wait for a connection over, or it would never end.
+func TestAPingToANodeThatAcceptsThenClosesFailsWithinTheConnectLimit(t *testing.T) {
+	s := newServer(t)
+	k := newKit(t)
+	proxy, address := k.start("proxy %s", s.addr)
+	k.call("refuse %s on", proxy)
+	client := dial(t, []string{address}, ringlock.WithConnectLimit(time.Second),
+		ringlock.WithReconnectDelayMax(200*time.Millisecond))
+	// testContext's patience is the outer limit: a hang ends with the
+	// context's error, not ErrNoConnection.
+	_, err := client.Ping(testContext(t))
+	var connectionError *ringlock.ConnectionError
+	if !errors.Is(err, ringlock.ErrNoConnection) || !errors.As(err, &connectionError) ||
+		connectionError.Addresses[0].Address != address {
+		t.Fatalf("ping through a node that accepts then closes: %v, want a *ConnectionError naming %s", err, address)
+	}
+}

@@ -9,7 +9,7 @@ import pytest
 
 import ringlock
 import ringlock.aio
-from harness import InspectStandby, Server
+from harness import InspectStandby, Server, Testkit
 
 
 @pytest.fixture
@@ -172,3 +172,18 @@ async def test_no_server_is_a_connection_error_naming_the_address_and_errno() ->
     assert isinstance(error, ringlock.NoConnectionError)
     assert error.errno == errno.ECONNREFUSED and error.addresses == [address]
     assert f"{address} (connection refused)" in str(error), str(error)
+
+
+@pytest.mark.testkit
+async def test_a_ping_to_a_node_that_accepts_then_closes_fails_within_the_connect_limit(
+    server: Server, kit: Testkit
+) -> None:
+    proxy, address = kit.proxy(server.address)
+    # Every connection is accepted and closed at once, before it answers:
+    # the ping goes out on each and is cut, which must not start its wait
+    # for a connection over.
+    kit("refuse", proxy, "on")
+    async with ringlock.aio.Client(address, connect_limit=1.0, reconnect_delay_max=0.2) as client:
+        with pytest.raises(ringlock.NoConnectionError) as raised:
+            await asyncio.wait_for(client.ping(), 60)
+    assert raised.value.addresses == [address]

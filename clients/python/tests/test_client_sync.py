@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import ringlock
-from harness import InspectStandby, Server, wait_until
+from harness import InspectStandby, Server, Testkit, wait_until
 
 
 @pytest.fixture
@@ -224,3 +224,31 @@ def test_no_server_is_a_connection_error_naming_the_address_and_errno(key: Calla
     assert 0.2 <= error.waited < 10, error.waited
     assert str(error).startswith("no usable connection after 0.")
     assert f"{address} (connection refused)" in str(error), str(error)
+
+
+@pytest.mark.testkit
+def test_a_ping_to_a_node_that_accepts_then_closes_fails_within_the_connect_limit(server: Server, kit: Testkit) -> None:
+    proxy, address = kit.proxy(server.address)
+    # Every connection is accepted and closed at once, before it answers:
+    # the ping goes out on each and is cut, which must not start its wait
+    # for a connection over.
+    kit("refuse", proxy, "on")
+    outcome: list[BaseException | None] = []
+
+    def ping() -> None:
+        try:
+            client.ping()
+        except BaseException as error:  # handed to the test's thread
+            outcome.append(error)
+        else:
+            outcome.append(None)
+
+    with ringlock.Client(address, connect_limit=1.0, reconnect_delay_max=0.2) as client:
+        # A thread, so that a hang fails the test rather than blocking it.
+        pinger = threading.Thread(target=ping, daemon=True)
+        pinger.start()
+        pinger.join(60)
+        assert outcome, "the ping still waits"
+    error = outcome[0]
+    assert isinstance(error, ringlock.NoConnectionError), repr(error)
+    assert error.addresses == [address]

@@ -208,13 +208,13 @@ class _Connection(asyncio.Protocol):
                     )
                 except (OSError, asyncio.TimeoutError) as failure:
                     self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
-                    router.cut(self._take_down(), CUT_IO)
+                    router.cut(self._take_down(), CUT_IO, False)
                 else:
                     router.connection_up()
                     opened = time.monotonic()
                     error = await self._lost
                     self.last_failure = (time.monotonic(), self._ended(error))
-                    router.cut(self._take_down(), error)
+                    router.cut(self._take_down(), error, self._replied)
                     # A connection that answered, or stayed open for as long
                     # as the longest pause, worked: the schedule starts over.
                     # One closed at once after its connect (a server refusing
