@@ -291,3 +291,31 @@ fn a_ping_to_a_node_that_accepts_then_closes_fails_within_the_connect_limit() {
     assert!(matches!(&error, Error::NoConnection { addresses, .. } if addresses[0].address == address), "{error:?}");
     assert!(proxy.refused() >= 1, "the proxy turned connections away");
 }
+
+#[test]
+fn a_dropped_acquire_future_is_never_sent() {
+    let server = Server::start(&[]);
+    let proxy = Proxy::start(server.addr);
+    proxy.set_refusing(true);
+    let client =
+        Client::builder([proxy.addr.to_string()]).reconnect_delay_max(Duration::from_millis(200)).connect().unwrap();
+    let abandoned = client.acquire_async("abandoned", LONG_LEASE, Some(Duration::from_secs(60)));
+    wait_until("the acquire to wait for a connection", || client.retry_count() == 1);
+    drop(abandoned);
+    proxy.set_refusing(false);
+    proxy.wait_open(2);
+    wait_until("both connections usable", || client.usable_connection_count() == 2);
+    // Sent at once when a connection came up, or dropped then: either way
+    // it no longer waits.
+    wait_until("the acquire to leave the retry queue", || client.retry_count() == 0);
+    // A request behind it on each connection: once both are answered,
+    // anything the client sent before them has reached the server.
+    client.ping().unwrap();
+    client.ping().unwrap();
+    for id in proxy.open_ids() {
+        let sent = proxy.upstream_of(id);
+        assert!(!contains(&sent, b"A abandoned "), "connection {id} carried {:?}", String::from_utf8_lossy(&sent));
+    }
+    let mut observer = server.connect();
+    assert_eq!(observer.call("I abandoned"), "I abandoned - 0 0", "nobody holds or waits for the key");
+}

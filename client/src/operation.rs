@@ -254,6 +254,14 @@ impl Operation {
         }
     }
 
+    /// Whether nobody waits for it any more, so sending it again is
+    /// pointless: an acquire would take a place in the server's queue for a
+    /// grant nobody takes. A release still goes, to free the key.
+    pub(crate) fn abandoned(&self) -> bool {
+        !matches!(self.kind, Kind::Release { .. })
+            && self.completion.as_ref().is_some_and(|completion| completion.is_abandoned())
+    }
+
     /// The operation its reply echoes.
     pub(crate) fn op(&self) -> Op {
         match self.kind {

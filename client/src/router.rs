@@ -184,8 +184,13 @@ impl Router {
         }
     }
 
-    /// Sends on the next usable connection, the active node's first.
+    /// Sends again on the next usable connection, the active node's first;
+    /// drops it if its caller gave up meanwhile (a new request was just
+    /// handed over, so [`send_at`](Self::send_at) does not ask).
     pub(crate) fn send(self: &Arc<Self>, operation: Operation, wakes: &mut Wakes) {
+        if operation.abandoned() {
+            return;
+        }
         self.send_at(operation, Instant::now(), wakes);
     }
 
@@ -223,6 +228,9 @@ impl Router {
 
     /// Sends on the active node's connections only, after an `M` reply.
     fn send_to_active(self: &Arc<Self>, mut operation: Operation, wakes: &mut Wakes) {
+        if operation.abandoned() {
+            return;
+        }
         let now = Instant::now();
         if operation.expired(now) {
             let outcome = operation.expired_outcome(now);

@@ -9,7 +9,7 @@ import pytest
 
 import ringlock
 import ringlock.aio
-from harness import InspectStandby, Server, Testkit
+from harness import InspectStandby, Server, Testkit, wait_until
 
 
 @pytest.fixture
@@ -187,3 +187,32 @@ async def test_a_ping_to_a_node_that_accepts_then_closes_fails_within_the_connec
         with pytest.raises(ringlock.NoConnectionError) as raised:
             await asyncio.wait_for(client.ping(), 60)
     assert raised.value.addresses == [address]
+
+
+@pytest.mark.testkit
+async def test_a_cancelled_acquire_is_never_sent(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    proxy, address = kit.proxy(server.address)
+    kit("refuse", proxy, "on")
+    async with (
+        ringlock.aio.Client(server.address) as other,
+        ringlock.aio.Client(address, reconnect_delay_max=0.2) as client,
+    ):
+        # Held elsewhere, so that the acquire, if it reached the server,
+        # would stay in the key's queue.
+        holder = other.lock(key("cancelled"), lease=60)
+        assert await holder.acquire()
+        cancelled = asyncio.create_task(client.lock(key("cancelled"), lease=30, wait=60).acquire())
+        assert client._router is not None
+        router = client._router
+        await asyncio.to_thread(wait_until, lambda: len(router._waiting) == 1, "the acquire to wait for a connection")
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        await asyncio.to_thread(kit, "refuse", proxy, "off")
+        await asyncio.to_thread(kit, "wait-open", proxy, 2)
+        # An inspect on each connection (round-robin) goes to the key's
+        # shard behind anything sent before it on that connection.
+        for _ in range(2):
+            state = await client.inspect(key("cancelled"))
+            assert state.token == holder.token and state.waiters == 0, state
+        assert await holder.release() is True

@@ -78,6 +78,11 @@ class Waiter(Protocol):
         """Hands over the outcome; false if nobody waits for it any more."""
         ...
 
+    @property
+    def abandoned(self) -> bool:
+        """Whether the caller gave up waiting (a cancelled task)."""
+        ...
+
 
 class Operation:
     """A request in flight, or waiting to be retried."""
@@ -143,6 +148,12 @@ class Operation:
         # its wait over, so the connect limit still ends the call; one that
         # has answered does (see connection_answered).
         self.waited_before = 0.0
+
+    def abandoned(self) -> bool:
+        """Whether nobody waits for it any more, so sending it again is
+        pointless: an acquire would take a place in the server's queue for
+        a grant nobody takes. A release still goes, to free the key."""
+        return self.kind != RELEASE and self.waiter is not None and self.waiter.abandoned
 
     def waited(self, now: float) -> float:
         """How long it has waited for a usable connection at ``now``,

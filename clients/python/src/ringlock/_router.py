@@ -168,7 +168,10 @@ class Router:
         return failures
 
     def send(self, operation: Operation, now: float) -> None:
-        """Sends on the next usable connection, the active node's first."""
+        """Sends on the next usable connection, the active node's first;
+        drops it if its caller gave up meanwhile."""
+        if operation.abandoned():
+            return None
         if operation.expired(now):
             return self._expire(operation)
         start = next(self._next)
@@ -188,6 +191,8 @@ class Router:
 
     def send_to_active(self, operation: Operation) -> None:
         """Sends on the active node's connections only, after an ``M``."""
+        if operation.abandoned():
+            return None
         now = time.monotonic()
         if operation.expired(now):
             return self._expire(operation)

@@ -62,6 +62,12 @@ class _FutureWaiter:
         self.future.set_result(value)
         return True
 
+    @property
+    def abandoned(self) -> bool:
+        # Completed only once, by complete(), which ends the request: done
+        # before that means cancelled.
+        return self.future.done()
+
 
 class _Runtime:
     """Connections as protocols on the loop, and timers (see

@@ -71,6 +71,10 @@ class _Callback:
         self._function(value)
         return True
 
+    @property
+    def abandoned(self) -> bool:
+        return False
+
 
 class Client(ClientBase):
     """A ringlock client: persistent background connections to the given
