@@ -319,3 +319,28 @@ fn a_dropped_acquire_future_is_never_sent() {
     let mut observer = server.connect();
     assert_eq!(observer.call("I abandoned"), "I abandoned - 0 0", "nobody holds or waits for the key");
 }
+
+#[test]
+fn an_extend_of_a_grant_that_waited_longer_than_its_lease_waits_for_a_connection() {
+    let server = Server::start(&[]);
+    let mut holder = server.connect();
+    // The holder's lease runs out 8 s from now, and only then is the key
+    // granted to the acquire below, whose 5 s lease starts with the grant.
+    holder.acquire("late-grant", "8", "0");
+    let proxy = Proxy::start(server.addr);
+    let client =
+        Client::builder([proxy.addr.to_string()]).reconnect_delay_max(Duration::from_millis(200)).connect().unwrap();
+    let lock = client.acquire("late-grant", Duration::from_secs(5), None).unwrap().expect("granted once free");
+
+    // No connection: the extend waits for one within the lease it has left.
+    proxy.set_refusing(true);
+    proxy.cut_all();
+    wait_until("both connections to be seen broken", || client.usable_connection_count() == 0);
+    let extender = thread::spawn(move || lock.extend(Duration::from_secs(5)).map(|()| lock));
+    wait_until("the extend to wait for a connection, or to end", || {
+        client.retry_count() == 1 || extender.is_finished()
+    });
+    proxy.set_refusing(false);
+    let lock = extender.join().unwrap().expect("extended once a connection came back");
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}

@@ -294,3 +294,40 @@ func TestAPingToANodeThatAcceptsThenClosesFailsWithinTheConnectLimit(t *testing.
 		t.Fatalf("ping through a node that accepts then closes: %v, want a *ConnectionError naming %s", err, address)
 	}
 }
+
+// The lease of a grant that waited in the key's queue for longer than the
+// lease is counted from the grant, so an extend still has the lease's time
+// to wait for a connection.
+func TestAnExtendOfAGrantThatWaitedLongerThanItsLeaseWaitsForAConnection(t *testing.T) {
+	s := newServer(t)
+	k := newKit(t)
+	proxy, address := k.start("proxy %s", s.addr)
+	ctx := testContext(t)
+	// The holder's lease runs out 8s from now, and only then is the key
+	// granted to the acquire below, whose 5s lease starts with the grant.
+	holder := dial(t, []string{s.addr})
+	if _, err := holder.Acquire(ctx, "late-grant", 8*time.Second, 0); err != nil {
+		t.Fatal(err)
+	}
+	client := dial(t, []string{address}, ringlock.WithReconnectDelayMax(200*time.Millisecond))
+	lock, err := client.Acquire(ctx, "late-grant", 5*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No connection: the extend waits for one within the lease it has left.
+	k.call("refuse %s on", proxy)
+	k.call("cut %s", proxy)
+	waitUntil(t, "both connections to be seen broken", func() bool {
+		return ringlock.UsableConnections(client) == 0
+	})
+	extended := make(chan error, 1)
+	go func() { extended <- lock.Extend(ctx, 5*time.Second) }()
+	waitUntil(t, "the extend to wait for a connection, or to end", func() bool {
+		return ringlock.RequestsWaitingForConnection(client) == 1 || len(extended) == 1
+	})
+	k.call("refuse %s off", proxy)
+	if err := <-extended; err != nil {
+		t.Fatalf("extend once a connection came back: %v", err)
+	}
+	mustRelease(t, lock)
+}

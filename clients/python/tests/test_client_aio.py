@@ -216,3 +216,36 @@ async def test_a_cancelled_acquire_is_never_sent(server: Server, kit: Testkit, k
             state = await client.inspect(key("cancelled"))
             assert state.token == holder.token and state.waiters == 0, state
         assert await holder.release() is True
+
+
+@pytest.mark.testkit
+async def test_an_extend_of_a_grant_that_waited_longer_than_its_lease_waits_for_a_connection(
+    server: Server, kit: Testkit, key: Callable[[str], str]
+) -> None:
+    proxy, address = kit.proxy(server.address)
+    async with (
+        ringlock.aio.Client(server.address) as other,
+        ringlock.aio.Client(address, reconnect_delay_max=0.2) as client,
+    ):
+        # The holder's lease runs out 8 s from now, and only then is the key
+        # granted to the acquire below, whose 5 s lease starts with the grant.
+        assert await other.lock(key("late-grant"), lease=8).acquire()
+        lock = client.lock(key("late-grant"), lease=5)
+        assert await lock.acquire()
+        # No connection: the extend waits for one within the lease it has left.
+        await asyncio.to_thread(kit, "refuse", proxy, "on")
+        await asyncio.to_thread(kit, "cut", proxy)
+        await asyncio.to_thread(
+            wait_until, lambda: client.usable_connection_count == 0, "both connections to be seen broken"
+        )
+        extended = asyncio.create_task(lock.extend(5))
+        assert client._router is not None
+        router = client._router
+        await asyncio.to_thread(
+            wait_until,
+            lambda: len(router._waiting) == 1 or extended.done(),
+            "the extend to wait for a connection, or to end",
+        )
+        await asyncio.to_thread(kit, "refuse", proxy, "off")
+        await asyncio.wait_for(extended, 60)
+        assert await lock.release() is True

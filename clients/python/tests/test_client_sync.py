@@ -252,3 +252,39 @@ def test_a_ping_to_a_node_that_accepts_then_closes_fails_within_the_connect_limi
     error = outcome[0]
     assert isinstance(error, ringlock.NoConnectionError), repr(error)
     assert error.addresses == [address]
+
+
+@pytest.mark.testkit
+def test_an_extend_of_a_grant_that_waited_longer_than_its_lease_waits_for_a_connection(
+    server: Server, kit: Testkit, key: Callable[[str], str]
+) -> None:
+    proxy, address = kit.proxy(server.address)
+    with ringlock.Client(server.address) as other, ringlock.Client(address, reconnect_delay_max=0.2) as client:
+        # The holder's lease runs out 8 s from now, and only then is the key
+        # granted to the acquire below, whose 5 s lease starts with the grant.
+        assert other.lock(key("late-grant"), lease=8).acquire()
+        lock = client.lock(key("late-grant"), lease=5)
+        assert lock.acquire()
+        # No connection: the extend waits for one within the lease it has left.
+        kit("refuse", proxy, "on")
+        kit("cut", proxy)
+        wait_until(lambda: client.usable_connection_count == 0, "both connections to be seen broken")
+        outcome: list[BaseException | None] = []
+
+        def extend() -> None:
+            try:
+                lock.extend(5)
+            except BaseException as error:  # handed to the test's thread
+                outcome.append(error)
+            else:
+                outcome.append(None)
+
+        extender = threading.Thread(target=extend, daemon=True)
+        extender.start()
+        assert client._router is not None
+        router = client._router
+        wait_until(lambda: len(router._waiting) == 1 or bool(outcome), "the extend to wait for a connection, or to end")
+        kit("refuse", proxy, "off")
+        extender.join(60)
+        assert outcome == [None], "extended once a connection came back"
+        assert lock.release() is True
