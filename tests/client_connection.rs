@@ -142,7 +142,9 @@ fn an_acquire_with_no_connection_fails_after_its_wait_naming_the_address_and_its
     let waited_for = started.elapsed();
     assert!(waited_for >= Duration::from_millis(600), "the acquire waited its whole wait: {waited_for:?}");
     let Error::NoConnection { waited, addresses } = &error else { panic!("{error:?}") };
-    assert!(*waited >= Duration::from_millis(500) && *waited <= waited_for, "{waited:?}");
+    // Counted from the first failed connect, not from the call: at most
+    // the call's time, and no lower bound that a slow connect could break.
+    assert!(*waited <= waited_for, "{waited:?} waited, within a call of {waited_for:?}");
     assert_eq!(addresses.len(), 1);
     assert_eq!(addresses[0].address, address);
     assert_eq!(addresses[0].kind, std::io::ErrorKind::ConnectionRefused);
