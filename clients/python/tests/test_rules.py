@@ -275,8 +275,9 @@ def test_a_connection_error_names_each_address_with_its_os_error() -> None:
     error = NoConnectionError(op="A", key="k", waited=10.04, failures=[refused, timed_out, closed])
     assert str(error) == (
         "no usable connection after 10.0 s: 127.0.0.1:7700 (connection refused), "
-        "127.0.0.1:7701 (timed out), 127.0.0.1:7702 (closed by the server) (A k)"
+        "127.0.0.1:7701 (timed out), 127.0.0.1:7702 (closed by the server)"
     )
+    assert (error.op, error.key) == ("A", "k"), "the request is on attributes, not in the message"
     assert isinstance(error, ConnectionError) and isinstance(error, OSError)
     assert isinstance(error, NoActiveNodeError) and isinstance(error, RinglockError)
     assert error.code == "no-connection" and error.errno == errno.ECONNREFUSED
