@@ -229,7 +229,7 @@ fn restart_within_wait() {
     server.kill9();
     common::wait_until("the client to see its connections broken", || client.usable_connection_count() == 0);
     let lock = thread::scope(|scope| {
-        let acquiring = scope.spawn(|| client.acquire("other", LEASE, Some(Duration::from_secs(5))));
+        let acquiring = scope.spawn(|| client.acquire("other", LEASE, Some(Duration::from_secs(20))));
         // The acquire waits for a connection (the client counts it among
         // the requests waiting for their next try); the server comes back
         // within about 100 ms of the kill.

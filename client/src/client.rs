@@ -250,10 +250,9 @@ impl Client {
         try_once: bool,
     ) -> Result<Option<Lock>, Error> {
         let (key, kind) = acquire_request(key, lease, wait, try_once)?;
-        let lease_ends = instant_after(Instant::now(), lease);
         let completion = Completion::for_this_thread();
         self.router().submit(kind, key.clone(), Some(completion.clone()));
-        acquired(self, key, lease_ends, completion.wait())
+        acquired(self, key, lease, completion.wait())
     }
 
     /// Acquires `key` for `lease` only if it is free, or becomes free within
@@ -322,10 +321,9 @@ impl Client {
     fn acquire_future(&self, key: &[u8], lease: Duration, wait: Option<Duration>, try_once: bool) -> AcquireFuture {
         match acquire_request(key, lease, wait, try_once) {
             Ok((key, kind)) => {
-                let lease_ends = instant_after(Instant::now(), lease);
                 let completion = Completion::new();
                 self.router().submit(kind, key.clone(), Some(completion.clone()));
-                AcquireFuture::waiting(self.clone(), key, lease_ends, completion)
+                AcquireFuture::waiting(self.clone(), key, lease, completion)
             }
             Err(error) => AcquireFuture::refused(self.clone(), error),
         }

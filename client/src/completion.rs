@@ -192,6 +192,11 @@ impl Completion {
         state.waiter = Waiter::Nobody;
         state.outcome.take()
     }
+
+    /// Whether the caller gave up waiting (its future was dropped).
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.lock().abandoned
+    }
 }
 
 #[cfg(test)]

@@ -166,7 +166,7 @@ impl Connection {
             return Err((operation, Refusal::Full));
         }
         operation.encode(now, &mut state.out);
-        operation.waiting_since = None;
+        operation.went_out(now);
         state.in_flight.push(operation);
         // A busy writer takes it in its next batch; before the connect, the
         // writer is woken once connected.
@@ -294,7 +294,7 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
                             let _ = stream.shutdown(Shutdown::Both);
                             connection.note_failure(failure);
                             let operations = connection.take_down();
-                            router.cut(operations, &Cut::Io);
+                            router.cut(operations, &Cut::Io, false);
                             let pause = reconnect_delay(
                                 attempt,
                                 config.reconnect_delay_first,
@@ -320,7 +320,7 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
                 let _ = stream.shutdown(Shutdown::Both);
                 connection.note_failure(session.failure(&connection.address, &cut));
                 let operations = connection.take_down();
-                router.cut(operations, &cut);
+                router.cut(operations, &cut, session.replied);
                 // A connection that answered, or stayed open for as long as
                 // the longest pause, worked: the schedule starts over. One
                 // closed at once after its connect (a server refusing
@@ -334,7 +334,7 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
                 connection.note_failure(ConnectionFailure::from_io(&connection.address, &error));
                 // Only a first connect has requests queued to hand back.
                 let operations = connection.take_down();
-                router.cut(operations, &Cut::Io);
+                router.cut(operations, &Cut::Io, false);
             }
         }
         let pause = reconnect_delay(attempt, config.reconnect_delay_first, config.reconnect_delay_max, jitter.draw());

@@ -168,6 +168,11 @@ impl ConnectionFailure {
             Some(at) if text.ends_with(')') => &text[..at],
             _ => &text[..],
         };
+        // The client's own connect timeout (std says "connection timed out",
+        // with no OS error) reads as in the other clients; the OS's
+        // ETIMEDOUT keeps its own text.
+        let text =
+            if error.kind() == io::ErrorKind::TimedOut && error.raw_os_error().is_none() { "timed out" } else { text };
         let mut message = String::with_capacity(text.len());
         let mut chars = text.chars();
         if let Some(first) = chars.next() {
@@ -343,7 +348,7 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "no usable connection after 10.0 s: 127.0.0.1:7700 (connection refused), \
-             127.0.0.1:7701 (connection timed out), 127.0.0.1:7702 (closed by the server)"
+             127.0.0.1:7701 (timed out), 127.0.0.1:7702 (closed by the server)"
         );
         let Error::NoConnection { addresses, .. } = error else { unreachable!() };
         assert_eq!(addresses[0].kind, io::ErrorKind::ConnectionRefused);

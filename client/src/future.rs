@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::client::Client;
 use crate::completion::Completion;
@@ -70,9 +70,8 @@ impl<T> Future for ReplyFuture<T> {
 pub(crate) struct AcquireFuture {
     client: Client,
     key: Arc<[u8]>,
-    /// When a grant's lease ends at the latest: the lease from when the
-    /// acquire was sent.
-    lease_ends: Instant,
+    /// The lease asked for.
+    lease: Duration,
     state: State,
 }
 
@@ -80,26 +79,31 @@ impl AcquireFuture {
     pub(crate) fn waiting(
         client: Client,
         key: Arc<[u8]>,
-        lease_ends: Instant,
+        lease: Duration,
         completion: Arc<Completion>,
     ) -> AcquireFuture {
-        AcquireFuture { client, key, lease_ends, state: State::Waiting(completion) }
+        AcquireFuture { client, key, lease, state: State::Waiting(completion) }
     }
 
     pub(crate) fn refused(client: Client, error: Error) -> AcquireFuture {
-        AcquireFuture { client, key: Arc::from(&b""[..]), lease_ends: Instant::now(), state: State::Refused(error) }
+        AcquireFuture { client, key: Arc::from(&b""[..]), lease: Duration::ZERO, state: State::Refused(error) }
     }
 }
 
-/// What an acquire's outcome means to its caller.
+/// What an acquire's outcome means to its caller. A grant's lease is counted
+/// from now, as its reply has just arrived: the acquire may have waited in
+/// the key's queue, or for a connection, for longer than the lease.
 pub(crate) fn acquired(
     client: &Client,
     key: Arc<[u8]>,
-    lease_ends: Instant,
+    lease: Duration,
     outcome: Outcome,
 ) -> Result<Option<Lock>, Error> {
     match outcome {
-        Outcome::Acquired(token) => Ok(Some(Lock::new(client.clone(), key, token, lease_ends))),
+        Outcome::Acquired(token) => {
+            let lease_ends = crate::client::instant_after(Instant::now(), lease);
+            Ok(Some(Lock::new(client.clone(), key, token, lease_ends)))
+        }
         Outcome::TimedOut => Ok(None),
         other => Err(crate::client::failure(other)),
     }
@@ -111,7 +115,7 @@ impl Future for AcquireFuture {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match std::mem::replace(&mut self.state, State::Done) {
             State::Waiting(completion) => match completion.poll(cx) {
-                Poll::Ready(outcome) => Poll::Ready(acquired(&self.client, self.key.clone(), self.lease_ends, outcome)),
+                Poll::Ready(outcome) => Poll::Ready(acquired(&self.client, self.key.clone(), self.lease, outcome)),
                 Poll::Pending => {
                     self.state = State::Waiting(completion);
                     Poll::Pending

@@ -40,10 +40,10 @@ pub struct Lock {
     client: Client,
     key: Arc<[u8]>,
     token: u64,
-    /// When the lease ends at the latest, as far as this client knows:
-    /// counted from when the acquire or the last confirmed extend was sent,
-    /// so never later than the server's. An extend waits for a usable
-    /// connection until then, as after it the grant is gone anyway.
+    /// When the lease ends, as far as this client knows: counted from when
+    /// the grant arrived (later than the server's by the reply's way back
+    /// at most) or the last confirmed extend was sent. An extend waits for a
+    /// usable connection until then, as after it the grant is gone anyway.
     lease_ends: Arc<Mutex<Instant>>,
     /// Set once `release` has taken over, so that drop does not release again.
     released: bool,

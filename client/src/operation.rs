@@ -135,10 +135,11 @@ pub(crate) struct Operation {
     started: Instant,
     /// Connections this request may still be cut off on before it stops
     /// moving from one to the next and waits for one to come back.
-    /// A `u32` (a client has at most 16 × 64 connections) keeps the request
+    /// A `u16` (a client has at most 16 × 64 connections) keeps the request
     /// small: it is moved on every hop.
-    tries_left: u32,
-    redirects_left: u32,
+    tries_left: u16,
+    /// Redirects it may still follow; a `u16` for the same reason.
+    redirects_left: u16,
     /// Set for releases at once, and for other requests once a node answers
     /// that no active is known: retries stop at this instant.
     retry_until: Option<Instant>,
@@ -150,6 +151,12 @@ pub(crate) struct Operation {
     /// Since when the request has been waiting for a usable connection;
     /// `None` while it is in flight or has another reason to wait.
     pub(crate) waiting_since: Option<Instant>,
+    /// How long, in milliseconds, it waited for a usable connection before
+    /// it last went out. A connection that takes it and closes before
+    /// answering anything (a node that accepts then closes at once) does not
+    /// start its wait over, so the connect limit still ends the call; one
+    /// that has answered does (see [`connection_answered`](Self::connection_answered)).
+    waited_before_ms: u32,
     /// Who waits for the outcome; `None` for a release in the background.
     pub(crate) completion: Option<Arc<Completion>>,
 }
@@ -172,11 +179,12 @@ impl Operation {
             kind,
             key,
             started: now,
-            tries_left: u32::try_from(tries).unwrap_or(u32::MAX).max(1),
-            redirects_left: policy.redirect_limit,
+            tries_left: u16::try_from(tries).unwrap_or(u16::MAX).max(1),
+            redirects_left: u16::try_from(policy.redirect_limit).unwrap_or(u16::MAX),
             retry_until,
             connection_deadline_ms: None,
             waiting_since: None,
+            waited_before_ms: 0,
             completion,
         }
     }
@@ -201,8 +209,37 @@ impl Operation {
                 self.started + Duration::from_millis(wait_ms)
             }
             Kind::Release { .. } => self.retry_until.unwrap_or(since + policy.retry_for),
-            _ => since + policy.connect_limit,
+            _ => since + policy.connect_limit.saturating_sub(self.waited_before()),
         }
+    }
+
+    fn waited_before(&self) -> Duration {
+        Duration::from_millis(u64::from(self.waited_before_ms))
+    }
+
+    /// How long it has waited for a usable connection at `now`, counting
+    /// its earlier waits since a connection last answered.
+    fn waited(&self, now: Instant) -> Duration {
+        let current = self.waiting_since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+        self.waited_before() + current
+    }
+
+    /// It goes out on a connection at `now`: its wait for one, if any,
+    /// pauses (it is counted again if the connection closes without
+    /// answering).
+    pub(crate) fn went_out(&mut self, now: Instant) {
+        if self.waiting_since.is_some() {
+            let waited_ms = self.waited(now).as_millis();
+            self.waited_before_ms = u32::try_from(waited_ms).unwrap_or(u32::MAX);
+            self.waiting_since = None;
+        }
+    }
+
+    /// A connection that carried it was cut after answering something (to
+    /// this request or another): a server was there, so a wait for a
+    /// connection after this cut is a new one and gets the whole limit.
+    pub(crate) fn connection_answered(&mut self) {
+        self.waited_before_ms = 0;
     }
 
     /// How a request whose bounded wait ran out before it could be (re)sent
@@ -212,9 +249,17 @@ impl Operation {
     /// timed out, as it would have on the server.
     pub(crate) fn expired_outcome(&self, now: Instant) -> Outcome {
         match self.waiting_since {
-            Some(since) => Outcome::NoConnection { waited: now.saturating_duration_since(since) },
+            Some(_) => Outcome::NoConnection { waited: self.waited(now) },
             None => Outcome::TimedOut,
         }
+    }
+
+    /// Whether nobody waits for it any more, so sending it again is
+    /// pointless: an acquire would take a place in the server's queue for a
+    /// grant nobody takes. A release still goes, to free the key.
+    pub(crate) fn abandoned(&self) -> bool {
+        !matches!(self.kind, Kind::Release { .. })
+            && self.completion.as_ref().is_some_and(|completion| completion.is_abandoned())
     }
 
     /// The operation its reply echoes.
@@ -366,7 +411,7 @@ impl Operation {
         let since = *self.waiting_since.get_or_insert(now);
         let deadline = self.connection_deadline(since, policy);
         if now >= deadline {
-            return Step::Done(Outcome::NoConnection { waited: now.saturating_duration_since(since) });
+            return Step::Done(Outcome::NoConnection { waited: self.waited(now) });
         }
         Step::RetryAt((now + policy.retry_interval).min(deadline))
     }
@@ -473,6 +518,40 @@ mod tests {
         assert_eq!(wait_out(&mut extend, now), Duration::from_millis(700), "the extend's lease left");
         let started_late = now + Duration::from_millis(500);
         assert_eq!(wait_out(&mut operation(ACQUIRE, now, 2), started_late), Duration::from_millis(1_500));
+    }
+
+    #[test]
+    fn going_out_on_connections_closed_before_answering_does_not_start_the_wait_over() {
+        let start = Instant::now();
+        let mut ping = Operation::new(Kind::Ping, Arc::from(&b""[..]), start, 2, &POLICY, None);
+        let mut now = start;
+        let mut step = ping.on_unsent(Unsent::NoConnection, now, &POLICY);
+        let outcome = loop {
+            match step {
+                Step::RetryAt(at) => now = at,
+                Step::Resend => {}
+                Step::Done(outcome) => break outcome,
+                other => panic!("{other:?}"),
+            }
+            // A connection comes up, takes it and closes at once.
+            ping.went_out(now);
+            now += Duration::from_millis(1);
+            step = ping.on_cut(&Cut::Io, now, &POLICY);
+        };
+        assert!(
+            matches!(outcome, Outcome::NoConnection { waited } if waited >= POLICY.connect_limit - Duration::from_secs(1))
+        );
+        assert!(now - start < POLICY.connect_limit * 2, "ended within about its limit: {:?}", now - start);
+
+        // Cut from a connection that had answered: a new wait, with the whole limit.
+        let mut inspect = operation(Kind::Inspect, start, 1);
+        assert!(matches!(inspect.on_unsent(Unsent::NoConnection, start, &POLICY), Step::RetryAt(_)));
+        let sent = start + Duration::from_secs(9);
+        inspect.went_out(sent);
+        inspect.connection_answered();
+        assert!(matches!(inspect.on_cut(&Cut::Io, sent, &POLICY), Step::RetryAt(_)));
+        let step = inspect.on_unsent(Unsent::NoConnection, sent + Duration::from_secs(9), &POLICY);
+        assert!(matches!(step, Step::RetryAt(_)), "{step:?}");
     }
 
     #[test]

@@ -200,8 +200,13 @@ impl Router {
         }
     }
 
-    /// Sends on the next usable connection, the active node's first.
+    /// Sends again on the next usable connection, the active node's first;
+    /// drops it if its caller gave up meanwhile (a new request was just
+    /// handed over, so [`send_at`](Self::send_at) does not ask).
     pub(crate) fn send(self: &Arc<Self>, operation: Operation, wakes: &mut Wakes) {
+        if operation.abandoned() {
+            return;
+        }
         self.send_at(operation, Instant::now(), wakes);
     }
 
@@ -239,6 +244,9 @@ impl Router {
 
     /// Sends on the active node's connections only, after an `M` reply.
     fn send_to_active(self: &Arc<Self>, mut operation: Operation, wakes: &mut Wakes) {
+        if operation.abandoned() {
+            return;
+        }
         let now = Instant::now();
         if operation.expired(now) {
             let outcome = operation.expired_outcome(now);
@@ -301,14 +309,18 @@ impl Router {
         }
     }
 
-    /// Takes back the requests of a connection that was cut.
-    pub(crate) fn cut(self: &Arc<Self>, operations: Vec<Operation>, cut: &Cut) {
+    /// Takes back the requests of a connection that was cut; `answered`
+    /// if it had answered anything before.
+    pub(crate) fn cut(self: &Arc<Self>, operations: Vec<Operation>, cut: &Cut, answered: bool) {
         if self.is_closed() {
             return self.abort(operations);
         }
         let now = Instant::now();
         let mut wakes = Wakes::default();
         for mut operation in operations {
+            if answered {
+                operation.connection_answered();
+            }
             let step = operation.on_cut(cut, now, &self.policy);
             self.handle(operation, step, &mut wakes);
         }

@@ -207,14 +207,14 @@ func (c *Client) acquire(ctx context.Context, key string, lease, wait time.Durat
 	o.leaseMs = leaseMs
 	o.waitMs = millisecondsUp(wait)
 	o.tryOnce = tryOnce
-	// One clock reading serves the wait's start and the lease's end.
-	sent := time.Now()
-	o.started = sent
+	o.started = time.Now()
 	result, err := c.request(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	return &Lock{client: c, key: key, token: result.token, leaseEnds: sent.Add(lease)}, nil
+	// The lease is counted from the grant's arrival: the acquire may have
+	// waited in the key's queue, or for a connection, longer than the lease.
+	return &Lock{client: c, key: key, token: result.token, leaseEnds: time.Now().Add(lease)}, nil
 }
 
 // request submits o and waits for its outcome or for ctx to end; the

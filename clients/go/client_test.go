@@ -273,3 +273,61 @@ func TestCloseEndsRequestsAStalledServerHolds(t *testing.T) {
 		t.Fatalf("%v, want ErrClosed", err)
 	}
 }
+
+// A node that accepts connections and closes them at once, before
+// answering (a refusing proxy, a load balancer with no backend): a ping
+// goes out on each such connection and is cut, which must not start its
+// wait for a connection over, or it would never end.
+func TestAPingToANodeThatAcceptsThenClosesFailsWithinTheConnectLimit(t *testing.T) {
+	s := newServer(t)
+	k := newKit(t)
+	proxy, address := k.start("proxy %s", s.addr)
+	k.call("refuse %s on", proxy)
+	client := dial(t, []string{address}, ringlock.WithConnectLimit(time.Second),
+		ringlock.WithReconnectDelayMax(200*time.Millisecond))
+	// testContext's patience is the outer limit: a hang ends with the
+	// context's error, not ErrNoConnection.
+	_, err := client.Ping(testContext(t))
+	var connectionError *ringlock.ConnectionError
+	if !errors.Is(err, ringlock.ErrNoConnection) || !errors.As(err, &connectionError) ||
+		connectionError.Addresses[0].Address != address {
+		t.Fatalf("ping through a node that accepts then closes: %v, want a *ConnectionError naming %s", err, address)
+	}
+}
+
+// The lease of a grant that waited in the key's queue for longer than the
+// lease is counted from the grant, so an extend still has the lease's time
+// to wait for a connection.
+func TestAnExtendOfAGrantThatWaitedLongerThanItsLeaseWaitsForAConnection(t *testing.T) {
+	s := newServer(t)
+	k := newKit(t)
+	proxy, address := k.start("proxy %s", s.addr)
+	ctx := testContext(t)
+	// The holder's lease runs out 8s from now, and only then is the key
+	// granted to the acquire below, whose 5s lease starts with the grant.
+	holder := dial(t, []string{s.addr})
+	if _, err := holder.Acquire(ctx, "late-grant", 8*time.Second, 0); err != nil {
+		t.Fatal(err)
+	}
+	client := dial(t, []string{address}, ringlock.WithReconnectDelayMax(200*time.Millisecond))
+	lock, err := client.Acquire(ctx, "late-grant", 5*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No connection: the extend waits for one within the lease it has left.
+	k.call("refuse %s on", proxy)
+	k.call("cut %s", proxy)
+	waitUntil(t, "both connections to be seen broken", func() bool {
+		return ringlock.UsableConnections(client) == 0
+	})
+	extended := make(chan error, 1)
+	go func() { extended <- lock.Extend(ctx, 5*time.Second) }()
+	waitUntil(t, "the extend to wait for a connection, or to end", func() bool {
+		return ringlock.RequestsWaitingForConnection(client) == 1 || len(extended) == 1
+	})
+	k.call("refuse %s off", proxy)
+	if err := <-extended; err != nil {
+		t.Fatalf("extend once a connection came back: %v", err)
+	}
+	mustRelease(t, lock)
+}

@@ -412,7 +412,7 @@ func (c *connection) runReader() {
 			default:
 				c.noteFailure(cause)
 			}
-			r.cut(c.takeDown(), cause)
+			r.cut(c.takeDown(), cause, c.replied)
 			// A connection that answered, or stayed open for as long as
 			// the longest pause, worked: the schedule starts over. One
 			// closed at once after its connect (a server refusing
@@ -428,7 +428,7 @@ func (c *connection) runReader() {
 				first = false
 			}
 			// Only a first connect has requests queued to hand back.
-			r.cut(c.takeDown(), ErrNoConnection)
+			r.cut(c.takeDown(), ErrNoConnection, false)
 		}
 		pause := reconnectDelay(attempt, r.options.reconnectDelayFirst, r.options.reconnectDelayMax, rand.Float64())
 		attempt++

@@ -24,10 +24,11 @@ type Lock struct {
 	key    string
 	token  uint64
 
-	// leaseEnds is when the lease ends at the latest, as far as this client
-	// knows: counted from when the acquire or the last confirmed extend was
-	// sent, so never later than the server's. An extend waits for a usable
-	// connection until then, as after it the grant is gone anyway.
+	// leaseEnds is when the lease ends, as far as this client knows:
+	// counted from when the grant arrived (later than the server's by the
+	// reply's way back at most) or the last confirmed extend was sent. An
+	// extend waits for a usable connection until then, as after it the
+	// grant is gone anyway.
 	leaseMu   sync.Mutex
 	leaseEnds time.Time
 }

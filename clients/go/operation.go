@@ -152,6 +152,12 @@ type operation struct {
 	// waitingSince is when the request began waiting for a usable
 	// connection; zero while it is in flight or waits for something else.
 	waitingSince time.Time
+	// waitedBefore is how long it waited for a usable connection before
+	// it last went out. A connection that takes it and closes before
+	// answering anything (a node that accepts then closes at once) does
+	// not start its wait over, so the connect limit still ends the call;
+	// one that has answered does (see connectionAnswered).
+	waitedBefore time.Duration
 	// done receives the outcome (capacity 1, so finishing never blocks);
 	// nil when nobody waits, as for the release of an abandoned grant.
 	done chan outcome
@@ -389,7 +395,44 @@ func (o *operation) connectionDeadlineFrom(since time.Time, p *policy) time.Time
 		}
 		return o.retryUntil
 	}
-	return since.Add(p.connectLimit)
+	return since.Add(p.connectLimit - o.waitedBefore)
+}
+
+// waited is how long it has waited for a usable connection at now,
+// counting its earlier waits since a connection last answered.
+func (o *operation) waited(now time.Time) time.Duration {
+	if o.waitingSince.IsZero() {
+		return o.waitedBefore
+	}
+	return o.waitedBefore + now.Sub(o.waitingSince)
+}
+
+// goOut pauses its wait for a connection, if any, as it is offered to the
+// connections at now (zero: the clock is read only if it was waiting); it
+// gives back what stayBack needs to undo that if none takes it.
+func (o *operation) goOut(now time.Time) (since time.Time, before time.Duration) {
+	since, before = o.waitingSince, o.waitedBefore
+	if !since.IsZero() {
+		if now.IsZero() {
+			now = time.Now()
+		}
+		o.waitedBefore = o.waited(now)
+		o.waitingSince = time.Time{}
+	}
+	return since, before
+}
+
+// stayBack undoes goOut: no connection took it.
+func (o *operation) stayBack(since time.Time, before time.Duration) {
+	o.waitingSince, o.waitedBefore = since, before
+}
+
+// connectionAnswered notes that a connection that carried it was cut after
+// answering something (to this request or another): a server was there,
+// so a wait for a connection after this cut is a new one and gets the
+// whole limit.
+func (o *operation) connectionAnswered() {
+	o.waitedBefore = 0
 }
 
 // waitForConnection waits for a usable connection within the request's
@@ -402,7 +445,7 @@ func (o *operation) waitForConnection(now time.Time, p *policy) step {
 	}
 	deadline := o.connectionDeadlineFrom(o.waitingSince, p)
 	if !now.Before(deadline) {
-		return step{kind: stepNoConnection, waited: now.Sub(o.waitingSince)}
+		return step{kind: stepNoConnection, waited: o.waited(now)}
 	}
 	at := now.Add(p.retryInterval)
 	if at.After(deadline) {

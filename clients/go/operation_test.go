@@ -140,6 +140,44 @@ func TestAnAcquireMovesOnUntilItWasCutOnEveryConnectionThenWaitsForOne(t *testin
 	}
 }
 
+func TestGoingOutOnConnectionsClosedBeforeAnsweringDoesNotStartTheWaitOver(t *testing.T) {
+	start := time.Now()
+	ping := newOperation(kindPing, "", 2, &testPolicy, false)
+	now := start
+	s := ping.onUnsent(unsentNoConnection, now, &testPolicy)
+	for s.kind != stepNoConnection {
+		switch s.kind {
+		case stepRetryAt:
+			now = s.at
+		case stepResend:
+		default:
+			t.Fatalf("%+v", s)
+		}
+		// A connection comes up, takes it and closes at once.
+		ping.goOut(now)
+		now = now.Add(time.Millisecond)
+		s = ping.onCut(ErrNoConnection, now, &testPolicy)
+	}
+	if s.waited < testPolicy.connectLimit-time.Second || now.Sub(start) > 2*testPolicy.connectLimit {
+		t.Errorf("gave up after %v, having waited %v; want about the connect limit", now.Sub(start), s.waited)
+	}
+
+	// Cut from a connection that had answered: a new wait, with the whole limit.
+	inspect := newOperation(kindInspect, "k", 1, &testPolicy, false)
+	if s := inspect.onUnsent(unsentNoConnection, start, &testPolicy); s.kind != stepRetryAt {
+		t.Fatalf("%+v", s)
+	}
+	sent := start.Add(9 * time.Second)
+	inspect.goOut(sent)
+	inspect.connectionAnswered()
+	if s := inspect.onCut(ErrNoConnection, sent, &testPolicy); s.kind != stepRetryAt {
+		t.Fatalf("%+v", s)
+	}
+	if s := inspect.onUnsent(unsentNoConnection, sent.Add(9*time.Second), &testPolicy); s.kind != stepRetryAt {
+		t.Errorf("a new wait after a connection answered: %+v", s)
+	}
+}
+
 func TestAnAcquireThatTriesOnceNeverRunsOutOfItsWaitOffTheWire(t *testing.T) {
 	now := time.Now()
 	once := acquireOperation(1, 2, now)

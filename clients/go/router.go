@@ -240,7 +240,7 @@ func (r *router) noConnection(waited time.Duration) error {
 // would have on the server.
 func (r *router) expire(o *operation, at time.Time) {
 	if !o.waitingSince.IsZero() {
-		r.finish(o, outcome{err: r.noConnection(at.Sub(o.waitingSince))})
+		r.finish(o, outcome{err: r.noConnection(o.waited(at))})
 		return
 	}
 	r.finish(o, outcome{err: ErrTimeout})
@@ -292,10 +292,9 @@ func (r *router) sendAt(o *operation, at time.Time) {
 		r.expire(o, at)
 		return
 	}
-	// Cleared before it is offered: once a connection took it, a cut may
-	// set it again at any moment on the connection's reader.
-	waitingSince := o.waitingSince
-	o.waitingSince = time.Time{}
+	// Its wait paused before it is offered: once a connection took it, a
+	// cut may set it again at any moment on the connection's reader.
+	waitingSince, waitedBefore := o.goOut(at)
 	// active before topology: noteMoved stores a grown topology before
 	// naming a new node active, so the topology read after holds it.
 	active := r.active.Load() - 1
@@ -320,7 +319,7 @@ func (r *router) sendAt(o *operation, at time.Time) {
 	case refusedFull:
 		full = true
 	}
-	o.waitingSince = waitingSince
+	o.stayBack(waitingSince, waitedBefore)
 	why := unsentNoConnection
 	if full {
 		why = unsentFull
@@ -346,15 +345,14 @@ func (r *router) sendToActive(o *operation) {
 	why := unsentActiveUnreachable
 	if active := r.active.Load() - 1; active >= 0 {
 		connections := r.topology.Load().nodes[active].connections
-		waitingSince := o.waitingSince
-		o.waitingSince = time.Time{}
+		waitingSince, waitedBefore := o.goOut(at)
 		switch r.offer(connections, r.turn(connections), o, at) {
 		case refusedNone:
 			return
 		case refusedFull:
 			why = unsentFull
 		}
-		o.waitingSince = waitingSince
+		o.stayBack(waitingSince, waitedBefore)
 	}
 	r.handle(o, o.onUnsent(why, time.Now(), &r.policy))
 }
@@ -433,14 +431,18 @@ func (r *router) finish(o *operation, result outcome) {
 }
 
 // cut takes back the requests of a connection that was cut; cause is what
-// they report if they cannot move on.
-func (r *router) cut(operations []*operation, cause error) {
+// they report if they cannot move on, and answered tells whether the
+// connection had answered anything.
+func (r *router) cut(operations []*operation, cause error, answered bool) {
 	if r.closed.Load() {
 		r.abort(operations)
 		return
 	}
 	at := time.Now()
 	for _, o := range operations {
+		if answered {
+			o.connectionAnswered()
+		}
 		r.handle(o, o.onCut(cause, at, &r.policy))
 	}
 }

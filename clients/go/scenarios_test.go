@@ -336,7 +336,7 @@ func restartWithinWait(t *testing.T) {
 	acquired := make(chan *ringlock.Lock, 1)
 	failed := make(chan error, 1)
 	go func() {
-		lock, err := client.Acquire(testContext(t), "restarted", lease, 5*time.Second)
+		lock, err := client.Acquire(testContext(t), "restarted", lease, 20*time.Second)
 		if err != nil {
 			failed <- err
 			return

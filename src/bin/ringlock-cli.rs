@@ -323,16 +323,13 @@ fn keep_extending(
     program: &str,
     pid: i32,
 ) {
-    let (finished, wake) = done;
     loop {
-        let (guard, _) = wake.wait_timeout(finished.lock().unwrap(), lease / 3).unwrap();
-        if *guard {
-            return;
-        }
-        // Unlocked while extending: with no usable connection the extend
+        // Not locked while extending: with no usable connection the extend
         // waits for one until the lease ends, and the command may end
         // meanwhile.
-        drop(guard);
+        if wait_for_end(done, lease / 3) {
+            return;
+        }
         if let Err(error) = lock.extend(lease) {
             eprintln!(
                 "ringlock-cli: cannot extend the lease of {key} ({error}); the lock may be lost: stopping {program}"
@@ -343,6 +340,15 @@ fn keep_extending(
             return;
         }
     }
+}
+
+/// Waits up to `pause` for the command to end (`done`); true once it has.
+/// It may have ended while this thread was extending, when nobody waited for
+/// the wake-up, so `done` is checked before sleeping.
+fn wait_for_end(done: &(Mutex<bool>, Condvar), pause: Duration) -> bool {
+    let (finished, wake) = done;
+    let (guard, _) = wake.wait_timeout_while(finished.lock().unwrap(), pause, |finished| !*finished).unwrap();
+    *guard
 }
 
 /// Releases the lock once the command ended, and says so if it was lost
@@ -461,6 +467,19 @@ mod tests {
         let expected = "{\n  \"role\": \"active\",\n  \"keys\": [],\n  \"hot\": {\n    \"waits\": [\n      {\n        \
                         \"key\": \"a,{b}\\\"\",\n        \"count\": 2\n      }\n    ]\n  }\n}";
         assert_eq!(indent_json(json), expected);
+    }
+
+    #[test]
+    fn an_end_signalled_while_nobody_waited_is_not_missed() {
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        // The command ends while the extending thread is extending: its
+        // wake-up finds nobody waiting.
+        *done.0.lock().unwrap() = true;
+        done.1.notify_all();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let waiter = done.clone();
+        std::thread::spawn(move || sender.send(wait_for_end(&waiter, Duration::from_secs(3600))));
+        assert_eq!(receiver.recv_timeout(Duration::from_secs(60)), Ok(true), "the end was seen at once");
     }
 
     #[test]

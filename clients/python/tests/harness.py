@@ -306,7 +306,7 @@ def assert_no_connection(error: BaseException, address: str, elapsed: float, wai
     assert error.addresses == [address]
     text = str(error)
     assert text.startswith("no usable connection after "), text
-    assert f": {address} (closed by the server)" in text, text
+    assert text.endswith(f": {address} (closed by the server)"), text
 
 
 def assert_refused_secret(error: BaseException, address: str, elapsed: float) -> None:

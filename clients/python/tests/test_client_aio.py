@@ -9,7 +9,7 @@ import pytest
 
 import ringlock
 import ringlock.aio
-from harness import InspectStandby, Server
+from harness import InspectStandby, Server, Testkit, wait_until
 
 
 @pytest.fixture
@@ -172,3 +172,80 @@ async def test_no_server_is_a_connection_error_naming_the_address_and_errno() ->
     assert isinstance(error, ringlock.NoConnectionError)
     assert error.errno == errno.ECONNREFUSED and error.addresses == [address]
     assert f"{address} (connection refused)" in str(error), str(error)
+
+
+@pytest.mark.testkit
+async def test_a_ping_to_a_node_that_accepts_then_closes_fails_within_the_connect_limit(
+    server: Server, kit: Testkit
+) -> None:
+    proxy, address = kit.proxy(server.address)
+    # Every connection is accepted and closed at once, before it answers:
+    # the ping goes out on each and is cut, which must not start its wait
+    # for a connection over.
+    kit("refuse", proxy, "on")
+    async with ringlock.aio.Client(address, connect_limit=1.0, reconnect_delay_max=0.2) as client:
+        with pytest.raises(ringlock.NoConnectionError) as raised:
+            await asyncio.wait_for(client.ping(), 60)
+    assert raised.value.addresses == [address]
+
+
+@pytest.mark.testkit
+async def test_a_cancelled_acquire_is_never_sent(server: Server, kit: Testkit, key: Callable[[str], str]) -> None:
+    proxy, address = kit.proxy(server.address)
+    kit("refuse", proxy, "on")
+    async with (
+        ringlock.aio.Client(server.address) as other,
+        ringlock.aio.Client(address, reconnect_delay_max=0.2) as client,
+    ):
+        # Held elsewhere, so that the acquire, if it reached the server,
+        # would stay in the key's queue.
+        holder = other.lock(key("cancelled"), lease=60)
+        assert await holder.acquire()
+        cancelled = asyncio.create_task(client.lock(key("cancelled"), lease=30, wait=60).acquire())
+        assert client._router is not None
+        router = client._router
+        await asyncio.to_thread(wait_until, lambda: len(router._waiting) == 1, "the acquire to wait for a connection")
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        await asyncio.to_thread(kit, "refuse", proxy, "off")
+        await asyncio.to_thread(kit, "wait-open", proxy, 2)
+        # An inspect on each connection (round-robin) goes to the key's
+        # shard behind anything sent before it on that connection.
+        for _ in range(2):
+            state = await client.inspect(key("cancelled"))
+            assert state.token == holder.token and state.waiters == 0, state
+        assert await holder.release() is True
+
+
+@pytest.mark.testkit
+async def test_an_extend_of_a_grant_that_waited_longer_than_its_lease_waits_for_a_connection(
+    server: Server, kit: Testkit, key: Callable[[str], str]
+) -> None:
+    proxy, address = kit.proxy(server.address)
+    async with (
+        ringlock.aio.Client(server.address) as other,
+        ringlock.aio.Client(address, reconnect_delay_max=0.2) as client,
+    ):
+        # The holder's lease runs out 8 s from now, and only then is the key
+        # granted to the acquire below, whose 5 s lease starts with the grant.
+        assert await other.lock(key("late-grant"), lease=8).acquire()
+        lock = client.lock(key("late-grant"), lease=5)
+        assert await lock.acquire()
+        # No connection: the extend waits for one within the lease it has left.
+        await asyncio.to_thread(kit, "refuse", proxy, "on")
+        await asyncio.to_thread(kit, "cut", proxy)
+        await asyncio.to_thread(
+            wait_until, lambda: client.usable_connection_count == 0, "both connections to be seen broken"
+        )
+        extended = asyncio.create_task(lock.extend(5))
+        assert client._router is not None
+        router = client._router
+        await asyncio.to_thread(
+            wait_until,
+            lambda: len(router._waiting) == 1 or extended.done(),
+            "the extend to wait for a connection, or to end",
+        )
+        await asyncio.to_thread(kit, "refuse", proxy, "off")
+        await asyncio.wait_for(extended, 60)
+        assert await lock.release() is True

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import ringlock
-from harness import InspectStandby, Server, wait_until
+from harness import InspectStandby, Server, Testkit, wait_until
 
 
 @pytest.fixture
@@ -224,3 +224,67 @@ def test_no_server_is_a_connection_error_naming_the_address_and_errno(key: Calla
     assert 0.2 <= error.waited < 10, error.waited
     assert str(error).startswith("no usable connection after 0.")
     assert f"{address} (connection refused)" in str(error), str(error)
+
+
+@pytest.mark.testkit
+def test_a_ping_to_a_node_that_accepts_then_closes_fails_within_the_connect_limit(server: Server, kit: Testkit) -> None:
+    proxy, address = kit.proxy(server.address)
+    # Every connection is accepted and closed at once, before it answers:
+    # the ping goes out on each and is cut, which must not start its wait
+    # for a connection over.
+    kit("refuse", proxy, "on")
+    outcome: list[BaseException | None] = []
+
+    def ping() -> None:
+        try:
+            client.ping()
+        except BaseException as error:  # handed to the test's thread
+            outcome.append(error)
+        else:
+            outcome.append(None)
+
+    with ringlock.Client(address, connect_limit=1.0, reconnect_delay_max=0.2) as client:
+        # A thread, so that a hang fails the test rather than blocking it.
+        pinger = threading.Thread(target=ping, daemon=True)
+        pinger.start()
+        pinger.join(60)
+        assert outcome, "the ping still waits"
+    error = outcome[0]
+    assert isinstance(error, ringlock.NoConnectionError), repr(error)
+    assert error.addresses == [address]
+
+
+@pytest.mark.testkit
+def test_an_extend_of_a_grant_that_waited_longer_than_its_lease_waits_for_a_connection(
+    server: Server, kit: Testkit, key: Callable[[str], str]
+) -> None:
+    proxy, address = kit.proxy(server.address)
+    with ringlock.Client(server.address) as other, ringlock.Client(address, reconnect_delay_max=0.2) as client:
+        # The holder's lease runs out 8 s from now, and only then is the key
+        # granted to the acquire below, whose 5 s lease starts with the grant.
+        assert other.lock(key("late-grant"), lease=8).acquire()
+        lock = client.lock(key("late-grant"), lease=5)
+        assert lock.acquire()
+        # No connection: the extend waits for one within the lease it has left.
+        kit("refuse", proxy, "on")
+        kit("cut", proxy)
+        wait_until(lambda: client.usable_connection_count == 0, "both connections to be seen broken")
+        outcome: list[BaseException | None] = []
+
+        def extend() -> None:
+            try:
+                lock.extend(5)
+            except BaseException as error:  # handed to the test's thread
+                outcome.append(error)
+            else:
+                outcome.append(None)
+
+        extender = threading.Thread(target=extend, daemon=True)
+        extender.start()
+        assert client._router is not None
+        router = client._router
+        wait_until(lambda: len(router._waiting) == 1 or bool(outcome), "the extend to wait for a connection, or to end")
+        kit("refuse", proxy, "off")
+        extender.join(60)
+        assert outcome == [None], "extended once a connection came back"
+        assert lock.release() is True

@@ -189,6 +189,29 @@ def test_an_acquire_moves_on_until_it_was_cut_on_every_connection_then_waits_for
     assert what == DONE and error.code == "too-many-connections"  # type: ignore[attr-defined]
 
 
+def test_going_out_on_connections_closed_before_answering_does_not_start_the_wait_over() -> None:
+    ping = operation(PING, tries=2)
+    now = 100.0
+    step = ping.on_unsent(UNSENT_NO_CONNECTION, now, POLICY)
+    while step[0] != NO_CONNECTION:
+        assert step[0] in (RETRY_AT, RESEND), step
+        if step[0] == RETRY_AT:
+            now = step[1]  # type: ignore[assignment]
+        # A connection comes up, takes it and closes at once.
+        ping.go_out(now)
+        now += 0.001
+        step = ping.on_cut(CUT_IO, now, POLICY)
+    assert step[1] >= POLICY.connect_limit - 1 and now - 100.0 < 2 * POLICY.connect_limit, (step, now)
+
+    # Cut from a connection that had answered: a new wait, with the whole limit.
+    inspect = operation(INSPECT)
+    assert inspect.on_unsent(UNSENT_NO_CONNECTION, 100.0, POLICY)[0] == RETRY_AT
+    inspect.go_out(109.0)
+    inspect.connection_answered()
+    assert inspect.on_cut(CUT_IO, 109.0, POLICY)[0] == RETRY_AT
+    assert inspect.on_unsent(UNSENT_NO_CONNECTION, 118.0, POLICY)[0] == RETRY_AT
+
+
 def test_an_acquire_that_tries_once_never_runs_out_of_its_wait_off_the_wire() -> None:
     once = operation(wait_ms=1, try_once=True, now=100.0)
     assert not once.expired(105.0), "it waits for a connection within the connect limit"
@@ -265,8 +288,9 @@ def test_a_connection_error_names_each_address_with_its_os_error() -> None:
     error = NoConnectionError(op="A", key="k", waited=10.04, failures=[refused, timed_out, closed])
     assert str(error) == (
         "no usable connection after 10.0 s: 127.0.0.1:7700 (connection refused), "
-        "127.0.0.1:7701 (timed out), 127.0.0.1:7702 (closed by the server) (A k)"
+        "127.0.0.1:7701 (timed out), 127.0.0.1:7702 (closed by the server)"
     )
+    assert (error.op, error.key) == ("A", "k"), "the request is on attributes, not in the message"
     assert isinstance(error, ConnectionError) and isinstance(error, OSError)
     assert isinstance(error, NoActiveNodeError) and isinstance(error, RinglockError)
     assert error.code == "no-connection" and error.errno == errno.ECONNREFUSED

@@ -169,7 +169,7 @@ async def test_restart_within_wait(fresh_server: Server, key: Callable[[str], st
         await asyncio.to_thread(
             wait_until, lambda: client.usable_connection_count == 0, "the client to see its connections broken"
         )
-        lock = client.lock(key("restarted"), lease=30, wait=5)
+        lock = client.lock(key("restarted"), lease=30, wait=20)
         granted = asyncio.create_task(lock.acquire())
         # The acquire waits for a connection; the server comes back within
         # about 100 ms of the kill (restarted in a thread, as the loop must

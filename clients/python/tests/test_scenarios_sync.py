@@ -168,7 +168,7 @@ def test_restart_within_wait(fresh_server: Server, key: Callable[[str], str]) ->
         assert before.token is not None
         fresh_server.kill()
         wait_until(lambda: client.usable_connection_count == 0, "the client to see its connections broken")
-        lock = client.lock(key("restarted"), lease=30, wait=5)
+        lock = client.lock(key("restarted"), lease=30, wait=20)
         with ThreadPoolExecutor(1) as pool:
             granted = pool.submit(lock.acquire)
             # The acquire waits for a connection; the server comes back

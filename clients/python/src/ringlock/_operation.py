@@ -78,6 +78,11 @@ class Waiter(Protocol):
         """Hands over the outcome; false if nobody waits for it any more."""
         ...
 
+    @property
+    def abandoned(self) -> bool:
+        """Whether the caller gave up waiting (a cancelled task)."""
+        ...
+
 
 class Operation:
     """A request in flight, or waiting to be retried."""
@@ -95,6 +100,7 @@ class Operation:
         "tries_left",
         "try_once",
         "wait_ms",
+        "waited_before",
         "waiter",
         "waiting_since",
     )
@@ -136,6 +142,45 @@ class Operation:
         # Since when it has waited for a usable connection; None while in
         # flight or waiting for something else.
         self.waiting_since: float | None = None
+        # How long it waited for a usable connection before it last went
+        # out. A connection that takes it and closes before answering
+        # anything (a node that accepts then closes at once) does not start
+        # its wait over, so the connect limit still ends the call; one that
+        # has answered does (see connection_answered).
+        self.waited_before = 0.0
+
+    def abandoned(self) -> bool:
+        """Whether nobody waits for it any more, so sending it again is
+        pointless: an acquire would take a place in the server's queue for
+        a grant nobody takes. A release still goes, to free the key."""
+        return self.kind != RELEASE and self.waiter is not None and self.waiter.abandoned
+
+    def waited(self, now: float) -> float:
+        """How long it has waited for a usable connection at ``now``,
+        counting its earlier waits since a connection last answered."""
+        if self.waiting_since is None:
+            return self.waited_before
+        return self.waited_before + now - self.waiting_since
+
+    def go_out(self, now: float) -> tuple[float | None, float]:
+        """Pauses its wait for a connection, if any, as it is offered to
+        the connections; gives back what :meth:`stay_back` needs to undo
+        that if none takes it."""
+        saved = (self.waiting_since, self.waited_before)
+        if self.waiting_since is not None:
+            self.waited_before = self.waited(now)
+            self.waiting_since = None
+        return saved
+
+    def stay_back(self, saved: tuple[float | None, float]) -> None:
+        """Undoes :meth:`go_out`: no connection took it."""
+        self.waiting_since, self.waited_before = saved
+
+    def connection_answered(self) -> None:
+        """A connection that carried it was cut after answering something
+        (to this request or another): a server was there, so a wait for a
+        connection after this cut is a new one and gets the whole limit."""
+        self.waited_before = 0.0
 
     def _wait_left_ms(self, now: float) -> int | None:
         """The wait left at ``now`` in ms: 0 for no limit, ``None`` once a
@@ -275,7 +320,7 @@ class Operation:
             return self.started + self.wait_ms / 1000
         if self.kind == RELEASE:
             return self.retry_until if self.retry_until is not None else since + policy.retry_for
-        return since + policy.connect_limit
+        return since + policy.connect_limit - self.waited_before
 
     def wait_for_connection(self, now: float, policy: Policy) -> Step:
         """Waits for a usable connection within the request's limit: tried
@@ -286,7 +331,7 @@ class Operation:
             self.waiting_since = now
         deadline = self.connection_deadline_from(self.waiting_since, policy)
         if now >= deadline:
-            return (NO_CONNECTION, now - self.waiting_since)
+            return (NO_CONNECTION, self.waited(now))
         return (RETRY_AT, min(now + policy.retry_interval, deadline))
 
     def retry_later(self, now: float, policy: Policy, code: str) -> Step:

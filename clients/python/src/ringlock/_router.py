@@ -178,7 +178,10 @@ class Router:
         return failures
 
     def send(self, operation: Operation, now: float) -> None:
-        """Sends on the next usable connection, the active node's first."""
+        """Sends on the next usable connection, the active node's first;
+        drops it if its caller gave up meanwhile."""
+        if operation.abandoned():
+            return None
         if operation.expired(now):
             return self._expire(operation)
         start = next(self._next)
@@ -198,6 +201,8 @@ class Router:
 
     def send_to_active(self, operation: Operation) -> None:
         """Sends on the active node's connections only, after an ``M``."""
+        if operation.abandoned():
+            return None
         now = time.monotonic()
         if operation.expired(now):
             return self._expire(operation)
@@ -216,7 +221,7 @@ class Router:
         usable connection or for some node to name an active, which is then
         the error to report."""
         if operation.waiting_since is not None:
-            return self.finish(operation, self.no_connection(operation, time.monotonic() - operation.waiting_since))
+            return self.finish(operation, self.no_connection(operation, operation.waited(time.monotonic())))
         if operation.retry_until is not None:
             return self.finish(operation, operation.error("no-active", "no active node was named within the wait"))
         self.finish(operation, None)
@@ -230,12 +235,15 @@ class Router:
         if not waiter.complete(value) and operation.kind == ACQUIRE and type(value) is int:
             self.submit(RELEASE, operation.key, None, token=value)
 
-    def cut(self, operations: list[Operation], error: RinglockError) -> None:
-        """Takes back the requests of a connection that was cut."""
+    def cut(self, operations: list[Operation], error: RinglockError, answered: bool) -> None:
+        """Takes back the requests of a connection that was cut; ``answered``
+        if it had answered anything."""
         if self.closed:
             return self.abort(operations)
         now = time.monotonic()
         for operation in operations:
+            if answered:
+                operation.connection_answered()
             self.handle(operation, operation.on_cut(error, now, self.policy))
 
     def abort(self, operations: list[Operation]) -> None:
@@ -273,17 +281,16 @@ def _offer(connections: list[Connection], start: int, operation: Operation, now:
     else ``REFUSED_FULL`` if any refused only for being full."""
     worst = REFUSED_UNUSABLE
     count = len(connections)
-    # Cleared before it is offered: once taken, a reader thread may cut it
-    # and set it again at any moment.
-    waiting_since = operation.waiting_since
-    operation.waiting_since = None
+    # Its wait paused before it is offered: once taken, a reader thread may
+    # cut it and set it again at any moment.
+    saved = operation.go_out(now)
     for offset in range(count):
         refusal = connections[(start + offset) % count].try_send(operation, now)
         if not refusal:
             return 0
         if refusal == REFUSED_FULL:
             worst = REFUSED_FULL
-    operation.waiting_since = waiting_since
+    operation.stay_back(saved)
     return worst
 
 

@@ -266,7 +266,7 @@ class ThreadConnection:
                     sock = socket.create_connection((self._host, self._port), timeout=runtime.connect_timeout)
                 except OSError as failure:
                     self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
-                    router.cut(self._take_down(), CUT_IO)
+                    router.cut(self._take_down(), CUT_IO, False)
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     refused = self._authenticate(sock) if runtime.secret is not None else None
@@ -277,7 +277,7 @@ class ThreadConnection:
                         # retried with growing pauses.
                         sock.close()
                         self.last_failure = (time.monotonic(), refused)
-                        router.cut(self._take_down(), CUT_IO)
+                        router.cut(self._take_down(), CUT_IO, False)
                         pause = reconnect_delay(
                             attempt, runtime.reconnect_delay_first, runtime.reconnect_delay_max, random.random()
                         )
@@ -296,7 +296,7 @@ class ThreadConnection:
                     error = self._read(sock)
                     _shutdown(sock, socket.SHUT_RDWR)
                     self.last_failure = (time.monotonic(), _ended(self.address, error, self._read_error))
-                    router.cut(self._take_down(), error)
+                    router.cut(self._take_down(), error, self._replied)
                     sock.close()
                     # A connection that answered, or stayed open for as long
                     # as the longest pause, worked: the schedule starts over.

@@ -74,6 +74,12 @@ class _FutureWaiter:
         self.future.set_result(value)
         return True
 
+    @property
+    def abandoned(self) -> bool:
+        # Completed only once, by complete(), which ends the request: done
+        # before that means cancelled.
+        return self.future.done()
+
 
 class _Runtime:
     """Connections as protocols on the loop, and timers (see
@@ -225,7 +231,7 @@ class _Connection(asyncio.Protocol):
                     )
                 except (OSError, asyncio.TimeoutError) as failure:
                     self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
-                    router.cut(self._take_down(), CUT_IO)
+                    router.cut(self._take_down(), CUT_IO, False)
                 else:
                     refused = await self._authenticate() if settings.secret is not None else None
                     if refused is not None:
@@ -237,7 +243,7 @@ class _Connection(asyncio.Protocol):
                         # resolve the next socket's future.
                         await self._lost
                         self.last_failure = (time.monotonic(), refused)
-                        router.cut(self._take_down(), CUT_IO)
+                        router.cut(self._take_down(), CUT_IO, False)
                         pause = reconnect_delay(
                             attempt, settings.reconnect_delay_first, settings.reconnect_delay_max, random.random()
                         )
@@ -249,7 +255,7 @@ class _Connection(asyncio.Protocol):
                     opened = time.monotonic()
                     error = await self._lost
                     self.last_failure = (time.monotonic(), self._ended(error))
-                    router.cut(self._take_down(), error)
+                    router.cut(self._take_down(), error, self._replied)
                     # A connection that answered, or stayed open for as long
                     # as the longest pause, worked: the schedule starts over.
                     # One closed at once after its connect (a server refusing
@@ -611,14 +617,15 @@ class Lock(LockBase):
             wait = wait_ms(timeout)
         else:
             wait = self._wait_ms
-        # The lease ends this long after the request at the latest; an
-        # extend waits for a usable connection until then.
-        lease_ends = time.monotonic() + self.lease
         token = await self._client._request(
             ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=wait == _TRY_WAIT_MS
         )
         if token is None:
             return False
+        # The lease is counted from the grant's arrival (the acquire may have
+        # waited in the key's queue, or for a connection, longer than the
+        # lease); an extend waits for a usable connection until it ends.
+        lease_ends = time.monotonic() + self.lease
         self._lost = None
         self._token = token
         self._lease_ends = lease_ends

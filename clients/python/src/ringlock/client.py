@@ -71,6 +71,10 @@ class _Callback:
         self._function(value)
         return True
 
+    @property
+    def abandoned(self) -> bool:
+        return False
+
 
 class Client(ClientBase):
     """A ringlock client: persistent background connections to the given
@@ -347,14 +351,15 @@ class Lock(LockBase):
             wait = wait_ms(timeout)
         else:
             wait = self._wait_ms
-        # The lease ends this long after the request at the latest; an
-        # extend waits for a usable connection until then.
-        lease_ends = time.monotonic() + self.lease
         token = self._client._request(
             ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=wait == _TRY_WAIT_MS
         )
         if token is None:
             return False
+        # The lease is counted from the grant's arrival (the acquire may have
+        # waited in the key's queue, or for a connection, longer than the
+        # lease); an extend waits for a usable connection until it ends.
+        lease_ends = time.monotonic() + self.lease
         self._grant += 1
         self._lost = None
         self._token = token  # type: ignore[assignment]

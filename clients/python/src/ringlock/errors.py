@@ -219,6 +219,8 @@ class NoConnectionError(NoActiveNodeError, ConnectionError):
     and names every address with the failure of its last attempt; the same
     is in its attributes:
 
+    - ``op`` and ``key``: the request (``key`` is ``None`` for a ping or
+      stats);
     - ``waited``: the seconds the request waited for a connection;
     - ``failures``: a :class:`ConnectionFailure` per address, in the order
       the client was given them;
@@ -252,8 +254,8 @@ class NoConnectionError(NoActiveNodeError, ConnectionError):
             message = f"no usable connection after {waited:.1f} s"
             if self.failures:
                 message += ": " + ", ".join(str(failure) for failure in self.failures)
-            if key is not None:
-                message += f" ({op} {key})"
+            # The request is in ``op`` and ``key``, not in the message, which
+            # reads the same in every client.
         super().__init__(code, op, key, message)
         # OSError's own field, set after its constructor so that it does not
         # turn the message into "[Errno n] ...".
