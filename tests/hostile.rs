@@ -18,6 +18,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use common::peer::{fingerprint, frame};
 use common::{Conn, PATIENCE, Server, stat, token_of, wait_until};
 
 /// A deterministic pseudo-random byte source (xorshift64), so that a failure
@@ -1070,26 +1071,6 @@ const PEER_PROTOCOL: u32 = 3;
 
 /// The largest epoch a token can carry (24 bits).
 const EPOCH_MAX: u64 = (1 << 24) - 1;
-
-/// A frame: its length, its type byte, its payload.
-fn frame(type_byte: u8, payload: &[u8]) -> Vec<u8> {
-    let mut frame = ((1 + payload.len()) as u32).to_le_bytes().to_vec();
-    frame.push(type_byte);
-    frame.extend_from_slice(payload);
-    frame
-}
-
-/// The fingerprint of a `--peers` list as nodes put it in their hellos:
-/// FNV-1a (64 bits) of its client addresses, joined by `,`.
-fn fingerprint(clients: &[SocketAddr]) -> u64 {
-    let text: Vec<String> = clients.iter().map(ToString::to_string).collect();
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    for byte in text.join(",").bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x100_0000_01b3);
-    }
-    hash
-}
 
 fn hello_with(version: u32, nodes: u8, node: u8, incarnation: u64, fingerprint: u64) -> Vec<u8> {
     let mut body = b"RLKP".to_vec();

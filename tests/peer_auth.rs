@@ -24,6 +24,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::peer::{fingerprint, frame};
 use common::{Conn, PATIENCE, SecretFile, Server, metrics_address, scrape, wait_until};
 use ring::hmac;
 
@@ -57,24 +58,6 @@ fn free_addrs(count: usize) -> Vec<SocketAddr> {
 
 // ---------------------------------------------------------------------------
 // Frames and proofs of the peer protocol
-
-fn frame(type_byte: u8, payload: &[u8]) -> Vec<u8> {
-    let mut frame = ((1 + payload.len()) as u32).to_le_bytes().to_vec();
-    frame.push(type_byte);
-    frame.extend_from_slice(payload);
-    frame
-}
-
-/// FNV-1a (64 bits) of the client addresses joined by `,`.
-fn fingerprint(clients: &[SocketAddr]) -> u64 {
-    let text: Vec<String> = clients.iter().map(ToString::to_string).collect();
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    for byte in text.join(",").bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x100_0000_01b3);
-    }
-    hash
-}
 
 fn hello(node: u8, incarnation: u64, fingerprint: u64) -> Vec<u8> {
     let mut body = b"RLKP".to_vec();

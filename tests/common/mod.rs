@@ -2,6 +2,8 @@
 //! talk raw protocol lines to it.
 #![allow(dead_code)]
 
+pub mod peer;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
