@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 
-use common::{DataDir, PATIENCE, Server};
+use common::{DataDir, PATIENCE, Server, metrics_address, scrape, wait_until};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
@@ -150,7 +150,8 @@ fn locks_are_taken_and_released_over_tls_and_pipelined_replies_all_arrive() {
 #[test]
 fn a_client_that_does_not_speak_tls_is_dropped_and_others_carry_on() {
     let certificates = Certificates::new();
-    let server = start(&certificates, &[]);
+    let server = start(&certificates, &["--metrics-listen".to_string(), "127.0.0.1:0".to_string()]);
+    let metrics = metrics_address(&server);
     let mut bystander = TlsConn::connect(&server, client_config(&certificates.ca, None));
     assert!(bystander.call("P").starts_with("P active "));
     // Plain protocol lines instead of a ClientHello.
@@ -169,6 +170,28 @@ fn a_client_that_does_not_speak_tls_is_dropped_and_others_carry_on() {
     let mut sink = Vec::new();
     let _ = garbage.read_to_end(&mut sink);
     assert!(bystander.call("A still-served 30 0").starts_with("A still-served "));
+    wait_until("both failed handshakes counted", || scrape(metrics)["ringlock_tls_errors_total"] == 2.0);
+}
+
+#[test]
+fn a_close_notify_ends_the_input_and_bytes_after_it_are_dropped() {
+    let certificates = Certificates::new();
+    // One shard core: a core stuck on the closed connection would stall the bystander.
+    let server = start(&certificates, &["--shards".to_string(), "1".to_string()]);
+    let mut bystander = TlsConn::connect(&server, client_config(&certificates.ca, None));
+    assert!(bystander.call("P").starts_with("P active "));
+    let mut closing = TlsConn::connect(&server, client_config(&certificates.ca, None));
+    assert!(closing.call("A closing/held 30 0").starts_with("A closing/held "));
+    closing.send(b"P\n").unwrap();
+    closing.stream.conn.send_close_notify();
+    closing.stream.flush().unwrap();
+    // Raw bytes after the close_notify, in a write of their own.
+    let _ = closing.stream.sock.write_all(b"\x17\x03\x03\x00\x05hello");
+    // What came before the close_notify is answered, then the server closes.
+    assert!(closing.line().unwrap().starts_with("P active "));
+    let end = closing.line().expect_err("the server closes after its replies");
+    assert_eq!(end.kind(), std::io::ErrorKind::UnexpectedEof, "{end}");
+    assert!(bystander.call("I closing/held").starts_with("I closing/held "), "the core serves on");
 }
 
 #[test]

@@ -383,6 +383,7 @@ impl EventLoop {
             published.requests = requests;
             published.auth_failures = auth_failures;
             published.auth_revocations = auth_revocations;
+            published.tls_errors = self.state.tls_errors;
             if let Some((waits, handoffs)) = hot_keys {
                 published.hot_waits = waits;
                 published.hot_handoffs = handoffs;

@@ -435,7 +435,8 @@ fn start_send(state: &mut CoreState, slot: u32, generation: u32) {
 
 /// Ciphertext received on a TLS socket: its plaintext goes to the
 /// dispatcher, and ciphertext of the layer's own (handshake messages) is
-/// sent at the end of the turn. A TLS error ends the connection, after a
+/// sent at the end of the turn. A close_notify ends the input, as a FIN
+/// does. A TLS error ends the connection, after a
 /// best-effort send of the alert that says why.
 fn tls_received(state: &mut CoreState, dispatcher: &mut Dispatcher, slot: u32, data: &[u8]) {
     let mut plain = std::mem::take(&mut state.plain);
@@ -456,6 +457,10 @@ fn tls_received(state: &mut CoreState, dispatcher: &mut Dispatcher, slot: u32, d
     } else {
         if !plain.is_empty() {
             dispatcher.received(slot, &plain);
+        }
+        if outcome == Ok(true) {
+            // close_notify: answer what was sent before it, then close.
+            dispatcher.input_ended(slot);
         }
         if wants_write {
             state.tls_flush.push(slot);

@@ -31,19 +31,25 @@ impl TlsLayer {
     }
 
     /// Ciphertext from the socket: the plaintext it held is appended to
-    /// `plain`. An error ends the connection (its alert, if any, is left to
-    /// [`TlsLayer::write_tls`]).
-    pub(crate) fn received(&mut self, mut data: &[u8], plain: &mut Vec<u8>) -> Result<(), rustls::Error> {
+    /// `plain`. True once the client has sent its close_notify: it sends no
+    /// more, which is an end of input. An error ends the connection (its
+    /// alert, if any, is left to [`TlsLayer::write_tls`]).
+    pub(crate) fn received(&mut self, mut data: &[u8], plain: &mut Vec<u8>) -> Result<bool, rustls::Error> {
+        let mut closed = false;
         while !data.is_empty() {
-            if let Err(error) = self.connection.read_tls(&mut data) {
+            match self.connection.read_tls(&mut data) {
+                // After the client's close_notify rustls takes no more
+                // bytes: what follows it is dropped, not read again forever.
+                Ok(0) => break,
+                Ok(_) => {}
                 // Only the plaintext buffer being full stops a read from a
                 // slice; it is drained below, and the read tried again.
-                debug_assert_eq!(error.kind(), std::io::ErrorKind::Other, "{error}");
+                Err(error) => debug_assert_eq!(error.kind(), std::io::ErrorKind::Other, "{error}"),
             }
-            self.connection.process_new_packets()?;
+            closed |= self.connection.process_new_packets()?.peer_has_closed();
             self.read_plain(plain);
         }
-        Ok(())
+        Ok(closed)
     }
 
     fn read_plain(&mut self, plain: &mut Vec<u8>) {

@@ -26,6 +26,8 @@ pub struct CoreStats {
     pub auth_failures: u64,
     /// Connections closed because a reload removed their name.
     pub auth_revocations: u64,
+    /// TLS connections ended by a TLS error (a failed handshake, a bad record).
+    pub tls_errors: u64,
     /// The shard's hot keys (see `ringlock_shards::HotKeys`), copied at most
     /// every `HOT_KEYS_PUBLISH_MS`: keys waited on, keys handed off.
     pub hot_waits: HotKeyCounts,

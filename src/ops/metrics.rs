@@ -120,6 +120,17 @@ pub fn render(shared: &Shared) -> String {
     if let Some(auth) = &shared.auth {
         render_auth(&mut out, &cores, auth);
     }
+    if shared.tls.is_some() {
+        family(
+            &mut out,
+            "ringlock_tls_errors_total",
+            "counter",
+            "Client connections ended by a TLS error: a failed handshake (a client that does not speak TLS, an \
+             untrusted or missing client certificate) or a bad record.",
+        );
+        let errors: u64 = cores.iter().map(|core| core.tls_errors).sum();
+        let _ = writeln!(out, "ringlock_tls_errors_total {errors}");
+    }
     render_latencies(&mut out, &total);
     render_hot_keys(&mut out, &cores);
     out
