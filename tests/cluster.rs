@@ -339,18 +339,24 @@ fn a_partition_between_peers_makes_two_actives_and_healing_it_demotes_one() {
 #[test]
 fn two_nodes_are_a_cluster_and_the_survivor_of_a_kill_9_serves_alone() {
     let mut cluster = Cluster::start(ClusterOptions { nodes: 2, ..ClusterOptions::default() });
+    kill_the_active_and_keep_its_locks(&mut cluster, "node 1 to promote alone, with no quorum needed");
+}
+
+/// Node 0 becomes the active and holds 4 keys, replicated; a kill -9 of it
+/// makes node 1 promote to a higher epoch with those keys still held.
+fn kill_the_active_and_keep_its_locks(cluster: &mut Cluster, promotion: &str) {
     let first_epoch = cluster.wait_active(0, "node 0 to become the active");
     let mut conn = cluster.node(0).connect();
-    let since = table_version_of(&cluster, 0);
-    let held = hold_keys(&cluster, &mut conn, "held", 4);
-    wait_replicated(&cluster, 0, since, 4);
+    let since = table_version_of(cluster, 0);
+    let held = hold_keys(cluster, &mut conn, "held", 4);
+    wait_replicated(cluster, 0, since, 4);
     drop(conn);
 
     cluster.node_mut(0).kill9();
-    let second_epoch = cluster.wait_active(1, "node 1 to promote alone, with no quorum needed");
+    let second_epoch = cluster.wait_active(1, promotion);
     assert!(second_epoch > first_epoch, "epoch {second_epoch} after {first_epoch}");
     let mut conn = cluster.node(1).connect();
-    assert_still_held_and_releasable(&mut conn, &held, &cluster);
+    assert_still_held_and_releasable(&mut conn, &held, cluster);
 }
 
 #[test]
@@ -358,18 +364,7 @@ fn a_cluster_sharing_a_peer_secret_forms_and_fails_over_on_a_kill_9_of_the_activ
     let secret = SecretFile::new(b"cluster-test-peer-secret-0123456789\n");
     let options = ClusterOptions { peer_secret_file: Some(secret.path.clone()), ..ClusterOptions::default() };
     let mut cluster = Cluster::start(options);
-    let first_epoch = cluster.wait_active(0, "node 0 to become the active of the secured cluster");
-    let mut conn = cluster.node(0).connect();
-    let since = table_version_of(&cluster, 0);
-    let held = hold_keys(&cluster, &mut conn, "held", 4);
-    wait_replicated(&cluster, 0, since, 4);
-    drop(conn);
-
-    cluster.node_mut(0).kill9();
-    let second_epoch = cluster.wait_active(1, "node 1 to promote after kill -9 of node 0");
-    assert!(second_epoch > first_epoch, "epoch {second_epoch} after {first_epoch}");
-    let mut conn = cluster.node(1).connect();
-    assert_still_held_and_releasable(&mut conn, &held, &cluster);
+    kill_the_active_and_keep_its_locks(&mut cluster, "node 1 to promote after kill -9 of node 0");
     for node in &cluster.nodes {
         let log = node.log();
         assert!(log.contains("peer connections must prove the peer secret"), "node {}:\n{log}", node.index);

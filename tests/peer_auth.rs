@@ -21,8 +21,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus};
 
 use common::peer::{fingerprint, frame};
 use common::{Conn, PATIENCE, SecretFile, Server, metrics_address, scrape, wait_until};
@@ -575,32 +574,14 @@ fn a_cluster_without_a_secret_warns_once_at_start_and_a_single_node_does_not() {
 /// serves; returns its exit status and what it printed.
 fn run_until_exit(args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
     let data = common::DataDir::new();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+    command
         .args(["--listen", "127.0.0.1:0", "--shards", "1", "--no-pin", "--data-dir"])
         .arg(&data.0)
         .args(args)
         .envs(env.iter().copied())
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the ringlock binary");
-    let deadline = Instant::now() + PATIENCE;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the server did not exit within {PATIENCE:?} with {args:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut log = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut log).unwrap();
-    (status, log)
+        .env_remove("RUST_LOG");
+    common::run_to_exit(command, &format!("the server with {args:?}"))
 }
 
 #[test]

@@ -4,9 +4,8 @@
 mod common;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use common::{Conn, DataDir, PATIENCE, Server, stat, token_of, wait_until};
 
@@ -16,35 +15,10 @@ fn free_addrs(count: usize) -> Vec<SocketAddr> {
     holders.iter().map(|holder| holder.local_addr().unwrap()).collect()
 }
 
-/// Runs the server binary with `args` and waits for it to exit; a server
-/// still running after [`PATIENCE`] is killed and fails the test.
 fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringlock"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the ringlock binary");
-    let mut stderr = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
-        text
-    });
-    let deadline = Instant::now() + PATIENCE;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{args:?} still runs after {PATIENCE:?}: it shares an address in use:\n{}", reader.join().unwrap());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    (status, reader.join().unwrap())
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+    command.args(args);
+    common::run_to_exit(command, &format!("{args:?}, which shares an address in use"))
 }
 
 fn assert_pong(conn: &mut Conn, what: &str) {

@@ -420,3 +420,34 @@ impl std::fmt::Debug for RefusingPort {
         write!(f, "RefusingPort({}, {:?})", self.addr, self.socket)
     }
 }
+
+/// Runs `command` (the ringlock binary, stderr piped) until it exits; one
+/// still running after [`PATIENCE`] is killed and fails the test. Returns
+/// its exit status and what it printed on stderr.
+pub fn run_to_exit(mut command: Command, what: &str) -> (ExitStatus, String) {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the ringlock binary");
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {PATIENCE:?}:\n{}", reader.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (status, reader.join().unwrap())
+}
