@@ -18,7 +18,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use common::peer::{fingerprint, frame};
+use common::peer::{fingerprint, frame, hello_with};
 use common::{Conn, PATIENCE, Server, stat, token_of, wait_until};
 
 /// A deterministic pseudo-random byte source (xorshift64), so that a failure
@@ -1071,18 +1071,6 @@ const PEER_PROTOCOL: u32 = 3;
 
 /// The largest epoch a token can carry (24 bits).
 const EPOCH_MAX: u64 = (1 << 24) - 1;
-
-fn hello_with(version: u32, nodes: u8, node: u8, incarnation: u64, fingerprint: u64) -> Vec<u8> {
-    let mut body = b"RLKP".to_vec();
-    body.extend_from_slice(&version.to_le_bytes());
-    body.push(nodes);
-    body.push(node);
-    body.extend_from_slice(&incarnation.to_le_bytes());
-    body.extend_from_slice(&0u64.to_le_bytes());
-    body.push(2);
-    body.extend_from_slice(&fingerprint.to_le_bytes());
-    frame(1, &body)
-}
 
 /// A hello with no valid fingerprint: refused by its checks, or for that.
 fn hello(version: u32, nodes: u8, node: u8) -> Vec<u8> {

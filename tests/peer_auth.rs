@@ -23,7 +23,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, ExitStatus};
 
-use common::peer::{fingerprint, frame};
+use common::peer::{fingerprint, frame, hello_with};
 use common::{Conn, PATIENCE, SecretFile, Server, metrics_address, scrape, wait_until};
 use ring::hmac;
 
@@ -59,15 +59,7 @@ fn free_addrs(count: usize) -> Vec<SocketAddr> {
 // Frames and proofs of the peer protocol
 
 fn hello(node: u8, incarnation: u64, fingerprint: u64) -> Vec<u8> {
-    let mut body = b"RLKP".to_vec();
-    body.extend_from_slice(&PEER_PROTOCOL.to_le_bytes());
-    body.push(2);
-    body.push(node);
-    body.extend_from_slice(&incarnation.to_le_bytes());
-    body.extend_from_slice(&0u64.to_le_bytes());
-    body.push(2);
-    body.extend_from_slice(&fingerprint.to_le_bytes());
-    frame(1, &body)
+    hello_with(PEER_PROTOCOL, 2, node, incarnation, fingerprint)
 }
 
 /// A heartbeat of an active in `epoch` that holds a table of that stream.

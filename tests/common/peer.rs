@@ -21,3 +21,17 @@ pub fn fingerprint(clients: &[SocketAddr]) -> u64 {
     }
     hash
 }
+
+/// A Hello frame: protocol `version`, a cluster of `nodes`, sent by `node`
+/// in its run `incarnation`, with the `--peers` fingerprint `fingerprint`.
+pub fn hello_with(version: u32, nodes: u8, node: u8, incarnation: u64, fingerprint: u64) -> Vec<u8> {
+    let mut body = b"RLKP".to_vec();
+    body.extend_from_slice(&version.to_le_bytes());
+    body.push(nodes);
+    body.push(node);
+    body.extend_from_slice(&incarnation.to_le_bytes());
+    body.extend_from_slice(&0u64.to_le_bytes());
+    body.push(2);
+    body.extend_from_slice(&fingerprint.to_le_bytes());
+    frame(1, &body)
+}
