@@ -31,7 +31,6 @@ use std::os::fd::IntoRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 use glommio::{LocalExecutorBuilder, Placement};
@@ -43,7 +42,7 @@ use crate::node::role::Report;
 use crate::node::shared::Shared;
 
 use self::core::ReplicationCore;
-use self::peers::{EventQueue, Gate, Identity, Outbox, PeerLinks};
+use self::peers::{EventQueue, Gate, Identity, Outbox, PeerLinks, Silence};
 
 /// Memory glommio registers for its own I/O buffers. The peer sockets do
 /// not use them, and locked memory is scarce (8 MiB on some hosts).
@@ -124,18 +123,17 @@ async fn run(start: Start) -> ExitReason {
     let peers_fingerprint = wire::peers_fingerprint(settings.peers.iter().map(|peer| &peer.client));
     let hello = Rc::new(Cell::new(self::core::hello(me, nodes, incarnation, peers_fingerprint)));
     let identity = Identity { me, nodes, peers_fingerprint };
-    let gate = Rc::new(Gate::new(identity, peer_secret.map(|secret| secret.key), shared.clone()));
+    let silence = Silence::new(config.heartbeat_ms, config.failover_ms);
+    let gate = Rc::new(Gate::new(identity, peer_secret.map(|secret| secret.key), shared.clone(), silence));
     let links = PeerLinks { events, outboxes, hello, gate };
     // SAFETY: the descriptor comes from a bound, listening std listener whose
     // ownership moves here.
     let listener =
         unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(listener.into_raw_fd()) };
     glommio::spawn_local(peers::accept(listener, links.gate.clone(), links.events.clone())).detach();
-    let retry = Duration::from_millis(config.heartbeat_ms.clamp(20, 500));
-    let stall = Duration::from_millis(config.failover_ms.max(1000));
     for (to, peer) in settings.peers.iter().enumerate() {
         if to != me {
-            let task = peers::write(to, peer.peer, links.clone(), retry, stall);
+            let task = peers::write(to, peer.peer, links.clone());
             glommio::spawn_local(task).detach();
         }
     }

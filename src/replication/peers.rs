@@ -255,10 +255,63 @@ pub struct Gate {
     log_interval_ms: u64,
     shared: Arc<Shared>,
     started: Instant,
+    /// How long a peer connection may stay silent (nothing read, or what
+    /// was sent unacknowledged) before it is taken for dead: see [`Silence`].
+    silence: Silence,
+}
+
+/// How the peer connections notice a link that went silent, as when a
+/// switch or a route between two nodes fails without a reset. Heartbeats
+/// flow both ways every `--heartbeat-ms`, so a connection with nothing to
+/// read for `stall`, or with bytes unacknowledged for `stall`
+/// (TCP_USER_TIMEOUT), is dead; it is closed and a new one is opened, by
+/// connection attempts of `attempt` each. Without this, TCP would keep the
+/// old connection and send again at its own doubling intervals, so that two
+/// nodes could take seconds after a partition heals to hear each other,
+/// while an isolated active went on granting in its old epoch.
+#[derive(Clone, Copy, Debug)]
+pub struct Silence {
+    /// No frame read, or bytes sent and not acknowledged, for this long.
+    pub stall: Duration,
+    /// One connection attempt (a fresh SYN each) lasts at most this long.
+    pub attempt: Duration,
+    /// Pause between attempts.
+    pub retry: Duration,
+}
+
+impl Silence {
+    pub fn new(heartbeat_ms: u64, failover_ms: u64) -> Silence {
+        Silence {
+            stall: Duration::from_millis(failover_ms.max(1000)),
+            attempt: Duration::from_millis((failover_ms / 4).clamp(100, 1000)),
+            retry: Duration::from_millis(heartbeat_ms.clamp(20, 500)),
+        }
+    }
+}
+
+/// Makes the kernel drop a peer connection whose sent bytes stay
+/// unacknowledged for `stall` (TCP_USER_TIMEOUT), instead of retransmitting
+/// for about 15 minutes.
+fn drop_when_unacknowledged(stream: &TcpStream, stall: Duration) {
+    let milliseconds = stall.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: setsockopt on a socket this stream owns, with a c_int option
+    // value of the size passed.
+    let result = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&milliseconds as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot set TCP_USER_TIMEOUT on a peer connection");
+    }
 }
 
 impl Gate {
-    pub fn new(identity: Identity, key: Option<hmac::Key>, shared: Arc<Shared>) -> Gate {
+    pub fn new(identity: Identity, key: Option<hmac::Key>, shared: Arc<Shared>, silence: Silence) -> Gate {
         // Read once, here: tests set it so that counting log lines does not
         // depend on how long they take (see `log_limit`).
         let variable = std::env::var(log_limit::FAILURE_LOG_INTERVAL_ENV).ok();
@@ -274,6 +327,7 @@ impl Gate {
             log_interval_ms,
             shared,
             started: Instant::now(),
+            silence,
         }
     }
 
@@ -349,6 +403,7 @@ pub async fn accept(listener: TcpListener, gate: Rc<Gate>, events: Events) {
                 }
                 next_connection += 1;
                 let _ = stream.set_nodelay(true);
+                drop_when_unacknowledged(&stream, gate.silence.stall);
                 let expecting = if gate.key.is_some() { Expecting::Challenge } else { Expecting::Hello };
                 let introduction = Introduction::register(&unintroduced, &stream, expecting);
                 let task = read(stream, next_connection, gate.clone(), events.clone(), introduction);
@@ -575,7 +630,7 @@ async fn read(mut stream: TcpStream, connection: u64, gate: Rc<Gate>, events: Ev
         while events.borrow().is_full() {
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
-        match next_frame(&mut stream, &mut buffer).await {
+        match next_frame(&mut stream, &mut buffer, gate.silence.stall).await {
             Ok(Some((frame, bytes))) => {
                 admitted.push(&events, |from, connection| PeerEvent::Frame { from, connection, frame }, bytes)
             }
@@ -795,8 +850,14 @@ impl ReadBuffer {
     }
 }
 
-/// The next frame of a connection and its bytes; `Ok(None)` when it closed cleanly.
-async fn next_frame(stream: &mut TcpStream, buffer: &mut ReadBuffer) -> Result<Option<(Frame, usize)>, String> {
+/// The next frame of a connection and its bytes; `Ok(None)` when it closed
+/// cleanly. A connection that sends nothing for `stall` (a peer sends a
+/// heartbeat every `--heartbeat-ms`) is taken for dead: an error.
+async fn next_frame(
+    stream: &mut TcpStream,
+    buffer: &mut ReadBuffer,
+    stall: Duration,
+) -> Result<Option<(Frame, usize)>, String> {
     loop {
         match wire::decode(&buffer.bytes[buffer.start..]) {
             Ok(Some((frame, used))) => {
@@ -812,13 +873,20 @@ async fn next_frame(stream: &mut TcpStream, buffer: &mut ReadBuffer) -> Result<O
         // Room for a good read; a frame is at most FRAME_LEN_MAX, so the
         // buffer never grows past about that much more.
         bytes.resize(filled + READ_CHUNK_BYTES, 0);
-        let read = stream.read(&mut bytes[filled..]).await;
+        let read = glommio::timer::timeout(stall, async {
+            stream.read(&mut bytes[filled..]).await.map_err(glommio::GlommioError::from)
+        })
+        .await;
         match read {
             Ok(0) => {
                 bytes.truncate(filled);
                 return if filled == 0 { Ok(None) } else { Err("closed in the middle of a frame".to_string()) };
             }
             Ok(count) => bytes.truncate(filled + count),
+            Err(glommio::GlommioError::TimedOut(_)) => {
+                bytes.truncate(filled);
+                return Err(format!("nothing read for {} ms: the link is taken for dead", stall.as_millis()));
+            }
             Err(error) => {
                 bytes.truncate(filled);
                 return Err(format!("read failed: {error}"));
@@ -867,13 +935,15 @@ fn check_hello(hello: &Hello, identity: Identity) -> Result<usize, HelloError> {
 
 /// Keeps a connection to peer `to` open and sends what its outbox gets.
 /// `hello` is read at each connection, so it carries the node's latest role.
-pub async fn write(to: usize, address: SocketAddr, links: PeerLinks, retry: Duration, stall: Duration) {
+pub async fn write(to: usize, address: SocketAddr, links: PeerLinks) {
     let PeerLinks { events, outboxes, hello, gate } = links;
+    let Silence { stall, retry, attempt } = gate.silence;
     let outbox = &outboxes[to];
     let mut failures_logged = LogLimit::default();
     loop {
-        let mut stream = connect(to, address, retry, stall).await;
+        let mut stream = connect(to, address, retry, attempt).await;
         let _ = stream.set_nodelay(true);
+        drop_when_unacknowledged(&stream, stall);
         let mut chunk = Vec::new();
         if let Some(key) = &gate.key {
             let proved =
@@ -974,12 +1044,14 @@ async fn prove_to(stream: &mut TcpStream, to: usize, gate: &Gate, key: &hmac::Ke
     Ok(proof::prove(key, Side::Connector, &nonces, identity.me, identity.peers_fingerprint))
 }
 
-/// Connects to peer `to`, trying again every `retry` until it answers; logs
-/// once that it is unreachable.
-async fn connect(to: usize, address: SocketAddr, retry: Duration, stall: Duration) -> TcpStream {
+/// Connects to peer `to`, by attempts of `attempt` each, `retry` apart,
+/// until it answers; logs once that it is unreachable. Short attempts send
+/// a fresh SYN each, so that a peer is reached soon after a partition
+/// heals rather than at the next of TCP's doubling SYN retransmissions.
+async fn connect(to: usize, address: SocketAddr, retry: Duration, attempt: Duration) -> TcpStream {
     let mut logged_down = false;
     loop {
-        match TcpStream::connect_timeout(address, stall).await {
+        match TcpStream::connect_timeout(address, attempt).await {
             Ok(stream) => return stream,
             Err(error) => {
                 if !logged_down {
