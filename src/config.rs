@@ -1,6 +1,8 @@
 //! Command-line flags, each also readable from an environment variable.
 
 use std::net::SocketAddr;
+
+use crate::address::Endpoint;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -20,15 +22,22 @@ pub struct Config {
     /// shared: if another process listens there (tried again for up to 2 s,
     /// for a server killed a moment ago), the start fails.
     /// Default: 127.0.0.1:7700, or in a cluster this node's entry in --peers.
-    #[arg(long, env = "RINGLOCK_LISTEN")]
-    pub listen: Option<SocketAddr>,
+    /// A DNS name is resolved once, at start (the first address it gives),
+    /// and one that does not resolve stops the start.
+    #[arg(long, env = "RINGLOCK_LISTEN", value_parser = Endpoint::parse)]
+    pub listen: Option<Endpoint>,
 
     /// Cluster: every node's client address, comma-separated, in promotion
     /// priority order (first = highest), this node included; at most 16.
     /// The peer transport of each node listens on its client port + 10000,
     /// or on the address written after `@` (`127.0.0.1:7700@127.0.0.1:9000`).
-    /// `P` and `M` replies name these client addresses. Without --peers the
-    /// server is a single node.
+    /// Each entry is host:port, with an IP address (`[::1]:7700` for IPv6)
+    /// or a DNS name (`ringlock-0.ringlock:7700`); a peer's name is looked
+    /// up again at every connection to it, so a node that comes back with a
+    /// new IP is found, and one that does not resolve yet is retried. `P` and
+    /// `M` replies name these client addresses as written. Every node must be
+    /// given the same list, written the same way. Without --peers the server
+    /// is a single node.
     #[arg(long, env = "RINGLOCK_PEERS", value_delimiter = ',', value_parser = parse_peer)]
     pub peers: Vec<PeerAddress>,
 
@@ -51,8 +60,8 @@ pub struct Config {
 
     /// Cluster: address the peer transport listens on. Default: this node's
     /// peer address from --peers (its client port + 10000 unless given after `@`).
-    #[arg(long, env = "RINGLOCK_CLUSTER_LISTEN")]
-    pub cluster_listen: Option<SocketAddr>,
+    #[arg(long, env = "RINGLOCK_CLUSTER_LISTEN", value_parser = Endpoint::parse)]
+    pub cluster_listen: Option<Endpoint>,
 
     /// Cluster: a file holding a shared secret, one line of at least 32
     /// bytes, which are the key as written (make one with `head -c 32
@@ -132,8 +141,8 @@ pub struct Config {
     /// Address of the HTTP endpoint for operators: `/metrics` (Prometheus
     /// text format), `/livez` and `/readyz`. Served by a thread of its own,
     /// never by a shard core. Default: off.
-    #[arg(long, env = "RINGLOCK_METRICS_LISTEN", value_name = "ADDR")]
-    pub metrics_listen: Option<SocketAddr>,
+    #[arg(long, env = "RINGLOCK_METRICS_LISTEN", value_name = "ADDR", value_parser = Endpoint::parse)]
+    pub metrics_listen: Option<Endpoint>,
 
     /// On SIGINT/SIGTERM, first report not ready (`/readyz` 503, systemd
     /// STOPPING) and keep serving for this many milliseconds, so that load
@@ -205,10 +214,10 @@ pub struct Keepalive {
 }
 
 /// One node of --peers: where clients reach it, and where its peers do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerAddress {
-    pub client: SocketAddr,
-    pub peer: SocketAddr,
+    pub client: Endpoint,
+    pub peer: Endpoint,
 }
 
 /// Peer ports are this far above client ports unless given.
@@ -219,20 +228,14 @@ fn parse_peer(text: &str) -> Result<PeerAddress, String> {
         Some((client, peer)) => (client, Some(peer)),
         None => (text, None),
     };
-    let client: SocketAddr = client_text
-        .trim()
-        .parse()
-        .map_err(|_| format!("expected a client address such as 127.0.0.1:7700, not {client_text:?}"))?;
+    let client = Endpoint::parse(client_text).map_err(|error| format!("client address: {error}"))?;
     let peer = match peer_text {
-        Some(peer) => peer
-            .trim()
-            .parse()
-            .map_err(|_| format!("expected a peer address such as 127.0.0.1:17700 after `@`, not {peer:?}"))?,
+        Some(peer) => Endpoint::parse(peer).map_err(|error| format!("peer address after `@`: {error}"))?,
         None => {
             let port = client.port().checked_add(PEER_PORT_OFFSET).ok_or_else(|| {
                 format!("{client}: the client port + {PEER_PORT_OFFSET} is no port; give the peer address after `@`")
             })?;
-            SocketAddr::new(client.ip(), port)
+            client.with_port(port)
         }
     };
     Ok(PeerAddress { client, peer })
@@ -243,7 +246,7 @@ fn parse_peer(text: &str) -> Result<PeerAddress, String> {
 pub struct ClusterSettings {
     pub cluster: crate::cluster::ClusterConfig,
     pub peers: Vec<PeerAddress>,
-    /// Where this node's peer transport listens.
+    /// Where this node's peer transport listens (resolved).
     pub listen: SocketAddr,
 }
 
@@ -270,13 +273,18 @@ impl Default for LeaseMax {
 impl Config {
     /// Where clients connect: --listen, else this node's --peers entry, else 127.0.0.1:7700.
     pub fn listen_address(&self) -> Result<SocketAddr, String> {
-        if let Some(listen) = self.listen {
-            return Ok(listen);
+        if let Some(listen) = &self.listen {
+            return listen.listen_address("--listen");
         }
         if self.peers.is_empty() {
             return Ok(SocketAddr::from(([127, 0, 0, 1], 7700)));
         }
-        Ok(self.peers[self.cluster_config()?.me].client)
+        self.peers[self.cluster_config()?.me].client.listen_address("--peers (this node's entry, listened on)")
+    }
+
+    /// Where the metrics endpoint listens, if it is on.
+    pub fn metrics_address(&self) -> Result<Option<SocketAddr>, String> {
+        self.metrics_listen.as_ref().map(|endpoint| endpoint.listen_address("--metrics-listen")).transpose()
     }
 
     /// This node's index in --peers, not yet checked against its length.
@@ -285,19 +293,19 @@ impl Config {
             Some(node) => match node.parse::<usize>() {
                 Ok(index) => index,
                 Err(_) => {
-                    let address: SocketAddr =
-                        node.parse().map_err(|_| format!("--node {node:?} is neither an index nor an address"))?;
+                    let address = Endpoint::parse(node)
+                        .map_err(|_| format!("--node {node:?} is neither an index nor an address"))?;
                     self.peers
                         .iter()
-                        .position(|peer| peer.client == address)
+                        .position(|peer| peer.client.same_as(&address))
                         .ok_or_else(|| format!("--node {address} is not in --peers"))?
                 }
             },
             None => {
-                let listen = self.listen.ok_or("pass --node (its index in --peers) or --listen")?;
+                let listen = self.listen.as_ref().ok_or("pass --node (its index in --peers) or --listen")?;
                 self.peers
                     .iter()
-                    .position(|peer| peer.client == listen)
+                    .position(|peer| peer.client.same_as(listen))
                     .ok_or_else(|| format!("--listen {listen} is not in --peers; pass --node with this node's index"))?
             }
         };
@@ -329,14 +337,20 @@ impl Config {
         let cluster = self.cluster_config()?;
         let me = cluster.me;
         for (index, peer) in self.peers.iter().enumerate() {
-            if self.peers[..index].iter().any(|other| other.client == peer.client || other.peer == peer.peer) {
+            if self.peers[..index]
+                .iter()
+                .any(|other| other.client.same_as(&peer.client) || other.peer.same_as(&peer.peer))
+            {
                 return Err(format!("--peers names {} twice", peer.client));
             }
         }
         if self.peers.len() == 1 {
             return Ok(None);
         }
-        let listen = self.cluster_listen.unwrap_or(self.peers[me].peer);
+        let listen = match &self.cluster_listen {
+            Some(listen) => listen.listen_address("--cluster-listen")?,
+            None => self.peers[me].peer.listen_address("--peers (this node's peer address, listened on)")?,
+        };
         Ok(Some(ClusterSettings { cluster, peers: self.peers.clone(), listen }))
     }
 
@@ -439,5 +453,31 @@ mod tests {
         let single = Config::try_parse_from(["ringlock", "--peers", "127.0.0.1:7800", "--node", "0"]).unwrap();
         assert_eq!(single.cluster(), Ok(None), "a cluster of one is a single node");
         assert_eq!(single.listen_address().unwrap().to_string(), "127.0.0.1:7800");
+    }
+
+    #[test]
+    fn names_are_taken_where_addresses_are_and_kept_as_written() {
+        let peers = "localhost:7700,ringlock-1.ringlock.invalid:7700,[::1]:7702@[::1]:9002";
+        let config = Config::try_parse_from(["ringlock", "--peers", peers, "--node", "LOCALHOST:7700"]).unwrap();
+        let settings = config.cluster().unwrap().unwrap();
+        assert_eq!(settings.cluster.me, 0, "--node matches a name without case");
+        let written: Vec<String> = settings.peers.iter().map(|peer| peer.client.to_string()).collect();
+        assert_eq!(written, ["localhost:7700", "ringlock-1.ringlock.invalid:7700", "[::1]:7702"]);
+        assert_eq!(settings.peers[1].peer.to_string(), "ringlock-1.ringlock.invalid:17700");
+        assert_eq!(settings.peers[2].peer.to_string(), "[::1]:9002");
+        assert!(settings.listen.ip().is_loopback(), "this node's own peer address was resolved");
+
+        // Another node's name need not resolve at start; this node's own
+        // listening addresses must.
+        let elsewhere = Config::try_parse_from(["ringlock", "--peers", peers, "--node", "1"]).unwrap();
+        let error = elsewhere.cluster().unwrap_err();
+        assert!(error.contains("ringlock-1.ringlock.invalid:17700") && error.contains("resolve"), "{error}");
+        let listen = Config::try_parse_from(["ringlock", "--listen", "nowhere.invalid:7700"]).unwrap();
+        let error = listen.listen_address().unwrap_err();
+        assert!(error.starts_with("--listen nowhere.invalid:7700: cannot resolve"), "{error}");
+        for flag in ["--listen", "--cluster-listen", "--metrics-listen"] {
+            assert!(Config::try_parse_from(["ringlock", flag, "::1:7700"]).is_err(), "{flag}: bare IPv6 refused");
+            assert!(Config::try_parse_from(["ringlock", flag, "localhost:7700"]).is_ok(), "{flag}: a name is taken");
+        }
     }
 }

@@ -18,6 +18,7 @@
 //!
 //! `docs/architecture.md` walks a request through these files.
 
+pub mod address;
 pub mod auth;
 pub mod cluster;
 pub mod config;

@@ -61,7 +61,7 @@ pub fn run(config: Config) -> Result<(), String> {
     // In a cluster the peer port is bound first, so that a taken port stops
     // the start before clients can connect.
     let peer_listener = cluster.as_ref().map(bind_peer_listener).transpose()?;
-    let metrics_listener = config.metrics_listen.map(ops_http::bind).transpose()?;
+    let metrics_listener = config.metrics_address()?.map(ops_http::bind).transpose()?;
     let (report_sender, reports) = crossbeam_channel::bounded(replication::REPORTS_QUEUED_MAX);
 
     let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.keepalive())?;

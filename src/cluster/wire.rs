@@ -279,10 +279,10 @@ impl fmt::Display for Refusal {
 /// the peer addresses are each node's own way to reach the others, which
 /// may differ (a proxy, another network). It needs no secrecy, only to
 /// differ when the lists do, and to be the same on every build and host.
-pub fn peers_fingerprint<'a>(clients: impl IntoIterator<Item = &'a std::net::SocketAddr>) -> u64 {
+pub fn peers_fingerprint<T: std::fmt::Display>(clients: impl IntoIterator<Item = T>) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let text: Vec<String> = clients.into_iter().map(ToString::to_string).collect();
+    let text: Vec<String> = clients.into_iter().map(|client| client.to_string()).collect();
     text.join(",").bytes().fold(OFFSET, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(PRIME))
 }
 

@@ -133,7 +133,7 @@ async fn run(start: Start) -> ExitReason {
     glommio::spawn_local(peers::accept(listener, links.gate.clone(), links.events.clone())).detach();
     for (to, peer) in settings.peers.iter().enumerate() {
         if to != me {
-            let task = peers::write(to, peer.peer, links.clone());
+            let task = peers::write(to, peer.peer.clone(), links.clone());
             glommio::spawn_local(task).detach();
         }
     }

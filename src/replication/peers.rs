@@ -36,6 +36,7 @@ use glommio::net::{TcpListener, TcpStream};
 use ring::hmac;
 use ring::rand::SystemRandom;
 
+use crate::address::Endpoint;
 use crate::cluster::wire::{
     self, CHALLENGE_ANSWER_FRAME_BYTES, CHALLENGE_FRAME_BYTES, Frame, HELLO_FRAME_BYTES, HELLO_REFUSED_FRAME_BYTES,
     Hello, PROOF_FRAME_BYTES, PROTOCOL_VERSION, Proof, Refusal, WireError,
@@ -924,8 +925,9 @@ fn check_hello(hello: &Hello, identity: Identity) -> Result<usize, HelloError> {
         return Err(HelloError::Refused(
             Refusal::PeerList,
             format!(
-                "node {} was started with another --peers list (other client addresses or another order); give every \
-                 node the same --peers, in the same order",
+                "node {} was started with another --peers list (other client addresses, written otherwise, or \
+                 another order: names and addresses count as written); give every node the same --peers, in the \
+                 same order",
                 hello.node
             ),
         ));
@@ -935,13 +937,13 @@ fn check_hello(hello: &Hello, identity: Identity) -> Result<usize, HelloError> {
 
 /// Keeps a connection to peer `to` open and sends what its outbox gets.
 /// `hello` is read at each connection, so it carries the node's latest role.
-pub async fn write(to: usize, address: SocketAddr, links: PeerLinks) {
+pub async fn write(to: usize, endpoint: Endpoint, links: PeerLinks) {
     let PeerLinks { events, outboxes, hello, gate } = links;
     let Silence { stall, retry, attempt } = gate.silence;
     let outbox = &outboxes[to];
     let mut failures_logged = LogLimit::default();
     loop {
-        let mut stream = connect(to, address, retry, attempt).await;
+        let (mut stream, address) = connect(to, &endpoint, retry, attempt).await;
         let _ = stream.set_nodelay(true);
         drop_when_unacknowledged(&stream, stall);
         let mut chunk = Vec::new();
@@ -979,7 +981,7 @@ pub async fn write(to: usize, address: SocketAddr, links: PeerLinks) {
         watch_for_refusal(&stream, to, events.clone());
         wire::encode(&Frame::Hello(hello.get()), &mut chunk);
         outbox.borrow_mut().open();
-        tracing::info!(peer = to, %address, "connected to peer");
+        tracing::info!(peer = to, %endpoint, %address, "connected to peer");
         loop {
             if !chunk.is_empty() {
                 outbox.borrow_mut().writing = true;
@@ -1038,29 +1040,49 @@ async fn prove_to(stream: &mut TcpStream, to: usize, gate: &Gate, key: &hmac::Ke
     }
     if answer.peers_fingerprint != identity.peers_fingerprint {
         return Err(
-            "it was started with another --peers list; give every node the same --peers, in the same order".to_string()
+            "it was started with another --peers list (entries count as written); give every node the same --peers, \
+             in the same order"
+                .to_string(),
         );
     }
     Ok(proof::prove(key, Side::Connector, &nonces, identity.me, identity.peers_fingerprint))
 }
 
 /// Connects to peer `to`, by attempts of `attempt` each, `retry` apart,
-/// until it answers; logs once that it is unreachable. Short attempts send
-/// a fresh SYN each, so that a peer is reached soon after a partition
-/// heals rather than at the next of TCP's doubling SYN retransmissions.
-async fn connect(to: usize, address: SocketAddr, retry: Duration, attempt: Duration) -> TcpStream {
+/// until it answers, and gives the address it reached; logs once that it is
+/// unreachable (until it is reached again). Short attempts send a fresh SYN
+/// each, so that a peer is reached soon after a partition heals rather than
+/// at the next of TCP's doubling SYN retransmissions. A name is looked up
+/// again at every attempt (on a blocking thread, off the event loop), so a
+/// peer that came back with another IP is found.
+async fn connect(to: usize, endpoint: &Endpoint, retry: Duration, attempt: Duration) -> (TcpStream, SocketAddr) {
     let mut logged_down = false;
     loop {
-        match TcpStream::connect_timeout(address, attempt).await {
-            Ok(stream) => return stream,
-            Err(error) => {
-                if !logged_down {
-                    tracing::info!(peer = to, %address, %error, "peer unreachable; retrying");
-                    logged_down = true;
-                }
-                glommio::timer::sleep(retry).await;
+        let addresses = match endpoint.ip_address() {
+            Some(address) => Ok(vec![address]),
+            None => {
+                let lookup = endpoint.clone();
+                glommio::executor().spawn_blocking(move || lookup.resolve()).await
             }
+        };
+        let failure = match addresses {
+            Ok(addresses) => {
+                let mut last = None;
+                for address in addresses {
+                    match TcpStream::connect_timeout(address, attempt).await {
+                        Ok(stream) => return (stream, address),
+                        Err(error) => last = Some(format!("{address}: {error}")),
+                    }
+                }
+                last.unwrap_or_default()
+            }
+            Err(error) => format!("cannot resolve the name: {error}"),
+        };
+        if !logged_down {
+            tracing::info!(peer = to, %endpoint, error = %failure, "peer unreachable; retrying");
+            logged_down = true;
         }
+        glommio::timer::sleep(retry).await;
     }
 }
 
