@@ -150,6 +150,30 @@ python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); names = {n for s
     deploy/seccomp-ringlock.json
 echo "ok"
 
+echo "== Kubernetes manifests against the API schemas; Compose file"
+# kubernetes-validate (PyPI) carries the Kubernetes JSON schemas, so this
+# needs no cluster; it lives in a venv under target/, made once.
+venv=target/ops-venv
+if ! "$venv/bin/kubernetes-validate" --version >/dev/null 2>&1; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==1.37.0"
+fi
+"$venv/bin/kubernetes-validate" --strict --quiet -k 1.33.0 deploy/kubernetes/*.yaml
+# The Compose file: every node named in RINGLOCK_PEERS is a service, and
+# each service's RINGLOCK_NODE is its own index there.
+"$venv/bin/python" - deploy/compose.yaml <<'PY'
+import sys, yaml
+compose = yaml.safe_load(open(sys.argv[1]))
+nodes = {name: service for name, service in compose["services"].items() if "RINGLOCK_NODE" in service.get("environment", {})}
+peers = next(iter(nodes.values()))["environment"]["RINGLOCK_PEERS"].split(",")
+for name, service in nodes.items():
+    env = service["environment"]
+    assert env["RINGLOCK_PEERS"].split(",") == peers, f"{name}: another RINGLOCK_PEERS"
+    assert peers[int(env["RINGLOCK_NODE"])] == f"{name}:7700", f"{name}: RINGLOCK_NODE is not its index in RINGLOCK_PEERS"
+assert sorted(nodes) == sorted(peer.split(":")[0] for peer in peers), "a peer without its service"
+PY
+echo "ok"
+
 echo "== container image"
 if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
     docker build -f deploy/Dockerfile -t ringlock:ops-check .

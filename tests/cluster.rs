@@ -372,3 +372,50 @@ fn a_cluster_sharing_a_peer_secret_forms_and_fails_over_on_a_kill_9_of_the_activ
         assert!(!log.contains("before it proved the peer secret"), "no peer failed its proof:\n{log}");
     }
 }
+
+/// The order a Kubernetes StatefulSet's rolling update follows
+/// (deploy/kubernetes/ringlock.yaml): the highest ordinal first, so the
+/// standbys go before the active; one node at a time, stopped with SIGTERM,
+/// and the next only once the restarted one holds the whole table (what its
+/// `/readyz` waits for). Under load, no holder loses its lock.
+#[test]
+fn a_rolling_restart_standbys_first_then_the_active_loses_no_holder() {
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    cluster.wait_active(0, "node 0 to become the active");
+    let mut conn = cluster.node(0).connect();
+    let held = hold_keys(&cluster, &mut conn, "held", HELD_KEYS);
+    drop(conn);
+    let load =
+        Load::start(&cluster.addresses(), LoadOptions { lease: Duration::from_secs(60), ..LoadOptions::default() });
+    load.wait_more_grants(300, "the load to run", &cluster);
+
+    for index in [2, 1, 0] {
+        let status = cluster.node_mut(index).stop(libc::SIGTERM);
+        assert!(status.success(), "node {index} exits 0 on SIGTERM, not {status}\n{}", cluster.node(index).log());
+        let (active, _) = cluster.wait_single_active(&format!("one active while node {index} is down"));
+        assert_ne!(active, index);
+        let answer = cluster.node_mut(index).restart();
+        assert_eq!(answer.role, Role::Standby, "node {index} comes back as a standby: {answer:?}");
+        wait_replicated(&cluster, active, 0, 0);
+        load.wait_more_grants(300, &format!("the load to run after node {index} came back"), &cluster);
+    }
+    cluster.wait_active(0, "node 0, caught up again, to take the active role back");
+    load.wait_more_grants(300, "the load to run on node 0 again", &cluster);
+    let report = load.stop();
+    eprintln!(
+        "rolling restart under load: {} grants, {} timeouts, errors {:?}",
+        report.grant_count(),
+        report.timeouts,
+        report.errors
+    );
+    let lost: Vec<_> = report.not_held().iter().map(|grant| format!("{} {}", grant.key, grant.token)).collect();
+    assert!(lost.is_empty(), "grants lost in the rolling restart (their release found nothing): {lost:?}");
+    assert!(report.errors.is_empty(), "client errors during the rolling restart: {:?}", report.errors);
+    assert!(
+        report.token_order_violations().is_empty(),
+        "tokens per key increase across the rolling restart: {:?}",
+        report.token_order_violations()
+    );
+    let mut conn = cluster.node(0).connect();
+    assert_still_held_and_releasable(&mut conn, &held, &cluster);
+}

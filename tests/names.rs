@@ -6,11 +6,13 @@
 
 mod common;
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Server, wait_until};
+use common::netns::Network;
+use common::{Conn, DataDir, Server, wait_until};
 use ringlock_client::{Client, ReleaseOutcome};
 
 /// `count` ports free on 127.0.0.1 now.
@@ -97,4 +99,77 @@ fn a_listening_name_that_does_not_resolve_stops_the_start_naming_the_flag() {
         assert!(!status.success(), "{flag}: {stderr}");
         assert!(stderr.contains(&format!("{flag} {value}: cannot resolve the name")), "{flag}: {stderr}");
     }
+}
+
+/// Three nodes addressed only by names, as Docker Compose and Kubernetes
+/// give them: each host in its own network namespace with its own
+/// `/etc/hosts` naming the nodes (deploy/compose.yaml's set-up, where no
+/// container engine runs). The active is killed and a standby takes over;
+/// then a node comes back under the same name with a new IP, and the
+/// active finds it there.
+#[test]
+fn nodes_known_only_by_name_fail_over_and_find_a_node_that_came_back_with_a_new_ip() {
+    let Some(mut network) = Network::create(3) else { return };
+    let hosts = |network: &Network| {
+        (0..3).map(|index| format!("{} ringlock-{index}\n", network.address(index))).collect::<String>()
+            + "127.0.0.1 localhost\n"
+    };
+    for index in 0..3 {
+        network.write_hosts(index, &hosts(&network));
+    }
+    let peers = "ringlock-0:7700,ringlock-1:7700,ringlock-2:7700";
+    let start = |network: &Network, index: usize, data_dir: Arc<DataDir>| {
+        let command = network.command(index, env!("CARGO_BIN_EXE_ringlock"));
+        let node = index.to_string();
+        let mut args = vec!["--peers", peers, "--node", &node, "--listen", "0.0.0.0:7700"];
+        args.extend_from_slice(&["--cluster-listen", "0.0.0.0:17700"]);
+        args.extend_from_slice(&TIMINGS);
+        Server::start_command(command, data_dir, &args)
+    };
+    let data: Vec<Arc<DataDir>> = (0..3).map(|_| Arc::new(DataDir::new())).collect();
+    let mut nodes: Vec<Server> = (0..3).map(|index| start(&network, index, data[index].clone())).collect();
+    let ping = |network: &Network, index: usize| {
+        let mut conn = Conn::from_stream(network.connect(index, SocketAddr::new(network.address(index), 7700)));
+        conn.call("P")
+    };
+    let cli = |network: &Network, index: usize, args: &[&str]| {
+        let mut command = network.command(index, env!("CARGO_BIN_EXE_ringlock-cli"));
+        command.args(["--servers", peers, "--connect-limit", "10"]).args(args);
+        let output = command.output().expect("run ringlock-cli");
+        assert!(output.status.success(), "ringlock-cli {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    wait_until("ringlock-2 follows ringlock-0, by name", || ping(&network, 2).ends_with(" ringlock-0:7700"));
+
+    // A client on ringlock-2's host, given only names, takes a lock.
+    let token = cli(&network, 2, &["acquire", "names/held", "--lease", "60"]);
+    let token = token.trim().to_string();
+    assert!(token.parse::<u64>().is_ok(), "a token: {token:?}");
+
+    nodes[0].kill9();
+    wait_until("ringlock-1 takes over", || {
+        let reply = ping(&network, 1);
+        reply.starts_with("P active ") && reply.ends_with(" ringlock-1:7700")
+    });
+
+    // ringlock-2 comes back with another IP under the same name; the hosts
+    // files everywhere say so, as a DNS server would.
+    nodes[2].kill9();
+    let moved = network.readdress(2, 9);
+    for index in 0..3 {
+        network.write_hosts(index, &hosts(&network));
+    }
+    assert_eq!(network.address(2), moved);
+    nodes[2] = start(&network, 2, data[2].clone());
+    // It hears the active only over the connection the active opens to it,
+    // at the name's new address.
+    wait_until("ringlock-1 finds ringlock-2 at its new IP", || ping(&network, 2).ends_with(" ringlock-1:7700"));
+    assert!(
+        nodes[1].log().contains(&format!("{moved}:17700")),
+        "the active logs the address the name gave:\n{}",
+        nodes[1].log()
+    );
+
+    // The lock outlived the failover, and is released through the moved node.
+    cli(&network, 2, &["release", "names/held", &token]);
 }

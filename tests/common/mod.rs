@@ -76,6 +76,13 @@ impl Server {
             .unwrap_or_else(|log| panic!("the server did not start:\n{log}"))
     }
 
+    /// Starts the server through `command` (a wrapper such as `ip netns
+    /// exec NS ringlock`), given its arguments, on `data_dir`.
+    pub fn start_command(command: Command, data_dir: Arc<DataDir>, args: &[&str]) -> Server {
+        Server::try_start_command(command, data_dir, &[], args)
+            .unwrap_or_else(|log| panic!("the server did not start:\n{log}"))
+    }
+
     fn try_start_with_env(data_dir: Arc<DataDir>, env: &[(&str, &str)], args: &[&str]) -> Result<Server, String> {
         Server::try_start_command(Command::new(env!("CARGO_BIN_EXE_ringlock")), data_dir, env, args)
     }

@@ -24,6 +24,7 @@ pub struct Network {
     hosts: Vec<String>,
     /// The router's end of each host's link.
     router_links: Vec<String>,
+    addresses: Vec<Ipv4Addr>,
 }
 
 impl Network {
@@ -44,7 +45,12 @@ impl Network {
 
     fn try_create(count: usize) -> Result<Network, String> {
         let id = std::process::id();
-        let mut network = Network { router: format!("ringlock-{id}-r"), hosts: Vec::new(), router_links: Vec::new() };
+        let mut network = Network {
+            router: format!("ringlock-{id}-r"),
+            hosts: Vec::new(),
+            router_links: Vec::new(),
+            addresses: Vec::new(),
+        };
         ip(&["netns", "add", &network.router])?;
         ip(&["-n", &network.router, "link", "set", "lo", "up"])?;
         run_in(&network.router, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
@@ -75,13 +81,14 @@ impl Network {
             ip(&["-n", &network.router, "link", "set", &router_link, "up"])?;
             ip(&["-n", &host, "route", "add", "default", "via", &format!("10.78.{subnet}.1")])?;
             network.router_links.push(router_link);
+            network.addresses.push(Ipv4Addr::new(10, 78, subnet as u8, 2));
         }
         Ok(network)
     }
 
-    /// Host `index`'s address.
+    /// Host `index`'s address (10.78.`index+1`.2 unless moved).
     pub fn address(&self, index: usize) -> IpAddr {
-        IpAddr::V4(Ipv4Addr::new(10, 78, index as u8 + 1, 2))
+        IpAddr::V4(self.addresses[index])
     }
 
     /// Runs `work` on a thread inside host `index`'s namespace: processes it
@@ -99,6 +106,36 @@ impl Network {
     /// A connection from host `from` to `address`.
     pub fn connect(&self, from: usize, address: std::net::SocketAddr) -> TcpStream {
         self.on_host(from, move || TcpStream::connect(address).expect("connect inside the test network"))
+    }
+
+    /// Writes host `index`'s own `/etc/hosts`, which processes started with
+    /// [`Network::command`] see (`ip netns exec` mounts it over
+    /// `/etc/hosts`). Written in place, so that running processes see the
+    /// change at their next lookup.
+    pub fn write_hosts(&self, index: usize, contents: &str) {
+        let directory = format!("/etc/netns/{}", self.hosts[index]);
+        std::fs::create_dir_all(&directory).expect("make the namespace's /etc directory");
+        std::fs::write(format!("{directory}/hosts"), contents).expect("write the namespace's hosts file");
+    }
+
+    /// `program` to be run on host `index`, with that host's `/etc/hosts`.
+    pub fn command(&self, index: usize, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.hosts[index], program]);
+        command
+    }
+
+    /// Moves host `index` to another address on its link (`10.78.<index+1>.last`).
+    pub fn readdress(&mut self, index: usize, last: u8) -> IpAddr {
+        let (host, subnet) = (&self.hosts[index], index + 1);
+        let link = format!("rl{}h{index}", std::process::id());
+        let old = self.addresses[index];
+        ip(&["-n", host, "addr", "del", &format!("{old}/24"), "dev", &link]).expect("remove the old address");
+        let new = Ipv4Addr::new(10, 78, subnet as u8, last);
+        ip(&["-n", host, "addr", "add", &format!("{new}/24"), "dev", &link]).expect("add the new address");
+        ip(&["-n", host, "route", "replace", "default", "via", &format!("10.78.{subnet}.1")]).expect("route again");
+        self.addresses[index] = new;
+        IpAddr::V4(new)
     }
 
     /// Cuts host `index` off: its packets, and every packet to it, are lost
@@ -129,6 +166,7 @@ impl Drop for Network {
     fn drop(&mut self) {
         for host in &self.hosts {
             let _ = ip(&["netns", "del", host]);
+            let _ = std::fs::remove_dir_all(format!("/etc/netns/{host}"));
         }
         let _ = ip(&["netns", "del", &self.router]);
     }
