@@ -51,5 +51,5 @@ pub use ballot::next_epoch;
 pub use config::{ClusterConfig, FAILOVER_MS_DEFAULT, HEARTBEAT_MS_DEFAULT};
 pub use effect::{Effect, ExitReason};
 pub use message::{Heartbeat, PeerMessage, PeerRole, TableVersion};
-pub use node::{Node, Status};
+pub use node::{Blocked, Node, Status};
 pub use peer::{HeartbeatFrom, HeartbeatSource};

@@ -44,6 +44,29 @@ pub struct Status {
     pub active_node: Option<usize>,
 }
 
+/// Why a node that should serve cannot. It stays so until it can (an
+/// operator must act: docs/operations.md says how).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Blocked {
+    /// No epoch of this node's ballots is left above `highest`, the highest
+    /// epoch it knows of (2^24 epochs in all): it cannot promote, or, as the
+    /// active, move on when its sequences run out or a higher epoch appears.
+    EpochSpaceExhausted { highest: u64 },
+}
+
+impl std::fmt::Display for Blocked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Blocked::EpochSpaceExhausted { highest } => write!(
+                f,
+                "the epoch space is exhausted: no epoch of this node is left above {highest} (the largest is \
+                 {EPOCH_MAX}), so it cannot become active or move to a new epoch; see \"When the epoch space runs \
+                 out\" in the README"
+            ),
+        }
+    }
+}
+
 /// A hand-off offered to this node by the active `from`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct IncomingHandOff {
@@ -131,6 +154,8 @@ pub struct Node {
     /// The active this node followed when it exited, which `P` keeps naming
     /// until the process ends (after a hand-off: the successor).
     followed_at_exit: Option<usize>,
+    /// Why it cannot serve, if it should and cannot.
+    blocked: Option<Blocked>,
     /// The complete table this node holds as a standby (`None`: empty).
     table: Option<TableVersion>,
     /// The peer whose delta stream is being applied without a gap.
@@ -165,6 +190,7 @@ impl Node {
             epoch_seen: 0,
             peers: vec![PeerView::default(); config.nodes],
             followed_at_exit: None,
+            blocked: None,
             table: None,
             stream_from: None,
             snapshot_requested_ms: None,
@@ -228,6 +254,12 @@ impl Node {
                 None => Status { active: false, epoch: 0, active_node: None },
             },
         }
+    }
+
+    /// Why this node cannot serve, when it should: it won the election but
+    /// cannot promote, or is active and cannot move to the new epoch it must.
+    pub fn blocked(&self) -> Option<Blocked> {
+        self.blocked
     }
 
     /// Whether the node holds a complete table: the active always does, a
@@ -778,6 +810,7 @@ impl Node {
             Err(_) => {
                 // The epoch space is used up (2^24 epochs): this node can
                 // never issue a fresh token again, so it stays a standby.
+                self.blocked = Some(Blocked::EpochSpaceExhausted { highest: self.epoch_known() });
                 if let Some(handoff) = handoff {
                     self.refuse(handoff);
                 }
@@ -787,6 +820,7 @@ impl Node {
     }
 
     fn activate(&mut self, epoch: u64, handoff: Option<IncomingHandOff>) {
+        self.blocked = None;
         self.role = Role::Active(ActiveState {
             epoch,
             stream: epoch,
@@ -810,7 +844,10 @@ impl Node {
     /// Moves the active to an epoch above every epoch known (unless the
     /// epoch space is used up: it then keeps its epoch).
     fn start_bump(&mut self) {
-        let Ok(target) = next_epoch(self.epoch_known(), self.config.me as u64) else { return };
+        let Ok(target) = next_epoch(self.epoch_known(), self.config.me as u64) else {
+            self.blocked = Some(Blocked::EpochSpaceExhausted { highest: self.epoch_known() });
+            return;
+        };
         self.request_persist(target);
         if let Role::Active(active) = &mut self.role {
             active.bump = Some(target);

@@ -112,6 +112,9 @@ pub struct ClusterLink {
     /// did not prove it).
     pub peer_auth_failures_inbound: AtomicU64,
     pub peer_auth_failures_outbound: AtomicU64,
+    /// Why this node cannot serve when it should (`None`: nothing stops
+    /// it), for `S`, `/readyz` and `/metrics`; written by the replication core.
+    pub blocked: Mutex<Option<crate::cluster::Blocked>>,
 }
 
 /// [`ClusterLink::replication_lag`] when there is nothing to compare.
@@ -133,6 +136,7 @@ impl ClusterLink {
             replication_lag: AtomicU64::new(LAG_UNKNOWN),
             peer_auth_failures_inbound: AtomicU64::new(0),
             peer_auth_failures_outbound: AtomicU64::new(0),
+            blocked: Mutex::new(None),
         }
     }
 
@@ -158,6 +162,11 @@ impl ClusterLink {
         }
         buffer.clear();
         let _ = self.spare_sender.try_send(buffer);
+    }
+
+    /// Why this node cannot serve, if it should and cannot.
+    pub fn blocked(&self) -> Option<crate::cluster::Blocked> {
+        self.blocked.lock().map(|blocked| *blocked).unwrap_or(None)
     }
 
     pub fn status(&self) -> NodeStatus {

@@ -86,6 +86,9 @@ pub fn json(shared: &Shared, role: Role, epoch: u64) -> String {
             link.table_stream.load(Ordering::Relaxed),
             link.table_version.load(Ordering::Relaxed)
         );
+        if let Some(crate::cluster::Blocked::EpochSpaceExhausted { highest }) = link.blocked() {
+            let _ = write!(out, ",\"blocked\":{{\"reason\":\"epoch_space_exhausted\",\"highest_epoch\":{highest}}}");
+        }
     }
     let (waits, handoffs) = hot_keys(&cores);
     out.push_str(",\"hot_keys\":{");

@@ -257,7 +257,7 @@ fn serve(mut stream: TcpStream, shared: &Shared, place: &Place) -> io::Result<()
         ("GET" | "HEAD", "/livez") => text("200 OK", "ok\n"),
         ("GET" | "HEAD", "/readyz") => match metrics::readiness(shared) {
             Readiness::Ready => text("200 OK", "ready\n"),
-            other => text("503 Service Unavailable", format!("{}\n", other.as_str())),
+            other => text("503 Service Unavailable", format!("{}\n", other.describe())),
         },
         ("GET" | "HEAD", _) => text("404 Not Found", "not found: try /metrics, /livez or /readyz\n"),
         _ => text("405 Method Not Allowed", "only GET and HEAD are served\n"),

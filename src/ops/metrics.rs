@@ -17,6 +17,7 @@ use ringlock_proto::{ErrorCode, Role};
 use ringlock_shards::{HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS_MS, Histogram, ShardStats};
 
 use crate::auth::SharedAuth;
+use crate::cluster::Blocked;
 use crate::node::counters::{CoreStats, REQUEST_OPS, REQUEST_RESULTS, RequestCounters, hot_keys};
 use crate::node::role::{ClusterLink, LAG_UNKNOWN};
 use crate::node::shared::{Shared, total_stats};
@@ -30,14 +31,17 @@ pub enum Readiness {
     CatchingUp,
     /// A stop signal came: the node is draining, handing off or exiting.
     Stopping,
+    /// It should serve and cannot, and an operator must act (the reason).
+    Blocked(Blocked),
 }
 
 impl Readiness {
-    pub fn as_str(self) -> &'static str {
+    pub fn describe(self) -> String {
         match self {
-            Readiness::Ready => "ready",
-            Readiness::CatchingUp => "catching up: this standby has no complete copy of the table yet",
-            Readiness::Stopping => "stopping",
+            Readiness::Ready => "ready".to_string(),
+            Readiness::CatchingUp => "catching up: this standby has no complete copy of the table yet".to_string(),
+            Readiness::Stopping => "stopping".to_string(),
+            Readiness::Blocked(reason) => format!("blocked: {reason}"),
         }
     }
 }
@@ -50,6 +54,7 @@ pub fn readiness(shared: &Shared) -> Readiness {
     match &shared.cluster {
         None => Readiness::Ready,
         Some(link) if link.stop.load(Ordering::SeqCst) => Readiness::Stopping,
+        Some(link) if let Some(reason) = link.blocked() => Readiness::Blocked(reason),
         Some(link) if link.status().active || link.caught_up.load(Ordering::Relaxed) => Readiness::Ready,
         Some(_) => Readiness::CatchingUp,
     }
@@ -161,6 +166,16 @@ fn render_node(out: &mut String, shared: &Shared) {
         "1 when /readyz answers 200: active, or a caught-up standby, and not stopping.",
     );
     let _ = writeln!(out, "ringlock_ready {}", u8::from(readiness(shared) == Readiness::Ready));
+    if let Some(link) = &shared.cluster {
+        family(
+            out,
+            "ringlock_blocked",
+            "gauge",
+            "1 while this node should serve and cannot, by reason (the log and /readyz say why and what to do).",
+        );
+        let exhausted = matches!(link.blocked(), Some(Blocked::EpochSpaceExhausted { .. }));
+        let _ = writeln!(out, "ringlock_blocked{{reason=\"epoch_space_exhausted\"}} {}", u8::from(exhausted));
+    }
     family(
         out,
         "ringlock_epoch",

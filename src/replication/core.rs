@@ -18,7 +18,9 @@ use crossbeam_channel::Receiver;
 
 use crate::cluster::receive::{Break, Received, StreamReceiver};
 use crate::cluster::wire::{self, ENTRIES_PER_FRAME_MAX, Frame, Hello, PROTOCOL_VERSION, SnapshotEntry};
-use crate::cluster::{Effect, ExitReason, HeartbeatFrom, HeartbeatSource, Node, PeerMessage, PeerRole, TableVersion};
+use crate::cluster::{
+    Blocked, Effect, ExitReason, HeartbeatFrom, HeartbeatSource, Node, PeerMessage, PeerRole, TableVersion,
+};
 use crate::config::PeerAddress;
 use crate::core::mailbox::CoreMessage;
 use crate::node::epoch::EpochStore;
@@ -58,6 +60,9 @@ const SNAPSHOT_OUTBOX_BYTES_MAX: usize = 8 << 20;
 
 /// A peer that keeps refusing this node is named in the log at most this often.
 const REFUSAL_LOG_INTERVAL_MS: u64 = 10_000;
+
+/// A node that cannot serve says so this often while it lasts.
+const BLOCKED_LOG_INTERVAL_MS: u64 = 10_000;
 
 /// A stream of deltas to one standby, valid while its connection lasts.
 #[derive(Clone, Copy, Debug)]
@@ -110,6 +115,8 @@ pub struct ReplicationCore {
     heartbeat_sources: Vec<HeartbeatSource>,
     /// Per peer: when its refusal of this node was last logged.
     refusal_logged_ms: Vec<Option<u64>>,
+    /// Why this node cannot serve, and when that was last logged.
+    blocked: Option<(Blocked, u64)>,
     /// Since when the cores hold their clients (a hand-off or an epoch
     /// move), and whether that was logged as too long.
     held_since_ms: Option<u64>,
@@ -157,6 +164,7 @@ impl ReplicationCore {
             keys_max,
             heartbeat_sources: vec![HeartbeatSource::default(); nodes],
             refusal_logged_ms: vec![None; nodes],
+            blocked: None,
             held_since_ms: None,
             held_logged: false,
             hold_warn_ms,
@@ -236,6 +244,7 @@ impl ReplicationCore {
         }
         self.check_hold(now_ms);
         self.send_controls();
+        self.publish_blocked(now_ms);
         self.publish_status();
         exit
     }
@@ -687,6 +696,34 @@ impl ReplicationCore {
                 *published = next.clone();
             }
             self.status = next;
+        }
+    }
+
+    /// Publishes why the node cannot serve, if it cannot, and says so in
+    /// the log at once and again every [`BLOCKED_LOG_INTERVAL_MS`] while it
+    /// lasts: a cluster where no node can become active must not be quiet.
+    fn publish_blocked(&mut self, now: u64) {
+        let blocked = self.node.blocked();
+        let changed = blocked != self.blocked.map(|(blocked, _)| blocked);
+        match blocked {
+            Some(reason)
+                if changed || now >= self.blocked.map_or(0, |(_, logged)| logged) + BLOCKED_LOG_INTERVAL_MS =>
+            {
+                tracing::error!("this node cannot serve: {reason}");
+                self.blocked = Some((reason, now));
+            }
+            Some(_) => {}
+            None if changed => {
+                tracing::info!("this node can serve again");
+                self.blocked = None;
+            }
+            None => {}
+        }
+        if changed
+            && let Some(link) = &self.shared.cluster
+            && let Ok(mut published) = link.blocked.lock()
+        {
+            *published = blocked;
         }
     }
 
