@@ -9,10 +9,12 @@ the test vectors every client checks itself against
 fnv1a64 is 64-bit FNV-1a (offset basis 0xcbf29ce484222325, prime
 0x100000001b3) over the bytes of the cluster's name (UTF-8), one byte
 0xFF, then the key's bytes; fmix64 is MurmurHash3's 64-bit finalizer. The
-key goes to the cluster with the highest score; on a tie, the cluster
+key goes to the cluster with the highest score (compared as unsigned 64-bit
+numbers); on a tie, the cluster
 whose name is first in byte order.
 
 Usage: scripts/cluster-hash.py            # writes clients/cluster-hash-vectors.json
+       scripts/cluster-hash.py --check    # checks the spread of 20,000 keys over 3, then 4 clusters
        scripts/cluster-hash.py NAME... -- KEY   # prints each score and the choice
 """
 import json
@@ -58,17 +60,34 @@ def vectors() -> dict:
                 "scores_hex": [f"{score(name, key):016x}" for name in names],
                 "chosen": choose(names, key),
             })
-    # Adding a cluster moves only the keys the new cluster wins.
     return {
         "about": "Test vectors of the cluster choice of docs/protocol.md section 4 (Several clusters): "
         "score(name, key) = fmix64(fnv1a64(name ++ 0xFF ++ key)), the highest score wins, a tie goes to the "
-        "name first in byte order. Every official client checks its choice and scores against these. "
+        "name first in byte order (scores compared as unsigned 64-bit numbers). A client that takes several clusters "
+        "checks its choice and scores against these. "
         "Made by scripts/cluster-hash.py; do not edit by hand.",
         "vectors": cases,
     }
 
 
+def check_spread() -> None:
+    """Adding a fourth cluster to three moves about a quarter of the keys,
+    each to the new cluster, and the four get about as many keys each."""
+    keys = [f"key-{index}".encode() for index in range(20_000)]
+    three, four = ["c1", "c2", "c3"], ["c1", "c2", "c3", "c4"]
+    moved = [key for key in keys if choose(three, key) != choose(four, key)]
+    assert all(choose(four, key) == "c4" for key in moved), "a key moved between old clusters"
+    assert 0.22 < len(moved) / len(keys) < 0.28, len(moved)
+    for name in four:
+        share = sum(1 for key in keys if choose(four, key) == name) / len(keys)
+        assert 0.23 < share < 0.27, (name, share)
+    print(f"spread: {len(moved)} of {len(keys)} keys moved, all to the new cluster")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--check"]:
+        check_spread()
+        return
     if "--" in sys.argv:
         at = sys.argv.index("--")
         names, key = sys.argv[1:at], sys.argv[at + 1].encode()

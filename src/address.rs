@@ -43,6 +43,12 @@ impl Endpoint {
         if host.is_empty() || host.len() > 253 || !host.bytes().all(name_byte) {
             return Err(invalid());
         }
+        // An IP address is kept in its standard form, as replies and the
+        // `--peers` fingerprint name it ([0:0::1] is [::1]).
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            let address = SocketAddr::new(ip, port);
+            return Ok(Endpoint { written: address.to_string(), host: ip.to_string(), port });
+        }
         Ok(Endpoint { written: text.to_string(), host: host.to_string(), port })
     }
 
@@ -123,6 +129,7 @@ mod tests {
         }
         assert_eq!(Endpoint::parse("[::1]:7700").unwrap().with_port(17700).to_string(), "[::1]:17700");
         assert_eq!(Endpoint::parse("db-1:7700").unwrap().with_port(17700).to_string(), "db-1:17700");
+        assert_eq!(Endpoint::parse("[0:0::1]:7700").unwrap().to_string(), "[::1]:7700", "IPs in standard form");
     }
 
     #[test]

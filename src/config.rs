@@ -22,8 +22,10 @@ pub struct Config {
     /// shared: if another process listens there (tried again for up to 2 s,
     /// for a server killed a moment ago), the start fails.
     /// Default: 127.0.0.1:7700, or in a cluster this node's entry in --peers.
-    /// A DNS name is resolved once, at start (the first address it gives),
-    /// and one that does not resolve stops the start.
+    /// A DNS name is resolved once, at start, and the first address it
+    /// gives is listened on (`localhost` may give ::1 before 127.0.0.1:
+    /// give the IP address to be sure); a name that does not resolve stops
+    /// the start.
     #[arg(long, env = "RINGLOCK_LISTEN", value_parser = Endpoint::parse)]
     pub listen: Option<Endpoint>,
 
@@ -54,12 +56,15 @@ pub struct Config {
     /// Cluster: a peer with no heartbeat for this long (milliseconds) is dead,
     /// and a standby takes over from a dead active. At least twice
     /// --heartbeat-ms. Lower fails over faster but mistakes a pause of the
-    /// host for a death more often.
+    /// host for a death more often. A peer connection on which nothing
+    /// arrives, or whose sent bytes stay unacknowledged, for the larger of
+    /// this and 1 s is closed and opened again.
     #[arg(long, env = "RINGLOCK_FAILOVER_MS", default_value_t = crate::cluster::FAILOVER_MS_DEFAULT)]
     pub failover_ms: u64,
 
-    /// Cluster: address the peer transport listens on. Default: this node's
-    /// peer address from --peers (its client port + 10000 unless given after `@`).
+    /// Cluster: address the peer transport listens on (a name is resolved
+    /// at start). Default: this node's peer address from --peers (its client
+    /// port + 10000 unless given after `@`).
     #[arg(long, env = "RINGLOCK_CLUSTER_LISTEN", value_parser = Endpoint::parse)]
     pub cluster_listen: Option<Endpoint>,
 
@@ -81,7 +86,9 @@ pub struct Config {
     pub shards: Option<u16>,
 
     /// CPUs to pin the shard cores to, in order, as a list such as `1,3` or
-    /// `2-5`. Default: CPUs 0, 1, 2... in order. Must list at least --shards CPUs.
+    /// `2-5`. Default: the first CPUs this process may run on, in order (the
+    /// CPUs 0, 1, 2... of the host, or those a container or `taskset` gives
+    /// it). Must list at least --shards CPUs.
     #[arg(long, env = "RINGLOCK_CPUS", value_parser = parse_cpu_list)]
     pub cpus: Option<CpuList>,
 
@@ -140,7 +147,7 @@ pub struct Config {
 
     /// Address of the HTTP endpoint for operators: `/metrics` (Prometheus
     /// text format), `/livez` and `/readyz`. Served by a thread of its own,
-    /// never by a shard core. Default: off.
+    /// never by a shard core. A name is resolved at start. Default: off.
     #[arg(long, env = "RINGLOCK_METRICS_LISTEN", value_name = "ADDR", value_parser = Endpoint::parse)]
     pub metrics_listen: Option<Endpoint>,
 
@@ -387,7 +394,7 @@ impl Config {
         let shards = self.shard_count();
         let cpus = match &self.cpus {
             Some(list) => list.0.clone(),
-            None => (0..shards).collect(),
+            None => allowed_cpus().filter(|allowed| allowed.len() >= shards).unwrap_or_else(|| (0..shards).collect()),
         };
         if cpus.len() < shards {
             return Err(format!(
@@ -399,9 +406,32 @@ impl Config {
     }
 }
 
+/// The CPUs this process may run on, in order (its affinity mask, which a
+/// container's cpuset or `taskset` narrows); `None` if it cannot be read.
+fn allowed_cpus() -> Option<Vec<usize>> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, and sched_getaffinity
+    // writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let result = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if result != 0 {
+        return None;
+    }
+    // SAFETY: CPU_ISSET reads the set filled above, for indices below its size.
+    let cpus: Vec<usize> =
+        (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect();
+    (!cpus.is_empty()).then_some(cpus)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_cores_are_pinned_by_default_to_the_cpus_the_process_may_use() {
+        let allowed = allowed_cpus().expect("the affinity mask of this process");
+        let config = Config::try_parse_from(["ringlock", "--shards", "1"]).unwrap();
+        assert_eq!(config.shard_cpus().unwrap(), Some(vec![allowed[0]]));
+    }
 
     #[test]
     fn lease_max_is_decimal_seconds() {

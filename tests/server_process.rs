@@ -362,3 +362,33 @@ fn user_timeout_closes_a_vanished_host_that_replies_cannot_reach() {
     assert_eq!(bystander.call(&format!("R k {token}")), "R k");
     wait_until("the vanished host's connection to close", || stat(&mut bystander, "connections") == 1);
 }
+
+/// A server given a subset of the CPUs (as a container's cpuset, or
+/// `taskset`, gives it) pins its shard cores to those by default, not to
+/// CPUs 0, 1, ... where it may not run.
+#[test]
+fn shard_cores_pin_by_default_to_the_cpus_the_process_is_given() {
+    let allowed = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = allowed.lines().find_map(|line| line.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
+    let last: usize = list.rsplit([',', '-']).next().unwrap().parse().unwrap();
+    if last == 0 {
+        eprintln!("SKIPPED: one CPU only, so every default is CPU 0");
+        return;
+    }
+    let data = common::DataDir::new();
+    let mut child = Command::new("taskset")
+        .args(["-c", &last.to_string(), env!("CARGO_BIN_EXE_ringlock"), "--shards", "1", "--listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(&data.0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start ringlock under taskset");
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let started = std::io::BufRead::lines(stderr).map_while(Result::ok).find(|line| line.contains("listening on"));
+    let _ = child.kill();
+    let _ = child.wait();
+    let started = started.expect("the server starts on the CPU it is given");
+    assert!(started.contains(&format!("pinned=Some([{last}])")), "{started}");
+}

@@ -673,13 +673,21 @@ impl Node {
         // Any epoch above its own (a rival's, or one a peer has seen) means
         // tokens above this node's may exist: it holds its clients and moves
         // above it before it grants again.
-        if self.epoch_seen > active.epoch.max(active.bump.unwrap_or(0))
-            && next_epoch(self.epoch_known(), me as u64).is_ok()
-        {
-            if active.handoff.is_none() && active.bump.is_none() {
-                self.push(Effect::Hold);
+        if self.epoch_seen > active.epoch.max(active.bump.unwrap_or(0)) {
+            if next_epoch(self.epoch_known(), me as u64).is_ok() {
+                if active.handoff.is_none() && active.bump.is_none() {
+                    self.push(Effect::Hold);
+                }
+                self.start_bump();
+            } else if self.blocked.is_none() {
+                // No epoch is left above the one seen: granting on would
+                // issue tokens below tokens that may exist. It holds its
+                // clients for good and says why.
+                if active.handoff.is_none() && active.bump.is_none() {
+                    self.push(Effect::Hold);
+                }
+                self.blocked = Some(Blocked::EpochSpaceExhausted { highest: self.epoch_known() });
             }
-            self.start_bump();
         }
         let Role::Active(active) = self.role else { unreachable!() };
         match active.handoff {
@@ -895,6 +903,10 @@ impl Node {
         self.snapshot_requested_ms = None;
         self.role = Role::Standby { following: active, incoming: None };
         self.push(Effect::Follow { active });
+        if active.is_some() {
+            // A standby with an active to follow has nothing to serve.
+            self.blocked = None;
+        }
         if self.stopping {
             self.exit(reason_if_stopping);
         } else {
@@ -917,6 +929,9 @@ impl Node {
         self.snapshot_requested_ms = None;
         self.role = Role::Standby { following: active, incoming };
         self.push(Effect::Follow { active });
+        if active.is_some() {
+            self.blocked = None;
+        }
         self.send_heartbeats();
     }
 

@@ -779,3 +779,46 @@ fn messages_with_an_epoch_no_token_can_carry_are_ignored_whole() {
         assert_eq!(node.status(), Status { active: true, epoch, active_node: Some(0) });
     }
 }
+
+/// The last epoch of node `me`'s ballots.
+fn last_epoch_of(me: u64) -> u64 {
+    (ringlock_shards::token::EPOCH_MAX - me) / 16 * 16 + me
+}
+
+#[test]
+fn an_active_that_sees_a_higher_epoch_it_cannot_pass_holds_for_good_and_says_why() {
+    // Node 0 promotes into its last round; node 1 was active in a partition
+    // in the same round, above it.
+    let mut node = Node::new(config(0, 2), last_epoch_of(0) - 16, 1, 0);
+    tick_until(&mut node, 0, FAILOVER_MS);
+    assert!(others(&drain(&mut node)).contains(&Effect::PersistEpoch { epoch: last_epoch_of(0) }));
+    node.epoch_persisted(FAILOVER_MS, last_epoch_of(0));
+    drain(&mut node);
+    assert_eq!(node.blocked(), None);
+    let seen = last_epoch_of(1);
+    node.receive(FAILOVER_MS + 10, 1, hb(Heartbeat { epoch_seen: seen, ..follower(1, 0, None) }));
+    // It records the epoch seen, as every node does, and holds: no epoch is
+    // left to move to, so it grants no more.
+    assert_eq!(others(&drain(&mut node)), vec![Effect::Hold, Effect::PersistEpoch { epoch: seen }]);
+    assert_eq!(node.blocked(), Some(Blocked::EpochSpaceExhausted { highest: seen }));
+    node.receive(FAILOVER_MS + 20, 1, hb(Heartbeat { epoch_seen: seen, ..follower(2, 0, None) }));
+    node.epoch_persisted(FAILOVER_MS + 20, seen);
+    assert!(others(&drain(&mut node)).is_empty(), "held once, and no Activate ends the hold");
+    assert_eq!(node.blocked(), Some(Blocked::EpochSpaceExhausted { highest: seen }));
+}
+
+#[test]
+fn a_standby_that_cannot_promote_is_blocked_until_it_has_an_active_to_follow() {
+    let mut node = Node::new(config(1, 2), last_epoch_of(1), 1, 0);
+    tick_until(&mut node, 0, FAILOVER_MS + HEARTBEAT_MS);
+    drain(&mut node);
+    assert!(!node.status().active);
+    assert_eq!(node.blocked(), Some(Blocked::EpochSpaceExhausted { highest: last_epoch_of(1) }));
+    // An active above it appears (the operator started over elsewhere): it
+    // follows, and nothing stops it any more.
+    let now = FAILOVER_MS + 2 * HEARTBEAT_MS;
+    node.receive(now, 0, hb(active(1, ringlock_shards::token::EPOCH_MAX - 15)));
+    drain(&mut node);
+    assert_eq!(node.status().active_node, Some(0));
+    assert_eq!(node.blocked(), None);
+}

@@ -79,9 +79,13 @@ pub fn start(start: Start) -> Result<JoinHandle<Result<ExitReason, String>>, Str
     let thread = std::thread::Builder::new()
         .name("ringlock-replication".to_string())
         .spawn(move || {
+            let nodes = start.settings.peers.len();
             let executor = LocalExecutorBuilder::new(placement)
                 .name("ringlock-replication")
                 .io_memory(IO_MEMORY_BYTES)
+                // Blocking threads for the peers' name lookups: one per
+                // peer, so that a slow lookup holds up no other peer's.
+                .blocking_thread_pool_placement(glommio::PoolPlacement::Unbound(nodes.max(1)))
                 .make()
                 .map_err(|error| {
                     let hint = match start.cpu {

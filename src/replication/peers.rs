@@ -274,7 +274,9 @@ pub struct Gate {
 pub struct Silence {
     /// No frame read, or bytes sent and not acknowledged, for this long.
     pub stall: Duration,
-    /// One connection attempt (a fresh SYN each) lasts at most this long.
+    /// One connection attempt (a fresh SYN each) lasts at most this long:
+    /// half of `--failover-ms`, from 250 ms to 1 s, so that it spans a
+    /// round trip on any network a cluster runs over.
     pub attempt: Duration,
     /// Pause between attempts.
     pub retry: Duration,
@@ -284,7 +286,7 @@ impl Silence {
     pub fn new(heartbeat_ms: u64, failover_ms: u64) -> Silence {
         Silence {
             stall: Duration::from_millis(failover_ms.max(1000)),
-            attempt: Duration::from_millis((failover_ms / 4).clamp(100, 1000)),
+            attempt: Duration::from_millis((failover_ms / 2).clamp(250, 1000)),
             retry: Duration::from_millis(heartbeat_ms.clamp(20, 500)),
         }
     }
@@ -942,8 +944,9 @@ pub async fn write(to: usize, endpoint: Endpoint, links: PeerLinks) {
     let Silence { stall, retry, attempt } = gate.silence;
     let outbox = &outboxes[to];
     let mut failures_logged = LogLimit::default();
+    let mut peer = PeerAddresses::new(endpoint.clone());
     loop {
-        let (mut stream, address) = connect(to, &endpoint, retry, attempt).await;
+        let (mut stream, address) = connect(to, &mut peer, retry, attempt).await;
         let _ = stream.set_nodelay(true);
         drop_when_unacknowledged(&stream, stall);
         let mut chunk = Vec::new();
@@ -1048,24 +1051,65 @@ async fn prove_to(stream: &mut TcpStream, to: usize, gate: &Gate, key: &hmac::Ke
     Ok(proof::prove(key, Side::Connector, &nonces, identity.me, identity.peers_fingerprint))
 }
 
-/// Connects to peer `to`, by attempts of `attempt` each, `retry` apart,
-/// until it answers, and gives the address it reached; logs once that it is
+/// A peer's name is looked up again at most this often...
+const LOOKUP_INTERVAL: Duration = Duration::from_secs(1);
+/// ...and a lookup that takes longer than this is not waited for: the last
+/// addresses that the name gave are tried meanwhile.
+const LOOKUP_WAIT: Duration = Duration::from_secs(1);
+
+/// Where a peer is: its `--peers` entry, and what its name last resolved to.
+struct PeerAddresses {
+    endpoint: Endpoint,
+    known: Vec<SocketAddr>,
+    looked_up: Option<Instant>,
+}
+
+impl PeerAddresses {
+    fn new(endpoint: Endpoint) -> PeerAddresses {
+        let known = endpoint.ip_address().into_iter().collect();
+        PeerAddresses { endpoint, known, looked_up: None }
+    }
+
+    /// The addresses to try now. A name is looked up again (on a blocking
+    /// thread, off the event loop) at most every [`LOOKUP_INTERVAL`], so a
+    /// peer that came back with another IP is found; a lookup that fails or
+    /// is slow leaves the addresses that worked before.
+    async fn now(&mut self) -> Result<Vec<SocketAddr>, String> {
+        if self.endpoint.ip_address().is_some() {
+            return Ok(self.known.clone());
+        }
+        let due = self.looked_up.is_none_or(|at| at.elapsed() >= LOOKUP_INTERVAL);
+        let mut failure = None;
+        if due {
+            self.looked_up = Some(Instant::now());
+            let endpoint = self.endpoint.clone();
+            let lookup = glommio::timer::timeout(LOOKUP_WAIT, async {
+                Ok(glommio::executor().spawn_blocking(move || endpoint.resolve()).await)
+            })
+            .await;
+            match lookup {
+                Ok(Ok(addresses)) => self.known = addresses,
+                Ok(Err(error)) => failure = Some(format!("cannot resolve the name: {error}")),
+                Err(_) => failure = Some(format!("the name's lookup took over {} ms", LOOKUP_WAIT.as_millis())),
+            }
+        }
+        match failure {
+            Some(failure) if self.known.is_empty() => Err(failure),
+            _ if self.known.is_empty() => Err("cannot resolve the name yet".to_string()),
+            _ => Ok(self.known.clone()),
+        }
+    }
+}
+
+/// Connects to a peer, by attempts of `attempt` each, `retry` apart, until
+/// it answers, and gives the address it reached; logs once that it is
 /// unreachable (until it is reached again). Short attempts send a fresh SYN
 /// each, so that a peer is reached soon after a partition heals rather than
-/// at the next of TCP's doubling SYN retransmissions. A name is looked up
-/// again at every attempt (on a blocking thread, off the event loop), so a
-/// peer that came back with another IP is found.
-async fn connect(to: usize, endpoint: &Endpoint, retry: Duration, attempt: Duration) -> (TcpStream, SocketAddr) {
+/// at the next of TCP's doubling SYN retransmissions.
+async fn connect(to: usize, peer: &mut PeerAddresses, retry: Duration, attempt: Duration) -> (TcpStream, SocketAddr) {
     let mut logged_down = false;
     loop {
-        let addresses = match endpoint.ip_address() {
-            Some(address) => Ok(vec![address]),
-            None => {
-                let lookup = endpoint.clone();
-                glommio::executor().spawn_blocking(move || lookup.resolve()).await
-            }
-        };
-        let failure = match addresses {
+        let failure = match peer.now().await {
             Ok(addresses) => {
                 let mut last = None;
                 for address in addresses {
@@ -1076,10 +1120,10 @@ async fn connect(to: usize, endpoint: &Endpoint, retry: Duration, attempt: Durat
                 }
                 last.unwrap_or_default()
             }
-            Err(error) => format!("cannot resolve the name: {error}"),
+            Err(failure) => failure,
         };
         if !logged_down {
-            tracing::info!(peer = to, %endpoint, error = %failure, "peer unreachable; retrying");
+            tracing::info!(peer = to, endpoint = %peer.endpoint, error = %failure, "peer unreachable; retrying");
             logged_down = true;
         }
         glommio::timer::sleep(retry).await;

@@ -25,6 +25,7 @@ pub struct Network {
     /// The router's end of each host's link.
     router_links: Vec<String>,
     addresses: Vec<Ipv4Addr>,
+    host_links: Vec<String>,
 }
 
 impl Network {
@@ -44,12 +45,17 @@ impl Network {
     }
 
     fn try_create(count: usize) -> Result<Network, String> {
-        let id = std::process::id();
+        // Unique per network in this process too (a `cargo test` run has
+        // its tests in threads of one process); links' names stay within
+        // the kernel's 15 bytes.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let id = format!("{}{}", std::process::id(), NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
         let mut network = Network {
             router: format!("ringlock-{id}-r"),
             hosts: Vec::new(),
             router_links: Vec::new(),
             addresses: Vec::new(),
+            host_links: Vec::new(),
         };
         ip(&["netns", "add", &network.router])?;
         ip(&["-n", &network.router, "link", "set", "lo", "up"])?;
@@ -82,6 +88,7 @@ impl Network {
             ip(&["-n", &host, "route", "add", "default", "via", &format!("10.78.{subnet}.1")])?;
             network.router_links.push(router_link);
             network.addresses.push(Ipv4Addr::new(10, 78, subnet as u8, 2));
+            network.host_links.push(host_link);
         }
         Ok(network)
     }
@@ -128,7 +135,7 @@ impl Network {
     /// Moves host `index` to another address on its link (`10.78.<index+1>.last`).
     pub fn readdress(&mut self, index: usize, last: u8) -> IpAddr {
         let (host, subnet) = (&self.hosts[index], index + 1);
-        let link = format!("rl{}h{index}", std::process::id());
+        let link = self.host_links[index].clone();
         let old = self.addresses[index];
         ip(&["-n", host, "addr", "del", &format!("{old}/24"), "dev", &link]).expect("remove the old address");
         let new = Ipv4Addr::new(10, 78, subnet as u8, last);
