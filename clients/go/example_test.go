@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-	"ringlock"
+	"ringlock.dev/ringlock"
 )
 
 // Hold a key, hand its fencing token to the protected resource, release.

@@ -23,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"ringlock"
+	"ringlock.dev/ringlock"
 )
 
 const lease = 60 * time.Second

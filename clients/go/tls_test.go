@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"ringlock"
+	"ringlock.dev/ringlock"
 )
 
 func TestTLSExpiredCertificateIsRefused(t *testing.T) {

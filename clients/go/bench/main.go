@@ -21,7 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"ringlock"
+	"ringlock.dev/ringlock"
 )
 
 // keysPerGoroutine is the slice of the key space each goroutine cycles
