@@ -124,12 +124,12 @@ async def test_a_secret_goes_over_tls_asyncio(tls_auth_server: Server, certs: Ce
         assert client.authenticated_name == "alpha"
 
 
-def test_many_requests_queued_at_once_go_out_sealed_together(tls_server: Server, certs: Certs) -> None:
-    # Far more than one record holds (16 KiB), queued by callbacks without
-    # waiting: the batches are sealed and sent in order, partial sends
-    # included, and every reply pairs.
+def test_requests_queued_before_the_handshake_go_out_sealed_together(tls_server: Server, certs: Certs) -> None:
+    # Queued faster than they go out, first while the connection does its
+    # connect and handshake: the writer and the callers seal what is queued
+    # in batches (thousands of bytes each) and send them in order, and
+    # every reply pairs.
     with ringlock.Client(tls_server.address, tls_ca=certs.path("ca.pem"), connections_per_node=1) as client:
-        client.ping()
         prefix = hashlib.sha256(str(time.monotonic()).encode()).hexdigest()[:40]
         locks = [client.lock(f"{prefix}/{index}", lease=10, wait=5) for index in range(3000)]
         done: list[object] = []
