@@ -95,7 +95,8 @@ def tls_reason(error: ssl.SSLError) -> str:
 
     Example::
 
-        >>> tls_reason(ssl.SSLError(1, "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required (_ssl.c:2580)"))
+        >>> text = "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required (_ssl.c:2580)"
+        >>> tls_reason(ssl.SSLError(1, text))
         'tlsv13 alert certificate required'
     """
     if isinstance(error, ssl.SSLCertVerificationError):

@@ -138,7 +138,8 @@ class Client(ClientBase):
             with client.lock("orders/42", lease=30, wait=5) as lock:
                 write_to_storage(lock.token)  # the storage refuses lower tokens
 
-        with ringlock.Client("127.0.0.1:7700", tls_ca="ca.pem", tls_cert="client.pem", tls_key="client-key.pem") as client:
+        mutual = {"tls_ca": "ca.pem", "tls_cert": "client.pem", "tls_key": "client-key.pem"}
+        with ringlock.Client("127.0.0.1:7700", **mutual) as client:
             client.ping()  # over mutual TLS
     """
 
