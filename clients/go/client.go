@@ -97,6 +97,9 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Client, error) 
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
+	if err := o.buildTLS(); err != nil {
+		return nil, err
+	}
 	started := time.Now()
 	c := &Client{router: newRouter(addrs, o)}
 	if err := c.router.waitReady(ctx); err != nil {

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"ringlock"
+	"ringlock.dev/ringlock"
 )
 
 func TestArgumentsAreCheckedBeforeSending(t *testing.T) {

@@ -24,6 +24,7 @@ package ringlock
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -365,8 +366,12 @@ func (c *connection) writeOut(drain bool) bool {
 // closeGracefully sends a FIN, so that the server reads everything flushed
 // and answers it, and bounds how long the reader waits for those answers.
 func closeGracefully(conn net.Conn) {
-	if tcp, ok := conn.(*net.TCPConn); ok {
-		_ = tcp.CloseWrite()
+	switch conn := conn.(type) {
+	case *net.TCPConn:
+		_ = conn.CloseWrite()
+	case *tls.Conn:
+		// close_notify: the server answers what came before it, then closes.
+		_ = conn.CloseWrite()
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(closeLinger))
 }
@@ -388,6 +393,9 @@ func (c *connection) runReader() {
 			// pauses.
 			if err = c.authenticate(conn); err != nil {
 				conn.Close()
+				if r.options.tls != nil {
+					err = tlsReadFailure(c.address, err)
+				}
 			}
 		}
 		if err == nil {
@@ -404,6 +412,9 @@ func (c *connection) runReader() {
 			c.replied, c.readError = false, nil
 			cause := c.readReplies(conn)
 			conn.Close()
+			if c.readError != nil && r.options.tls != nil {
+				c.readError = tlsReadFailure(c.address, c.readError)
+			}
 			switch {
 			case c.readError != nil:
 				c.noteFailure(c.readError)

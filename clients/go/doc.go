@@ -50,6 +50,14 @@
 //     named the client (Client.Name); a refused secret fails the
 //     connection, which is retried with the usual pauses, and requests fail
 //     past their limit with an *AuthError (errors.Is(err, ErrAuth)).
+//   - TLS: WithTLSCA (the CA of the server's certificate) turns it on;
+//     WithTLSCert adds a client certificate for servers that require one,
+//     WithTLSServerName the name to check (default: each address's host),
+//     WithTLSConfig a crypto/tls configuration of your own. Every connect
+//     does the handshake within the connect timeout, before the U line; a
+//     failed one fails the connection like a refused connect, and requests
+//     fail past their limit with a *ConnectionError whose address's error
+//     is a *TLSError (errors.Is(err, ErrTLS)).
 //   - Contexts: every call takes a context.Context. An acquire given up
 //     through its context releases a grant that arrives anyway; a release
 //     given up carries on in the background.
@@ -62,6 +70,8 @@
 // server's Code, which errors.Is matches against ErrNotHolder,
 // ErrTooManyWaiters, ErrShuttingDown, ErrForbidden and the other code
 // sentinels; *AuthError (errors.Is(err, ErrAuth)) for a refused secret;
+// *TLSError (errors.Is(err, ErrTLS)), wrapping the crypto/tls or x509
+// error, for a connection that failed in TLS;
 // *ArgumentError for an argument refused before sending; *ProtocolError
 // for a server that broke the protocol.
 //
@@ -97,6 +107,8 @@
 //     Close.
 //   - lock.go: Lock (token, extend, release).
 //   - options.go: the Option settings and their defaults.
+//   - tls.go: the TLS configuration Dial builds, and the handshake of
+//     every connect.
 //   - errors.go: the sentinel errors and the error types.
 //   - protocol.go: the wire protocol v1: request encoding, reply parsing.
 //   - pairing.go: pairing replies with the requests in flight on a

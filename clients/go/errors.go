@@ -116,7 +116,46 @@ var (
 	// secret (WithSecret). A *ConnectionError one of whose addresses refused
 	// the secret matches it too, through that address's error.
 	ErrAuth = errors.New("ringlock: the server refused the client's secret")
+
+	// ErrTLS matches every *TLSError: TLS failed on a connection (the
+	// server's certificate not trusted, expired or for another name, or the
+	// server refused the client's certificate or its absence). A
+	// *ConnectionError one of whose addresses failed so matches it too,
+	// through that address's error.
+	ErrTLS = errors.New("ringlock: TLS failed")
 )
+
+// TLSError is the error of one address whose connection failed in TLS: its
+// handshake, or an alert that ended it. It is the error of that address in
+// a *ConnectionError (so errors.Is(err, ErrTLS) matches the request's
+// error), and wraps what crypto/tls said: errors.As reaches a
+// *tls.CertificateVerificationError, an x509.UnknownAuthorityError, an
+// x509.CertificateInvalidError (expired), an x509.HostnameError and so on.
+// No request was sent in clear.
+type TLSError struct {
+	// Address is the address whose TLS failed.
+	Address string
+	// Err is the crypto/tls (or x509) error.
+	Err error
+}
+
+// Error names the address and what went wrong, as in "ringlock: TLS with
+// 127.0.0.1:7700 failed: the server's certificate is not trusted: tls:
+// failed to verify certificate: x509: certificate signed by unknown
+// authority".
+func (e *TLSError) Error() string {
+	return fmt.Sprintf("ringlock: TLS with %s failed: %s", e.Address, describeTLS(e.Err))
+}
+
+// Is reports whether target is ErrTLS.
+func (e *TLSError) Is(target error) bool {
+	return target == ErrTLS
+}
+
+// Unwrap returns the crypto/tls error.
+func (e *TLSError) Unwrap() error {
+	return e.Err
+}
 
 // AuthError is the error of a request (or of Dial) when the server refused
 // the client's secret on every address the request could use, for as long
@@ -263,9 +302,12 @@ func describeConnectError(err error) string {
 	var errno syscall.Errno
 	var netError net.Error
 	var authError *AuthError
+	var tlsError *TLSError
 	switch {
 	case err == nil:
 		return errNotConnectedYet.Error()
+	case errors.As(err, &tlsError):
+		return "TLS: " + describeTLS(tlsError.Err)
 	case errors.As(err, &authError):
 		return "secret refused: " + string(authError.Code)
 	case errors.Is(err, io.EOF):

@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"path/filepath"
 	"time"
 
-	"ringlock"
+	"ringlock.dev/ringlock"
 )
 
 // Hold a key, hand its fencing token to the protected resource, release.
@@ -206,4 +207,32 @@ func ExampleWithSecret() {
 	}
 	defer client.Close()
 	fmt.Println("authenticated as", client.Name())
+}
+
+// A client of a server started with --tls-cert, --tls-client-ca (mutual
+// TLS) and --auth-file: it checks the server's certificate against the CA,
+// shows its own, and sends its secret inside TLS. An application would
+// leave WithSecret out and set RINGLOCK_SECRET.
+func ExampleWithTLSCA() {
+	ctx := context.Background()
+	client, err := ringlock.Dial(ctx, []string{tlsAddr},
+		ringlock.WithTLSCA(filepath.Join(certsDir, "ca.pem")),
+		ringlock.WithTLSCert(filepath.Join(certsDir, "client.pem"), filepath.Join(certsDir, "client-key.pem")),
+		ringlock.WithSecret(alphaSecret))
+	if errors.Is(err, ringlock.ErrTLS) {
+		log.Fatal(err) // names the address and what crypto/tls said
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	lock, err := client.Acquire(ctx, "alpha/orders/42", 30*time.Second, 5*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("held over TLS as", client.Name())
+	if err := lock.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output: held over TLS as alpha
 }

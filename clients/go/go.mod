@@ -1,3 +1,3 @@
-module ringlock
+module ringlock.dev/ringlock
 
 go 1.22

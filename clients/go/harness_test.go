@@ -350,3 +350,108 @@ func (k *kit) count(format string, args ...any) int {
 	}
 	return n
 }
+
+// makeCerts writes a fresh set of test certificates with ringlock-testkit
+// certs into a directory removed when the test ends; its path.
+func makeCerts(t *testing.T) string {
+	t.Helper()
+	path, err := binary("ringlock-testkit", "RINGLOCK_TESTKIT_BIN")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if output, err := exec.Command(path, "certs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("ringlock-testkit certs: %v: %s", err, output)
+	}
+	return dir
+}
+
+// tlsArgs are the server flags for TLS with the certificate <name>.pem of
+// dir and its key.
+func tlsArgs(dir, name string) []string {
+	return []string{"--tls-cert", filepath.Join(dir, name+".pem"), "--tls-key", filepath.Join(dir, name+"-key.pem")}
+}
+
+// recorder is a loopback forwarder to a target that keeps the bytes each
+// client connection sent through it, to check what crossed the wire.
+type recorder struct {
+	addr     string
+	listener net.Listener
+	mu       sync.Mutex
+	sent     []*[]byte
+	conns    []net.Conn
+}
+
+// newRecorder starts a recorder to target, closed when the test ends.
+func newRecorder(t *testing.T, target string) *recorder {
+	t.Helper()
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &recorder{addr: listener.Addr().String(), listener: listener}
+	t.Cleanup(r.close)
+	go func() {
+		for {
+			client, err := listener.Accept()
+			if err != nil {
+				return
+			}
+			upstream, err := net.DialTimeout("tcp", target, patience)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			record := new([]byte)
+			r.mu.Lock()
+			r.sent = append(r.sent, record)
+			r.conns = append(r.conns, client, upstream)
+			r.mu.Unlock()
+			go r.pump(client, upstream, record)
+			go r.pump(upstream, client, nil)
+		}
+	}()
+	return r
+}
+
+func (r *recorder) pump(source, sink net.Conn, record *[]byte) {
+	buffer := make([]byte, 64*1024)
+	for {
+		n, err := source.Read(buffer)
+		if n > 0 {
+			if record != nil {
+				r.mu.Lock()
+				*record = append(*record, buffer[:n]...)
+				r.mu.Unlock()
+			}
+			if _, err := sink.Write(buffer[:n]); err != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	source.Close()
+	sink.Close()
+}
+
+// connections is what each client connection sent so far, in accept order.
+func (r *recorder) connections() [][]byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([][]byte, 0, len(r.sent))
+	for _, record := range r.sent {
+		out = append(out, append([]byte(nil), *record...))
+	}
+	return out
+}
+
+func (r *recorder) close() {
+	r.listener.Close()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, conn := range r.conns {
+		conn.Close()
+	}
+}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"ringlock"
+	"ringlock.dev/ringlock"
 )
 
 func mustInspect(t *testing.T, client *ringlock.Client, key string) ringlock.KeyState {

@@ -2,6 +2,7 @@ package ringlock
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -65,6 +66,14 @@ type options struct {
 	secret secret
 	// secretSet tells Dial not to read SecretEnv.
 	secretSet bool
+	// The TLS options as given, and the configuration Dial builds from
+	// them (buildTLS); tls is nil for plain TCP.
+	tlsCA         string
+	tlsCertFile   string
+	tlsKeyFile    string
+	tlsServerName string
+	tlsConfig     *tls.Config
+	tls           *tls.Config
 	// dial connects to a node: dialTCP, but for tests that hold a connect.
 	dial func(ctx context.Context, address string, timeout time.Duration) (net.Conn, error)
 }
@@ -223,4 +232,46 @@ func (o *options) secretFromEnvironment() {
 			o.secret = newSecret(value)
 		}
 	}
+}
+
+// WithTLSCA turns TLS on, for servers started with --tls-cert: the server's
+// certificate must chain to a CA of the PEM file at path, and hold the
+// name the client connects to (see WithTLSServerName). Dial reads the file
+// and fails with an *ArgumentError if it holds no certificate.
+//
+// Every connect, and every reconnect, does the TLS handshake (TLS 1.2 or
+// 1.3) within the connect timeout, before anything else (the U line of
+// WithSecret included). A handshake that fails fails that connection like
+// a refused connect: it is retried with the usual pauses, and requests
+// waiting for a connection fail past their limit with a *ConnectionError
+// whose address's error is a *TLSError: errors.Is(err, ErrTLS) matches it,
+// and errors.As reaches the crypto/tls or x509 error it wraps.
+func WithTLSCA(path string) Option {
+	return func(o *options) { o.tlsCA = path }
+}
+
+// WithTLSCert sets the client certificate (PEM files: the certificate
+// chain and its private key), for servers started with --tls-client-ca,
+// which refuse clients without one. It needs WithTLSCA or WithTLSConfig.
+func WithTLSCert(certPath, keyPath string) Option {
+	return func(o *options) {
+		o.tlsCertFile = certPath
+		o.tlsKeyFile = keyPath
+	}
+}
+
+// WithTLSServerName sets the name the server's certificate must hold.
+// Default: the host of each address (an IP address is checked against the
+// certificate's IP names). It needs WithTLSCA or WithTLSConfig.
+func WithTLSServerName(name string) Option {
+	return func(o *options) { o.tlsServerName = name }
+}
+
+// WithTLSConfig turns TLS on with a configuration of your own (cloned at
+// Dial, so later changes to it are not seen). WithTLSCA, WithTLSCert and
+// WithTLSServerName, if given too, apply on top of it; the client raises
+// its MinVersion to TLS 1.2 if lower, and turns dynamic record sizing off
+// so that a batch of requests goes out in one record.
+func WithTLSConfig(config *tls.Config) Option {
+	return func(o *options) { o.tlsConfig = config }
 }

@@ -104,9 +104,15 @@ func (r *router) withNode(t *topology, address string) *topology {
 	return grown
 }
 
-// dial connects to address within the connect timeout, or until ctx ends.
+// dial connects to address within the connect timeout, or until ctx ends;
+// with TLS, the handshake is part of the connect, within the same timeout.
 func (r *router) dial(ctx context.Context, address string) (net.Conn, error) {
-	return r.options.dial(ctx, address, r.options.connectTimeout)
+	deadline := time.Now().Add(r.options.connectTimeout)
+	conn, err := r.options.dial(ctx, address, r.options.connectTimeout)
+	if err != nil || r.options.tls == nil {
+		return conn, err
+	}
+	return handshake(ctx, conn, address, r.options.tls, deadline)
 }
 
 // firstConnectDone records how a connection's first connect went.

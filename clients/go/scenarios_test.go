@@ -7,6 +7,7 @@ package ringlock_test
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -22,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"ringlock"
+	"ringlock.dev/ringlock"
 )
 
 const lease = 60 * time.Second
@@ -48,6 +49,9 @@ var scenarios = map[string]func(*testing.T){
 	"auth-forbidden-key":                authForbiddenKey,
 	"auth-revoked-on-reload":            authRevokedOnReload,
 	"auth-reconnect":                    authReconnect,
+	"tls-connect":                       tlsConnect,
+	"tls-mtls":                          tlsMTLS,
+	"tls-wrong-ca":                      tlsWrongCA,
 }
 
 // scenarioIDs reads the ids of clients/scenarios.json.
@@ -626,4 +630,106 @@ func authReconnect(t *testing.T) {
 		t.Fatalf("acquire after the restart: %v", err)
 	}
 	mustRelease(t, lock)
+}
+
+func tlsConnect(t *testing.T) {
+	certs := makeCerts(t)
+	s := newServer(t, tlsArgs(certs, "server")...)
+	client := dial(t, []string{s.addr}, ringlock.WithTLSCA(filepath.Join(certs, "ca.pem")))
+	lock, err := client.Acquire(testContext(t), "tls/one", lease, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.Extend(testContext(t), 2*lease); err != nil {
+		t.Fatal(err)
+	}
+	mustRelease(t, lock)
+	var wg sync.WaitGroup
+	failures := make(chan error, 64)
+	for index := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lock, err := client.Acquire(testContext(t), fmt.Sprintf("tls/pipelined-%d", index), lease, 5*time.Second)
+			if err == nil {
+				err = lock.Release(testContext(t))
+			}
+			if err != nil {
+				failures <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(failures)
+	for err := range failures {
+		t.Error(err)
+	}
+}
+
+func tlsMTLS(t *testing.T) {
+	certs := makeCerts(t)
+	s := newServer(t, append(tlsArgs(certs, "server"), "--tls-client-ca", filepath.Join(certs, "ca.pem"))...)
+	ca := ringlock.WithTLSCA(filepath.Join(certs, "ca.pem"))
+	withCertificate := dial(t, []string{s.addr}, ca,
+		ringlock.WithTLSCert(filepath.Join(certs, "client.pem"), filepath.Join(certs, "client-key.pem")))
+	cycle(t, withCertificate, "mtls/with-certificate")
+	// TLS 1.3 finishes the client's side of the handshake before the
+	// server checks for a certificate, so Dial succeeds and the refusal
+	// ends the connection after it.
+	without := dial(t, []string{s.addr}, ca)
+	started := time.Now()
+	_, err := without.Acquire(testContext(t), "mtls/without", lease, time.Second)
+	assertTLSFailure(t, err, s.addr, time.Since(started), "certificate required")
+}
+
+func tlsWrongCA(t *testing.T) {
+	certs := makeCerts(t)
+	s := newServer(t, tlsArgs(certs, "server")...)
+	r := newRecorder(t, s.addr)
+	// Dial waits for a first connection, so it is the call that fails.
+	started := time.Now()
+	client, err := ringlock.Dial(testContext(t), []string{r.addr}, ringlock.WithTLSCA(filepath.Join(certs, "other-ca.pem")))
+	if err == nil {
+		client.Close()
+		t.Fatal("Dial trusting another CA succeeded")
+	}
+	assertTLSFailure(t, err, r.addr, time.Since(started), "not trusted")
+	var unknown x509.UnknownAuthorityError
+	if !errors.As(err, &unknown) {
+		t.Errorf("err = %v, want one that wraps an x509.UnknownAuthorityError", err)
+	}
+	connections := r.connections()
+	if len(connections) == 0 {
+		t.Fatal("the client did not connect")
+	}
+	for _, sent := range connections {
+		// 0x16: a TLS handshake record (the ClientHello).
+		if len(sent) > 0 && sent[0] != 0x16 {
+			t.Errorf("a connection began with %q, not a TLS record", sent[:min(len(sent), 20)])
+		}
+	}
+}
+
+// assertTLSFailure checks the error of a call whose connections failed in
+// TLS: it matches ErrTLS and ErrNoConnection, names address, says words,
+// and reaches the crypto/tls error.
+func assertTLSFailure(t *testing.T, err error, address string, elapsed time.Duration, words string) {
+	t.Helper()
+	var failed *ringlock.TLSError
+	if !errors.Is(err, ringlock.ErrTLS) || !errors.As(err, &failed) {
+		t.Fatalf("err = %v, want one that matches ErrTLS", err)
+	}
+	if !errors.Is(err, ringlock.ErrNoConnection) {
+		t.Errorf("err = %v, want a *ConnectionError", err)
+	}
+	if failed.Address != address || failed.Err == nil {
+		t.Errorf("TLS failed with %s (%v), want %s and the crypto/tls error", failed.Address, failed.Err, address)
+	}
+	if elapsed >= 10*time.Second {
+		t.Errorf("not a hang: %v", elapsed)
+	}
+	text := err.Error()
+	if !strings.Contains(text, address) || !strings.Contains(text, "TLS") || !strings.Contains(text, words) {
+		t.Errorf("the error does not name %s and the TLS failure (%q): %s", address, words, text)
+	}
 }

@@ -49,3 +49,30 @@ if [[ -n "$unformatted" ]]; then
 fi
 go vet ./...
 go test -race -count=1 "$@" ./...
+
+# The module as an application uses it from a checkout (README "Install"):
+# a module of its own that requires ringlock.dev/ringlock and replaces it
+# with this directory, built with no network (GOPROXY=off).
+app="$(mktemp -d "${TMPDIR:-/tmp}/ringlock-go-app.XXXXXX")"
+trap 'rm -rf "$app"' EXIT
+cat >"$app/main.go" <<'GO'
+package main
+
+import (
+	"fmt"
+
+	"ringlock.dev/ringlock"
+)
+
+func main() {
+	fmt.Println(ringlock.ErrTimeout != nil, ringlock.WithTLSCA("ca.pem") != nil)
+}
+GO
+(
+    cd "$app"
+    go mod init example.com/app >/dev/null 2>&1
+    go mod edit -require=ringlock.dev/ringlock@v0.0.0 -replace=ringlock.dev/ringlock="$HERE"
+    go build -o app .
+    [[ "$(./app)" == "true true" ]] || { echo "test.sh: the example module did not run" >&2; exit 1; }
+)
+echo "test.sh: an application module builds against this checkout with go mod edit -replace"

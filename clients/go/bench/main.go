@@ -21,7 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"ringlock"
+	"ringlock.dev/ringlock"
 )
 
 // keysPerGoroutine is the slice of the key space each goroutine cycles
@@ -36,10 +36,15 @@ func main() {
 	warmup := flag.Float64("warmup", 1, "time run before measuring, in seconds")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the measured time to this file")
 	connections := flag.Int("connections", 2, "connections to the server (the client's default for one address is 2)")
+	tlsCA := flag.String("tls-ca", "", "speak TLS, trusting the CA of this PEM file (a server with --tls-cert)")
 	flag.Parse()
 
 	ctx := context.Background()
-	client, err := ringlock.Dial(ctx, []string{*addr}, ringlock.WithConnectionsPerNode(*connections))
+	options := []ringlock.Option{ringlock.WithConnectionsPerNode(*connections)}
+	if *tlsCA != "" {
+		options = append(options, ringlock.WithTLSCA(*tlsCA))
+	}
+	client, err := ringlock.Dial(ctx, []string{*addr}, options...)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import pytest
 
-from harness import ALPHA_SECRET, BETA_SECRET, SCENARIOS, AuthFile, Server, Testkit
+from harness import ALPHA_SECRET, BETA_SECRET, SCENARIOS, AuthFile, Certs, Server, Testkit
 
 _Test = TypeVar("_Test", bound=Callable[..., object])
 
@@ -38,6 +38,31 @@ def auth_server() -> Iterator[tuple[Server, AuthFile]]:
     yield started, auth
     started.stop()
     auth.cleanup()
+
+
+@pytest.fixture(scope="session")
+def certs() -> Iterator[Certs]:
+    """Test certificates made by ``ringlock-testkit certs`` for the session."""
+    made = Certs()
+    yield made
+    made.cleanup()
+
+
+@pytest.fixture(scope="session")
+def tls_server(certs: Certs) -> Iterator[Server]:
+    """A server whose client port speaks TLS, with the certificate for
+    127.0.0.1 and localhost."""
+    started = Server(*certs.server_args())
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def mtls_server(certs: Certs) -> Iterator[Server]:
+    """A server of its own that requires client certificates of the test CA."""
+    started = Server(*certs.server_args(), "--tls-client-ca", certs.path("ca.pem"))
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="session")

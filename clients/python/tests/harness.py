@@ -69,6 +69,12 @@ class Server:
                 raise RuntimeError("the restarted server does not answer:\n" + "".join(self.log))
             time.sleep(0.001)
 
+    def start_again(self) -> None:
+        """Starts a killed server again on the same address and data
+        directory, without :meth:`restart`'s plain ``P`` probe (a TLS server
+        would drop it); callers wait within a request's own limit."""
+        self._start(self.address)
+
     def _start(self, listen: str) -> str:
         """Starts the process listening on ``listen``; the address it names."""
         command = [
@@ -319,3 +325,121 @@ def assert_refused_secret(error: BaseException, address: str, elapsed: float) ->
     text = str(error)
     assert address in text and "auth-failed" in text, text
     assert ALPHA_SECRET not in text and "not-the-secret" not in text, text
+
+
+class Certs:
+    """A fresh set of test certificates, made by ``ringlock-testkit certs``
+    in a temporary directory of its own (testkit/README.md lists the files)."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="ringlock-py-certs-")
+        subprocess.run(
+            [str(binary("ringlock-testkit", "RINGLOCK_TESTKIT_BIN")), "certs", self._dir.name],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+
+    def path(self, name: str) -> str:
+        """The path of one file of the set, such as ``ca.pem``."""
+        return os.path.join(self._dir.name, name)
+
+    def server_args(self, certificate: str = "server") -> list[str]:
+        """The server flags for TLS with ``<certificate>.pem`` and its key."""
+        return ["--tls-cert", self.path(f"{certificate}.pem"), "--tls-key", self.path(f"{certificate}-key.pem")]
+
+    def cleanup(self) -> None:
+        self._dir.cleanup()
+
+
+class Recorder:
+    """A loopback forwarder to ``target`` that keeps, per connection, the
+    bytes a client sent through it: to check what crossed the wire."""
+
+    def __init__(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.sent: list[bytearray] = []
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self._target)
+            except OSError:
+                client.close()
+                continue
+            record = bytearray()
+            with self._lock:
+                self.sent.append(record)
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, record), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, None), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, record: bytearray | None) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            with self._lock:
+                if record is not None:
+                    record += data
+            try:
+                sink.sendall(data)
+            except OSError:
+                break
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def connections(self) -> list[bytes]:
+        """What each connection's client sent so far, in accept order."""
+        with self._lock:
+            return [bytes(record) for record in self.sent]
+
+    def close(self) -> None:
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()
+
+
+def assert_sent_only_tls(recorder: Recorder, key: str) -> None:
+    """Checks that every connection through ``recorder`` carried TLS
+    records only, from the first byte, and never ``key`` in clear."""
+    connections = recorder.connections()
+    assert connections, "the client connected"
+    for sent in connections:
+        if sent:
+            # 0x16: a TLS handshake record (the ClientHello).
+            assert sent[0] == 0x16, f"a connection began with {sent[:20]!r}, not a TLS record"
+        assert key.encode() not in sent, "a request went out in clear"
+
+
+def assert_tls_failure(error: BaseException, address: str, elapsed: float, words: str) -> None:
+    """Checks the error of a call whose connections all failed in TLS:
+    a ``TLSError`` (so a ``ConnectionError``) naming ``address`` and saying
+    ``words`` (from the ``ssl`` module's reason)."""
+    import ringlock
+
+    assert isinstance(error, ringlock.TLSError), repr(error)
+    assert isinstance(error, ringlock.NoConnectionError) and isinstance(error, ConnectionError)
+    assert error.code == "tls-failed"
+    assert elapsed < 10, f"not a hang: {elapsed}"
+    assert error.address == address and error.addresses == [address]
+    assert words in error.reason, error.reason
+    text = str(error)
+    assert text.startswith("TLS failed after "), text
+    assert address in text and words in text, text

@@ -6,11 +6,19 @@ thread) or runs for over a minute.
 
 A block that cannot run alone is skipped only if the README marks it, with
 ``<!-- not run: reason -->`` as the last non-blank line before its fence;
-keep such marks rare, and rather make the example runnable."""
+keep such marks rare, and rather make the example runnable.
+
+A block marked ``<!-- run with: tls-auth -->`` runs against a server with
+TLS, mutual TLS and an auth file instead: its working directory holds
+``ca.pem``, ``client.pem`` and ``client-key.pem`` from ``ringlock-testkit
+certs``, and ``RINGLOCK_SECRET`` is the secret of the name ``alpha``, who
+may lock ``alpha/*``."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,12 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import Server
+from harness import ALPHA_SECRET, AuthFile, Certs, Server
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 EXAMPLE_ADDRESS = "127.0.0.1:7700"
 """The address the examples connect to."""
 NOT_RUN = re.compile(r"^<!--\s*not run\s*:\s*(.*?)\s*-->$")
+RUN_WITH = re.compile(r"^<!--\s*run with\s*:\s*(tls-auth)\s*-->$")
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*([^`\s]*)")
 PYTHON = {"python", "python3", "py"}
 TIMEOUT = 60.0
@@ -37,6 +46,8 @@ class Block:
     code: str
     not_run: str | None
     """The reason of its ``<!-- not run: ... -->`` mark, ``None`` if unmarked."""
+    run_with: str | None = None
+    """The server of its ``<!-- run with: ... -->`` mark, ``None`` for a plain one."""
 
 
 def python_blocks(text: str) -> tuple[list[Block], list[int]]:
@@ -45,6 +56,7 @@ def python_blocks(text: str) -> tuple[list[Block], list[int]]:
     lines = text.splitlines()
     blocks: list[Block] = []
     marks: dict[int, str] = {}  # line index -> reason
+    servers: dict[int, str] = {}  # line index -> server kind
     previous: int | None = None  # index of the last non-blank line outside blocks
     index = 0
     while index < len(lines):
@@ -54,6 +66,9 @@ def python_blocks(text: str) -> tuple[list[Block], list[int]]:
             mark = NOT_RUN.match(stripped)
             if mark is not None:
                 marks[index] = mark.group(1)
+            server = RUN_WITH.match(stripped)
+            if server is not None:
+                servers[index] = server.group(1)
             if stripped:
                 previous = index
             index += 1
@@ -72,9 +87,10 @@ def python_blocks(text: str) -> tuple[list[Block], list[int]]:
         index += 1
         if info.lower() in PYTHON:
             reason = marks.pop(previous) if previous is not None and previous in marks else None
-            blocks.append(Block(opening + 1, textwrap.dedent("\n".join(body)) + "\n", reason))
+            server = servers.pop(previous) if previous is not None and previous in servers else None
+            blocks.append(Block(opening + 1, textwrap.dedent("\n".join(body)) + "\n", reason, server))
         previous = opening
-    return blocks, [line + 1 for line in sorted(marks)]
+    return blocks, [line + 1 for line in sorted(marks | servers)]
 
 
 BLOCKS, STRAY_MARKS = python_blocks(README.read_text(encoding="utf-8"))
@@ -114,7 +130,29 @@ def test_not_run_marks_are_rare_and_explained() -> None:
         for block in BLOCKS
     ],
 )
-def test_readme_example_runs(block: Block, fresh_server: Server, tmp_path: Path) -> None:
+def test_readme_example_runs(block: Block, tmp_path: Path) -> None:
+    environment = dict(os.environ)
+    environment.pop("RINGLOCK_SECRET", None)
+    cleanups = []
+    if block.run_with == "tls-auth":
+        certs = Certs()
+        auth = AuthFile({"alpha": ALPHA_SECRET})
+        cleanups += [certs.cleanup, auth.cleanup]
+        for name in ("ca.pem", "client.pem", "client-key.pem"):
+            shutil.copy(certs.path(name), tmp_path / name)
+        server = Server(*certs.server_args(), "--tls-client-ca", certs.path("ca.pem"), "--auth-file", auth.path)
+        environment["RINGLOCK_SECRET"] = ALPHA_SECRET
+    else:
+        server = Server()
+    try:
+        run_block(block, server, tmp_path, environment)
+    finally:
+        server.stop()
+        for cleanup in cleanups:
+            cleanup()
+
+
+def run_block(block: Block, fresh_server: Server, tmp_path: Path, environment: dict[str, str]) -> None:
     if "Client(" in block.code:
         assert EXAMPLE_ADDRESS in block.code, (
             f"the block on line {block.line} makes a client but not for {EXAMPLE_ADDRESS}, the address"
@@ -128,6 +166,7 @@ def test_readme_example_runs(block: Block, fresh_server: Server, tmp_path: Path)
             check=False,
             cwd=tmp_path,
             stdin=subprocess.DEVNULL,
+            env=environment,
             capture_output=True,
             text=True,
             timeout=TIMEOUT,

@@ -21,11 +21,15 @@ from harness import (
     ALPHA_SECRET,
     BETA_SECRET,
     AuthFile,
+    Certs,
+    Recorder,
     Server,
     Testkit,
     assert_backoff_shape,
     assert_no_connection,
     assert_refused_secret,
+    assert_sent_only_tls,
+    assert_tls_failure,
     wait_until,
 )
 
@@ -327,6 +331,51 @@ async def test_auth_reconnect(auth_server: tuple[Server, AuthFile]) -> None:
         lock = client.lock("alpha/after", lease=10, wait=5)
         assert await lock.acquire()
         assert await lock.release() is True
+
+
+@scenario("tls-connect")
+async def test_tls_connect(tls_server: Server, certs: Certs, key: Callable[[str], str]) -> None:
+    async with ringlock.aio.Client(tls_server.address, tls_ca=certs.path("ca.pem")) as client:
+        lock = client.lock(key("tls"), lease=10, wait=5)
+        assert await lock.acquire()
+        await lock.extend(20)
+        assert await lock.release() is True
+
+        async def one(index: int) -> bool:
+            lock = client.lock(key(f"tls-{index}"), lease=10, wait=5)
+            return await lock.acquire() and await lock.release()
+
+        assert all(await asyncio.gather(*(one(index) for index in range(64))))
+
+
+@scenario("tls-mtls")
+async def test_tls_mtls(mtls_server: Server, certs: Certs) -> None:
+    async with ringlock.aio.Client(
+        mtls_server.address,
+        tls_ca=certs.path("ca.pem"),
+        tls_cert=certs.path("client.pem"),
+        tls_key=certs.path("client-key.pem"),
+    ) as client:
+        await cycle(client, "mtls/with-certificate")
+    async with ringlock.aio.Client(mtls_server.address, tls_ca=certs.path("ca.pem")) as client:
+        started = time.monotonic()
+        with pytest.raises(ConnectionError) as raised:
+            await client.lock("mtls/without", lease=10, wait=1).acquire()
+        assert_tls_failure(raised.value, mtls_server.address, time.monotonic() - started, "certificate required")
+
+
+@scenario("tls-wrong-ca")
+async def test_tls_wrong_ca(tls_server: Server, certs: Certs) -> None:
+    recorder = Recorder(tls_server.address)
+    try:
+        async with ringlock.aio.Client(recorder.address, tls_ca=certs.path("other-ca.pem")) as client:
+            started = time.monotonic()
+            with pytest.raises(ringlock.TLSError) as raised:
+                await client.lock("tls/wrong-ca", lease=10, wait=1).acquire()
+            assert_tls_failure(raised.value, recorder.address, time.monotonic() - started, "not trusted")
+        assert_sent_only_tls(recorder, "tls/wrong-ca")
+    finally:
+        recorder.close()
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:

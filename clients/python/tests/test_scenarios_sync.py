@@ -17,11 +17,15 @@ from harness import (
     ALPHA_SECRET,
     BETA_SECRET,
     AuthFile,
+    Certs,
+    Recorder,
     Server,
     Testkit,
     assert_backoff_shape,
     assert_no_connection,
     assert_refused_secret,
+    assert_sent_only_tls,
+    assert_tls_failure,
     wait_until,
 )
 
@@ -324,3 +328,49 @@ def test_auth_reconnect(auth_server: tuple[Server, AuthFile]) -> None:
         lock = client.lock("alpha/after", lease=10, wait=5)
         assert lock.acquire()
         assert lock.release() is True
+
+
+@scenario("tls-connect")
+def test_tls_connect(tls_server: Server, certs: Certs, key: Callable[[str], str]) -> None:
+    with ringlock.Client(tls_server.address, tls_ca=certs.path("ca.pem")) as client:
+        lock = client.lock(key("tls"), lease=10, wait=5)
+        assert lock.acquire()
+        lock.extend(20)
+        assert lock.release() is True
+
+        def one(index: int) -> bool:
+            lock = client.lock(key(f"tls-{index}"), lease=10, wait=5)
+            return lock.acquire() and lock.release()
+
+        with ThreadPoolExecutor(64) as pool:
+            assert all(pool.map(one, range(64)))
+
+
+@scenario("tls-mtls")
+def test_tls_mtls(mtls_server: Server, certs: Certs) -> None:
+    with ringlock.Client(
+        mtls_server.address,
+        tls_ca=certs.path("ca.pem"),
+        tls_cert=certs.path("client.pem"),
+        tls_key=certs.path("client-key.pem"),
+    ) as client:
+        cycle(client, "mtls/with-certificate")
+    with ringlock.Client(mtls_server.address, tls_ca=certs.path("ca.pem")) as client:
+        started = time.monotonic()
+        with pytest.raises(ConnectionError) as raised:
+            client.lock("mtls/without", lease=10, wait=1).acquire()
+        assert_tls_failure(raised.value, mtls_server.address, time.monotonic() - started, "certificate required")
+
+
+@scenario("tls-wrong-ca")
+def test_tls_wrong_ca(tls_server: Server, certs: Certs) -> None:
+    recorder = Recorder(tls_server.address)
+    try:
+        with ringlock.Client(recorder.address, tls_ca=certs.path("other-ca.pem")) as client:
+            started = time.monotonic()
+            with pytest.raises(ringlock.TLSError) as raised:
+                client.lock("tls/wrong-ca", lease=10, wait=1).acquire()
+            assert_tls_failure(raised.value, recorder.address, time.monotonic() - started, "not trusted")
+        assert_sent_only_tls(recorder, "tls/wrong-ca")
+    finally:
+        recorder.close()

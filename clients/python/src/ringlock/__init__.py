@@ -28,6 +28,7 @@ Example::
 - ``_backoff``: the reconnect schedule, a pure function.
 - ``_threaded``: the sync client's connection and timer threads.
 - ``_settings``: the settings both clients take.
+- ``_tls``: TLS settings, and the sync client's TLS layer over memory buffers.
 """
 
 from ._protocol import KeyState, Pong
@@ -45,6 +46,7 @@ from .errors import (
     ProtocolError,
     RinglockError,
     ShuttingDownError,
+    TLSError,
 )
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "ProtocolError",
     "RinglockError",
     "ShuttingDownError",
+    "TLSError",
 ]
 
 __version__ = "0.1.0"

@@ -30,7 +30,7 @@ from ._operation import (
     Step,
     Waiter,
 )
-from .errors import AuthenticationError, ConnectionFailure, NoConnectionError, RinglockError, error_for
+from .errors import AuthenticationError, ConnectionFailure, NoConnectionError, RinglockError, TLSError, error_for
 
 NODES_MAX = 16
 """Most nodes a client learns of (a cluster has at most 16)."""
@@ -156,13 +156,16 @@ class Router:
         """The error of a request that found no usable connection within
         its limit, naming every address and its last failure; the secret's
         refusal if every address refused it (the request could not have
-        gone anywhere with that secret)."""
+        gone anywhere with that secret), a :class:`TLSError` if TLS failed
+        on every address."""
         key = operation.key.decode(errors="replace") if operation.key else None
         op = operation.op.decode()
         failures = self.connection_failures()
         if failures and all(failure.auth is not None for failure in failures):
             first = failures[0]
             return AuthenticationError(first.auth or "auth-failed", op, key, address=first.address)
+        if failures and all(failure.tls is not None for failure in failures):
+            return TLSError(op=op, key=key, waited=waited, failures=failures)
         return NoConnectionError(op=op, key=key, waited=waited, failures=failures)
 
     def connection_failures(self) -> list[ConnectionFailure]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._operation import Policy
 from ._protocol import secret_bytes
 from ._router import check_addresses
+from ._tls import TlsSettings, tls_settings
 
 SECRET_ENV = "RINGLOCK_SECRET"
 """The environment variable a client takes its secret from when it is given
@@ -71,6 +73,7 @@ class Settings:
     redirect_limit: int
     in_flight_per_connection_max: int
     secret: Secret | None = None
+    tls: TlsSettings | None = None
 
     @staticmethod
     def build(
@@ -85,6 +88,11 @@ class Settings:
         redirect_limit: int,
         in_flight_per_connection_max: int,
         secret: str | bytes | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_server_name: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> Settings:
         checked = check_addresses(addresses)
         if connections_per_node is None:
@@ -120,6 +128,7 @@ class Settings:
             redirect_limit,
             in_flight_per_connection_max,
             secret_setting(secret),
+            tls_settings(tls_ca, tls_cert, tls_key, tls_server_name, ssl_context),
         )
 
     @property

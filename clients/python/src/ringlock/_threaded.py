@@ -10,6 +10,12 @@ wire's order. Only what the socket did not take at once goes to the
 connection's **writer** thread, which sends it in order (a stalled server
 cannot block a caller). One **timer** thread runs retries and lock
 extensions.
+
+With TLS, the reader does the handshake right after the connect, and the
+connection's :class:`~ringlock._tls.TlsSession` sits between the socket and
+the lines: the reader opens what it reads, and whoever sends seals the
+whole queued batch at once, under the mutex, so that records leave in the
+order they were made.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import heapq
 import itertools
 import random
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +34,7 @@ from ._operation import CUT_IO, Operation, cut_protocol
 from ._pairing import Pairing
 from ._protocol import AUTH_REFUSED_CODES, REPLY_LINE_LEN_MAX, auth_answer, auth_line, split_reply
 from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
+from ._tls import TlsSession, TlsSettings
 from .errors import ConnectionFailure, RinglockError, error_for
 
 # Where a connection is in its life.
@@ -53,9 +61,11 @@ class ThreadRuntime:
         reconnect_delay_max: float,
         in_flight_max: int,
         secret: bytes | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.connect_timeout = connect_timeout
         self.secret = secret
+        self.tls = tls
         self.reconnect_delay_first = reconnect_delay_first
         self.reconnect_delay_max = reconnect_delay_max
         self.in_flight_max = in_flight_max
@@ -138,8 +148,14 @@ class ThreadConnection:
         self._writer_wake = threading.Condition(self._mutex)
         self._phase = _CONNECTING
         self._sock: socket.socket | None = None
-        # Bytes the socket did not take at once, for the writer, in order.
+        # The socket's TLS state, with it; None for plain TCP.
+        self._tls: TlsSession | None = None
+        # Bytes the socket did not take at once, for the writer, in order
+        # (with TLS: plaintext not sealed yet).
         self._backlog = bytearray()
+        # With TLS: records made but not sent yet, in order; they go before
+        # whatever is sealed next.
+        self._sealed = bytearray()
         self._writing = False
         self._pairing: Pairing[Operation] = Pairing()
         self._reader_done = threading.Event()
@@ -184,6 +200,9 @@ class ThreadConnection:
             # before the send call returns); whatever other callers queue
             # meanwhile it sends too, in order.
             self._writing = True
+            if self._tls is not None:
+                self._backlog += line
+                line = self._take_sealed()
         data = line
         while True:
             try:
@@ -198,7 +217,10 @@ class ThreadConnection:
                 if sent < len(data) and self._sock is sock:
                     # The socket is full: the writer thread waits for room,
                     # so that no caller blocks on a stalled server.
-                    self._backlog[:0] = data[sent:]
+                    if self._tls is None:
+                        self._backlog[:0] = data[sent:]
+                    else:
+                        self._sealed[:0] = data[sent:]
                     self._writing = False
                     self._writer_wake.notify()
                     return 0
@@ -206,11 +228,25 @@ class ThreadConnection:
                     # Cut meanwhile: the reader took the requests back and
                     # a new socket has its own sender.
                     return 0
-                if not self._backlog:
+                if not self._backlog and not self._sealed:
                     self._writing = False
                     return 0
-                data = bytes(self._backlog)
-                self._backlog.clear()
+                if self._tls is None:
+                    data = bytes(self._backlog)
+                    self._backlog.clear()
+                else:
+                    data = self._take_sealed()
+
+    def _take_sealed(self) -> bytes:
+        """With TLS, under the mutex: the records to send now, in order,
+        the queued requests sealed together after those made earlier."""
+        assert self._tls is not None
+        if self._backlog:
+            self._sealed += self._tls.seal(self._backlog)
+            self._backlog.clear()
+        data = bytes(self._sealed)
+        self._sealed.clear()
+        return data
 
     def close(self) -> None:
         """Starts closing: the writer flushes what is queued, then the
@@ -219,7 +255,7 @@ class ThreadConnection:
             self._phase = _CLOSED
             self._writer_wake.notify()
 
-    def _install(self, sock: socket.socket) -> bool:
+    def _install(self, sock: socket.socket, tls: TlsSession | None) -> bool:
         """Makes a fresh socket the connection's; false if the client closed
         with nothing queued. Requests queued while the first connect was
         under way (the release of a grant nobody waits for, say) still go
@@ -231,6 +267,7 @@ class ThreadConnection:
             else:
                 self._phase = _UP
             self._sock = sock
+            self._tls = tls
             # Requests queued while the first connect was under way go out now.
             self._writer_wake.notify()
             return True
@@ -246,7 +283,9 @@ class ThreadConnection:
             if self._phase != _CLOSED:
                 self._phase = _DOWN
             self._sock = None
+            self._tls = None
             self._backlog.clear()
+            self._sealed.clear()
             self._writing = False
             # A closing writer waiting for the first connect's outcome may go.
             self._writer_wake.notify()
@@ -262,6 +301,7 @@ class ThreadConnection:
             # A client closed before this first connect still makes it if
             # requests were queued for it (see _install).
             while not runtime.closed.is_set() or self._queued():
+                started = time.monotonic()
                 try:
                     sock = socket.create_connection((self._host, self._port), timeout=runtime.connect_timeout)
                 except OSError as failure:
@@ -269,12 +309,12 @@ class ThreadConnection:
                     router.cut(self._take_down(), CUT_IO, False)
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    refused = self._authenticate(sock) if runtime.secret is not None else None
+                    tls, carried, refused = self._open(sock, started)
                     if refused is not None:
-                        # A refused secret fails the connection like a failed
-                        # connect: its requests move on or wait, and the
-                        # attempt count is not reset, so a wrong secret is
-                        # retried with growing pauses.
+                        # A failed handshake or a refused secret fails the
+                        # connection like a failed connect: its requests move
+                        # on or wait, and the attempt count is not reset, so
+                        # a wrong CA or secret is retried with growing pauses.
                         sock.close()
                         self.last_failure = (time.monotonic(), refused)
                         router.cut(self._take_down(), CUT_IO, False)
@@ -286,14 +326,14 @@ class ThreadConnection:
                             break
                         continue
                     sock.settimeout(None)
-                    if not self._install(sock):
+                    if not self._install(sock, tls):
                         sock.close()
                         break
                     router.connection_up()
                     opened = time.monotonic()
                     self._replied = False
                     self._read_error = None
-                    error = self._read(sock)
+                    error = self._read(sock, tls, carried)
                     _shutdown(sock, socket.SHUT_RDWR)
                     self.last_failure = (time.monotonic(), _ended(self.address, error, self._read_error))
                     router.cut(self._take_down(), error, self._replied)
@@ -315,28 +355,70 @@ class ThreadConnection:
             self._reader_done.set()
             router.abort(self._take_down())
 
-    def _authenticate(self, sock: socket.socket) -> ConnectionFailure | None:
+    def _open(self, sock: socket.socket, started: float) -> tuple[TlsSession | None, bytes, ConnectionFailure | None]:
+        """Makes a fresh socket ready for requests: the TLS handshake within
+        the connect timeout counted from ``started``, then ``U <secret>``.
+        Returns the TLS state, the plaintext read past the answer to ``U``,
+        and why the connection cannot be used (``None`` if it can)."""
+        runtime = self._runtime
+        tls = None
+        if runtime.tls is not None:
+            tls = runtime.tls.session(self._host)
+            try:
+                tls.handshake(sock, started + runtime.connect_timeout)
+            except OSError as failure:  # ssl.SSLError among them
+                return None, b"", ConnectionFailure.from_os_error(self.address, failure)
+        if runtime.secret is None:
+            return tls, b"", None
+        refused, carried = self._authenticate(sock, tls)
+        return tls, carried, refused
+
+    def _authenticate(self, sock: socket.socket, tls: TlsSession | None) -> tuple[ConnectionFailure | None, bytes]:
         """Sends ``U <secret>`` on a fresh socket, before any request, and
         reads the answer; ``None`` once authenticated, else why the
-        connection cannot be used. Nothing else is in flight yet, so the
-        answer is the first line and is read here rather than paired (``U``
-        replies carry no key)."""
+        connection cannot be used, and the plaintext read past the answer.
+        Nothing else is in flight yet, so the answer is the first line and
+        is read here rather than paired (``U`` replies carry no key)."""
         assert self._runtime.secret is not None
         sock.settimeout(self._runtime.connect_timeout + AUTH_REPLY_MARGIN_S)
         line = b""
+        carried = b""
         try:
-            sock.sendall(auth_line(self._runtime.secret))
-            # Byte by byte, so that nothing after the answer is taken from
-            # the reader; this happens once per connection.
-            while not line.endswith(b"\n"):
-                if len(line) > REPLY_LINE_LEN_MAX:
-                    return ConnectionFailure(self.address, "dropped: reply line too long")
-                byte = sock.recv(1)
-                if not byte:
-                    return ConnectionFailure(self.address, "closed by the server")
-                line += byte
+            if tls is None:
+                sock.sendall(auth_line(self._runtime.secret))
+                # Byte by byte, so that nothing after the answer is taken
+                # from the reader; this happens once per connection.
+                while not line.endswith(b"\n"):
+                    if len(line) > REPLY_LINE_LEN_MAX:
+                        return ConnectionFailure(self.address, "dropped: reply line too long"), b""
+                    byte = sock.recv(1)
+                    if not byte:
+                        return ConnectionFailure(self.address, "closed by the server"), b""
+                    line += byte
+            else:
+                # Records cannot be read byte by byte: what comes after the
+                # answer is carried to the reader.
+                sock.sendall(tls.seal(auth_line(self._runtime.secret)))
+                while b"\n" not in line:
+                    if len(line) > REPLY_LINE_LEN_MAX:
+                        return ConnectionFailure(self.address, "dropped: reply line too long"), b""
+                    data = sock.recv(_READ_BYTES)
+                    opened = tls.open(data) if data else None
+                    if opened is None:
+                        return ConnectionFailure(self.address, "closed by the server"), b""
+                    line += opened
+                    output = tls.output()
+                    if output:
+                        sock.sendall(output)
+                line, newline, carried = line.partition(b"\n")
+                line += newline
         except OSError as failure:
-            return ConnectionFailure.from_os_error(self.address, failure)
+            return ConnectionFailure.from_os_error(self.address, failure), b""
+        return self._authenticated(line), carried
+
+    def _authenticated(self, line: bytes) -> ConnectionFailure | None:
+        """What the answer to ``U`` says: ``None`` once authenticated, else
+        why the connection cannot be used."""
         name, code = auth_answer(line.rstrip(b"\r\n"))
         if name is not None:
             self._router.authenticated_name = name
@@ -347,14 +429,14 @@ class ThreadConnection:
             return ConnectionFailure(self.address, f"dropped: unexpected answer to U {line[:100]!r}")
         return ConnectionFailure(self.address, f"the server refused the connection: {code}")
 
-    def _read(self, sock: socket.socket) -> RinglockError:
+    def _read(self, sock: socket.socket, tls: TlsSession | None, pending: bytes) -> RinglockError:
         """Reads and pairs replies until the socket breaks or the server
-        breaks the protocol; returns why it stopped."""
+        breaks the protocol; returns why it stopped. ``pending`` is what was
+        read already (past the answer to ``U``)."""
         router = self._router
         policy = router.policy
         mutex = self._mutex
         take = self._pairing.take
-        pending = b""
         while True:
             try:
                 data = sock.recv(_READ_BYTES)
@@ -363,6 +445,24 @@ class ThreadConnection:
                 return CUT_IO
             if not data:
                 return CUT_IO
+            if tls is not None:
+                try:
+                    with mutex:
+                        opened = tls.open(data)
+                        output = tls.output()
+                        if output:
+                            # Sent by whoever sends next, after the records
+                            # made before it; the writer if nobody is.
+                            self._sealed += output
+                            self._writer_wake.notify()
+                except ssl.SSLError as failure:
+                    self._read_error = failure
+                    return CUT_IO
+                if opened is None:
+                    return CUT_IO
+                data = opened
+                if not data:
+                    continue
             if pending:
                 data = pending + data
             if b"\n" not in data:
@@ -425,7 +525,7 @@ class ThreadConnection:
         wake = self._writer_wake
         with mutex:
             while True:
-                while self._sock is None or not self._backlog or self._writing:
+                while self._sock is None or not (self._backlog or self._sealed) or self._writing:
                     if self._reader_done.is_set():
                         break
                     # Closing with requests queued but no socket: the first
@@ -434,10 +534,13 @@ class ThreadConnection:
                     if self._phase == _CLOSED and (self._sock is not None or not self._backlog):
                         break
                     wake.wait()
-                if self._sock is not None and self._backlog and not self._writing:
+                if self._sock is not None and (self._backlog or self._sealed) and not self._writing:
                     sock = self._sock
-                    data = bytes(self._backlog)
-                    self._backlog.clear()
+                    if self._tls is None:
+                        data = bytes(self._backlog)
+                        self._backlog.clear()
+                    else:
+                        data = self._take_sealed()
                     self._writing = True
                     mutex.release()
                     try:
@@ -451,9 +554,20 @@ class ThreadConnection:
                     continue
                 break
             sock = self._sock
+            # With TLS, the close_notify alert says it: it goes after every
+            # record made, and replies can still be read after it.
+            # (Not while a caller is still sending records made before it.)
+            goodbye = b""
+            if self._tls is not None and sock is not None and not self._writing:
+                goodbye = self._tls.close_notify()
         if sock is not None:
             # Say we are done, and give the server a moment to answer what
             # it was sent (releases, say) before the socket goes.
+            if goodbye:
+                try:
+                    sock.sendall(goodbye)
+                except OSError:
+                    pass
             _shutdown(sock, socket.SHUT_WR)
             self._reader_done.wait(_CLOSE_LINGER_S)
             _shutdown(sock, socket.SHUT_RDWR)

@@ -3,8 +3,9 @@ with the names of the sync client, their calls awaited.
 
 Everything runs on the event loop: each connection is an
 :class:`asyncio.Protocol` whose reconnect loop is a task, and the requests
-queued in one pass of the loop go out in one write. Use a client from the
-loop it was first used on.
+queued in one pass of the loop go out in one write (with TLS, the loop's
+own TLS transport seals each write into one record per 16 KiB). Use a
+client from the loop it was first used on.
 
 Example::
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -163,6 +165,9 @@ class _Connection(asyncio.Protocol):
         # None, if the socket closed first) goes to.
         self._handshake: asyncio.Transport | None = None
         self._auth_reply: asyncio.Future[bytes | None] | None = None
+        # A closing TLS connection, whose transport cannot half-close,
+        # closes once every request in flight is answered.
+        self._close_when_answered = False
         self.task: asyncio.Task[None] | None = self._loop.create_task(self._run())
 
     @property
@@ -198,6 +203,13 @@ class _Connection(asyncio.Protocol):
             self._flush()
             if transport.can_write_eof():
                 transport.write_eof()
+            elif len(self._pairing) == 0:
+                # TLS: close() sends close_notify, after which the loop's
+                # TLS transport reads nothing more; so only once the
+                # answers are in.
+                transport.close()
+            else:
+                self._close_when_answered = True
 
     def abort(self) -> None:
         if self._transport is not None:
@@ -209,6 +221,7 @@ class _Connection(asyncio.Protocol):
         self._transport = None
         self._out.clear()
         self._pending = b""
+        self._close_when_answered = False
         return self._pairing.drain()
 
     async def _run(self) -> None:
@@ -226,9 +239,9 @@ class _Connection(asyncio.Protocol):
                 self._replied = False
                 self._lost_error = None
                 try:
-                    await asyncio.wait_for(
-                        self._loop.create_connection(lambda: self, self._host, self._port), settings.connect_timeout
-                    )
+                    # With TLS, the handshake is part of the connect, within
+                    # the same timeout.
+                    await asyncio.wait_for(self._connect(), settings.connect_timeout)
                 except (OSError, asyncio.TimeoutError) as failure:
                     self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
                     router.cut(self._take_down(), CUT_IO, False)
@@ -271,6 +284,20 @@ class _Connection(asyncio.Protocol):
                     break
         finally:
             router.abort(self._take_down())
+
+    async def _connect(self) -> None:
+        tls = self._runtime.settings.tls
+        if tls is None:
+            await self._loop.create_connection(lambda: self, self._host, self._port)
+            return
+        await self._loop.create_connection(
+            lambda: self,
+            self._host,
+            self._port,
+            ssl=tls.context,
+            server_hostname=tls.server_name_for(self._host),
+            ssl_handshake_timeout=self._runtime.settings.connect_timeout,
+        )
 
     async def _authenticate(self) -> ConnectionFailure | None:
         """Awaits the answer to the ``U`` line ``connection_made`` sent;
@@ -413,6 +440,8 @@ class _Connection(asyncio.Protocol):
             if fields[0] == b"M":
                 router.note_moved(self.node, fields[3])
             router.handle(operation, step)
+        if self._close_when_answered and len(self._pairing) == 0 and self._transport is not None:
+            self._transport.close()
 
 
 class Client(ClientBase):
@@ -447,6 +476,11 @@ class Client(ClientBase):
         redirect_limit: int = 16,
         in_flight_per_connection_max: int = 65536,
         secret: str | bytes | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_server_name: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.settings = Settings.build(
             addresses,
@@ -460,6 +494,11 @@ class Client(ClientBase):
             redirect_limit,
             in_flight_per_connection_max,
             secret,
+            tls_ca,
+            tls_cert,
+            tls_key,
+            tls_server_name,
+            ssl_context,
         )
         self._runtime: _Runtime | None = None
         self._router: Router | None = None

@@ -19,6 +19,10 @@ Codes are the server's (README, "Error codes") plus the client's own:
   (:class:`CapacityError`).
 - ``protocol``: the server broke the protocol (:class:`ProtocolError`).
 
+With TLS, ``tls-failed``: every address failed its TLS handshake (or had
+its connection ended by a TLS alert) for as long as the request could wait
+(:class:`TLSError`, also a :class:`NoConnectionError`).
+
 With client authentication, ``auth-failed`` and ``auth-disabled`` (the
 server refused the secret) are :class:`AuthenticationError`, and
 ``forbidden`` (a key outside the name's scope) is :class:`ForbiddenError`.
@@ -40,7 +44,10 @@ from __future__ import annotations
 
 import errno as errno_codes
 import os
+import ssl
 from dataclasses import dataclass
+
+from ._tls import tls_reason
 
 
 class RinglockError(Exception):
@@ -183,6 +190,11 @@ class ConnectionFailure:
     """The server's answer to the client's secret when the connection failed
     on it (``auth-failed`` or ``auth-disabled``), else ``None``."""
 
+    tls: str | None = None
+    """What went wrong in TLS when the connection failed on it (the
+    server's certificate not trusted, expired or for another name, an alert
+    from the server), else ``None``."""
+
     @staticmethod
     def secret_refused(address: str, code: str) -> ConnectionFailure:
         """The failure of ``address``, whose server refused the secret with ``code``."""
@@ -191,7 +203,10 @@ class ConnectionFailure:
     @staticmethod
     def from_os_error(address: str, error: BaseException) -> ConnectionFailure:
         """The failure of ``address`` with ``error`` (an :class:`OSError`,
-        or a timeout)."""
+        :class:`ssl.SSLError` among them, or a timeout)."""
+        if isinstance(error, ssl.SSLError):
+            reason = tls_reason(error)
+            return ConnectionFailure(address, f"TLS: {reason}", None, None, reason)
         number = getattr(error, "errno", None)
         if isinstance(number, int) and number > 0:
             message = os.strerror(number)
@@ -272,6 +287,58 @@ def _rebuild_no_connection(
     code: str, op: str | None, key: str | None, message: str, waited: float, failures: tuple[ConnectionFailure, ...]
 ) -> NoConnectionError:
     return NoConnectionError(code, op, key, message, waited=waited, failures=failures)
+
+
+class TLSError(NoConnectionError):
+    """TLS failed on every address the request could use, for as long as
+    it could wait (code ``tls-failed``): the server's certificate was not
+    trusted by the client's CA, had expired or was for another name, or the
+    server refused the client (no or a wrong client certificate, for a
+    server that requires one). No request was sent in clear.
+
+    It is a :class:`NoConnectionError` (so a :class:`ConnectionError`),
+    with its attributes, and also:
+
+    - ``address``: the first address that failed so;
+    - ``reason``: what went wrong there, in words (from :mod:`ssl`).
+
+    The client keeps reconnecting with its usual pauses.
+
+    Example::
+
+        try:
+            client.ping()
+        except ringlock.TLSError as error:
+            print(error)  # TLS failed after 1.0 s: 127.0.0.1:7700 (TLS: the server's certificate is not trusted: ...)
+            print(error.address, error.reason)
+    """
+
+    def __init__(
+        self,
+        code: str = "tls-failed",
+        op: str | None = None,
+        key: str | None = None,
+        message: str | None = None,
+        *,
+        waited: float = 0.0,
+        failures: tuple[ConnectionFailure, ...] | list[ConnectionFailure] = (),
+    ) -> None:
+        failures = list(failures)
+        first = next((failure for failure in failures if failure.tls is not None), None)
+        self.address = first.address if first is not None else ""
+        self.reason = first.tls if first is not None and first.tls is not None else ""
+        if message is None:
+            message = f"TLS failed after {waited:.1f} s: " + ", ".join(str(failure) for failure in failures)
+        super().__init__(code, op, key, message, waited=waited, failures=failures)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_tls, (self.code, self.op, self.key, str(self), self.waited, tuple(self.failures)))
+
+
+def _rebuild_tls(
+    code: str, op: str | None, key: str | None, message: str, waited: float, failures: tuple[ConnectionFailure, ...]
+) -> TLSError:
+    return TLSError(code, op, key, message, waited=waited, failures=failures)
 
 
 class AuthenticationError(RinglockError):
