@@ -9,7 +9,9 @@
 //! - `proxy`: the proxy and its commands.
 //! - `fake`: the fake standby.
 //! - `control`: the control protocol: commands by name, on a socket.
+//! - `certs`: the certificates of TLS tests (`ringlock-testkit certs DIR`).
 
+pub mod certs;
 pub mod control;
 pub mod fake;
 pub mod proxy;
