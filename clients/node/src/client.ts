@@ -99,6 +99,7 @@ const RETRY_MS = 200;
 const RELEASE_RETRY_MS = 5000;
 const NO_ACTIVE_RETRY_MS = 5000;
 const REDIRECT_MAX = 16;
+const LIMIT_GRACE_MS = 1000;
 
 type Op = "A" | "R" | "X" | "I" | "P" | "S";
 
@@ -115,7 +116,10 @@ class Request {
   noActiveSince: number | null = null;
   redirects = 0;
   timer: NodeJS.Timeout | null = null;
+  /** Fires at the request's limit, wherever it is then. */
+  limitTimer: NodeJS.Timeout | null = null;
   waiting = false;
+  readonly startedAt = performance.now();
 
   constructor(
     readonly op: Op,
@@ -162,7 +166,8 @@ function describe(address: string, error: NodeJS.ErrnoException): AddressFailure
     return { address, kind: "tls", code, cause: error, reason: `certificate not trusted: ${error.message}` };
   }
   if ((code !== undefined && code.startsWith("ERR_SSL")) || (error as { library?: string }).library !== undefined) {
-    return { address, kind: "tls", code, cause: error, reason: `TLS failure: ${error.message}` };
+    const detail = (error as { reason?: string }).reason ?? code ?? error.message.split("\n")[0];
+    return { address, kind: "tls", code, cause: error, reason: `TLS failure: ${detail}` };
   }
   const words: Record<string, string> = {
     ECONNREFUSED: "connection refused",
@@ -200,6 +205,11 @@ class Connection {
     private readonly client: Client,
     readonly node: Node,
   ) {}
+
+  /** Whether this connection has answered anything since its connect. */
+  get hasAnswered(): boolean {
+    return this.answered;
+  }
 
   start(): void {
     if (this.client.closed) return;
@@ -403,7 +413,7 @@ interface Settings {
 }
 
 function seconds(value: unknown, name: string, fallback: number): number {
-  if (value === undefined) return fallback;
+  if (value === undefined) return fallback * 1000;
   if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
     throw new InvalidArgumentError(name, `${name} must be a number of seconds >= 0`);
   }
@@ -611,6 +621,10 @@ export class Client {
       return;
     }
     const now = performance.now();
+    if ((request.limitAt !== null || request.noConnSince !== null) && now >= this.limitOf(request)) {
+      this.expire(request, now);
+      return;
+    }
     const conn = this.pick();
     if (conn !== null) {
       const line = request.build(now);
@@ -620,6 +634,7 @@ export class Client {
       }
       this.unwait(request);
       conn.send(request, line);
+      this.armLimit(request, now);
       return;
     }
     if (request.noConnSince === null) request.noConnSince = now;
@@ -643,12 +658,32 @@ export class Client {
     }
   }
 
+  /** A request sent on a connection that has answered nothing yet (a TLS
+   * handshake the server rejects after the client's side ended, a listener
+   * that accepts and stays silent) still ends at its limit, plus a grace for
+   * the server's own answer at that limit (an acquire's T). */
+  private armLimit(request: Request, now: number): void {
+    if (request.limitTimer !== null || (request.limitAt === null && request.noConnSince === null)) return;
+    request.limitTimer = setTimeout(() => {
+      request.limitTimer = null;
+      if (request.done || request.waiting) return;
+      const conn = request.conn;
+      if (conn === null || !conn.hasAnswered) {
+        this.expire(request, performance.now());
+      }
+    }, this.limitOf(request) - now + LIMIT_GRACE_MS);
+  }
+
   private limitOf(request: Request): number {
     if (request.limitAt !== null) return request.limitAt;
     return (request.noConnSince ?? performance.now()) + this.settings.connectLimitMs;
   }
 
   private unwait(request: Request): void {
+    if (request.done && request.limitTimer !== null) {
+      clearTimeout(request.limitTimer);
+      request.limitTimer = null;
+    }
     if (request.timer !== null) {
       clearTimeout(request.timer);
       request.timer = null;
@@ -691,7 +726,7 @@ export class Client {
       this.finish(request, new NoActiveNodeError("no node is active (the nodes answered M with no active)"));
       return;
     }
-    const waited = now - (request.noConnSince ?? now);
+    const waited = now - (request.noConnSince ?? request.startedAt);
     this.finish(request, this.connectionError(waited));
   }
 
