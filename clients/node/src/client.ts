@@ -634,7 +634,7 @@ export class Client {
       }
       this.unwait(request);
       conn.send(request, line);
-      this.armLimit(request, now);
+      if (!conn.hasAnswered) this.armLimit(request, now);
       return;
     }
     if (request.noConnSince === null) request.noConnSince = now;
@@ -870,6 +870,19 @@ export class Lock extends EventEmitter {
     this.keyBytes = key;
     this.token = token;
     this.leaseEnd = leaseEnd;
+    // The lease's timer is armed only once someone can learn of a loss (a
+    // "lost" listener, the signal, auto-extend): a plain acquire/release
+    // costs no timer.
+    this.on("newListener", (event: string | symbol) => {
+      if (event === "lost") this.watch();
+    });
+  }
+
+  private watching = false;
+
+  private watch(): void {
+    if (this.watching) return;
+    this.watching = true;
     this.armLeaseTimer();
   }
 
@@ -881,6 +894,7 @@ export class Lock extends EventEmitter {
   /** Aborted when the lock is lost or released: pass it to the work the lock
    * protects. */
   get signal(): AbortSignal {
+    this.watch();
     return this.controller.signal;
   }
 
@@ -939,11 +953,12 @@ export class Lock extends EventEmitter {
       throw error;
     }
     this.leaseEnd = sent + ms;
-    this.armLeaseTimer();
+    if (this.watching) this.armLeaseTimer();
   }
 
   /** @internal Extends at about a third of the lease until released or lost. */
   autoExtend(leaseMs: number): void {
+    this.watch();
     const tick = () => {
       this.extendTimer = setTimeout(() => {
         this.extendTimer = null;
@@ -961,7 +976,7 @@ export class Lock extends EventEmitter {
   private armLeaseTimer(): void {
     if (this.leaseTimer !== null) clearTimeout(this.leaseTimer);
     this.leaseTimer = null;
-    if (!Number.isFinite(this.leaseEnd) || this.released) return;
+    if (!Number.isFinite(this.leaseEnd) || this.released || this.lostReason !== null) return;
     this.leaseTimer = setTimeout(
       () => {
         this.leaseTimer = null;

@@ -93,15 +93,18 @@ export function tokenOf(token: unknown): bigint {
 }
 
 function line(...parts: (string | Buffer)[]): Buffer {
-  const buffers = parts.map((part, index) => {
-    const text = typeof part === "string" ? Buffer.from(part, "latin1") : part;
-    return index === 0 ? text : Buffer.concat([SPACE, text]);
-  });
-  buffers.push(NEWLINE);
-  return Buffer.concat(buffers);
+  let size = parts.length; // the spaces and the LF
+  for (const part of parts) size += part.length; // the strings are ASCII
+  const out = Buffer.allocUnsafe(size);
+  let at = 0;
+  for (let index = 0; index < parts.length; index += 1) {
+    if (index > 0) out[at++] = 0x20;
+    const part = parts[index];
+    at += typeof part === "string" ? out.write(part, at, "latin1") : part.copy(out, at);
+  }
+  out[at] = 0x0a;
+  return out;
 }
-const SPACE = Buffer.from(" ");
-const NEWLINE = Buffer.from("\n");
 
 export const encode = {
   acquire: (key: Buffer, leaseMs: number, waitMs: number): Buffer => line("A", key, formatMs(leaseMs), formatMs(waitMs)),
