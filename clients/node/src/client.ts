@@ -431,6 +431,8 @@ export class Client {
    * before the first connection is authenticated). */
   name: string | null = null;
   private readonly nodes: Node[] = [];
+  /** Every connection of every node, in order, for the round-robin. */
+  private readonly conns: Connection[] = [];
   private active: string | null = null;
   private turn = 0;
   private readonly waiting = new Set<Request>();
@@ -481,6 +483,7 @@ export class Client {
     for (let index = 0; index < this.settings.perNode; index += 1) {
       const conn = new Connection(this, node);
       node.conns.push(conn);
+      this.conns.push(conn);
       conn.start();
     }
     return node;
@@ -602,14 +605,13 @@ export class Client {
   /** The next usable connection, round-robin, on the active node if one is
    * known. */
   private pick(): Connection | null {
-    const usable: Connection[] = [];
-    for (const node of this.nodes) {
-      if (this.active !== null && node.address !== this.active) continue;
-      for (const conn of node.conns) if (conn.state === "ready") usable.push(conn);
+    const all = this.conns;
+    for (let tried = 0; tried < all.length; tried += 1) {
+      this.turn = (this.turn + 1) % all.length;
+      const conn = all[this.turn];
+      if (conn.state === "ready" && (this.active === null || conn.node.address === this.active)) return conn;
     }
-    if (usable.length === 0) return null;
-    this.turn = (this.turn + 1) % usable.length;
-    return usable[this.turn];
+    return null;
   }
 
   /** @internal Sends a request, or has it wait for a connection within its
@@ -850,7 +852,7 @@ export class Lock extends EventEmitter {
   readonly keyBytes: Buffer;
   /** The fencing token, a u64. */
   readonly token: bigint;
-  private readonly controller = new AbortController();
+  private controller: AbortController | null = null;
   private leaseEnd: number;
   private released = false;
   private lostReason: LockLostError | null = null;
@@ -895,6 +897,10 @@ export class Lock extends EventEmitter {
    * protects. */
   get signal(): AbortSignal {
     this.watch();
+    this.controller ??= new AbortController();
+    if (!this.locked && !this.controller.signal.aborted) {
+      this.controller.abort(this.lostReason ?? new LockLostError(this.released ? "released" : "the lease ran out"));
+    }
     return this.controller.signal;
   }
 
@@ -931,7 +937,7 @@ export class Lock extends EventEmitter {
       );
       if (reply.kind !== "R") throw new ProtocolError("unexpected reply to a release");
     } finally {
-      this.controller.abort(new LockLostError("released"));
+      this.controller?.abort(new LockLostError("released"));
     }
   }
 
@@ -995,7 +1001,7 @@ export class Lock extends EventEmitter {
     if (this.lostReason !== null || this.released) return;
     this.lostReason = reason;
     this.stop();
-    this.controller.abort(reason);
+    this.controller?.abort(reason);
     this.emit("lost", reason);
   }
 
