@@ -477,6 +477,14 @@ export class Client {
     for (const address of list) this.addNode(address);
   }
 
+  /** How many connections are usable now (connected, and authenticated
+   * when a secret is given). */
+  get usableConnections(): number {
+    let count = 0;
+    for (const conn of this.conns) if (conn.state === "ready") count += 1;
+    return count;
+  }
+
   private addNode(address: string): Node {
     const node = new Node(address);
     this.nodes.push(node);

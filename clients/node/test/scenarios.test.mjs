@@ -220,14 +220,7 @@ const scenarios = {
       const before = await c.acquire("before", { wait: 5 });
       await before.release();
       await s.kill();
-      await until(async () => {
-        try {
-          await c.ping();
-          return false;
-        } catch {
-          return true;
-        }
-      }, "the client to see its connections broken").catch(() => {});
+      await until(() => c.usableConnections === 0, "the client to see its connections broken");
       const pending = c.acquire("after-restart", { wait: 20 });
       await sleep(20);
       await s.restart();
@@ -364,6 +357,7 @@ const scenarios = {
       const c = client(own, s.address, { secret: ALPHA_SECRET });
       await cycle(c, "alpha/one");
       await s.kill();
+      await until(() => c.usableConnections === 0, "the client to see its connections broken");
       await s.restart();
       const lock = await c.acquire("alpha/two", { wait: 5 });
       await lock.release();
