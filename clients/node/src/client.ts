@@ -315,19 +315,23 @@ class Connection {
         socket.destroy(error as Error);
         return;
       }
-      this.answered = true;
-      this.attempt = 0;
-      this.reply(reply);
+      if (this.reply(reply)) {
+        this.answered = true;
+        this.attempt = 0;
+      }
       if (this.socket !== socket) return;
     }
     this.refresh();
   }
 
-  private reply(reply: Reply): void {
+  /** Handles one reply; false for a refusal that must not count as an
+   * answer (a refused secret, a revoked name, line-too-long…), so that it
+   * does not reset the reconnect schedule. */
+  private reply(reply: Reply): boolean {
     if (reply.kind === "U" && this.state === "auth") {
       this.client.name = reply.name;
       this.ready();
-      return;
+      return true;
     }
     if (reply.kind === "E" && (reply.slot === "U" || reply.slot === "-")) {
       if (reply.slot === "U" || reply.code === "auth-revoked") {
@@ -337,19 +341,18 @@ class Connection {
           code: reply.code,
           reason: reply.code,
         };
-        // A refused secret does not count as an answer: it must not reset
-        // the reconnect schedule.
-        if (reply.slot === "U") this.answered = false;
         this.error = failure;
       } else {
         this.error = { address: this.node.address, kind: "connect", code: reply.code, reason: reply.code };
       }
-      return;
+      return false;
     }
     const request = this.pairing.take(reply.slot);
-    if (request === undefined) return;
-    request.conn = null;
-    this.client.answered(request, reply, this);
+    if (request !== undefined) {
+      request.conn = null;
+      this.client.answered(request, reply, this);
+    }
+    return true;
   }
 
   private closed(socket: net.Socket): void {
@@ -631,7 +634,7 @@ export class Client {
       return;
     }
     const now = performance.now();
-    if ((request.limitAt !== null || request.noConnSince !== null) && now >= this.limitOf(request)) {
+    if (request.noConnSince !== null && now >= this.limitOf(request)) {
       this.expire(request, now);
       return;
     }
