@@ -8,7 +8,17 @@ import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { after, before, test } from "node:test";
 
-import { Client, InvalidArgumentError, LockLostError, LockTimeoutError, NotHolderError } from "../dist/index.js";
+import * as net from "node:net";
+
+import {
+  Client,
+  ClientClosedError,
+  InvalidArgumentError,
+  LockLostError,
+  LockTimeoutError,
+  NoConnectionError,
+  NotHolderError,
+} from "../dist/index.js";
 import { Server, sleep } from "./harness.mjs";
 
 let server;
@@ -178,4 +188,26 @@ test("a process with an idle client exits by itself", async () => {
   assert.equal(signal, null, "the process did not exit by itself");
   assert.equal(code, 0);
   assert.equal(output.trim(), "done");
+});
+
+test("no listener: the connect limit, then an error naming the address and the OS error", async () => {
+  const probe = net.createServer();
+  await new Promise((done) => probe.listen(0, "127.0.0.1", done));
+  const address = `127.0.0.1:${probe.address().port}`;
+  await new Promise((done) => probe.close(done));
+  const c = new Client(address, { connectLimit: 0.5 });
+  clients.push(c);
+  const error = await rejection(c.ping());
+  assert.ok(error instanceof NoConnectionError, String(error));
+  assert.ok(error.message.includes(`${address} (connection refused)`), error.message);
+  assert.equal(error.failures[0].code, "ECONNREFUSED");
+  assert.equal(typeof error.failures[0].errno, "number");
+  // An acquire waiting for a connection is dropped when its signal aborts.
+  const controller = new AbortController();
+  const pending = c.acquire("never", { signal: controller.signal });
+  await sleep(50);
+  controller.abort();
+  assert.equal((await rejection(pending)).name, "AbortError");
+  c.close();
+  assert.ok((await rejection(c.ping())) instanceof ClientClosedError);
 });
