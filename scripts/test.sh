@@ -31,3 +31,4 @@ export RINGLOCK_BIN="$PWD/target/test-release/ringlock"
 export RINGLOCK_TESTKIT_BIN="$PWD/target/test-release/ringlock-testkit"
 clients/python/test.sh -q
 clients/go/test.sh
+clients/node/test.sh

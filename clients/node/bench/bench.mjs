@@ -1,0 +1,85 @@
+// Lock cycles/s (an acquire and its release, each loop on its own key) from
+// one Node process, with the p99 of a cycle's time:
+//   node bench.mjs ringlock ADDR LOOPS SECONDS [CONNECTIONS]
+//   node bench.mjs redlock  REDIS_PORT LOOPS SECONDS
+//   node bench.mjs ioredis  REDIS_PORT LOOPS SECONDS
+// prints one line: "<target> loops=<n> cycles/s=<x> p99_ms=<y>".
+// bench.sh beside it runs them all next to ringlock-bench.
+
+import { performance } from "node:perf_hooks";
+
+const [target, where, loopsText, secondsText, connectionsText] = process.argv.slice(2);
+const loops = Number(loopsText);
+const seconds = Number(secondsText);
+
+async function makeCycle() {
+  if (target === "ringlock") {
+    const { Client } = await import("../dist/index.js");
+    const options = connectionsText ? { connectionsPerNode: Number(connectionsText) } : {};
+    const client = new Client(where, options);
+    await client.ping();
+    return {
+      cycle: async (key) => {
+        const lock = await client.acquire(key, { lease: 30, wait: 5 });
+        await lock.release();
+      },
+      close: () => client.close(),
+    };
+  }
+  const { default: Redis } = await import("ioredis");
+  const redis = new Redis({ host: "127.0.0.1", port: Number(where), lazyConnect: true });
+  await redis.connect();
+  if (target === "redlock") {
+    const { default: Redlock } = await import("redlock");
+    const redlock = new Redlock([redis], { retryCount: 100, retryDelay: 10, retryJitter: 5 });
+    return {
+      cycle: async (key) => {
+        const lock = await redlock.acquire([key], 30000);
+        await lock.release();
+      },
+      close: () => redis.disconnect(),
+    };
+  }
+  if (target === "ioredis") {
+    redis.defineCommand("unlock", {
+      numberOfKeys: 1,
+      lua: 'if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) else return 0 end',
+    });
+    let serial = 0;
+    return {
+      cycle: async (key) => {
+        const value = `${process.pid}-${serial++}`;
+        if ((await redis.set(key, value, "PX", 30000, "NX")) !== "OK") throw new Error(`${key} is held`);
+        await redis.unlock(key, value);
+      },
+      close: () => redis.disconnect(),
+    };
+  }
+  throw new Error(`unknown target ${target}`);
+}
+
+const { cycle, close } = await makeCycle();
+const run = async (until, times) => {
+  let count = 0;
+  await Promise.all(
+    Array.from({ length: loops }, async (_, index) => {
+      const key = `bench-${process.pid}-${index}`;
+      while (performance.now() < until) {
+        const start = performance.now();
+        await cycle(key);
+        times?.push(performance.now() - start);
+        count += 1;
+      }
+    }),
+  );
+  return count;
+};
+await run(performance.now() + 1000, null); // warm-up
+const times = [];
+const start = performance.now();
+const count = await run(start + seconds * 1000, times);
+const elapsed = (performance.now() - start) / 1000;
+times.sort((a, b) => a - b);
+const p99 = times[Math.min(times.length - 1, Math.floor(times.length * 0.99))];
+console.log(`${target} loops=${loops} cycles/s=${Math.round(count / elapsed)} p99_ms=${p99.toFixed(3)}`);
+close();

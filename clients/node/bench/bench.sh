@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Lock cycles/s and p99 from one Node process: the ringlock client (1 and 64
+# loops, its default two connections and one connection) next to
+# ringlock-bench (one connection, 64 in flight) on the same server, and
+# Redis used as a lock from Node (redlock on one Redis; ioredis with
+# SET NX PX and a compare-and-delete script) at 1 and 64 loops.
+#
+# Servers (ringlock with one shard core, redis-server) pinned to SERVER_CPU,
+# the loads to CLIENT_CPU, one after the other, in one run.
+#
+# Usage: clients/node/bench/bench.sh [--seconds 4]
+#   Environment: SERVER_CPU (1), CLIENT_CPU (0), RINGLOCK_BIN and
+#   RINGLOCK_BENCH_BIN (default: built with cargo --release).
+#   Needs redis-server (Debian: apt-get install -y redis-server).
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+NODE_DIR="$(cd "$HERE/.." && pwd)"
+ROOT="$(cd "$NODE_DIR/../.." && pwd)"
+SECONDS_PER_RUN=4
+SERVER_CPU="${SERVER_CPU:-1}"
+CLIENT_CPU="${CLIENT_CPU:-0}"
+while (($# > 0)); do
+    case "$1" in
+        --seconds) SECONDS_PER_RUN="$2"; shift 2 ;;
+        -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+        *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+command -v redis-server >/dev/null || { echo "bench.sh: redis-server is missing" >&2; exit 1; }
+
+(cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error && npx tsc -p .)
+(cd "$HERE" && npm ci --no-audit --no-fund --loglevel=error)
+if [[ -z "${RINGLOCK_BIN:-}" || -z "${RINGLOCK_BENCH_BIN:-}" ]]; then
+    (cd "$ROOT" && cargo build --release --quiet -p ringlock -p ringlock-bench)
+fi
+RELEASE="${CARGO_TARGET_DIR:-$ROOT/target}/release"
+BIN="$(dirname "${RINGLOCK_BIN:-$RELEASE/ringlock}")"
+BENCH="${RINGLOCK_BENCH_BIN:-$RELEASE/ringlock-bench}"
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/ringlock-node-bench.XXXXXX")"
+source "$ROOT/scripts/server-lib.sh"
+server_start "$SERVER_CPU" "$WORK"
+REDIS_PID=""
+stop_all() {
+    [[ -n "$REDIS_PID" ]] && { kill "$REDIS_PID" 2>/dev/null || true; wait "$REDIS_PID" 2>/dev/null || true; }
+    server_cleanup
+}
+trap stop_all EXIT
+
+# A free port for redis: the kernel picks one, released just before use.
+REDIS_PORT="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+taskset -c "$SERVER_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    >"$WORK/redis.log" 2>&1 &
+REDIS_PID=$!
+for _ in $(seq 1 100); do
+    node -e "require('net').connect($REDIS_PORT,'127.0.0.1').on('connect',()=>process.exit(0)).on('error',()=>process.exit(1))" \
+        2>/dev/null && break
+    sleep 0.05
+done
+
+on_client() { taskset -c "$CLIENT_CPU" "$@"; }
+run() { on_client node "$HERE/bench.mjs" "$@"; }
+run ringlock "$ADDR" 1 "$SECONDS_PER_RUN"
+run ringlock "$ADDR" 64 "$SECONDS_PER_RUN"
+run ringlock "$ADDR" 64 "$SECONDS_PER_RUN" 1
+echo "ringlock-bench loops=64 cycles/s=$(on_client "$BENCH" run --target ringlock --addr "$ADDR" --cpus "$CLIENT_CPU" \
+    -c 1 -d 64 --duration "$SECONDS_PER_RUN" --warmup 1 --json |
+    node -e 'let t="";process.stdin.on("data",d=>t+=d).on("end",()=>console.log(Math.round(JSON.parse(t).cycles_per_s)))')"
+for target in redlock ioredis; do
+    run "$target" "$REDIS_PORT" 1 "$SECONDS_PER_RUN"
+    run "$target" "$REDIS_PORT" 64 "$SECONDS_PER_RUN"
+done

@@ -1,0 +1,1037 @@
+// The client: connections, routing, requests waiting for a connection or
+// moving after a cut, and the Lock objects handed to callers.
+
+import { EventEmitter } from "node:events";
+import * as net from "node:net";
+import { performance } from "node:perf_hooks";
+import * as tls from "node:tls";
+
+import {
+  type Key,
+  type Reply,
+  type Wait,
+  LineSplitter,
+  Pairing,
+  ProtocolError,
+  encode,
+  keyBytes,
+  leaseMs as checkLease,
+  parseAddress,
+  parseReply,
+  reconnectDelay,
+  slotOf,
+  tokenOf,
+  waitMs as checkWait,
+} from "./core.js";
+import {
+  type AddressFailure,
+  AuthenticationError,
+  ClientClosedError,
+  ConnectionError,
+  InvalidArgumentError,
+  LockLostError,
+  LockTimeoutError,
+  NoActiveNodeError,
+  NoConnectionError,
+  NotHolderError,
+  TLSError,
+  serverError,
+} from "./errors.js";
+
+/** Options of a Client. Durations are in seconds, as leases and waits are. */
+export interface ClientOptions {
+  /** The secret sent as `U <secret>` on every connection; default: the
+   * environment variable RINGLOCK_SECRET, if set. */
+  secret?: string | Buffer;
+  /** How long a call that has no limit of its own waits for a usable
+   * connection, in seconds (default 10). */
+  connectLimit?: number;
+  /** The first reconnect delay, in seconds (default 0.05). */
+  reconnectDelayFirst?: number;
+  /** The reconnect delay's cap, in seconds (default 3). */
+  reconnectDelayMax?: number;
+  /** Connections per address (default 2 with one address, else 1). */
+  connectionsPerNode?: number;
+  /** The CA certificate(s) (PEM) the servers' certificates must chain to;
+   * setting it (or tlsCert) turns TLS on. */
+  tlsCa?: string | Buffer;
+  /** The client certificate (PEM) for servers that ask for one. */
+  tlsCert?: string | Buffer;
+  /** The client certificate's private key (PEM). */
+  tlsKey?: string | Buffer;
+  /** The name the server's certificate must hold (default: the host of the
+   * address). */
+  tlsServerName?: string;
+}
+
+/** Options of Client.acquire. */
+export interface AcquireOptions {
+  /** The lease in seconds, counted from the grant (default 30). */
+  lease?: number;
+  /** How long to wait in the key's queue (default "forever"): a number of
+   * seconds, "once" or "forever". */
+  wait?: Wait;
+  /** Aborting it cancels a waiting acquire (a grant that raced the abort is
+   * released). */
+  signal?: AbortSignal;
+  /** Extend the lease at about a third of it until released (default
+   * false); a lost lock emits "lost" and aborts lock.signal. */
+  autoExtend?: boolean;
+}
+
+/** What `P` answers. */
+export interface PingReply {
+  role: string;
+  epoch: bigint;
+  /** The address of the active node, null if the node knows none. */
+  active: string | null;
+}
+
+/** What `I` answers. */
+export interface InspectReply {
+  /** The holder's token, null if the key is free. */
+  token: bigint | null;
+  leaseLeftMs: number;
+  waiters: number;
+}
+
+const RETRY_MS = 200;
+const RELEASE_RETRY_MS = 5000;
+const NO_ACTIVE_RETRY_MS = 5000;
+const REDIRECT_MAX = 16;
+const LIMIT_GRACE_MS = 1000;
+
+type Op = "A" | "R" | "X" | "I" | "P" | "S";
+
+/** One request, from its call to its reply, over as many connections as it
+ * takes. */
+class Request {
+  readonly slot: string;
+  conn: Connection | null = null;
+  done = false;
+  sentAt = 0;
+  /** When the request first found no usable connection (null: it has not,
+   * or a server answered something since). */
+  noConnSince: number | null = null;
+  noActiveSince: number | null = null;
+  redirects = 0;
+  timer: NodeJS.Timeout | null = null;
+  /** Fires at the request's limit, wherever it is then. */
+  limitTimer: NodeJS.Timeout | null = null;
+  waiting = false;
+  readonly startedAt = performance.now();
+
+  constructor(
+    readonly op: Op,
+    readonly key: Buffer | null,
+    /** The line to send, built at each send (an acquire sends the wait it has
+     * left). */
+    readonly build: (now: number) => Buffer | null,
+    /** A fixed end for waiting (a bounded acquire, a release's retry window,
+     * an extend's lease), or null for the client's connect limit. */
+    readonly limitAt: number | null,
+    readonly resolve: (reply: Reply, conn: Connection) => void,
+    readonly reject: (error: unknown) => void,
+  ) {
+    this.slot = slotOf(op, key);
+  }
+
+  get keyText(): string {
+    return this.key === null ? "-" : this.key.toString("utf8");
+  }
+}
+
+class Node {
+  readonly conns: Connection[] = [];
+  failure: AddressFailure | null = null;
+  constructor(readonly address: string) {}
+}
+
+const VERIFY_CODES = new Set([
+  "SELF_SIGNED_CERT_IN_CHAIN",
+  "DEPTH_ZERO_SELF_SIGNED_CERT",
+  "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+  "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+  "UNABLE_TO_GET_ISSUER_CERT",
+  "CERT_HAS_EXPIRED",
+  "CERT_NOT_YET_VALID",
+  "ERR_TLS_CERT_ALTNAME_INVALID",
+  "CERT_UNTRUSTED",
+  "CERT_SIGNATURE_FAILURE",
+]);
+
+function describe(address: string, error: NodeJS.ErrnoException): AddressFailure {
+  const code = error.code;
+  if (code !== undefined && VERIFY_CODES.has(code)) {
+    return { address, kind: "tls", code, cause: error, reason: `certificate not trusted: ${error.message}` };
+  }
+  if ((code !== undefined && code.startsWith("ERR_SSL")) || (error as { library?: string }).library !== undefined) {
+    const detail = (error as { reason?: string }).reason ?? code ?? error.message.split("\n")[0];
+    return { address, kind: "tls", code, cause: error, reason: `TLS failure: ${detail}` };
+  }
+  const words: Record<string, string> = {
+    ECONNREFUSED: "connection refused",
+    ECONNRESET: "connection reset",
+    ETIMEDOUT: "timed out",
+    EHOSTUNREACH: "host unreachable",
+    ENETUNREACH: "network unreachable",
+    EPIPE: "broken pipe",
+  };
+  return {
+    address,
+    kind: "connect",
+    code,
+    errno: typeof error.errno === "number" ? Math.abs(error.errno) : undefined,
+    cause: error,
+    reason: (code !== undefined && words[code]) || error.message,
+  };
+}
+
+/** One connection to one address, reconnected in the background. */
+class Connection {
+  state: "connecting" | "auth" | "ready" | "down" | "closed" = "down";
+  private socket: net.Socket | null = null;
+  private readonly pairing = new Pairing<Request>();
+  private splitter = new LineSplitter();
+  private attempt = 0;
+  private openedAt = 0;
+  private answered = false;
+  private error: AddressFailure | null = null;
+  private reconnectTimer: NodeJS.Timeout | null = null;
+  private outgoing: Buffer[] = [];
+  private flushScheduled = false;
+
+  constructor(
+    private readonly client: Client,
+    readonly node: Node,
+  ) {}
+
+  /** Whether this connection has answered anything since its connect. */
+  get hasAnswered(): boolean {
+    return this.answered;
+  }
+
+  start(): void {
+    if (this.client.closed) return;
+    const { host, port } = parseAddress(this.node.address);
+    const settings = this.client.settings;
+    this.state = "connecting";
+    this.splitter = new LineSplitter();
+    this.answered = false;
+    this.error = null;
+    let socket: net.Socket;
+    if (settings.tls) {
+      socket = tls.connect({
+        host,
+        port,
+        ca: settings.tlsCa,
+        cert: settings.tlsCert,
+        key: settings.tlsKey,
+        servername: settings.tlsServerName ?? (net.isIP(host) ? undefined : host),
+        checkServerIdentity: (name, cert) =>
+          tls.checkServerIdentity(settings.tlsServerName ?? (name || host), cert),
+      });
+      socket.once("secureConnect", () => this.connected(socket));
+    } else {
+      socket = net.connect({ host, port });
+      socket.once("connect", () => this.connected(socket));
+    }
+    this.socket = socket;
+    socket.setNoDelay(true);
+    this.refresh();
+    socket.on("data", (chunk: Buffer) => this.received(socket, chunk));
+    socket.on("error", (error: NodeJS.ErrnoException) => {
+      if (this.socket === socket) this.error = describe(this.node.address, error);
+    });
+    socket.on("close", () => this.closed(socket));
+  }
+
+  private connected(socket: net.Socket): void {
+    if (this.socket !== socket) return;
+    this.openedAt = performance.now();
+    const secret = this.client.settings.secret;
+    if (secret !== null) {
+      this.state = "auth";
+      socket.write(encode.auth(secret));
+    } else {
+      this.ready();
+    }
+  }
+
+  private ready(): void {
+    this.state = "ready";
+    this.node.failure = null;
+    this.client.connectionReady();
+  }
+
+  /** Sends a request on this connection. */
+  send(request: Request, line: Buffer): void {
+    request.conn = this;
+    request.sentAt = performance.now();
+    this.pairing.add(request.slot, request);
+    this.outgoing.push(line);
+    if (!this.flushScheduled) {
+      this.flushScheduled = true;
+      process.nextTick(() => this.flush());
+    }
+    this.refresh();
+  }
+
+  private flush(): void {
+    this.flushScheduled = false;
+    const lines = this.outgoing;
+    this.outgoing = [];
+    if (this.socket === null || lines.length === 0) return;
+    this.socket.write(lines.length === 1 ? lines[0] : Buffer.concat(lines));
+  }
+
+  /** Forgets a request whose caller gave up before its reply. */
+  forget(request: Request): void {
+    this.pairing.remove(request.slot, request);
+    this.refresh();
+  }
+
+  /** A socket keeps the process alive only while it has requests in flight. */
+  private refresh(): void {
+    if (this.socket === null) return;
+    if (this.pairing.size > 0 || this.state === "auth") this.socket.ref();
+    else this.socket.unref();
+  }
+
+  private received(socket: net.Socket, chunk: Buffer): void {
+    if (this.socket !== socket) return;
+    let lines: Buffer[];
+    try {
+      lines = this.splitter.push(chunk);
+    } catch (error) {
+      socket.destroy(error as Error);
+      return;
+    }
+    for (const line of lines) {
+      let reply: Reply;
+      try {
+        reply = parseReply(line);
+      } catch (error) {
+        socket.destroy(error as Error);
+        return;
+      }
+      if (this.reply(reply)) {
+        this.answered = true;
+        this.attempt = 0;
+      }
+      if (this.socket !== socket) return;
+    }
+    this.refresh();
+  }
+
+  /** Handles one reply; false for a refusal that must not count as an
+   * answer (a refused secret, a revoked name, line-too-long…), so that it
+   * does not reset the reconnect schedule. */
+  private reply(reply: Reply): boolean {
+    if (reply.kind === "U" && this.state === "auth") {
+      this.client.name = reply.name;
+      this.ready();
+      return true;
+    }
+    if (reply.kind === "E" && (reply.slot === "U" || reply.slot === "-")) {
+      if (reply.slot === "U" || reply.code === "auth-revoked") {
+        const failure: AddressFailure = {
+          address: this.node.address,
+          kind: "auth",
+          code: reply.code,
+          reason: reply.code,
+        };
+        this.error = failure;
+      } else {
+        this.error = { address: this.node.address, kind: "connect", code: reply.code, reason: reply.code };
+      }
+      return false;
+    }
+    const request = this.pairing.take(reply.slot);
+    if (request !== undefined) {
+      request.conn = null;
+      this.client.answered(request, reply, this);
+    }
+    return true;
+  }
+
+  private closed(socket: net.Socket): void {
+    if (this.socket !== socket) return;
+    this.socket = null;
+    this.outgoing = [];
+    const wasOpen = this.openedAt > 0 && this.state !== "connecting";
+    const failure = this.error ?? {
+      address: this.node.address,
+      kind: "connect" as const,
+      reason: "closed by the server",
+    };
+    if (this.state === "closed") return;
+    this.node.failure = failure;
+    const answered = this.answered;
+    if (answered || (wasOpen && performance.now() - this.openedAt >= this.client.settings.delayMaxMs)) {
+      this.attempt = 0;
+    }
+    this.state = "down";
+    this.openedAt = 0;
+    for (const request of this.pairing.drain()) {
+      request.conn = null;
+      if (request.done) continue;
+      if (answered) request.noConnSince = null;
+      this.client.dispatch(request);
+    }
+    const settings = this.client.settings;
+    const delay = reconnectDelay(this.attempt, settings.delayFirstMs, settings.delayMaxMs, Math.random());
+    this.attempt += 1;
+    this.reconnectTimer = setTimeout(() => {
+      this.reconnectTimer = null;
+      this.start();
+    }, delay);
+    this.reconnectTimer.unref();
+  }
+
+  close(): void {
+    this.state = "closed";
+    if (this.reconnectTimer !== null) clearTimeout(this.reconnectTimer);
+    const socket = this.socket;
+    this.socket = null;
+    socket?.destroy();
+    for (const request of this.pairing.drain()) {
+      request.conn = null;
+      if (!request.done) this.client.finish(request, new ClientClosedError());
+    }
+  }
+}
+
+interface Settings {
+  secret: Buffer | null;
+  connectLimitMs: number;
+  delayFirstMs: number;
+  delayMaxMs: number;
+  perNode: number;
+  tls: boolean;
+  tlsCa?: string | Buffer;
+  tlsCert?: string | Buffer;
+  tlsKey?: string | Buffer;
+  tlsServerName?: string;
+}
+
+function seconds(value: unknown, name: string, fallback: number): number {
+  if (value === undefined) return fallback * 1000;
+  if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
+    throw new InvalidArgumentError(name, `${name} must be a number of seconds >= 0`);
+  }
+  return value * 1000;
+}
+
+/**
+ * A ringlock client: persistent connections to the given addresses, requests
+ * pipelined round-robin over them, reconnected in the background.
+ */
+export class Client {
+  /** @internal */ readonly settings: Settings;
+  /** @internal */ closed = false;
+  /** The name the server authenticated the secret as (null without one, or
+   * before the first connection is authenticated). */
+  name: string | null = null;
+  private readonly nodes: Node[] = [];
+  /** Every connection of every node, in order, for the round-robin. */
+  private readonly conns: Connection[] = [];
+  private active: string | null = null;
+  private turn = 0;
+  private readonly waiting = new Set<Request>();
+  private retryTimer: NodeJS.Timeout | null = null;
+
+  constructor(addresses: string | string[], options: ClientOptions = {}) {
+    const list = typeof addresses === "string" ? [addresses] : [...addresses];
+    if (list.length === 0) throw new InvalidArgumentError("addresses", "give at least one address");
+    for (const address of list) parseAddress(address);
+    const secretOption = options.secret ?? process.env.RINGLOCK_SECRET;
+    let secret: Buffer | null = null;
+    if (secretOption !== undefined && secretOption !== "") {
+      secret = Buffer.from(secretOption);
+      if (/[ \t\r\n\0]/.test(secret.toString("latin1"))) {
+        throw new InvalidArgumentError("secret", "a secret must not hold a space, tab, CR, LF or NUL byte");
+      }
+    }
+    const delayFirstMs = seconds(options.reconnectDelayFirst, "reconnectDelayFirst", 0.05);
+    const delayMaxMs = seconds(options.reconnectDelayMax, "reconnectDelayMax", 3);
+    if (delayMaxMs < delayFirstMs) {
+      throw new InvalidArgumentError("reconnectDelayMax", "reconnectDelayMax must be >= reconnectDelayFirst");
+    }
+    const perNode = options.connectionsPerNode ?? (list.length === 1 ? 2 : 1);
+    if (!Number.isInteger(perNode) || perNode < 1 || perNode > 64) {
+      throw new InvalidArgumentError("connectionsPerNode", "connectionsPerNode must be an integer from 1 to 64");
+    }
+    if ((options.tlsCert === undefined) !== (options.tlsKey === undefined)) {
+      throw new InvalidArgumentError("tlsCert", "tlsCert and tlsKey go together");
+    }
+    this.settings = {
+      secret,
+      connectLimitMs: seconds(options.connectLimit, "connectLimit", 10),
+      delayFirstMs,
+      delayMaxMs,
+      perNode,
+      tls: options.tlsCa !== undefined || options.tlsCert !== undefined,
+      tlsCa: options.tlsCa,
+      tlsCert: options.tlsCert,
+      tlsKey: options.tlsKey,
+      tlsServerName: options.tlsServerName,
+    };
+    for (const address of list) this.addNode(address);
+  }
+
+  /** How many connections are usable now (connected, and authenticated
+   * when a secret is given). */
+  get usableConnections(): number {
+    let count = 0;
+    for (const conn of this.conns) if (conn.state === "ready") count += 1;
+    return count;
+  }
+
+  private addNode(address: string): Node {
+    const node = new Node(address);
+    this.nodes.push(node);
+    for (let index = 0; index < this.settings.perNode; index += 1) {
+      const conn = new Connection(this, node);
+      node.conns.push(conn);
+      this.conns.push(conn);
+      conn.start();
+    }
+    return node;
+  }
+
+  /**
+   * Acquires `key`: resolves to a Lock once granted; rejects with
+   * LockTimeoutError when the wait runs out, with the signal's reason when
+   * aborted, or with a ConnectionError when no connection came up within
+   * the call's limit.
+   */
+  acquire(key: Key, options: AcquireOptions = {}): Promise<Lock> {
+    const bytes = keyBytes(key);
+    const lease = checkLease(options.lease ?? 30);
+    const wait = checkWait(options.wait ?? "forever");
+    const signal = options.signal;
+    if (this.closed) return Promise.reject(new ClientClosedError());
+    if (signal?.aborted) return Promise.reject(signal.reason);
+    const start = performance.now();
+    return new Promise<Lock>((resolve, reject) => {
+      const build = (now: number): Buffer | null => {
+        if (wait === null) return encode.acquire(bytes, lease, 0);
+        if (wait === 0) return encode.acquire(bytes, lease, 1);
+        const left = Math.ceil(start + wait - now);
+        return left < 1 ? null : encode.acquire(bytes, lease, left);
+      };
+      const onAbort = () => {
+        if (request.done) return;
+        this.finish(request, signal!.reason);
+      };
+      const request: Request = new Request(
+        "A",
+        bytes,
+        build,
+        wait !== null && wait > 0 ? start + wait : null,
+        (reply, conn) => {
+          signal?.removeEventListener("abort", onAbort);
+          if (reply.kind === "A") {
+            const lock = new Lock(this, bytes, reply.token, request.sentAt + lease, conn.node.address);
+            if (options.autoExtend) lock.autoExtend(lease);
+            resolve(lock);
+          } else if (reply.kind === "T") {
+            reject(new LockTimeoutError(bytes.toString("utf8")));
+          } else {
+            reject(new ProtocolError(`unexpected reply to an acquire: ${reply.kind}`));
+          }
+        },
+        (error) => {
+          signal?.removeEventListener("abort", onAbort);
+          reject(error);
+        },
+      );
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.dispatch(request);
+    });
+  }
+
+  /** A lock from its key and token, taken by this or another process: it
+   * can be released, extended and asked about. */
+  lock(key: Key, token: bigint | string, options: { lease?: number } = {}): Lock {
+    const bytes = keyBytes(key);
+    const value = tokenOf(token);
+    const lease = options.lease === undefined ? null : checkLease(options.lease);
+    return new Lock(this, bytes, value, lease === null ? Infinity : performance.now() + lease, null);
+  }
+
+  /** Sends `P` to a node: its role, epoch and the active node it names. */
+  ping(): Promise<PingReply> {
+    return this.simple("P", null, encode.ping()).then((reply) => {
+      if (reply.kind !== "P") throw new ProtocolError("unexpected reply to a ping");
+      return { role: reply.role, epoch: reply.epoch, active: reply.address };
+    });
+  }
+
+  /** Sends `S`: the node's statistics, parsed. */
+  stats(): Promise<Record<string, unknown>> {
+    return this.simple("S", null, encode.stats()).then((reply) => {
+      if (reply.kind !== "S") throw new ProtocolError("unexpected reply to stats");
+      return JSON.parse(reply.json) as Record<string, unknown>;
+    });
+  }
+
+  /** Sends `I key`: who holds the key, without changing anything. */
+  inspect(key: Key): Promise<InspectReply> {
+    const bytes = keyBytes(key);
+    return this.simple("I", bytes, encode.inspect(bytes)).then((reply) => {
+      if (reply.kind !== "I") throw new ProtocolError("unexpected reply to inspect");
+      return { token: reply.token, leaseLeftMs: reply.leaseLeftMs, waiters: reply.waiters };
+    });
+  }
+
+  /** @internal A release or extend of (key, token), within `limitAt`. */
+  keyed(op: "R" | "X", key: Buffer, line: Buffer, limitAt: number): Promise<{ reply: Reply; retried: boolean }> {
+    if (this.closed) return Promise.reject(new ClientClosedError());
+    return new Promise((resolve, reject) => {
+      let sends = 0;
+      const request = new Request(
+        op,
+        key,
+        () => {
+          sends += 1;
+          return line;
+        },
+        limitAt,
+        (reply) => resolve({ reply, retried: sends > 1 }),
+        reject,
+      );
+      this.dispatch(request);
+    });
+  }
+
+  private simple(op: Op, key: Buffer | null, line: Buffer): Promise<Reply> {
+    if (this.closed) return Promise.reject(new ClientClosedError());
+    return new Promise((resolve, reject) => {
+      this.dispatch(new Request(op, key, () => line, null, resolve, reject));
+    });
+  }
+
+  /** The next usable connection, round-robin, on the active node if one is
+   * known. */
+  private pick(): Connection | null {
+    const all = this.conns;
+    for (let tried = 0; tried < all.length; tried += 1) {
+      this.turn = (this.turn + 1) % all.length;
+      const conn = all[this.turn];
+      if (conn.state === "ready" && (this.active === null || conn.node.address === this.active)) return conn;
+    }
+    return null;
+  }
+
+  /** @internal Sends a request, or has it wait for a connection within its
+   * limit. */
+  dispatch(request: Request): void {
+    if (request.done) return;
+    if (this.closed) {
+      this.finish(request, new ClientClosedError());
+      return;
+    }
+    const now = performance.now();
+    if (request.noConnSince !== null && now >= this.limitOf(request)) {
+      this.expire(request, now);
+      return;
+    }
+    const conn = this.pick();
+    if (conn !== null) {
+      const line = request.build(now);
+      if (line === null) {
+        this.finish(request, new LockTimeoutError(request.keyText));
+        return;
+      }
+      this.unwait(request);
+      conn.send(request, line);
+      if (!conn.hasAnswered) this.armLimit(request, now);
+      return;
+    }
+    if (request.noConnSince === null) request.noConnSince = now;
+    const limit = this.limitOf(request);
+    if (now >= limit) {
+      this.expire(request, now);
+      return;
+    }
+    if (!request.waiting) {
+      request.waiting = true;
+      this.waiting.add(request);
+      if (this.retryTimer === null) {
+        this.retryTimer = setInterval(() => this.retry(), RETRY_MS);
+      }
+    }
+    if (request.timer === null) {
+      request.timer = setTimeout(() => {
+        request.timer = null;
+        if (request.waiting) this.expire(request, performance.now());
+      }, limit - now);
+    }
+  }
+
+  /** A request sent on a connection that has answered nothing yet (a TLS
+   * handshake the server rejects after the client's side ended, a listener
+   * that accepts and stays silent) still ends at its limit, plus a grace for
+   * the server's own answer at that limit (an acquire's T). */
+  private armLimit(request: Request, now: number): void {
+    if (request.limitTimer !== null || (request.limitAt === null && request.noConnSince === null)) return;
+    request.limitTimer = setTimeout(() => {
+      request.limitTimer = null;
+      if (request.done || request.waiting) return;
+      const conn = request.conn;
+      if (conn === null || !conn.hasAnswered) {
+        this.expire(request, performance.now());
+      }
+    }, this.limitOf(request) - now + LIMIT_GRACE_MS);
+  }
+
+  private limitOf(request: Request): number {
+    if (request.limitAt !== null) return request.limitAt;
+    return (request.noConnSince ?? performance.now()) + this.settings.connectLimitMs;
+  }
+
+  private unwait(request: Request): void {
+    if (request.done && request.limitTimer !== null) {
+      clearTimeout(request.limitTimer);
+      request.limitTimer = null;
+    }
+    if (request.timer !== null) {
+      clearTimeout(request.timer);
+      request.timer = null;
+    }
+    if (request.waiting) {
+      request.waiting = false;
+      this.waiting.delete(request);
+      if (this.waiting.size === 0 && this.retryTimer !== null) {
+        clearInterval(this.retryTimer);
+        this.retryTimer = null;
+      }
+    }
+  }
+
+  private retry(): void {
+    for (const request of [...this.waiting]) {
+      if (request.noActiveSince !== null) continue;
+      request.waiting = false;
+      this.waiting.delete(request);
+      this.dispatch(request);
+    }
+    if (this.waiting.size === 0 && this.retryTimer !== null) {
+      clearInterval(this.retryTimer);
+      this.retryTimer = null;
+    }
+  }
+
+  /** @internal A connection became usable: the waiting requests go out. */
+  connectionReady(): void {
+    for (const request of [...this.waiting]) {
+      if (request.noActiveSince !== null) continue;
+      request.waiting = false;
+      this.waiting.delete(request);
+      this.dispatch(request);
+    }
+  }
+
+  private expire(request: Request, now: number): void {
+    if (request.noActiveSince !== null) {
+      this.finish(request, new NoActiveNodeError("no node is active (the nodes answered M with no active)"));
+      return;
+    }
+    const waited = now - (request.noConnSince ?? request.startedAt);
+    this.finish(request, this.connectionError(waited));
+  }
+
+  private connectionError(waitedMs: number): ConnectionError {
+    const nodes = this.active === null ? this.nodes : this.nodes.filter((node) => node.address === this.active);
+    const failures = nodes.map(
+      (node) => node.failure ?? { address: node.address, kind: "connect" as const, reason: "still connecting" },
+    );
+    const list = failures.map((failure) => `${failure.address} (${failure.reason})`).join(", ");
+    const after = `after ${(waitedMs / 1000).toFixed(1)} s`;
+    if (failures.every((failure) => failure.kind === "auth")) {
+      return new AuthenticationError(`authentication failed ${after}: ${list}`, failures, waitedMs);
+    }
+    if (failures.every((failure) => failure.kind === "tls")) {
+      return new TLSError(`no TLS connection ${after}: ${list}`, failures, waitedMs);
+    }
+    return new NoConnectionError(`no usable connection ${after}: ${list}`, failures, waitedMs);
+  }
+
+  /** @internal Ends a request with an error (or, if it is in flight,
+   * abandons it: its reply is taken and dropped, a grant released). */
+  finish(request: Request, error: unknown): void {
+    if (request.done) return;
+    request.done = true;
+    this.unwait(request);
+    if (request.conn !== null && request.op !== "A") {
+      request.conn.forget(request);
+      request.conn = null;
+    }
+    request.reject(error);
+  }
+
+  /** @internal A reply paired with its request. */
+  answered(request: Request, reply: Reply, conn: Connection): void {
+    if (request.done) {
+      // Its caller gave up while it was in flight: a grant nobody takes is
+      // handed back at once.
+      if (reply.kind === "A" && request.key !== null) {
+        void this.keyed("R", request.key, encode.release(request.key, reply.token), performance.now() + RELEASE_RETRY_MS)
+          .catch(() => {});
+      }
+      return;
+    }
+    if (reply.kind === "M") {
+      request.redirects += 1;
+      if (request.redirects > REDIRECT_MAX) {
+        this.finish(request, new NoActiveNodeError(`redirected more than ${REDIRECT_MAX} times`));
+        return;
+      }
+      if (reply.active !== null) {
+        request.noActiveSince = null;
+        this.follow(reply.active);
+        this.dispatch(request);
+        return;
+      }
+      const now = performance.now();
+      if (request.noActiveSince === null) request.noActiveSince = now;
+      const limit = Math.min(
+        request.noActiveSince + NO_ACTIVE_RETRY_MS,
+        request.limitAt ?? request.noActiveSince + this.settings.connectLimitMs,
+      );
+      if (now + RETRY_MS > limit) {
+        this.finish(request, new NoActiveNodeError(`${conn.node.address} knows no active node`));
+        return;
+      }
+      request.waiting = true;
+      this.waiting.add(request);
+      request.timer = setTimeout(() => {
+        request.timer = null;
+        request.waiting = false;
+        this.waiting.delete(request);
+        this.dispatch(request);
+      }, RETRY_MS);
+      return;
+    }
+    if (reply.kind === "E") {
+      this.finish(request, serverError(reply.code, reply.op, request.keyText, conn.node.address));
+      return;
+    }
+    request.done = true;
+    this.unwait(request);
+    request.resolve(reply, conn);
+  }
+
+  /** An M named `address` as the active node: send there from now on. */
+  private follow(address: string): void {
+    if (this.active === address) return;
+    this.active = address;
+    if (!this.nodes.some((node) => node.address === address)) {
+      try {
+        this.addNode(address);
+      } catch {
+        this.active = null;
+      }
+    }
+  }
+
+  /** Closes every connection; calls still pending reject with
+   * ClientClosedError. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    for (const request of [...this.waiting]) this.finish(request, new ClientClosedError());
+    if (this.retryTimer !== null) clearInterval(this.retryTimer);
+    this.retryTimer = null;
+    for (const node of this.nodes) for (const conn of node.conns) conn.close();
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+}
+
+/**
+ * A granted lock (or one rebuilt from its key and token). Emits "lost" (with
+ * a LockLostError) when the lease ran out without a confirmed extend or the
+ * server answered not-holder; `signal` is aborted then too, and on release.
+ */
+export class Lock extends EventEmitter {
+  /** The key's bytes. */
+  readonly keyBytes: Buffer;
+  /** The fencing token, a u64. */
+  readonly token: bigint;
+  private controller: AbortController | null = null;
+  private leaseEnd: number;
+  private released = false;
+  private lostReason: LockLostError | null = null;
+  private leaseTimer: NodeJS.Timeout | null = null;
+  private extendTimer: NodeJS.Timeout | null = null;
+
+  /** @internal */
+  constructor(
+    private readonly client: Client,
+    key: Buffer,
+    token: bigint,
+    leaseEnd: number,
+    /** The address that granted it, if known. */
+    readonly address: string | null,
+  ) {
+    super();
+    this.keyBytes = key;
+    this.token = token;
+    this.leaseEnd = leaseEnd;
+    // The lease's timer is armed only once someone can learn of a loss (a
+    // "lost" listener, the signal, auto-extend): a plain acquire/release
+    // costs no timer.
+    this.on("newListener", (event: string | symbol) => {
+      if (event === "lost") this.watch();
+    });
+  }
+
+  private watching = false;
+
+  private watch(): void {
+    if (this.watching) return;
+    this.watching = true;
+    this.armLeaseTimer();
+  }
+
+  /** The key, decoded as UTF-8. */
+  get key(): string {
+    return this.keyBytes.toString("utf8");
+  }
+
+  /** Aborted when the lock is lost or released: pass it to the work the lock
+   * protects. */
+  get signal(): AbortSignal {
+    this.watch();
+    this.controller ??= new AbortController();
+    if (!this.locked && !this.controller.signal.aborted) {
+      this.controller.abort(this.lostReason ?? new LockLostError(this.released ? "released" : "the lease ran out"));
+    }
+    return this.controller.signal;
+  }
+
+  /** True while the lock is neither released nor lost and its lease, as the
+   * client knows it, has not run out. Ask the server with held(). */
+  get locked(): boolean {
+    return !this.released && this.lostReason === null && performance.now() < this.leaseEnd;
+  }
+
+  /** Milliseconds left of the lease as the client knows it. */
+  get leaseLeftMs(): number {
+    return Math.max(0, this.leaseEnd - performance.now());
+  }
+
+  /** Asks the server (`I key`) whether this lock's token still holds the
+   * key. */
+  async held(): Promise<boolean> {
+    const reply = await this.client.inspect(this.keyBytes);
+    return reply.token === this.token;
+  }
+
+  /** Releases the lock; retried over other connections for 5 s after a cut.
+   * Rejects with NotHolderError if the token no longer held the key (unless
+   * an earlier send of this release may have freed it). */
+  async release(): Promise<void> {
+    this.stop();
+    this.released = true;
+    try {
+      const { reply } = await this.client.keyed(
+        "R",
+        this.keyBytes,
+        encode.release(this.keyBytes, this.token),
+        performance.now() + RELEASE_RETRY_MS,
+      );
+      if (reply.kind !== "R") throw new ProtocolError("unexpected reply to a release");
+    } finally {
+      this.controller?.abort(new LockLostError("released"));
+    }
+  }
+
+  /** Sets the lease to end `lease` seconds from now (default: 30). */
+  async extend(lease = 30): Promise<void> {
+    const ms = checkLease(lease);
+    const sent = performance.now();
+    const limit = Number.isFinite(this.leaseEnd) ? this.leaseEnd : sent + RELEASE_RETRY_MS;
+    try {
+      const { reply } = await this.client.keyed(
+        "X",
+        this.keyBytes,
+        encode.extend(this.keyBytes, this.token, ms),
+        limit,
+      );
+      if (reply.kind !== "X") throw new ProtocolError("unexpected reply to an extend");
+    } catch (error) {
+      if (error instanceof NotHolderError) this.lose(new LockLostError("the server no longer holds this token", { cause: error }));
+      throw error;
+    }
+    this.leaseEnd = sent + ms;
+    if (this.watching) this.armLeaseTimer();
+  }
+
+  /** @internal Extends at about a third of the lease until released or lost. */
+  autoExtend(leaseMs: number): void {
+    this.watch();
+    const tick = () => {
+      this.extendTimer = setTimeout(() => {
+        this.extendTimer = null;
+        if (this.released || this.lostReason !== null) return;
+        this.extend(leaseMs / 1000).then(tick, () => {
+          if (this.released || this.lostReason !== null) return;
+          if (performance.now() < this.leaseEnd) tick();
+        });
+      }, Math.max(1, leaseMs / 3));
+      this.extendTimer.unref();
+    };
+    tick();
+  }
+
+  private armLeaseTimer(): void {
+    if (this.leaseTimer !== null) clearTimeout(this.leaseTimer);
+    this.leaseTimer = null;
+    if (!Number.isFinite(this.leaseEnd) || this.released || this.lostReason !== null) return;
+    this.leaseTimer = setTimeout(
+      () => {
+        this.leaseTimer = null;
+        if (!this.released && performance.now() >= this.leaseEnd) {
+          this.lose(new LockLostError("the lease ran out without a confirmed extend"));
+        } else {
+          this.armLeaseTimer();
+        }
+      },
+      Math.max(0, this.leaseEnd - performance.now()) + 1,
+    );
+    this.leaseTimer.unref();
+  }
+
+  private lose(reason: LockLostError): void {
+    if (this.lostReason !== null || this.released) return;
+    this.lostReason = reason;
+    this.stop();
+    this.controller?.abort(reason);
+    this.emit("lost", reason);
+  }
+
+  private stop(): void {
+    if (this.leaseTimer !== null) clearTimeout(this.leaseTimer);
+    if (this.extendTimer !== null) clearTimeout(this.extendTimer);
+    this.leaseTimer = null;
+    this.extendTimer = null;
+  }
+
+  /** `await using lock = await client.acquire(...)` releases it at the end of
+   * the scope (a release that finds it already gone is no error). */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.released || this.lostReason !== null) return;
+    try {
+      await this.release();
+    } catch (error) {
+      if (!(error instanceof NotHolderError)) throw error;
+    }
+  }
+}
+
