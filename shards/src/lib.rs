@@ -51,7 +51,7 @@ pub mod shard;
 pub mod timer_wheel;
 pub mod token;
 
-pub use effect::{ClientId, Delta, Effect, KeyState, ShardReply};
+pub use effect::{ClientId, Delta, Effect, KeyState, NameId, ShardReply};
 pub use histogram::{HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS_MS, Histogram};
 pub use hot_keys::{HOT_KEYS_REPORTED, HotKeyCounts, HotKeys};
 pub use key::{KEY_INLINE_LEN_MAX, Key};
