@@ -30,8 +30,9 @@
 //! # Memory
 //! Measured with a counting allocator by `cargo bench -p ringlock-shards
 //! --bench shard` (1 Mi entries, 16-byte keys, so every key is inline):
-//! - **104 B per held lock**: a 64-byte slab entry, a 24-byte timer node and
-//!   16 bytes of index (8-byte buckets, a `u32` slot beside 32 bits of the
+//! - **104 B per held lock**: a 64-byte slab entry (the name that took the
+//!   grant, with client authentication, fills 2 bytes that were padding), a
+//!   24-byte timer node and 16 bytes of index (8-byte buckets, a `u32` slot beside 32 bits of the
 //!   key's hash so that the index grows without reading keys, at most three
 //!   quarters of them used: 2 Mi buckets for 1 Mi keys).
 //! - **180 B per waiter** when every waiter comes from its own connection: a
