@@ -204,6 +204,7 @@ fn after_a_failover_the_new_active_still_refuses_another_names_release() {
 
     let mut alpha = authenticated(client_0, ALPHA, "alpha");
     let mut beta = authenticated(client_0, BETA, "beta");
+    let (_, since) = table_version(&mut ops_0).expect("the active's table version");
     let owned = token_of(&alpha.call("A owned 120 0"), "owned");
     // A key handed from alpha to a queued beta: beta's grant, replicated
     // as beta's.
@@ -212,8 +213,15 @@ fn after_a_failover_the_new_active_still_refuses_another_names_release() {
     wait_until("beta's acquire to be queued", || inspect(&mut alpha, "handed").2 == 1);
     assert_eq!(alpha.call(&format!("R handed {first}")), "R handed");
     let handed = token_of(&beta.line(), "handed");
-    let (stream, version) = table_version(&mut ops_0).expect("the active's table version");
-    wait_until("node 1 to apply the grants", || {
+    // Four deltas: two grants, a release, the hand-off's grant. The active
+    // counts them once its replication core has taken them in.
+    let mut table = None;
+    wait_until("node 0 to count the four deltas", || {
+        table = table_version(&mut ops_0).filter(|&(_, version)| version >= since + 4);
+        table.is_some()
+    });
+    let (stream, version) = table.unwrap();
+    wait_until("node 1 to apply them", || {
         table_version(&mut ops_1)
             .is_some_and(|(applied_stream, applied)| applied_stream == stream && applied >= version)
     });
