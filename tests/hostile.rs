@@ -1066,8 +1066,8 @@ impl Pair {
 // Frames of the peer protocol (src/cluster/wire.rs), spelled out here so
 // that the tests do not trust the codec they attack.
 
-/// The peer protocol version the server speaks.
-const PEER_PROTOCOL: u32 = 3;
+/// The peer protocol version the server speaks (5: grants carry their names).
+const PEER_PROTOCOL: u32 = 5;
 
 /// The largest epoch a token can carry (24 bits).
 const EPOCH_MAX: u64 = (1 << 24) - 1;
@@ -1123,7 +1123,8 @@ fn snapshot_begin(stream: u64, version: u64) -> Vec<u8> {
     frame(7, &body)
 }
 
-/// A snapshot chunk of `keys`, each held with `token` and 60 s of lease left.
+/// A snapshot chunk of `keys`, each held with `token` and 60 s of lease
+/// left, by no name.
 fn snapshot_chunk(keys: &[Vec<u8>], token: u64) -> Vec<u8> {
     let mut body = (keys.len() as u32).to_le_bytes().to_vec();
     for key in keys {
@@ -1131,6 +1132,7 @@ fn snapshot_chunk(keys: &[Vec<u8>], token: u64) -> Vec<u8> {
         body.extend_from_slice(key);
         body.extend_from_slice(&token.to_le_bytes());
         body.extend_from_slice(&60_000u64.to_le_bytes());
+        body.push(0);
     }
     frame(8, &body)
 }
@@ -1589,8 +1591,8 @@ fn a_snapshot_beyond_max_keys_is_dropped_and_memory_stays_bounded() {
     let mut stream = pair.impersonate(1, 0);
     stream.write_all(&snapshot_begin(pair.epoch, 0)).unwrap();
     let token = pair.epoch << 40 | 1;
-    for chunk in 0..100u32 {
-        let keys: Vec<Vec<u8>> = (0..2048u32)
+    for chunk in 0..200u32 {
+        let keys: Vec<Vec<u8>> = (0..1024u32)
             .map(|entry| {
                 let mut key = format!("flood-{chunk}-{entry}-").into_bytes();
                 key.resize(200, b'k');

@@ -11,8 +11,9 @@
 //! wrong, reflected or misdirected answer, or a refusal without a proof, is
 //! believed in nothing. Nodes with and without the secret do not form a
 //! cluster, and say why; without a secret a node speaks peer protocol
-//! version 3; a cluster without it warns once at start; bad secret files
-//! stop the start.
+//! version 5, and a node of version 3 (before grants carried names) is
+//! refused with both versions in the log; a cluster without it warns once
+//! at start; bad secret files stop the start.
 //!
 //! The frames are spelled out here (see the top of src/cluster/wire.rs),
 //! so that the tests do not trust the codec they check.
@@ -27,13 +28,12 @@ use common::peer::{fingerprint, frame, hello_with};
 use common::{Conn, PATIENCE, SecretFile, Server, metrics_address, scrape, wait_until};
 use ring::hmac;
 
-/// The peer protocol version of a Hello, with or without a secret: that
-/// of the release before the peer secret, so that a cluster without one can
-/// be upgraded one node at a time.
-const PEER_PROTOCOL: u32 = 3;
+/// The peer protocol version of a Hello, with or without a secret: 5 since
+/// grants carry the name that took them (3 before).
+const PEER_PROTOCOL: u32 = 5;
 
-/// The version a Challenge names and a proof binds.
-const SECURED_PROTOCOL: u32 = 4;
+/// The version a Challenge names and a proof binds: 6 (4 before names).
+const SECURED_PROTOCOL: u32 = 6;
 
 /// The secret the nodes of these tests share, as its file holds it.
 const SECRET_LINE: &[u8] = b"peer-auth-test-secret-0123456789abcdef\n";
@@ -497,26 +497,25 @@ fn a_node_with_the_secret_and_a_node_without_do_not_form_a_cluster_and_say_why()
 }
 
 #[test]
-fn a_node_without_a_secret_speaks_the_peer_protocol_of_version_3_both_ways() {
-    // A node of the release before the peer secret must form a cluster with
-    // this one while a cluster without a secret is upgraded node by node.
-    // The test plays that node 0 against a real node 1 without a secret.
+fn a_node_without_a_secret_speaks_the_peer_protocol_of_version_5_both_ways() {
+    // The Hello keeps the layout it had before the peer secret; it names
+    // version 5. The test plays node 0 against a real node 1 without a secret.
     let addresses = free_addrs(4);
     let (client_0, client_1, peer_0, peer_1) = (addresses[0], addresses[1], addresses[2], addresses[3]);
     let node_0 = TcpListener::bind(peer_0).unwrap();
     let peers = format!("{client_0}@{peer_0},{client_1}@{peer_1}");
     let node_1 = start_node(client_1, &peers, "1", &[]);
     let fingerprint = fingerprint(&[client_0, client_1]);
-    // Node 1 dials node 0 and says hello first, as version 3 did.
+    // Node 1 dials node 0 and says hello first.
     let (mut dialled, _) = node_0.accept().unwrap();
     dialled.set_read_timeout(Some(PATIENCE)).unwrap();
     let mut hello_1 = [0u8; 40];
     dialled.read_exact(&mut hello_1).unwrap();
     assert_eq!(&hello_1[..9], &[36, 0, 0, 0, 1, b'R', b'L', b'K', b'P'], "a hello first: {hello_1:?}");
-    assert_eq!(u32::from_le_bytes(hello_1[9..13].try_into().unwrap()), 3, "version 3: {hello_1:?}");
+    assert_eq!(u32::from_le_bytes(hello_1[9..13].try_into().unwrap()), 5, "version 5: {hello_1:?}");
     assert_eq!((hello_1[13], hello_1[14]), (2, 1), "node 1 of 2");
     assert_eq!(u64::from_le_bytes(hello_1[32..40].try_into().unwrap()), fingerprint);
-    // Node 0's version-3 hello and heartbeats are believed: node 1 follows.
+    // Node 0's hello and heartbeats are believed: node 1 follows.
     let mut conn = node_1.connect();
     wait_until("node 1 to serve alone", || conn.call("P").starts_with("P active "));
     let epoch: u64 = conn.call("P").split(' ').nth(2).unwrap().parse().unwrap();
@@ -525,7 +524,7 @@ fn a_node_without_a_secret_speaks_the_peer_protocol_of_version_3_both_ways() {
     stream.write_all(&hello(0, 1_000_000, fingerprint)).unwrap();
     let following = format!("P standby {epoch} {client_0}");
     let mut sequence = 0;
-    wait_until("node 1 to follow node 0, which spoke version 3", || {
+    wait_until("node 1 to follow node 0, which spoke version 5", || {
         sequence += 1;
         stream.write_all(&active_heartbeat(1_000_000, sequence, epoch)).unwrap();
         conn.call("P") == following
@@ -665,7 +664,7 @@ fn a_node_believes_nothing_from_a_peer_it_dialled_that_does_not_prove_the_secret
         stream.set_read_timeout(Some(PATIENCE)).unwrap();
         let mut bytes = [0u8; 45];
         stream.read_exact(&mut bytes).expect("node 1 starts with a challenge");
-        assert_eq!(&bytes[..13], &[41, 0, 0, 0, 12, b'R', b'L', b'K', b'P', 4, 0, 0, 0], "a challenge: {bytes:?}");
+        assert_eq!(&bytes[..13], &[41, 0, 0, 0, 12, b'R', b'L', b'K', b'P', 6, 0, 0, 0], "a challenge: {bytes:?}");
         stream.set_nonblocking(true).unwrap();
         let given_up = matches!(stream.peek(&mut [0u8; 1]), Ok(0));
         stream.set_nonblocking(false).unwrap();

@@ -11,6 +11,20 @@ use crate::key::Key;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClientId(pub u64);
 
+/// The authenticated name a request came from, as a small number the
+/// server chooses (one per distinct name, for the life of the process;
+/// [`NameId::NONE`] without authentication). The shard records it with
+/// each grant: a release or an extend from another name is refused like a
+/// wrong token, and `I` shows the token only to the holder's name. Requests
+/// that all carry [`NameId::NONE`] behave exactly as without names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NameId(pub u16);
+
+impl NameId {
+    /// No name: a server without client authentication.
+    pub const NONE: NameId = NameId(0);
+}
+
 /// A reply to one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ShardReply {
@@ -126,6 +140,8 @@ pub enum Delta {
         token: u64,
         /// The lease, counted from the grant.
         lease_ms: u64,
+        /// The name that took it.
+        name: NameId,
     },
     /// The grant with `token` was released.
     Release {

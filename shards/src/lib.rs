@@ -30,8 +30,9 @@
 //! # Memory
 //! Measured with a counting allocator by `cargo bench -p ringlock-shards
 //! --bench shard` (1 Mi entries, 16-byte keys, so every key is inline):
-//! - **104 B per held lock**: a 64-byte slab entry, a 24-byte timer node and
-//!   16 bytes of index (8-byte buckets, a `u32` slot beside 32 bits of the
+//! - **104 B per held lock**: a 64-byte slab entry (the name that took the
+//!   grant, with client authentication, fills 2 bytes that were padding), a
+//!   24-byte timer node and 16 bytes of index (8-byte buckets, a `u32` slot beside 32 bits of the
 //!   key's hash so that the index grows without reading keys, at most three
 //!   quarters of them used: 2 Mi buckets for 1 Mi keys).
 //! - **180 B per waiter** when every waiter comes from its own connection: a
@@ -51,7 +52,7 @@ pub mod shard;
 pub mod timer_wheel;
 pub mod token;
 
-pub use effect::{ClientId, Delta, Effect, KeyState, ShardReply};
+pub use effect::{ClientId, Delta, Effect, KeyState, NameId, ShardReply};
 pub use histogram::{HISTOGRAM_BOUNDS, HISTOGRAM_BOUNDS_MS, Histogram};
 pub use hot_keys::{HOT_KEYS_REPORTED, HotKeyCounts, HotKeys};
 pub use key::{KEY_INLINE_LEN_MAX, Key};

@@ -27,7 +27,7 @@ use ahash::RandomState;
 use hashbrown::HashMap;
 use ringlock_proto::{ErrorCode, Op};
 
-use crate::effect::{ClientId, Delta, Effect, KeyState, ShardReply};
+use crate::effect::{ClientId, Delta, Effect, KeyState, NameId, ShardReply};
 use crate::histogram::Histogram;
 use crate::hot_keys::{HotKeyCounts, HotKeys};
 use crate::key::Key;
@@ -61,6 +61,9 @@ struct Lock {
     /// 2^32, for the hold-time histograms: 4 bytes keep the entry at 64, and
     /// only a hold longer than 49 days would be measured short.
     granted_ms: u32,
+    /// The name that took the current grant (see [`NameId`]): 2 bytes, so
+    /// that the entry stays at 64.
+    name: NameId,
 }
 
 impl Lock {
@@ -68,10 +71,12 @@ impl Lock {
         self.lease_timer.is_some()
     }
 
-    /// Whether the key is held under `token`: what a release or an extend
-    /// must show.
-    fn is_held_by(&self, token: u64) -> bool {
-        self.is_held() && self.token == token
+    /// Whether the key is held under `token` by `name`: what a release or
+    /// an extend must show. Another name with the right token is refused
+    /// alike, so that the refusal does not tell it the token was right.
+    #[inline(always)]
+    fn is_held_by(&self, token: u64, name: NameId) -> bool {
+        self.is_held() && self.token == token && self.name == name
     }
 }
 
@@ -107,6 +112,8 @@ struct Waiter {
     /// for the wait-time histograms (waits are at most a day).
     enqueued_ms: u32,
     state: WaiterState,
+    /// The name the grant will carry: the waiter's own.
+    name: NameId,
 }
 
 /// A doubly linked list's ends.
@@ -335,6 +342,12 @@ impl Shard {
         lock.is_held().then_some(lock.token)
     }
 
+    /// The name that took the current grant of `key`, if it is held.
+    pub fn holder_name(&self, key: &[u8]) -> Option<NameId> {
+        let lock = &self.locks[self.find(key)? as usize];
+        lock.is_held().then_some(lock.name)
+    }
+
     /// The keys acquires queued on most in the last minute, and the keys
     /// handed from one holder to the next most (see [`HotKeys`]), with
     /// their counts, highest first.
@@ -371,7 +384,13 @@ impl Shard {
     /// request. `wait_ms` 0 waits without limit. The key must be valid
     /// (the codec checks keys before a request reaches a shard).
     pub fn acquire(&mut self, now_ms: u64, client: ClientId, key: &[u8], lease_ms: u64, wait_ms: u64) {
-        self.acquire_answering::<false>(now_ms, client, key, lease_ms, wait_ms);
+        self.acquire_answering::<false>(now_ms, client, NameId::NONE, key, lease_ms, wait_ms);
+    }
+
+    /// [`Shard::acquire`] by the authenticated `name`: the grant, made now
+    /// or later, records it.
+    pub fn acquire_as(&mut self, now_ms: u64, client: ClientId, name: NameId, key: &[u8], lease_ms: u64, wait_ms: u64) {
+        self.acquire_answering::<false>(now_ms, client, name, key, lease_ms, wait_ms);
     }
 
     /// [`Shard::acquire`], except that a grant made at once is not among the
@@ -385,11 +404,12 @@ impl Shard {
         &mut self,
         now_ms: u64,
         client: ClientId,
+        name: NameId,
         key: &[u8],
         lease_ms: u64,
         wait_ms: u64,
     ) -> Option<u64> {
-        self.acquire_answering::<true>(now_ms, client, key, lease_ms, wait_ms)
+        self.acquire_answering::<true>(now_ms, client, name, key, lease_ms, wait_ms)
     }
 
     /// `acquire`, the immediate grant's reply returned (`DIRECT`) or put
@@ -399,6 +419,7 @@ impl Shard {
         &mut self,
         now_ms: u64,
         client: ClientId,
+        name: NameId,
         key: &[u8],
         lease_ms: u64,
         wait_ms: u64,
@@ -422,7 +443,7 @@ impl Shard {
                 self.acquire_error(client, key, ErrorCode::TooManyWaiters);
                 return None;
             }
-            self.enqueue(client, slot, lease_ms, wait_ms);
+            self.enqueue(client, name, slot, lease_ms, wait_ms);
             return None;
         }
         if self.stats.keys >= u64::from(self.config.keys_max) {
@@ -432,7 +453,7 @@ impl Shard {
         let slot = self.insert_lock(hash, key);
         match self.tokens.next_token() {
             Some(token) => {
-                self.grant(slot, token, lease_ms);
+                self.grant(slot, token, lease_ms, name);
                 self.stats.grants_immediate += 1;
                 self.stats.wait_granted.record(0);
                 if !DIRECT {
@@ -447,7 +468,7 @@ impl Shard {
                     self.reply_error(client, Op::Acquire, key, ErrorCode::TooManyWaiters);
                     return None;
                 }
-                self.enqueue(client, slot, lease_ms, wait_ms);
+                self.enqueue(client, name, slot, lease_ms, wait_ms);
                 self.mark_starved(slot);
                 None
             }
@@ -457,7 +478,13 @@ impl Shard {
     /// `R key token`: release the grant if `token` holds `key` now, and hand
     /// the key to the first waiter.
     pub fn release(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64) {
-        self.release_answering::<false>(now_ms, client, key, token);
+        self.release_answering::<false>(now_ms, client, NameId::NONE, key, token);
+    }
+
+    /// [`Shard::release`] by the authenticated `name`: only the name that
+    /// took the grant may release it.
+    pub fn release_as(&mut self, now_ms: u64, client: ClientId, name: NameId, key: &[u8], token: u64) {
+        self.release_answering::<false>(now_ms, client, name, key, token);
     }
 
     /// [`Shard::release`], except that a release made is not answered among
@@ -466,14 +493,21 @@ impl Shard {
     /// may be among them, and comes after the release). A refused release
     /// is answered through the effects as by `release`.
     #[inline]
-    pub fn release_direct(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64) -> bool {
-        self.release_answering::<true>(now_ms, client, key, token)
+    pub fn release_direct(&mut self, now_ms: u64, client: ClientId, name: NameId, key: &[u8], token: u64) -> bool {
+        self.release_answering::<true>(now_ms, client, name, key, token)
     }
 
     /// `release`, the reply to a release made left to the caller (`DIRECT`)
     /// or put among the effects.
     #[inline(always)]
-    fn release_answering<const DIRECT: bool>(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64) -> bool {
+    fn release_answering<const DIRECT: bool>(
+        &mut self,
+        now_ms: u64,
+        client: ClientId,
+        name: NameId,
+        key: &[u8],
+        token: u64,
+    ) -> bool {
         self.set_now(now_ms);
         let hash = self.hash(key);
         let locks = &self.locks;
@@ -483,7 +517,7 @@ impl Shard {
         };
         let slot = found.slot();
         let lock = &locks[slot as usize];
-        if !lock.is_held_by(token) {
+        if !lock.is_held_by(token, name) {
             self.reply_error(client, Op::Release, key, ErrorCode::NotHolder);
             return false;
         }
@@ -515,11 +549,17 @@ impl Shard {
     /// `X key token lease`: if `token` holds `key` now, its lease ends
     /// `lease_ms` from now, sooner or later than before.
     pub fn extend(&mut self, now_ms: u64, client: ClientId, key: &[u8], token: u64, lease_ms: u64) {
+        self.extend_as(now_ms, client, NameId::NONE, key, token, lease_ms);
+    }
+
+    /// [`Shard::extend`] by the authenticated `name`: only the name that
+    /// took the grant may extend it.
+    pub fn extend_as(&mut self, now_ms: u64, client: ClientId, name: NameId, key: &[u8], token: u64, lease_ms: u64) {
         self.set_now(now_ms);
         if lease_ms == 0 || lease_ms > self.config.lease_ms_max {
             return self.reply_error(client, Op::Extend, key, ErrorCode::BadLease);
         }
-        let Some(slot) = self.find_holder(key, token) else {
+        let Some(slot) = self.find_holder(key, token, name) else {
             return self.reply_error(client, Op::Extend, key, ErrorCode::NotHolder);
         };
         let timer = self.locks[slot as usize].lease_timer.take().expect("a holder has a lease timer");
@@ -534,15 +574,27 @@ impl Shard {
     /// `I key`: who holds `key` (its token, or 0 if nobody), the lease it has
     /// left, and how many requests are queued on it. Changes nothing.
     pub fn inspect(&mut self, now_ms: u64, client: ClientId, key: &[u8]) {
+        self.inspect_as(now_ms, client, NameId::NONE, key);
+    }
+
+    /// [`Shard::inspect`] by the authenticated `name`: the token is shown
+    /// only if `name` took the grant. Another name sees the token as 0 (`-`
+    /// on the wire) and the lease left, at least 1 ms, so that a held key
+    /// is still told from a free one.
+    pub fn inspect_as(&mut self, now_ms: u64, client: ClientId, name: NameId, key: &[u8]) {
         self.set_now(now_ms);
         let (token, lease_left_ms, waiters) = match self.find(key) {
             None => (0, 0, 0),
             Some(slot) => {
                 let lock = &self.locks[slot as usize];
                 match lock.lease_timer {
-                    Some(timer) => {
+                    Some(timer) if lock.name == name => {
                         let left = self.timers.deadline_ms(timer).saturating_sub(self.now_ms);
                         (lock.token, u32::try_from(left).unwrap_or(u32::MAX), lock.queue_len)
+                    }
+                    Some(timer) => {
+                        let left = self.timers.deadline_ms(timer).saturating_sub(self.now_ms).max(1);
+                        (0, u32::try_from(left).unwrap_or(u32::MAX), lock.queue_len)
                     }
                     None => (0, 0, lock.queue_len),
                 }
@@ -622,6 +674,11 @@ impl Shard {
     /// Returns false, changing nothing, if the key is already known here or
     /// the table is full.
     pub fn restore(&mut self, now_ms: u64, key: &[u8], token: u64, lease_ms: u64) -> bool {
+        self.restore_as(now_ms, key, token, lease_ms, NameId::NONE)
+    }
+
+    /// [`Shard::restore`] of a grant taken by `name`, which goes on holding it.
+    pub fn restore_as(&mut self, now_ms: u64, key: &[u8], token: u64, lease_ms: u64, name: NameId) -> bool {
         self.set_now(now_ms);
         let hash = self.hash(key);
         if self.find_hashed(hash, key).is_some() || self.stats.keys >= u64::from(self.config.keys_max) || token == 0 {
@@ -630,6 +687,7 @@ impl Shard {
         let slot = self.insert_lock(hash, key);
         let lock = &mut self.locks[slot as usize];
         lock.token = token;
+        lock.name = name;
         lock.lease_timer = Some(self.timers.insert(self.now_ms + lease_ms.max(1), slot));
         // The hold is measured from when this node took the grant over.
         lock.granted_ms = short_ms(self.now_ms);
@@ -744,18 +802,19 @@ impl Shard {
 
     /// Marks `slot` held by `token` for `lease_ms` and replicates the grant.
     #[inline(always)]
-    fn grant(&mut self, slot: u32, token: u64, lease_ms: u64) {
+    fn grant(&mut self, slot: u32, token: u64, lease_ms: u64, name: NameId) {
         let lock = &mut self.locks[slot as usize];
         assert!(token > lock.token, "a key's tokens strictly increase");
         debug_assert!(lock.lease_timer.is_none());
         lock.token = token;
+        lock.name = name;
         lock.lease_timer = Some(self.timers.insert(self.now_ms + lease_ms, slot));
         lock.granted_ms = short_ms(self.now_ms);
         self.stats.grants += 1;
         self.stats.held_keys += 1;
         if self.config.deltas {
             let key = self.locks[slot as usize].key.clone();
-            self.deltas.push(Delta::Grant { key, token, lease_ms });
+            self.deltas.push(Delta::Grant { key, token, lease_ms, name });
         }
     }
 
@@ -772,13 +831,13 @@ impl Shard {
             return;
         };
         let waiter = &mut self.waiters[node as usize];
-        let (client, lease_ms) = (waiter.client, u64::from(waiter.lease_ms));
+        let (client, lease_ms, name) = (waiter.client, u64::from(waiter.lease_ms), waiter.name);
         let waited_ms = elapsed_ms(self.now_ms, waiter.enqueued_ms);
         if let Some(timer) = waiter.wait_timer.take() {
             self.timers.cancel(timer);
         }
         self.unlink_queue(node);
-        self.grant(slot, token, lease_ms);
+        self.grant(slot, token, lease_ms, name);
         self.stats.wait_granted.record(waited_ms);
         if why != HandOn::Tokens {
             self.stats.handoffs += 1;
@@ -926,10 +985,10 @@ impl Shard {
         self.index.find(hash, |slot| locks[slot as usize].key.is(key))
     }
 
-    fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
+    fn find_holder(&self, key: &[u8], token: u64, name: NameId) -> Option<u32> {
         let slot = self.find(key)?;
         let lock = &self.locks[slot as usize];
-        lock.is_held_by(token).then_some(slot)
+        lock.is_held_by(token, name).then_some(slot)
     }
 
     #[inline(always)]
@@ -943,6 +1002,7 @@ impl Shard {
             queue_len: 0,
             starved: false,
             granted_ms: 0,
+            name: NameId::NONE,
         };
         let slot = match self.locks_free.pop() {
             Some(slot) => {
@@ -1008,9 +1068,10 @@ impl Shard {
 
     // ----- waiters -----
 
-    fn enqueue(&mut self, client: ClientId, slot: u32, lease_ms: u64, wait_ms: u64) {
+    fn enqueue(&mut self, client: ClientId, name: NameId, slot: u32, lease_ms: u64, wait_ms: u64) {
         debug_assert!(lease_ms <= LEASE_MS_LIMIT);
         let node = self.alloc_waiter(client, slot, lease_ms as u32, WaiterState::Live);
+        self.waiters[node as usize].name = name;
         let key = self.locks[slot as usize].key.as_bytes();
         self.hot_waits.record(self.now_ms, self.index.hash(key).bits(), key);
         if wait_ms > 0 {
@@ -1045,6 +1106,7 @@ impl Shard {
             chain_next: NONE,
             enqueued_ms: short_ms(self.now_ms),
             state,
+            name: NameId::NONE,
         };
         match self.waiters_free.pop() {
             Some(node) => {

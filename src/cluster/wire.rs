@@ -17,6 +17,7 @@
 //! role       = u8                                 1 active, 2 standby, 3 leaving
 //! flag       = u8                                 0 or 1
 //! key        = len:u8  bytes                      1..=250 bytes, none of space, tab, CR, LF, NUL
+//! name       = len:u8  bytes                      0..=250 bytes: the name that took a grant, 0 for none
 //! nonce      = 32 bytes                           fresh from the system's random source, never reused
 //! mac        = 32 bytes                           HMAC-SHA256 with the peer secret (see below)
 //!
@@ -30,7 +31,7 @@
 //!  5    HandOffDone           table  epoch:u64
 //!  6    HandOffRefused        table
 //!  7    SnapshotBegin         table
-//!  8    SnapshotChunk         count:u32  count × (key  token:u64  lease_left_ms:u64)
+//!  8    SnapshotChunk         count:u32  count × (key  token:u64  lease_left_ms:u64  name)
 //!  9    SnapshotEnd           table
 //! 10    Deltas                stream:u64  first_version:u64  count:u32  count × delta
 //! 11    HelloRefused          reason:u8          (acceptor to connector, then it closes)
@@ -38,7 +39,7 @@
 //! 13    ChallengeAnswer       nonce  node:index  peers_fingerprint:u64  mac   (acceptor to connector)
 //! 14    Proof                 node:index  peers_fingerprint:u64  mac  (connector to acceptor)
 //!
-//! delta = 1 key token:u64 lease_ms:u64     Grant
+//! delta = 1 key token:u64 lease_ms:u64 name  Grant
 //!       | 2 key token:u64                  Release
 //!       | 3 key token:u64 lease_ms:u64     Extend
 //!       | 4 key token:u64                  Expire
@@ -47,8 +48,8 @@
 //! # Peer secret
 //!
 //! Without `--peer-secret-file` a connection starts with the connector's
-//! Hello, byte for byte as in version 3, so that nodes of this version and
-//! of the last can form a cluster (a rolling upgrade). With it, both sides
+//! Hello, laid out as in version 3 (it names version 5 now: see
+//! [`PROTOCOL_VERSION`]). With it, both sides
 //! first prove that they hold the secret, and nothing else is read until
 //! both proofs check:
 //!
@@ -67,10 +68,17 @@
 //! name the node and fingerprint the connector's Proof bound. The proof
 //! itself is computed in `replication::proof`.
 //!
-//! The Challenge and the proofs name [`SECURED_PROTOCOL_VERSION`] (4);
+//! The Challenge and the proofs name [`SECURED_PROTOCOL_VERSION`] (6);
 //! the Hello after them, and every frame after it, are those of
-//! [`PROTOCOL_VERSION`] (3). A node of version 3 reads a Challenge as a
+//! [`PROTOCOL_VERSION`] (5). A node of version 3 reads a Challenge as a
 //! first frame that is not a Hello and closes the connection.
+//!
+//! # Names
+//!
+//! A grant carries the authenticated name that took it (`name`, in Grant
+//! deltas and snapshot entries), as its bytes: the numbers a node gives
+//! names are its own (`node::names`). A receiver numbers the names it reads;
+//! an empty name is no name (a server without client authentication).
 //!
 //! The rules [`decode`] enforces:
 //! - `len` above [`FRAME_LEN_MAX`] is an error as soon as the four length
@@ -89,20 +97,22 @@
 //! - Heartbeat: `following` and `handing_off_to` below `NODES_MAX` or `0xFF`;
 //!   a table that is absent (`has_table` 0) is sent as zeros, and zeros are
 //!   required, so that the heartbeat keeps its fixed size and one encoding.
+//! - A name is at most [`NAME_LEN_MAX`] bytes, and the receiver must have a
+//!   number left for it (`node::names::NAMES_MAX`).
 //! - Grant and Extend leases are `1..=LEASE_MS_LIMIT` ms; a snapshot entry's
 //!   `lease_left_ms` is `0..=LEASE_MS_LIMIT` (0: it runs out now).
 //! - `count` is at most [`ENTRIES_PER_FRAME_MAX`], and `first_version +
 //!   count` fits in a `u64` (it is the table version after the frame).
 //!
-//! The largest legal chunk or deltas frame (2048 entries with 250-byte keys)
-//! is about 550 KB, well below [`FRAME_LEN_MAX`].
+//! The largest legal chunk or deltas frame (1024 entries with 250-byte keys
+//! and names) is about 530 KB, well below [`FRAME_LEN_MAX`].
 
 use std::fmt;
 
 use ringlock_proto::{KEY_LEN_MAX, NODES_MAX, is_valid_key};
 use ringlock_shards::limits::LEASE_MS_LIMIT;
 use ringlock_shards::token::EPOCH_MAX;
-use ringlock_shards::{Delta, Key};
+use ringlock_shards::{Delta, Key, NameId};
 
 use crate::cluster::{Heartbeat, PeerMessage, PeerRole, TableVersion};
 
@@ -112,21 +122,28 @@ use crate::cluster::{Heartbeat, PeerMessage, PeerRole, TableVersion};
 /// Version 3: a Hello carries the fingerprint of the sender's `--peers`, an
 /// acceptor answers a Hello it refuses with HelloRefused, and epochs are
 /// range-checked.
-/// The peer secret did not change it: a connection without one speaks
-/// version 3 exactly, so that a cluster without a secret can be upgraded one
-/// node at a time.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// The peer secret did not change it (version 4 is version 3 behind the
+/// proofs of the secret, see [`SECURED_PROTOCOL_VERSION`]).
+/// Version 5: Grant deltas and snapshot entries carry the name that took
+/// the grant, and a frame holds at most 1024 of them. A node of version 3
+/// refuses a Hello of version 5 and the other way round, each logging both
+/// versions: a cluster is upgraded to names all at once, not node by node.
+pub const PROTOCOL_VERSION: u32 = 5;
 
-/// The version a Challenge names and the proofs bind: version 3 preceded by
-/// the exchange of proofs of the peer secret (Challenge, ChallengeAnswer,
-/// Proof). Only a node with a peer secret sends it.
-pub const SECURED_PROTOCOL_VERSION: u32 = 4;
+/// The version a Challenge names and the proofs bind: [`PROTOCOL_VERSION`]
+/// preceded by the exchange of proofs of the peer secret (Challenge,
+/// ChallengeAnswer, Proof). Only a node with a peer secret sends it.
+/// Version 4 preceded version 3; version 6 precedes version 5.
+pub const SECURED_PROTOCOL_VERSION: u32 = 6;
+
+/// The longest name a grant carries: that of an auth file's name.
+pub const NAME_LEN_MAX: usize = crate::auth::NAME_LEN_MAX;
 
 /// Longest frame, in bytes after the 4-byte length prefix.
 pub const FRAME_LEN_MAX: usize = 1 << 20;
 
 /// Most snapshot entries or deltas in one frame.
-pub const ENTRIES_PER_FRAME_MAX: usize = 2048;
+pub const ENTRIES_PER_FRAME_MAX: usize = 1024;
 
 /// The first four payload bytes of a Hello, so that a connection from
 /// something that is not a ringlock peer is told apart at once.
@@ -198,13 +215,13 @@ mod role_byte {
 }
 
 /// Fewest payload bytes one snapshot entry takes (a one-byte key).
-const SNAPSHOT_ENTRY_BYTES_MIN: usize = 1 + 1 + 8 + 8;
+const SNAPSHOT_ENTRY_BYTES_MIN: usize = 1 + 1 + 8 + 8 + 1;
 /// Most payload bytes one snapshot entry takes.
-const SNAPSHOT_ENTRY_BYTES_MAX: usize = 1 + KEY_LEN_MAX + 8 + 8;
+const SNAPSHOT_ENTRY_BYTES_MAX: usize = 1 + KEY_LEN_MAX + 8 + 8 + 1 + NAME_LEN_MAX;
 /// Fewest payload bytes one delta takes (a release or expire of a one-byte key).
 const DELTA_BYTES_MIN: usize = 1 + 1 + 1 + 8;
 /// Most payload bytes one delta takes (a grant or extend of a 250-byte key).
-const DELTA_BYTES_MAX: usize = 1 + 1 + KEY_LEN_MAX + 8 + 8;
+const DELTA_BYTES_MAX: usize = 1 + 1 + KEY_LEN_MAX + 8 + 8 + 1 + NAME_LEN_MAX;
 
 // A full chunk or deltas frame of the longest keys must fit in one frame,
 // or the encoders could produce frames their peer refuses.
@@ -309,6 +326,8 @@ pub struct SnapshotEntry {
     pub token: u64,
     /// The lease left when the snapshot was taken, in ms.
     pub lease_left_ms: u64,
+    /// The name that took the grant, numbered by this node.
+    pub name: NameId,
 }
 
 /// One frame of the peer protocol.
@@ -400,6 +419,10 @@ pub enum WireError {
     AbsentTableNotZero,
     /// A key is empty, longer than 250 bytes, or holds a forbidden byte.
     BadKey,
+    /// A name is longer than [`NAME_LEN_MAX`].
+    BadName,
+    /// A name is new and this node has numbered as many as it can.
+    TooManyNames,
     /// A lease is out of range (0 or above the limit for a grant or extend,
     /// above the limit for a snapshot entry).
     BadLease(u64),
@@ -449,6 +472,12 @@ impl fmt::Display for WireError {
                 write!(f, "key is empty, longer than {KEY_LEN_MAX} bytes, or holds space, tab, CR, LF or NUL")
             }
             WireError::BadLease(lease_ms) => write!(f, "lease of {lease_ms} ms out of range"),
+            WireError::BadName => write!(f, "a grant's name is longer than {NAME_LEN_MAX} bytes"),
+            WireError::TooManyNames => write!(
+                f,
+                "a grant's name is new and this node has numbered {} names already",
+                crate::node::names::NAMES_MAX
+            ),
             WireError::BadDeltaKind(byte) => write!(f, "unknown delta kind {byte}"),
             WireError::TooManyEntries(count) => {
                 write!(f, "{count} entries in one frame; the limit is {ENTRIES_PER_FRAME_MAX}")
@@ -552,8 +581,9 @@ pub fn encode_deltas(stream: u64, first_version: u64, deltas: &[Delta], out: &mu
     put_u32(deltas.len() as u32, out);
     for delta in deltas {
         match delta {
-            Delta::Grant { key, token, lease_ms } => {
-                put_delta_with_lease(delta_kind::GRANT, key, *token, *lease_ms, out)
+            Delta::Grant { key, token, lease_ms, name } => {
+                put_delta_with_lease(delta_kind::GRANT, key, *token, *lease_ms, out);
+                put_name(*name, out);
             }
             Delta::Release { key, token } => put_delta(delta_kind::RELEASE, key, *token, out),
             Delta::Extend { key, token, lease_ms } => {
@@ -580,6 +610,7 @@ pub fn encode_snapshot_chunk(entries: &[SnapshotEntry], out: &mut Vec<u8>) {
         put_key(&entry.key, out);
         put_u64(entry.token, out);
         put_u64(entry.lease_left_ms, out);
+        put_name(entry.name, out);
     }
     end_frame(start, out);
 }
@@ -664,6 +695,17 @@ fn put_key(key: &Key, out: &mut Vec<u8>) {
     debug_assert!(is_valid_key(bytes), "invalid key {key:?}");
     out.push(bytes.len() as u8);
     out.extend_from_slice(bytes);
+}
+
+/// A grant's name, as its bytes: numbers are each node's own.
+fn put_name(name: NameId, out: &mut Vec<u8>) {
+    let Some(bytes) = crate::node::names::name_of(name) else {
+        out.push(0);
+        return;
+    };
+    assert!(bytes.len() <= NAME_LEN_MAX, "name of {} bytes", bytes.len());
+    out.push(bytes.len() as u8);
+    out.extend_from_slice(&bytes);
 }
 
 fn put_delta(kind: u8, key: &Key, token: u64, out: &mut Vec<u8>) {
@@ -816,7 +858,8 @@ fn read_snapshot_chunk(reader: &mut Reader<'_>) -> Result<Vec<SnapshotEntry>, Wi
         if lease_left_ms > LEASE_MS_LIMIT {
             return Err(WireError::BadLease(lease_left_ms));
         }
-        entries.push(SnapshotEntry { key, token, lease_left_ms });
+        let name = reader.name()?;
+        entries.push(SnapshotEntry { key, token, lease_left_ms, name });
     }
     Ok(entries)
 }
@@ -837,7 +880,7 @@ fn read_deltas(reader: &mut Reader<'_>) -> Result<Frame, WireError> {
         let key = reader.key()?;
         let token = reader.u64()?;
         let delta = match kind {
-            delta_kind::GRANT => Delta::Grant { key, token, lease_ms: reader.lease_ms()? },
+            delta_kind::GRANT => Delta::Grant { key, token, lease_ms: reader.lease_ms()?, name: reader.name()? },
             delta_kind::RELEASE => Delta::Release { key, token },
             delta_kind::EXTEND => Delta::Extend { key, token, lease_ms: reader.lease_ms()? },
             _ => Delta::Expire { key, token },
@@ -908,6 +951,20 @@ impl Reader<'_> {
             index if usize::from(index) < NODES_MAX => Ok(Some(usize::from(index))),
             other => Err(WireError::BadIndex(other)),
         }
+    }
+
+    /// A grant's name, numbered on this node.
+    fn name(&mut self) -> Result<NameId, WireError> {
+        let len = usize::from(self.u8()?);
+        if len == 0 {
+            return Ok(NameId::NONE);
+        }
+        if len > NAME_LEN_MAX {
+            return Err(WireError::BadName);
+        }
+        let bytes = self.bytes.get(..len).ok_or(WireError::Truncated)?;
+        self.bytes = &self.bytes[len..];
+        crate::node::names::intern(bytes).ok_or(WireError::TooManyNames)
     }
 
     fn key(&mut self) -> Result<Key, WireError> {
@@ -1002,7 +1059,12 @@ mod tests {
     }
 
     fn entry(key: &[u8], token: u64, lease_left_ms: u64) -> SnapshotEntry {
-        SnapshotEntry { key: Key::new(key), token, lease_left_ms }
+        SnapshotEntry { key: Key::new(key), token, lease_left_ms, name: NameId::NONE }
+    }
+
+    /// A name numbered on this node, as a grant records it.
+    fn name(name: &str) -> NameId {
+        crate::node::names::intern(name.as_bytes()).unwrap()
     }
 
     /// One frame of every type, and every delta kind.
@@ -1023,14 +1085,19 @@ mod tests {
             Frame::Message(PeerMessage::HandOffDone { table: table(17, 5), epoch: 66 }),
             Frame::Message(PeerMessage::HandOffRefused { table: table(17, 5) }),
             Frame::SnapshotBegin { table: table(17, 0) },
-            Frame::SnapshotChunk(vec![entry(b"a", 1, 0), entry(&[b'k'; KEY_LEN_MAX], u64::MAX, LEASE_MS_LIMIT)]),
+            Frame::SnapshotChunk(vec![
+                entry(b"a", 1, 0),
+                entry(&[b'k'; KEY_LEN_MAX], u64::MAX, LEASE_MS_LIMIT),
+                SnapshotEntry { name: name(&"n".repeat(NAME_LEN_MAX)), ..entry(b"b", 2, 3) },
+            ]),
             Frame::SnapshotChunk(Vec::new()),
             Frame::SnapshotEnd { table: table(17, 0) },
             Frame::Deltas {
                 stream: 17,
                 first_version: 0,
                 deltas: vec![
-                    Delta::Grant { key: Key::new(b"orders/42"), token: 5, lease_ms: 1 },
+                    Delta::Grant { key: Key::new(b"orders/42"), token: 5, lease_ms: 1, name: NameId::NONE },
+                    Delta::Grant { key: Key::new(b"orders/43"), token: 6, lease_ms: 2, name: name("wire-alpha") },
                     Delta::Release { key: Key::new(b"orders/42"), token: 5 },
                     Delta::Extend { key: Key::new("clé".as_bytes()), token: 6, lease_ms: LEASE_MS_LIMIT },
                     Delta::Expire { key: Key::new(&[0xFF; 30]), token: 6 },
@@ -1056,7 +1123,7 @@ mod tests {
     }
 
     fn grant(key: &[u8], lease_ms: u64) -> Delta {
-        Delta::Grant { key: Key::new(key), token: 1, lease_ms }
+        Delta::Grant { key: Key::new(key), token: 1, lease_ms, name: NameId::NONE }
     }
 
     // -- Round trips and framing --------------------------------------------
@@ -1103,9 +1170,10 @@ mod tests {
     }
 
     #[test]
-    fn a_hello_is_byte_for_byte_that_of_version_3() {
-        // A node without a peer secret must be read by a node of the last
-        // release, and read it: the same version number and the same bytes.
+    fn a_hello_is_laid_out_as_in_version_3_and_names_version_5() {
+        // The Hello keeps its layout, so that a node of version 3 reads it
+        // and refuses it for its version, naming it, rather than misreading
+        // it; the version is 5 since grants carry their names.
         let hello = Hello {
             version: PROTOCOL_VERSION,
             nodes: 3,
@@ -1115,7 +1183,7 @@ mod tests {
             role: PeerRole::Standby,
             peers_fingerprint: 0x1112_1314_1516_1718,
         };
-        let mut expected = vec![36, 0, 0, 0, 1, b'R', b'L', b'K', b'P', 3, 0, 0, 0, 3, 1];
+        let mut expected = vec![36, 0, 0, 0, 1, b'R', b'L', b'K', b'P', 5, 0, 0, 0, 3, 1];
         expected.extend_from_slice(&[8, 7, 6, 5, 4, 3, 2, 1]);
         expected.extend_from_slice(&[0x21, 0, 0, 0, 0, 0, 0, 0]);
         expected.push(2);
@@ -1140,9 +1208,17 @@ mod tests {
         hello[PAYLOAD_AT + 4..PAYLOAD_AT + 8].copy_from_slice(&SECURED_PROTOCOL_VERSION.to_le_bytes());
         assert_eq!(decode(&hello), Err(WireError::BadVersion(SECURED_PROTOCOL_VERSION)));
         assert_eq!(
-            WireError::BadChallengeVersion(3).to_string(),
-            "peer's challenge names protocol version 3; this node's peer secret speaks 4"
+            WireError::BadChallengeVersion(4).to_string(),
+            "peer's challenge names protocol version 4; this node's peer secret speaks 6"
         );
+        // A node of the release before names: its Hello and its Challenge
+        // are refused, and the error names both versions.
+        hello[PAYLOAD_AT + 4..PAYLOAD_AT + 8].copy_from_slice(&3u32.to_le_bytes());
+        assert_eq!(decode(&hello), Err(WireError::BadVersion(3)));
+        assert_eq!(WireError::BadVersion(3).to_string(), "peer speaks protocol version 3; this node speaks 5");
+        let mut challenge = challenge;
+        challenge[PAYLOAD_AT + 4..PAYLOAD_AT + 8].copy_from_slice(&4u32.to_le_bytes());
+        assert_eq!(decode(&challenge), Err(WireError::BadChallengeVersion(4)));
     }
 
     #[test]
@@ -1445,13 +1521,36 @@ mod tests {
     }
 
     #[test]
+    fn a_grants_name_travels_as_its_bytes_and_must_fit() {
+        let alpha = name("wire-names-alpha");
+        let named = Delta::Grant { key: Key::new(b"k"), token: 1, lease_ms: 1, name: alpha };
+        let bytes = encoded(&deltas_frame(vec![named.clone()]));
+        assert!(bytes.ends_with(b"\x10wire-names-alpha"), "{bytes:?}");
+        assert_eq!(decode(&bytes), Ok(Some((deltas_frame(vec![named]), bytes.len()))));
+        // A name of 251 bytes, all of them there, in a delta and in a chunk.
+        let mut bytes = encoded(&deltas_frame(vec![grant(b"k", 1)]));
+        *bytes.last_mut().unwrap() = NAME_LEN_MAX as u8 + 1;
+        bytes.extend_from_slice(&[b'n'; NAME_LEN_MAX + 1]);
+        let len = (bytes.len() - LEN_PREFIX_BYTES) as u32;
+        bytes[..LEN_PREFIX_BYTES].copy_from_slice(&len.to_le_bytes());
+        assert_eq!(decode(&bytes), Err(WireError::BadName));
+        let mut bytes = encoded(&Frame::SnapshotChunk(vec![entry(b"k", 1, 0)]));
+        *bytes.last_mut().unwrap() = 3;
+        bytes.extend_from_slice(b"ab");
+        let len = (bytes.len() - LEN_PREFIX_BYTES) as u32;
+        bytes[..LEN_PREFIX_BYTES].copy_from_slice(&len.to_le_bytes());
+        assert_eq!(decode(&bytes), Err(WireError::Truncated), "a name cut short");
+    }
+
+    #[test]
     fn delta_leases_must_be_between_one_ms_and_the_limit() {
         for lease_ms in [0, LEASE_MS_LIMIT + 1, u64::MAX] {
             for kind in [delta_kind::GRANT, delta_kind::EXTEND] {
                 let mut bytes = encoded(&deltas_frame(vec![grant(b"k", 1)]));
                 bytes[PAYLOAD_AT + 20] = kind;
-                let lease_at = bytes.len() - 8;
-                bytes[lease_at..].copy_from_slice(&lease_ms.to_le_bytes());
+                // The lease, then the grant's empty name.
+                let lease_at = bytes.len() - 9;
+                bytes[lease_at..lease_at + 8].copy_from_slice(&lease_ms.to_le_bytes());
                 assert_eq!(decode(&bytes), Err(WireError::BadLease(lease_ms)), "kind {kind}");
             }
         }
@@ -1460,8 +1559,8 @@ mod tests {
     #[test]
     fn snapshot_leases_must_not_exceed_the_limit() {
         let mut bytes = encoded(&Frame::SnapshotChunk(vec![entry(b"k", 1, 0)]));
-        let lease_at = bytes.len() - 8;
-        bytes[lease_at..].copy_from_slice(&(LEASE_MS_LIMIT + 1).to_le_bytes());
+        let lease_at = bytes.len() - 9;
+        bytes[lease_at..lease_at + 8].copy_from_slice(&(LEASE_MS_LIMIT + 1).to_le_bytes());
         assert_eq!(decode(&bytes), Err(WireError::BadLease(LEASE_MS_LIMIT + 1)));
     }
 
@@ -1514,12 +1613,12 @@ mod tests {
             WireError::FrameTooLong { len: 5_000_000 }.to_string(),
             "frame of 5000000 bytes announced; the limit is 1048576"
         );
-        assert_eq!(WireError::BadVersion(1).to_string(), "peer speaks protocol version 1; this node speaks 3");
+        assert_eq!(WireError::BadVersion(1).to_string(), "peer speaks protocol version 1; this node speaks 5");
         assert_eq!(
             WireError::BadMagic(*b"GET ").to_string(),
             "hello or challenge starts with [47, 45, 54, 20], not [52, 4c, 4b, 50]: not a ringlock peer"
         );
-        assert_eq!(WireError::TooManyEntries(3000).to_string(), "3000 entries in one frame; the limit is 2048");
+        assert_eq!(WireError::TooManyEntries(3000).to_string(), "3000 entries in one frame; the limit is 1024");
         assert_eq!(
             WireError::BadEpoch(u64::MAX).to_string(),
             "epoch 18446744073709551615 out of range (the largest is 16777215)"
@@ -1657,11 +1756,8 @@ mod tests {
 
     fn delta_strategy() -> impl Strategy<Value = Delta> {
         prop_oneof![
-            (key_strategy(), u64_strategy(), lease_strategy()).prop_map(|(key, token, lease_ms)| Delta::Grant {
-                key,
-                token,
-                lease_ms
-            }),
+            (key_strategy(), u64_strategy(), lease_strategy(), name_strategy())
+                .prop_map(|(key, token, lease_ms, name)| Delta::Grant { key, token, lease_ms, name }),
             (key_strategy(), u64_strategy()).prop_map(|(key, token)| Delta::Release { key, token }),
             (key_strategy(), u64_strategy(), lease_strategy()).prop_map(|(key, token, lease_ms)| Delta::Extend {
                 key,
@@ -1673,8 +1769,19 @@ mod tests {
     }
 
     fn entry_strategy() -> impl Strategy<Value = SnapshotEntry> {
-        (key_strategy(), u64_strategy(), prop_oneof![Just(0), Just(LEASE_MS_LIMIT), 0..=LEASE_MS_LIMIT])
-            .prop_map(|(key, token, lease_left_ms)| SnapshotEntry { key, token, lease_left_ms })
+        (
+            key_strategy(),
+            u64_strategy(),
+            prop_oneof![Just(0), Just(LEASE_MS_LIMIT), 0..=LEASE_MS_LIMIT],
+            name_strategy(),
+        )
+            .prop_map(|(key, token, lease_left_ms, name)| SnapshotEntry { key, token, lease_left_ms, name })
+    }
+
+    /// No name, or one of a few numbered on this node (a number this node
+    /// never gave would not survive the trip, by design).
+    fn name_strategy() -> impl Strategy<Value = NameId> {
+        prop_oneof![Just(NameId::NONE), (0..4u8).prop_map(|n| name(&format!("wire-name-{n}")))]
     }
 
     fn frame_strategy() -> impl Strategy<Value = Frame> {

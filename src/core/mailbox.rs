@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use ringlock_proto::{ErrorCode, Op};
-use ringlock_shards::{ClientId, Key, ShardReply};
+use ringlock_shards::{ClientId, Key, NameId, ShardReply};
 
 /// Batches a core's inbox may hold before senders must keep theirs.
 pub const INBOX_BATCHES_MAX: usize = 4096;
@@ -34,8 +34,9 @@ pub enum RoutedRequest {
 /// One message between cores.
 #[derive(Debug)]
 pub enum CoreMessage {
-    /// A request from `client`, a connection of the sending core.
-    Request { client: ClientId, request: RoutedRequest },
+    /// A request from `client`, a connection of the sending core,
+    /// authenticated as `name`.
+    Request { client: ClientId, name: NameId, request: RoutedRequest },
     /// A reply for `client`, a connection of the receiving core.
     Reply { client: ClientId, reply: ShardReply },
     /// The connection reads no more: its queued requests leave their queues.

@@ -9,9 +9,11 @@
 //! - `counters`: what each core publishes for `S` and `/metrics`.
 //! - `stats_reply`: the `S` reply's JSON.
 //! - `seed`: random seeds for the lock tables' hash.
+//! - `names`: the numbers that authenticated names have in the lock tables.
 
 pub(crate) mod counters;
 pub(crate) mod epoch;
+pub(crate) mod names;
 pub(crate) mod role;
 pub(crate) mod seed;
 pub(crate) mod shared;

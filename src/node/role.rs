@@ -26,9 +26,9 @@ pub enum CoreRole {
     Standby,
 }
 
-/// A grant to install on a core that becomes active: key, token, and the
-/// lease left in milliseconds.
-pub type Restored = (Key, u64, u64);
+/// A grant to install on a core that becomes active: key, token, the lease
+/// left in milliseconds, and the name that took it.
+pub type Restored = (Key, u64, u64, ringlock_shards::NameId);
 
 /// An order from the replication core to one shard core.
 #[derive(Debug)]
@@ -184,7 +184,7 @@ mod tests {
     }
 
     fn grant(token: u64) -> Delta {
-        Delta::Grant { key: Key::new(b"k"), token, lease_ms: 10 }
+        Delta::Grant { key: Key::new(b"k"), token, lease_ms: 10, name: ringlock_shards::NameId::NONE }
     }
 
     #[test]

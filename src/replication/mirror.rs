@@ -4,23 +4,55 @@
 //! On the active it is fed the shards' deltas and is what a joining standby
 //! gets as a snapshot; on a standby it is fed the active's snapshot and delta
 //! stream, and is what the shards restore when the node becomes active. It
-//! reads no clock: every input carries `now_ms`, the replication core's
+//! A grant keeps the name that took it, so that after a failover the new
+//! active still refuses its release or extend by another name.
+//!
+//! It reads no clock: every input carries `now_ms`, the replication core's
 //! monotonic time. Leases are kept as deadlines in that time, so a lease on a
 //! standby ends at most one replication lag later than on the active: late,
 //! never early, which is the safe side for mutual exclusion.
 
 use ringlock_shards::lock_index::LockIndex;
-use ringlock_shards::{Delta, Key, shard_of, token_epoch};
+use ringlock_shards::{Delta, Key, NameId, shard_of, token_epoch};
 
 use crate::cluster::receive::ReplicaTable;
 use crate::cluster::wire::SnapshotEntry;
+use crate::node::role::Restored;
 
 /// One held grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Grant {
     key: Key,
     token: u64,
-    lease_end_ms: u64,
+    /// When the lease ends (the high 48 bits, in the replication core's ms)
+    /// and the name that took the grant (the low 16): one word, so that a
+    /// grant with its name takes 48 bytes, as it did without.
+    end_and_name: u64,
+}
+
+/// Lease ends are kept below 2^48 ms (some 8,900 years of uptime).
+const LEASE_END_MS_MAX: u64 = (1 << 48) - 1;
+
+impl Grant {
+    fn new(key: Key, token: u64, lease_end_ms: u64, name: NameId) -> Grant {
+        Grant { key, token, end_and_name: pack(lease_end_ms, name) }
+    }
+
+    fn lease_end_ms(&self) -> u64 {
+        self.end_and_name >> 16
+    }
+
+    fn name(&self) -> NameId {
+        NameId(self.end_and_name as u16)
+    }
+
+    fn set_lease_end_ms(&mut self, lease_end_ms: u64) {
+        self.end_and_name = pack(lease_end_ms, self.name());
+    }
+}
+
+fn pack(lease_end_ms: u64, name: NameId) -> u64 {
+    (lease_end_ms.min(LEASE_END_MS_MAX) << 16) | u64::from(name.0)
 }
 
 /// A replicated grant whose token is not above the key's current token.
@@ -111,7 +143,7 @@ impl Mirror {
     /// means the stream was applied out of order or is not an active's.
     pub fn apply(&mut self, now_ms: u64, delta: Delta) -> Result<(), OutOfOrder> {
         match delta {
-            Delta::Grant { key, token, lease_ms } => {
+            Delta::Grant { key, token, lease_ms, name } => {
                 let lease_end_ms = now_ms.saturating_add(lease_ms);
                 match self.find(key.as_bytes()) {
                     Some(slot) => {
@@ -120,9 +152,9 @@ impl Mirror {
                             return Err(OutOfOrder { key, token, previous: held.token });
                         }
                         held.token = token;
-                        held.lease_end_ms = lease_end_ms;
+                        held.end_and_name = pack(lease_end_ms, name);
                     }
-                    None => self.add(Grant { key, token, lease_end_ms }),
+                    None => self.add(Grant::new(key, token, lease_end_ms, name)),
                 }
                 self.token_epoch_max = self.token_epoch_max.max(token_epoch(token));
             }
@@ -131,7 +163,7 @@ impl Mirror {
                     && let Some(grant) = self.slots[slot as usize].as_mut()
                     && grant.token == token
                 {
-                    grant.lease_end_ms = now_ms.saturating_add(lease_ms);
+                    grant.set_lease_end_ms(now_ms.saturating_add(lease_ms));
                 }
             }
             Delta::Release { key, token } | Delta::Expire { key, token } => {
@@ -155,9 +187,9 @@ impl Mirror {
             Some(slot) => {
                 let held = self.slots[slot as usize].as_mut().expect("an indexed slot holds a grant");
                 held.token = entry.token;
-                held.lease_end_ms = lease_end_ms;
+                held.end_and_name = pack(lease_end_ms, entry.name);
             }
-            None => self.add(Grant { key: entry.key, token: entry.token, lease_end_ms }),
+            None => self.add(Grant::new(entry.key, entry.token, lease_end_ms, entry.name)),
         }
     }
 
@@ -166,7 +198,7 @@ impl Mirror {
     /// snapshot, must not carry a lease that is already over.
     pub fn drop_expired(&mut self, now_ms: u64) {
         for slot in 0..self.slots.len() as u32 {
-            if self.slots[slot as usize].as_ref().is_some_and(|grant| grant.lease_end_ms <= now_ms) {
+            if self.slots[slot as usize].as_ref().is_some_and(|grant| grant.lease_end_ms() <= now_ms) {
                 self.remove(slot);
             }
         }
@@ -203,11 +235,13 @@ impl Mirror {
     }
 
     /// The live grants split by the shard core that owns each key, as
-    /// (key, token, lease left in ms), for the cores of a node becoming active.
-    pub fn restore_lists(&self, now_ms: u64, cores: usize) -> Vec<Vec<(Key, u64, u64)>> {
-        let mut lists: Vec<Vec<(Key, u64, u64)>> = (0..cores).map(|_| Vec::new()).collect();
+    /// (key, token, lease left in ms, name), for the cores of a node
+    /// becoming active.
+    pub fn restore_lists(&self, now_ms: u64, cores: usize) -> Vec<Vec<Restored>> {
+        let mut lists: Vec<Vec<Restored>> = (0..cores).map(|_| Vec::new()).collect();
         for entry in self.entries(now_ms) {
-            lists[shard_of(entry.key.as_bytes(), cores)].push((entry.key, entry.token, entry.lease_left_ms));
+            let core = shard_of(entry.key.as_bytes(), cores);
+            lists[core].push((entry.key, entry.token, entry.lease_left_ms, entry.name));
         }
         lists
     }
@@ -215,10 +249,11 @@ impl Mirror {
 
 /// A grant as a snapshot entry, if its lease has not run out by `now_ms`.
 fn entry_of(grant: &Grant, now_ms: u64) -> Option<SnapshotEntry> {
-    (grant.lease_end_ms > now_ms).then(|| SnapshotEntry {
+    (grant.lease_end_ms() > now_ms).then(|| SnapshotEntry {
         key: grant.key.clone(),
         token: grant.token,
-        lease_left_ms: grant.lease_end_ms - now_ms,
+        lease_left_ms: grant.lease_end_ms() - now_ms,
+        name: grant.name(),
     })
 }
 
@@ -262,18 +297,27 @@ mod tests {
         let mut mirror = Mirror::new();
         let first = ringlock_shards::token(32, 1);
         let second = ringlock_shards::token(32, 2);
-        mirror.apply(100, Delta::Grant { key: key("a"), token: first, lease_ms: 1000 }).expect("in order");
-        mirror.apply(100, Delta::Grant { key: key("b"), token: first, lease_ms: 50 }).expect("in order");
+        mirror
+            .apply(100, Delta::Grant { key: key("a"), token: first, lease_ms: 1000, name: NameId::NONE })
+            .expect("in order");
+        mirror
+            .apply(100, Delta::Grant { key: key("b"), token: first, lease_ms: 50, name: NameId::NONE })
+            .expect("in order");
         assert_eq!(mirror.len(), 2);
         assert_eq!(mirror.token_epoch_max(), 32);
         // A hand-off: the old grant is released, the next waiter granted.
         mirror.apply(200, Delta::Release { key: key("a"), token: first }).expect("in order");
-        mirror.apply(200, Delta::Grant { key: key("a"), token: second, lease_ms: 1000 }).expect("in order");
+        mirror
+            .apply(200, Delta::Grant { key: key("a"), token: second, lease_ms: 1000, name: NameId::NONE })
+            .expect("in order");
         // A release with a stale token changes nothing.
         mirror.apply(210, Delta::Release { key: key("a"), token: first }).expect("in order");
         mirror.apply(300, Delta::Extend { key: key("a"), token: second, lease_ms: 5000 }).expect("in order");
         let entries: Vec<SnapshotEntry> = mirror.entries(300).collect();
-        assert_eq!(entries, vec![SnapshotEntry { key: key("a"), token: second, lease_left_ms: 5000 }]);
+        assert_eq!(
+            entries,
+            vec![SnapshotEntry { key: key("a"), token: second, lease_left_ms: 5000, name: NameId::NONE }]
+        );
         mirror.apply(400, Delta::Expire { key: key("a"), token: second }).expect("in order");
         assert_eq!(mirror.entries(400).count(), 0);
     }
@@ -282,8 +326,12 @@ mod tests {
     fn snapshot_entries_keep_the_lease_left_and_restore_by_owning_core() {
         let mut mirror = Mirror::new();
         for index in 0..100u64 {
-            let entry =
-                SnapshotEntry { key: key(&format!("k{index}")), token: 1000 + index, lease_left_ms: 10 + index };
+            let entry = SnapshotEntry {
+                key: key(&format!("k{index}")),
+                token: 1000 + index,
+                lease_left_ms: 10 + index,
+                name: NameId::NONE,
+            };
             mirror.insert(1000, entry);
         }
         mirror.drop_expired(1050);
@@ -291,7 +339,7 @@ mod tests {
         let lists = mirror.restore_lists(1050, 3);
         assert_eq!(lists.iter().map(Vec::len).sum::<usize>(), 59);
         for (core, list) in lists.iter().enumerate() {
-            for (key, token, lease_left_ms) in list {
+            for (key, token, lease_left_ms, _) in list {
                 assert_eq!(shard_of(key.as_bytes(), 3), core);
                 assert_eq!(*lease_left_ms, 10 + (token - 1000) - 50);
             }
@@ -301,13 +349,15 @@ mod tests {
     #[test]
     fn a_grant_out_of_order_is_refused_and_changes_nothing() {
         let mut mirror = Mirror::new();
-        mirror.apply(100, Delta::Grant { key: key("a"), token: 7, lease_ms: 1000 }).expect("in order");
+        mirror
+            .apply(100, Delta::Grant { key: key("a"), token: 7, lease_ms: 1000, name: NameId::NONE })
+            .expect("in order");
         for token in [7, 6] {
-            let refused = mirror.apply(200, Delta::Grant { key: key("a"), token, lease_ms: 10 });
+            let refused = mirror.apply(200, Delta::Grant { key: key("a"), token, lease_ms: 10, name: NameId::NONE });
             assert_eq!(refused, Err(OutOfOrder { key: key("a"), token, previous: 7 }));
         }
         let entries: Vec<SnapshotEntry> = mirror.entries(300).collect();
-        assert_eq!(entries, vec![SnapshotEntry { key: key("a"), token: 7, lease_left_ms: 800 }]);
+        assert_eq!(entries, vec![SnapshotEntry { key: key("a"), token: 7, lease_left_ms: 800, name: NameId::NONE }]);
     }
 
     /// Every live grant of `mirror`, sorted, as (key, token, lease end).
@@ -335,7 +385,7 @@ mod tests {
                 let delta = match (kind, held) {
                     (0 | 1, None) | (0, Some(_)) => {
                         next_token += 1;
-                        Delta::Grant { key, token: next_token, lease_ms: 10_000 + u64::from(key_index) }
+                        Delta::Grant { key, token: next_token, lease_ms: 10_000 + u64::from(key_index), name: NameId::NONE }
                     }
                     (1, Some(grant)) => Delta::Extend { key, token: grant.token, lease_ms: 20_000 },
                     (2, Some(grant)) => Delta::Release { key, token: grant.token },
@@ -375,13 +425,40 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_keeps_its_name_through_deltas_snapshots_and_restores() {
+        let (alpha, beta) = (NameId(1), NameId(2));
+        let mut active = Mirror::new();
+        active.apply(100, Delta::Grant { key: key("a"), token: 5, lease_ms: 1000, name: alpha }).expect("in order");
+        active.apply(100, Delta::Grant { key: key("b"), token: 6, lease_ms: 1000, name: beta }).expect("in order");
+        // An extend keeps the name; a hand-off takes the new holder's.
+        active.apply(200, Delta::Extend { key: key("a"), token: 5, lease_ms: 3000 }).expect("in order");
+        active.apply(300, Delta::Release { key: key("b"), token: 6 }).expect("in order");
+        active.apply(300, Delta::Grant { key: key("b"), token: 7, lease_ms: 1000, name: alpha }).expect("in order");
+        let mut standby = Mirror::new();
+        for entry in active.entries(300) {
+            standby.insert(300, entry);
+        }
+        let mut got: Vec<(Vec<u8>, u64, u64, NameId)> =
+            standby.entries(400).map(|e| (e.key.as_bytes().to_vec(), e.token, e.lease_left_ms, e.name)).collect();
+        got.sort();
+        assert_eq!(got, vec![(b"a".to_vec(), 5, 2800, alpha), (b"b".to_vec(), 7, 900, alpha)]);
+        let restored: Vec<Restored> = standby.restore_lists(400, 1).remove(0);
+        assert!(restored.iter().all(|(_, _, _, name)| *name == alpha), "{restored:?}");
+        assert_eq!(size_of::<Option<Grant>>(), 48, "a grant with its name stays at 48 bytes");
+    }
+
+    #[test]
     fn freed_slots_are_reused_and_a_walk_sees_each_live_grant_once() {
         let mut mirror = Mirror::new();
         for token in 1..=10 {
-            mirror.apply(0, Delta::Grant { key: key(&format!("k{token}")), token, lease_ms: 100 }).expect("in order");
+            mirror
+                .apply(0, Delta::Grant { key: key(&format!("k{token}")), token, lease_ms: 100, name: NameId::NONE })
+                .expect("in order");
         }
         mirror.apply(0, Delta::Release { key: key("k3"), token: 3 }).expect("in order");
-        mirror.apply(0, Delta::Grant { key: key("k11"), token: 11, lease_ms: 100 }).expect("in order");
+        mirror
+            .apply(0, Delta::Grant { key: key("k11"), token: 11, lease_ms: 100, name: NameId::NONE })
+            .expect("in order");
         assert_eq!(mirror.slots.len(), 10, "k11 took k3's slot");
         let mut seen = Vec::new();
         let mut next = Some(0);

@@ -117,16 +117,16 @@ mod tests {
     #[test]
     fn the_mac_is_hmac_sha256_over_the_documented_bytes() {
         // Computed independently: Python's hmac.new(SECRET, message, "sha256"),
-        // with message = b"ringlock/peer-proof/connector\0" + (4).to_bytes(4,
+        // with message = b"ringlock/peer-proof/connector\0" + (6).to_bytes(4,
         // "little") + b"\x11" * 32 + b"\x22" * 32 + bytes([2]) +
         // FINGERPRINT.to_bytes(8, "little").
-        assert_eq!(SECURED_PROTOCOL_VERSION, 4, "the expected MAC below is for version 4");
+        assert_eq!(SECURED_PROTOCOL_VERSION, 6, "the expected MAC below is for version 6");
         let proof = prove(&key(SECRET), Side::Connector, &nonces(), 2, FINGERPRINT);
         let hex: String = proof.mac.iter().map(|byte| format!("{byte:02x}")).collect();
         assert_eq!(hex, EXPECTED_CONNECTOR_MAC_HEX);
     }
 
-    const EXPECTED_CONNECTOR_MAC_HEX: &str = "0b2f8992e15ef22fd684f335735d7fc0e9c208d74e2ff90e8a5542bd46b387a3";
+    const EXPECTED_CONNECTOR_MAC_HEX: &str = "801816d063891c49c5724a1c4293da5058990a07436d2339ead0e779d1780791";
 
     #[test]
     fn another_key_fails() {

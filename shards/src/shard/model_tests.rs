@@ -7,6 +7,11 @@
 //! each request is answered exactly once, that a key has at most one holder,
 //! that tokens strictly increase per key and never repeat, that grants follow
 //! FIFO order, and that free keys leave no state in the shard.
+//!
+//! Clients come under two names (clients 0 and 2 are one, 1 and 3 the
+//! other): a grant records its taker's name, a release or an extend from the
+//! other name is refused even with the right token, and `I` shows the token
+//! to the holder's name only.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -18,6 +23,11 @@ use crate::token::TOKEN_RANGES_QUEUED_MAX;
 const KEYS: [&[u8]; 4] = [b"a", b"b", b"c", b"a-much-longer-key-that-lives-on-the-heap"];
 const CLIENTS: u64 = 4;
 const LEASE_MS_MAX: u64 = 400;
+
+/// The authenticated name of a client: two clients share each name.
+fn name_of(client: u64) -> NameId {
+    NameId((client % 2 + 1) as u16)
+}
 
 fn config() -> ShardConfig {
     ShardConfig {
@@ -109,6 +119,8 @@ struct Queued {
 #[derive(Debug, Default)]
 struct ModelKey {
     holder: Option<(u64, Due)>, // (token, lease deadline)
+    /// The name of the holder's grant.
+    name: NameId,
     queue: Vec<Queued>,
     /// Answers held behind an earlier queued acquire of the same client.
     held: Vec<(u64, u64, Outcome)>, // (client, id, outcome)
@@ -197,6 +209,7 @@ impl Model {
         let entry = self.keys.get_mut(&key).expect("key");
         let first = entry.queue.remove(0);
         entry.holder = Some((0, due));
+        entry.name = name_of(first.client);
         grants.push((key, first.id));
         out.push((first.id, Outcome::Granted));
         self.flush_held(out, key, first.client);
@@ -317,15 +330,14 @@ fn run(steps: Vec<Step>) {
                 next_id += 1;
                 pending.push(client, Op::Acquire, KEYS[key], id);
                 if direct {
-                    direct_reply =
-                        shard.acquire_direct(now, ClientId(client), KEYS[key], lease_ms, wait_ms).map(|token| {
-                            Effect::Reply {
-                                client: ClientId(client),
-                                reply: ShardReply::Acquired { key: Key::new(KEYS[key]), token },
-                            }
+                    direct_reply = shard
+                        .acquire_direct(now, ClientId(client), name_of(client), KEYS[key], lease_ms, wait_ms)
+                        .map(|token| Effect::Reply {
+                            client: ClientId(client),
+                            reply: ShardReply::Acquired { key: Key::new(KEYS[key]), token },
                         });
                 } else {
-                    shard.acquire(now, ClientId(client), KEYS[key], lease_ms, wait_ms);
+                    shard.acquire_as(now, ClientId(client), name_of(client), KEYS[key], lease_ms, wait_ms);
                 }
                 let exists = model.keys.get(&key).is_some_and(|k| k.holder.is_some() || !k.queue.is_empty());
                 if lease_ms == 0 || lease_ms > LEASE_MS_MAX {
@@ -344,7 +356,9 @@ fn run(steps: Vec<Step>) {
                     expected.push((id, Outcome::Error(ErrorCode::TooManyKeys)));
                 } else if model.take_token() {
                     let due = model.due(now + lease_ms);
-                    model.keys.entry(key).or_default().holder = Some((0, due));
+                    let entry = model.keys.entry(key).or_default();
+                    entry.holder = Some((0, due));
+                    entry.name = name_of(client);
                     model_grants.push((key, id));
                     expected.push((id, Outcome::Granted));
                 } else if model.waiters() >= 6 {
@@ -364,10 +378,11 @@ fn run(steps: Vec<Step>) {
                     (true, Some((token, _))) => token,
                     _ => old_tokens.get(&key).copied().unwrap_or(1),
                 };
-                let holds = holder.is_some_and(|(t, _)| t == token);
+                let same_name = model.keys.get(&key).is_some_and(|k| k.name == name_of(client));
+                let holds = holder.is_some_and(|(t, _)| t == token) && same_name;
                 if let Step::Extend { lease_ms, .. } = step {
                     pending.push(client, Op::Extend, KEYS[key], id);
-                    shard.extend(now, ClientId(client), KEYS[key], token, lease_ms);
+                    shard.extend_as(now, ClientId(client), name_of(client), KEYS[key], token, lease_ms);
                     if holds && lease_ms > 0 {
                         let due = model.due(now + lease_ms);
                         model.keys.get_mut(&key).unwrap().holder = Some((token, due));
@@ -380,14 +395,14 @@ fn run(steps: Vec<Step>) {
                 } else {
                     pending.push(client, Op::Release, KEYS[key], id);
                     if let Step::Release { direct: true, .. } = step {
-                        if shard.release_direct(now, ClientId(client), KEYS[key], token) {
+                        if shard.release_direct(now, ClientId(client), name_of(client), KEYS[key], token) {
                             direct_reply = Some(Effect::Reply {
                                 client: ClientId(client),
                                 reply: ShardReply::Released { key: Key::new(KEYS[key]) },
                             });
                         }
                     } else {
-                        shard.release(now, ClientId(client), KEYS[key], token);
+                        shard.release_as(now, ClientId(client), name_of(client), KEYS[key], token);
                     }
                     if holds {
                         expected.push((id, Outcome::Released));
@@ -532,6 +547,21 @@ fn run(steps: Vec<Step>) {
             assert_eq!(shard.holder_token(bytes), holder, "step {index}: holder of key {key}");
             let queued = model_key.map_or(0, |k| k.queue.len() as u32);
             assert_eq!(shard.queue_len(bytes), queued, "step {index}: queue of key {key}");
+            let name = model_key.filter(|k| k.holder.is_some()).map(|k| k.name);
+            assert_eq!(shard.holder_name(bytes), name, "step {index}: name of the holder of key {key}");
+            // `I` from each name: the token for the holder's name only; the
+            // lease left and the queue for both. It changes nothing.
+            for asker in [NameId(1), NameId(2)] {
+                shard.inspect_as(model.now, ClientId(99), asker, bytes);
+                let effects: Vec<Effect> = shard.drain_effects().collect();
+                let [Effect::Reply { reply: ShardReply::Inspected { state, .. }, .. }] = &effects[..] else {
+                    panic!("step {index}: inspect answered {effects:?}")
+                };
+                let shown = (name == Some(asker)).then_some(holder).flatten().unwrap_or(0);
+                assert_eq!(state.token, shown, "step {index}: token shown to {asker:?} for key {key}");
+                assert_eq!(state.lease_left_ms > 0, holder.is_some(), "step {index}: held or free, key {key}");
+                assert_eq!(state.waiters, queued, "step {index}: waiters shown, key {key}");
+            }
         }
         let live_keys = model.keys.values().filter(|k| k.holder.is_some() || !k.queue.is_empty()).count();
         assert_eq!(shard.stats().keys, live_keys as u64, "step {index}: keys with state");

@@ -605,3 +605,125 @@ fn grants_are_counted_by_how_and_waits_and_holds_are_timed() {
     assert_eq!(waits, vec![(b"k".to_vec(), 2), (b"e".to_vec(), 1)]);
     assert_eq!(handoffs, vec![(b"e".to_vec(), 1), (b"k".to_vec(), 1)]);
 }
+
+const ALPHA: NameId = NameId(1);
+const BETA: NameId = NameId(2);
+
+/// The state `I` shows `name`, as (token, lease left, waiters).
+fn inspected(shard: &mut Shard, name: NameId, key: &[u8]) -> (u64, u32, u32) {
+    shard.inspect_as(shard.now_ms(), C3, name, key);
+    match replies(shard).as_slice() {
+        [(C3, ShardReply::Inspected { state, .. })] => (state.token, state.lease_left_ms, state.waiters),
+        other => panic!("expected one inspect reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn another_name_cannot_release_or_extend_a_grant_even_with_its_token() {
+    let mut shard = shard();
+    shard.acquire_as(0, C1, ALPHA, b"k", 1000, 0);
+    let token = acquired(&mut shard, C1, b"k");
+    assert_eq!(shard.holder_name(b"k"), Some(ALPHA));
+
+    // Beta has the right token: refused exactly as with a wrong one.
+    shard.release_as(1, C2, BETA, b"k", token);
+    assert_eq!(replies(&mut shard), vec![(C2, error(Op::Release, b"k", ErrorCode::NotHolder))]);
+    assert!(!shard.release_direct(1, C2, BETA, b"k", token));
+    assert_eq!(replies(&mut shard), vec![(C2, error(Op::Release, b"k", ErrorCode::NotHolder))]);
+    shard.release_as(1, C2, BETA, b"k", token + 1);
+    assert_eq!(replies(&mut shard), vec![(C2, error(Op::Release, b"k", ErrorCode::NotHolder))]);
+    shard.extend_as(2, C2, BETA, b"k", token, 60_000);
+    assert_eq!(replies(&mut shard), vec![(C2, error(Op::Extend, b"k", ErrorCode::NotHolder))]);
+    // Without a name is another name too.
+    shard.release(2, C2, b"k", token);
+    assert_eq!(replies(&mut shard), vec![(C2, error(Op::Release, b"k", ErrorCode::NotHolder))]);
+    assert_eq!(shard.holder_token(b"k"), Some(token), "the grant is untouched");
+    assert_eq!(shard.stats().releases + shard.stats().extends, 0);
+
+    // Alpha, from another connection, may: the grant belongs to the name.
+    shard.extend_as(3, C3, ALPHA, b"k", token, 2000);
+    assert_eq!(replies(&mut shard), vec![(C3, ShardReply::Extended { key: Key::new(b"k"), token })]);
+    assert!(shard.release_direct(4, C2, ALPHA, b"k", token));
+    assert!(replies(&mut shard).is_empty(), "a direct release is answered by the caller");
+    assert_eq!(shard.holder_token(b"k"), None);
+}
+
+#[test]
+fn inspect_shows_the_token_to_the_holders_name_only() {
+    let mut shard = shard();
+    assert_eq!(inspected(&mut shard, BETA, b"k"), (0, 0, 0), "a free key");
+    shard.acquire_as(0, C1, ALPHA, b"k", 1000, 0);
+    let token = acquired(&mut shard, C1, b"k");
+    shard.acquire_as(10, C2, BETA, b"k", 1000, 0);
+    assert!(replies(&mut shard).is_empty());
+    assert_eq!(inspected(&mut shard, ALPHA, b"k"), (token, 990, 1));
+    assert_eq!(inspected(&mut shard, BETA, b"k"), (0, 990, 1), "held, lease and waiters; no token");
+    assert_eq!(inspected(&mut shard, NameId::NONE, b"k"), (0, 990, 1));
+    // On the wire: `-` in place of the token, the same four fields.
+    shard.inspect_as(10, C2, BETA, b"k");
+    let got = replies(&mut shard);
+    let wire = got[0].1.to_wire(None);
+    assert_eq!(wire, ringlock_proto::Reply::Inspected { key: b"k", token: None, lease_left_ms: 990, waiters: 1 });
+    // A lease at its last millisecond still shows as held to another name.
+    shard.inspect_as(999, C2, BETA, b"k");
+    let got = replies(&mut shard);
+    let ShardReply::Inspected { state, .. } = &got[0].1 else { panic!("{got:?}") };
+    assert_eq!((state.token, state.lease_left_ms), (0, 1));
+}
+
+#[test]
+fn a_waiter_granted_later_holds_under_its_own_name() {
+    let mut shard = shard_with(ShardConfig { deltas: true, ..config() });
+    shard.acquire_as(0, C1, ALPHA, b"k", 1000, 0);
+    let first = acquired(&mut shard, C1, b"k");
+    shard.acquire_as(1, C2, BETA, b"k", 1000, 0);
+    shard.release_as(2, C1, ALPHA, b"k", first);
+    let got = replies(&mut shard);
+    let ShardReply::Acquired { token: second, .. } = got[1].1 else { panic!("{got:?}") };
+    assert_eq!(shard.holder_name(b"k"), Some(BETA), "the waiter's name, not the last holder's");
+    shard.release_as(3, C1, ALPHA, b"k", second);
+    assert_eq!(replies(&mut shard), vec![(C1, error(Op::Release, b"k", ErrorCode::NotHolder))]);
+    assert_eq!(inspected(&mut shard, BETA, b"k").0, second);
+    assert_eq!(inspected(&mut shard, ALPHA, b"k").0, 0);
+
+    // And after an expiry as after a release; the deltas carry each name.
+    shard.acquire_as(4, C1, ALPHA, b"k", 1000, 0);
+    shard.advance(1003);
+    let third = acquired(&mut shard, C1, b"k");
+    assert_eq!(shard.holder_name(b"k"), Some(ALPHA));
+    let names: Vec<(u64, NameId)> = shard
+        .take_deltas(Vec::new())
+        .into_iter()
+        .filter_map(|delta| match delta {
+            Delta::Grant { token, name, .. } => Some((token, name)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names, vec![(first, ALPHA), (second, BETA), (third, ALPHA)]);
+}
+
+#[test]
+fn a_restored_grant_keeps_its_name() {
+    let mut shard = shard();
+    let old = token(1, 7);
+    assert!(shard.restore_as(100, b"k", old, 1000, ALPHA));
+    shard.release_as(101, C2, BETA, b"k", old);
+    assert_eq!(replies(&mut shard), vec![(C2, error(Op::Release, b"k", ErrorCode::NotHolder))]);
+    assert_eq!(inspected(&mut shard, BETA, b"k").0, 0);
+    assert_eq!(inspected(&mut shard, ALPHA, b"k").0, old);
+    shard.release_as(102, C1, ALPHA, b"k", old);
+    assert_eq!(replies(&mut shard), vec![(C1, ShardReply::Released { key: Key::new(b"k") })]);
+}
+
+#[test]
+fn without_names_every_connection_may_release_with_the_token_as_before() {
+    let mut shard = shard();
+    shard.acquire(0, C1, b"k", 1000, 0);
+    let token = acquired(&mut shard, C1, b"k");
+    assert_eq!(shard.holder_name(b"k"), Some(NameId::NONE));
+    assert_eq!(inspected(&mut shard, NameId::NONE, b"k"), (token, 1000, 0), "the token is shown to all");
+    shard.extend(1, C2, b"k", token, 500);
+    assert_eq!(replies(&mut shard), vec![(C2, ShardReply::Extended { key: Key::new(b"k"), token })]);
+    shard.release(2, C3, b"k", token);
+    assert_eq!(replies(&mut shard), vec![(C3, ShardReply::Released { key: Key::new(b"k") })]);
+}

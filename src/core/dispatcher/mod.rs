@@ -41,7 +41,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use ringlock_proto::{ErrorCode, Reply, Role};
-use ringlock_shards::{ClientId, Delta, Shard, TokenRange, TokenRangeError};
+use ringlock_shards::{ClientId, Delta, NameId, Shard, TokenRange, TokenRangeError};
 
 use crate::auth::AuthTable;
 use crate::core::client_id::{client_id, split_client_id};
@@ -119,7 +119,7 @@ pub(crate) struct Dispatcher {
     need_tokens: bool,
     role: CoreRole,
     /// Requests held while the role is [`CoreRole::Held`], in arrival order.
-    parked: Vec<(ClientId, RoutedRequest)>,
+    parked: Vec<(ClientId, NameId, RoutedRequest)>,
     /// The auth file in force, if the server has one: every request but `P`
     /// and `U` then needs an authenticated name whose scope allows it.
     auth: Option<Arc<AuthTable>>,
@@ -238,8 +238,8 @@ impl Dispatcher {
     /// the shell handles).
     pub(crate) fn handle_message(&mut self, message: CoreMessage) {
         match message {
-            CoreMessage::Request { client, request } => {
-                self.run_keyed(client, requests::Keyed::of(&request));
+            CoreMessage::Request { client, name, request } => {
+                self.run_keyed(client, name, requests::Keyed::of(&request));
                 self.deliver_replies();
             }
             CoreMessage::Reply { client, reply } => self.connections.deliver(client, &reply),
@@ -280,6 +280,7 @@ impl Dispatcher {
                 Some(identity) => session.identity = Some(identity),
                 None => {
                     session.identity = None;
+                    session.name = ringlock_shards::NameId::NONE;
                     self.connections.counters.auth_revocations += 1;
                     let reply = Reply::Error { op: None, key: None, code: ErrorCode::AuthRevoked };
                     self.connections.write(slot, &reply);
@@ -347,9 +348,9 @@ impl Dispatcher {
     /// the current epoch replace whatever the shard holds, so the shell
     /// supplies a range before it serves the held requests.
     pub(crate) fn activate(&mut self, restore: Vec<Restored>) {
-        for (key, token, lease_ms) in restore {
+        for (key, token, lease_ms, name) in restore {
             debug_assert_eq!(ringlock_shards::shard_of(key.as_bytes(), self.cores), self.core);
-            if !self.shard.restore(self.now_ms, key.as_bytes(), token, lease_ms) {
+            if !self.shard.restore_as(self.now_ms, key.as_bytes(), token, lease_ms, name) {
                 tracing::warn!(core = self.core, "a replicated grant could not be restored (table full)");
             }
         }
@@ -364,8 +365,8 @@ impl Dispatcher {
     pub(crate) fn follow(&mut self, active: Option<String>) {
         self.role = CoreRole::Standby;
         self.connections.active_address = active.map(String::into_bytes);
-        for (client, request) in std::mem::take(&mut self.parked) {
-            self.run_keyed(client, requests::Keyed::of(&request));
+        for (client, name, request) in std::mem::take(&mut self.parked) {
+            self.run_keyed(client, name, requests::Keyed::of(&request));
         }
         self.shard.step_down(self.now_ms);
         self.deliver_replies();
@@ -383,8 +384,8 @@ impl Dispatcher {
         if self.role == CoreRole::Held {
             self.role = CoreRole::Active;
         }
-        for (client, request) in std::mem::take(&mut self.parked) {
-            self.run_keyed(client, requests::Keyed::of(&request));
+        for (client, name, request) in std::mem::take(&mut self.parked) {
+            self.run_keyed(client, name, requests::Keyed::of(&request));
         }
         self.deliver_replies();
     }
@@ -424,7 +425,7 @@ impl Dispatcher {
     /// Answers every held request `E <op> <key> <code>`, behind the earlier
     /// requests of the same connection and key.
     pub(crate) fn refuse_parked(&mut self, code: ErrorCode) {
-        for (client, request) in std::mem::take(&mut self.parked) {
+        for (client, _, request) in std::mem::take(&mut self.parked) {
             let keyed = requests::Keyed::of(&request);
             self.shard.reject(self.now_ms, client, keyed.op(), keyed.key(), code);
         }

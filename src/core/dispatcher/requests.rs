@@ -2,7 +2,7 @@
 //! each request to the core that owns its key, and writing replies.
 
 use ringlock_proto::{Decoded, ErrorCode, Op, Reply, Request, decode_request};
-use ringlock_shards::{ClientId, Effect, Key, ShardReply, shard_of};
+use ringlock_shards::{ClientId, Effect, Key, NameId, ShardReply, shard_of};
 
 use super::session::partial_line_end;
 use super::{AUTH_FAILURE_DELAY_MS, Dispatcher};
@@ -69,7 +69,7 @@ impl<'a> Keyed<'a> {
     /// not answered among the shard's effects but returned, for the caller
     /// to write before it delivers them (see [`ringlock_shards::Shard::acquire_direct`]).
     #[inline(always)]
-    fn apply_direct(self, dispatcher: &mut Dispatcher, client: ClientId) -> Option<Reply<'a>> {
+    fn apply_direct(self, dispatcher: &mut Dispatcher, client: ClientId, name: NameId) -> Option<Reply<'a>> {
         let (shard, now_ms) = (&mut dispatcher.shard, dispatcher.now_ms);
         debug_assert!(
             shard.effects().is_empty(),
@@ -77,28 +77,29 @@ impl<'a> Keyed<'a> {
             shard.effects()
         );
         match self {
-            Keyed::Acquire { key, lease_ms, wait_ms } => {
-                shard.acquire_direct(now_ms, client, key, lease_ms, wait_ms).map(|token| Reply::Acquired { key, token })
-            }
+            Keyed::Acquire { key, lease_ms, wait_ms } => shard
+                .acquire_direct(now_ms, client, name, key, lease_ms, wait_ms)
+                .map(|token| Reply::Acquired { key, token }),
             Keyed::Release { key, token } => {
-                shard.release_direct(now_ms, client, key, token).then_some(Reply::Released { key })
+                shard.release_direct(now_ms, client, name, key, token).then_some(Reply::Released { key })
             }
             request => {
-                request.apply(dispatcher, client);
+                request.apply(dispatcher, client, name);
                 None
             }
         }
     }
 
-    /// Runs the request on the shard that owns its key.
+    /// Runs the request, from `client` authenticated as `name`, on the
+    /// shard that owns its key.
     #[inline(always)]
-    fn apply(self, dispatcher: &mut Dispatcher, client: ClientId) {
+    fn apply(self, dispatcher: &mut Dispatcher, client: ClientId, name: NameId) {
         let (shard, now_ms) = (&mut dispatcher.shard, dispatcher.now_ms);
         match self {
-            Keyed::Acquire { key, lease_ms, wait_ms } => shard.acquire(now_ms, client, key, lease_ms, wait_ms),
-            Keyed::Release { key, token } => shard.release(now_ms, client, key, token),
-            Keyed::Extend { key, token, lease_ms } => shard.extend(now_ms, client, key, token, lease_ms),
-            Keyed::Inspect { key } => shard.inspect(now_ms, client, key),
+            Keyed::Acquire { key, lease_ms, wait_ms } => shard.acquire_as(now_ms, client, name, key, lease_ms, wait_ms),
+            Keyed::Release { key, token } => shard.release_as(now_ms, client, name, key, token),
+            Keyed::Extend { key, token, lease_ms } => shard.extend_as(now_ms, client, name, key, token, lease_ms),
+            Keyed::Inspect { key } => shard.inspect_as(now_ms, client, name, key),
             Keyed::Reject { op, key, code } => shard.reject(now_ms, client, op, key, code),
         }
     }
@@ -255,10 +256,28 @@ impl Dispatcher {
         };
         match found {
             Ok(identity) => {
+                // The name's number, which its grants record. Numbers run
+                // out only after tens of thousands of names (see
+                // `node::names`); past that a new name is refused.
+                let Some(name) = crate::node::names::intern(&identity.name) else {
+                    tracing::error!(
+                        names = crate::node::names::NAMES_MAX,
+                        "a client authenticated under a name this process has no number left for; restart to \
+                         let it in"
+                    );
+                    self.connections.counters.count_error(ErrorCode::AuthFailed);
+                    let reply = Reply::Error { op: Some(Op::Authenticate), key: None, code: ErrorCode::AuthFailed };
+                    self.connections.counters.requests.count(&reply);
+                    self.connections.write(slot, &reply);
+                    self.stop_reading(slot);
+                    return;
+                };
                 let reply = Reply::Authenticated { name: &identity.name };
                 self.connections.counters.requests.count(&reply);
                 self.connections.write(slot, &reply);
-                self.connections.sessions[slot as usize].identity = Some(identity);
+                let session = &mut self.connections.sessions[slot as usize];
+                session.identity = Some(identity);
+                session.name = name;
             }
             Err(ErrorCode::AuthFailed) => {
                 self.connections.counters.auth_failures += 1;
@@ -302,20 +321,22 @@ impl Dispatcher {
         let session = &mut self.connections.sessions[slot as usize];
         session.in_flight += 1;
         let client = client_id(self.core, slot, session.generation);
+        let name = session.name;
         let target = shard_of(request.key(), self.cores);
         if target != self.core {
-            self.connections.outgoing[target].push(CoreMessage::Request { client, request: request.to_routed() });
+            let request = request.to_routed();
+            self.connections.outgoing[target].push(CoreMessage::Request { client, name, request });
             return;
         }
         if self.role != CoreRole::Active {
-            self.run_keyed(client, request);
+            self.run_keyed(client, name, request);
             self.deliver_replies();
             return;
         }
         // Served here and now, the common case. A grant or a release made
         // at once is answered from the request line, before the effects
         // (a release's hand-off to the next waiter comes after it).
-        if let Some(reply) = request.apply_direct(self, client) {
+        if let Some(reply) = request.apply_direct(self, client, name) {
             self.connections.answer_line(slot, &reply);
         }
         self.deliver_replies_asked_by(Some((slot, client)));
@@ -345,12 +366,13 @@ impl Dispatcher {
         self.shard.clear_effects();
     }
 
-    /// A request for one of this core's keys, as the core's role says:
-    /// served, held, or (checked already) redirected to the active.
-    pub(super) fn run_keyed(&mut self, client: ClientId, request: Keyed<'_>) {
+    /// A request for one of this core's keys, from `client` authenticated
+    /// as `name`, as the core's role says: served, held, or (checked
+    /// already) redirected to the active.
+    pub(super) fn run_keyed(&mut self, client: ClientId, name: NameId, request: Keyed<'_>) {
         match (self.role, request) {
-            (CoreRole::Active, request) => request.apply(self, client),
-            (CoreRole::Held, request) => self.parked.push((client, request.to_routed())),
+            (CoreRole::Active, request) => request.apply(self, client, name),
+            (CoreRole::Held, request) => self.parked.push((client, name, request.to_routed())),
             (CoreRole::Standby, Keyed::Reject { op, key, code }) => {
                 self.shard.reject(self.now_ms, client, op, key, code)
             }

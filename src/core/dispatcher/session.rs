@@ -103,6 +103,9 @@ pub struct Session {
     pub limits: Limits,
     /// Who the connection authenticated as (`U`), on a server with `--auth-file`.
     pub identity: Option<crate::auth::Identity>,
+    /// The number of the identity's name, which its grants record
+    /// ([`NameId::NONE`] until `U`, and without `--auth-file`).
+    pub name: ringlock_shards::NameId,
 }
 
 impl Session {
@@ -120,6 +123,7 @@ impl Session {
             receiving: false,
             limits: Limits::DEFAULT,
             identity: None,
+            name: ringlock_shards::NameId::NONE,
         }
     }
 
