@@ -81,7 +81,7 @@ func ExampleClient_Acquire_context() {
 	}
 	defer client.Close()
 
-	holder, err := client.Acquire(context.Background(), "reports/daily", time.Minute, 0)
+	holder, err := client.Acquire(context.Background(), "reports/daily", time.Minute, ringlock.NoLimit)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func ExampleClient_Acquire_context() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err = client.Acquire(ctx, "reports/daily", time.Minute, 0)
+	_, err = client.Acquire(ctx, "reports/daily", time.Minute, ringlock.NoLimit)
 	fmt.Println(errors.Is(err, context.DeadlineExceeded))
 	// Output: true
 }
@@ -103,7 +103,7 @@ func ExampleLock_Extend() {
 	}
 	defer client.Close()
 
-	lock, err := client.Acquire(ctx, "jobs/7", 10*time.Second, 0)
+	lock, err := client.Acquire(ctx, "jobs/7", 10*time.Second, ringlock.NoLimit)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func ExampleLock_Release() {
 	}
 	defer client.Close()
 
-	lock, err := client.Acquire(ctx, "invoice-42", 30*time.Second, 0)
+	lock, err := client.Acquire(ctx, "invoice-42", 30*time.Second, ringlock.NoLimit)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func ExampleClient_Inspect() {
 	}
 	fmt.Println("held:", state.Held, "waiters:", state.Waiters)
 
-	lock, err := client.Acquire(ctx, "imports/nightly", 30*time.Second, 0)
+	lock, err := client.Acquire(ctx, "imports/nightly", 30*time.Second, ringlock.NoLimit)
 	if err != nil {
 		log.Fatal(err)
 	}
