@@ -165,9 +165,13 @@ func (l *Lock) AutoExtend() {
 	go l.keepExtending(done)
 }
 
+// autoExtendDivisor: AutoExtend extends the lease when 1/autoExtendDivisor
+// of it has passed since the grant or the last confirmed extend.
+const autoExtendDivisor = 3
+
 // keepExtending is AutoExtend's goroutine.
 func (l *Lock) keepExtending(done <-chan struct{}) {
-	period := l.lease / 3
+	period := l.lease / autoExtendDivisor
 	retry := l.client.router.options.releaseRetryInterval
 	timer := time.NewTimer(period)
 	defer timer.Stop()

@@ -30,6 +30,10 @@ bounded wait (``0.001`` waits up to 1 ms, it does not "try once")."""
 _TRY_WAIT_MS = 1
 """The wait a try-once acquire asks for: the shortest the protocol can say."""
 
+AUTO_EXTEND_FRACTION = 1 / 3
+"""With ``auto_extend``, a lock extends its lease when this share of it has
+passed since the grant or the last confirmed extend."""
+
 
 def wait_form(wait: float | None) -> tuple[int, bool]:
     """A wait as the wire's milliseconds and whether it is the try-once form.

@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from ._backoff import reconnect_delay
-from ._common import ClientBase, LockBase
+from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
 from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation, cut_protocol
 from ._pairing import Pairing
 from ._protocol import (
@@ -786,7 +786,7 @@ class Lock(LockBase):
     async def _extend_in_background(self, token: int, lease_ends: float) -> None:
         """Extends the lease at a third of it while ``token`` is held."""
         retry_interval = self._client.settings.release_retry_interval
-        delay = self.lease / 3
+        delay = self.lease * AUTO_EXTEND_FRACTION
         while True:
             await asyncio.sleep(delay)
             if self._token != token:
@@ -809,7 +809,7 @@ class Lock(LockBase):
                 continue
             lease_ends = sent_at + self.lease
             self._lease_ends = lease_ends
-            delay = self.lease / 3
+            delay = self.lease * AUTO_EXTEND_FRACTION
 
 
 def _text(key: str | bytes) -> str:

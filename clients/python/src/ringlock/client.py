@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._common import ClientBase, LockBase
+from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
 from ._operation import ACQUIRE, EXTEND, INSPECT, PING, RELEASE, STATS
 from ._protocol import KeyState, Pong, key_bytes, lease_ms
 from ._router import Router
@@ -535,7 +535,7 @@ class Lock(LockBase):
 
     def _schedule_extend(self, grant: int, lease_ends: float) -> None:
         """Extends the lease at a third of it, while this grant lasts."""
-        period = self.lease / 3
+        period = self.lease * AUTO_EXTEND_FRACTION
         self._client._call_at(time.monotonic() + period, lambda: self._extend_now(grant, lease_ends))
 
     def _extend_now(self, grant: int, lease_ends: float) -> None:
