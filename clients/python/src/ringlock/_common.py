@@ -224,7 +224,8 @@ class LockBase:
 
     @property
     def lost(self) -> LockLostError | None:
-        """Why the grant was lost, if automatic extension found it gone.
+        """Why the grant was lost, if an extend (automatic or not) found it
+        gone, or the lease ran out while ``auto_extend`` could not extend it.
 
         Example::
 

@@ -274,7 +274,9 @@ class Client(ClientBase):
         kept with ``auto_extend``, whose extends ask for ``lease``. Nothing
         is sent: the lease it has left is not known, so :meth:`Lock.locked`
         is true until a release, an extend or the end of a lease this
-        client confirmed says otherwise.
+        client confirmed says otherwise. With ``auto_extend``, until a first
+        extend is confirmed only ``not-holder`` declares it lost (its lease
+        end is not known).
 
         Raises :class:`ValueError` for a bad key (as :meth:`lock`), lease
         or token (a decimal ``u64``).
