@@ -303,3 +303,23 @@ func TestErrorKinds(t *testing.T) {
 	// Connection errors (ErrNoConnection wrapping the net error) are
 	// TestDialFailsWhenNoNodeAnswersWithTheNetError's.
 }
+
+// Extends that reach the server but whose answers never come: the lease
+// ends without a confirmed extend, so the lock is lost, then and there.
+func TestUnansweredExtendsLoseTheLockAtTheLeaseEnd(t *testing.T) {
+	s := newServer(t)
+	k := newKit(t)
+	proxy, address := k.start("proxy %s", s.addr)
+	client := dial(t, []string{address})
+	lock, err := client.Acquire(testContext(t), "unanswered", 600*time.Millisecond, ringlock.NoLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock.AutoExtend()
+	k.call("stall-replies %s", proxy)
+	waitDone(t, lock)
+	if !errors.Is(lock.Err(), ringlock.ErrLockLost) || errors.Is(lock.Err(), ringlock.ErrNotHolder) || lock.Locked() {
+		t.Fatalf("err %v, locked %v; want ErrLockLost from the lease's end", lock.Err(), lock.Locked())
+	}
+	k.call("resume %s", proxy)
+}

@@ -20,7 +20,7 @@ import pytest
 
 import ringlock
 import ringlock.aio
-from harness import Server, wait_until
+from harness import Server, Testkit, wait_until
 
 
 def raw_line(address: str, line: str) -> str:
@@ -162,6 +162,34 @@ async def test_release_elsewhere_reports_lost_aio(server: Server, key: Callable[
         await asyncio.to_thread(raw_line, server.address, f"R {key('taken-away')} {lock.token}")
         await asyncio.wait_for(lost.wait(), 20)
         assert lock.lost_event.is_set() and lock.lost is not None and lock.lost.code == "not-holder"
+
+
+def test_unanswered_extends_lose_the_lock_at_the_lease_end(
+    server: Server, kit: Testkit, key: Callable[[str], str]
+) -> None:
+    """Extends that reach the server but whose answers never come: the lease
+    ends without a confirmed extend, so the lock is lost, then and there."""
+    proxy, address = kit.proxy(server.address)
+    with ringlock.Client(address) as client:
+        lock = client.lock(key("unanswered"), lease=0.6, auto_extend=True)
+        assert lock.acquire()
+        kit("stall-replies", proxy)
+        assert lock.lost_event.wait(20)
+        assert lock.lost is not None and lock.lost.code == "lost" and not lock.locked()
+        kit("resume", proxy)
+
+
+async def test_unanswered_extends_lose_the_lock_at_the_lease_end_aio(
+    server: Server, kit: Testkit, key: Callable[[str], str]
+) -> None:
+    proxy, address = kit.proxy(server.address)
+    async with ringlock.aio.Client(address) as client:
+        lock = client.lock(key("unanswered"), lease=0.6, auto_extend=True)
+        assert await lock.acquire()
+        await asyncio.to_thread(kit, "stall-replies", proxy)
+        await asyncio.wait_for(lock.lost_event.wait(), 20)
+        assert lock.lost is not None and lock.lost.code == "lost" and not lock.locked()
+        await asyncio.to_thread(kit, "resume", proxy)
 
 
 # held() asks the server; locked() is the local view.

@@ -173,6 +173,31 @@ class LockBase:
         if self.on_lost is not None:
             self.on_lost(self, error)
 
+    def _extend_failed(self, token: int, error: object, lease_ends: float, retry_interval: float) -> bool:
+        """Auto-extend's rule after an extend of ``token``'s grant failed
+        with ``error``: ``True`` to try again after ``retry_interval``
+        (another connection may carry it), else the lock is lost, and
+        marked so: the server answered ``not-holder``, or the lease (ending
+        at ``lease_ends``) runs out before the next try."""
+        if isinstance(error, LockLostError):
+            self._mark_lost(token, error)
+            return False
+        if time.monotonic() + retry_interval < lease_ends:
+            return True
+        text = self._key if isinstance(self._key, str) else self._key.decode(errors="replace")
+        self._mark_lost(
+            token, LockLostError("lost", "X", text, f"the lease ran out without a confirmed extend: {error}")
+        )
+        return False
+
+    def _lease_ran_out(self, token: int) -> None:
+        """Auto-extend's watch at the end of the lease it knew of: if no
+        extend of ``token``'s grant was confirmed meanwhile (one may still
+        wait for an answer), the lock is lost."""
+        if self._token == token and time.monotonic() >= self._lease_ends:
+            text = self._key if isinstance(self._key, str) else self._key.decode(errors="replace")
+            self._mark_lost(token, LockLostError("lost", "X", text, "the lease ran out without a confirmed extend"))
+
     @property
     def lost_event(self) -> Any:
         """An event set once the current grant is lost (as :attr:`lost`);

@@ -794,17 +794,14 @@ class Lock(LockBase):
             sent_at = time.monotonic()
             try:
                 deadline = None if math.isinf(lease_ends) else lease_ends
-                await self._client._request(
+                request = self._client._request(
                     EXTEND, self._key_bytes, token=token, lease_ms=self._lease_ms, connection_deadline=deadline
                 )
-            except LockLostError as error:
-                return self._mark_lost(token, error)
-            except RinglockError as error:
-                if time.monotonic() + retry_interval >= lease_ends:
-                    lost = LockLostError(
-                        "lost", "X", _text(self._key), f"the lease ran out without a confirmed extend: {error}"
-                    )
-                    return self._mark_lost(token, lost)
+                # No answer is worth waiting for once the lease has ended.
+                await asyncio.wait_for(request, None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except (RinglockError, asyncio.TimeoutError) as error:
+                if not self._extend_failed(token, error, lease_ends, retry_interval):
+                    return
                 delay = retry_interval
                 continue
             lease_ends = sent_at + self.lease

@@ -536,9 +536,13 @@ class Lock(LockBase):
             raise lost
 
     def _schedule_extend(self, grant: int, lease_ends: float) -> None:
-        """Extends the lease at a third of it, while this grant lasts."""
+        """Extends the lease at a third of it, while this grant lasts, and
+        watches for the lease to run out without a confirmed extend."""
         period = self.lease * AUTO_EXTEND_FRACTION
         self._client._call_at(time.monotonic() + period, lambda: self._extend_now(grant, lease_ends))
+        token = self._token
+        if token is not None and not math.isinf(lease_ends):
+            self._client._call_at(lease_ends, lambda: grant == self._grant and self._lease_ran_out(token))
 
     def _extend_now(self, grant: int, lease_ends: float) -> None:
         token = self._token
@@ -553,19 +557,11 @@ class Lock(LockBase):
                 self._lease_ends = sent_at + self.lease
                 self._schedule_extend(grant, sent_at + self.lease)
                 return
-            retry_at = time.monotonic() + self._client.settings.release_retry_interval
-            if isinstance(value, LockLostError) or retry_at >= lease_ends:
-                error = value if isinstance(value, LockLostError) else None
-                self._mark_lost(
-                    token,
-                    error
-                    or LockLostError(
-                        "lost", "X", _text(self._key), f"the lease ran out without a confirmed extend: {value}"
-                    ),
-                )
+            retry_interval = self._client.settings.release_retry_interval
+            if not self._extend_failed(token, value, lease_ends, retry_interval):
                 return
             # No connection for now: try again while the lease lasts.
-            self._client._call_at(retry_at, lambda: self._extend_now(grant, lease_ends))
+            self._client._call_at(time.monotonic() + retry_interval, lambda: self._extend_now(grant, lease_ends))
 
         deadline = None if math.isinf(lease_ends) else lease_ends
         self._client._background(
