@@ -40,14 +40,32 @@ type Lock struct {
 	// err is nil while the lock is held, then ErrReleased or an error
 	// wrapping ErrLockLost.
 	err error
-	// done is closed once err is set; made on first use, so that a lock
-	// nobody watches costs no channel.
+	// watch is made on first use (Done, Context, AutoExtend), so that a
+	// lock nobody watches stays small.
+	watch *lockWatch
+}
+
+// lockWatch is what watches a Lock: guarded by the Lock's mu.
+type lockWatch struct {
+	// done is closed once the Lock's err is set.
 	done chan struct{}
-	// cancel ends the lock's Context, made on first use.
+	// ctx is the lock's Context, made on first use; cancel ends it.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	// extending is set once AutoExtend started its goroutine.
 	extending bool
+}
+
+// watchLocked is l.watch, made if need be, with its done channel; l.mu is
+// held.
+func (l *Lock) watchLocked() *lockWatch {
+	if l.watch == nil {
+		l.watch = &lockWatch{done: make(chan struct{})}
+		if l.err != nil {
+			close(l.watch.done)
+		}
+	}
+	return l.watch
 }
 
 func newLock(c *Client, key string, token uint64, lease time.Duration, leaseEnds time.Time) *Lock {
@@ -64,28 +82,16 @@ func (l *Lock) knownLeaseEnd() time.Time {
 // watcher; only the first call counts.
 func (l *Lock) end(err error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err != nil {
-		return
-	}
-	l.err = err
-	if l.done != nil {
-		close(l.done)
-	}
-	if l.cancel != nil {
-		l.cancel(err)
-	}
-}
-
-// doneLocked is the done channel, made if need be; l.mu is held.
-func (l *Lock) doneLocked() chan struct{} {
-	if l.done == nil {
-		l.done = make(chan struct{})
-		if l.err != nil {
-			close(l.done)
+	if l.err == nil {
+		l.err = err
+		if w := l.watch; w != nil {
+			close(w.done)
+			if w.cancel != nil {
+				w.cancel(err)
+			}
 		}
 	}
-	return l.done
+	l.mu.Unlock()
 }
 
 // Done returns a channel closed once the lock is no longer held: it was
@@ -96,7 +102,7 @@ func (l *Lock) doneLocked() chan struct{} {
 func (l *Lock) Done() <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.doneLocked()
+	return l.watchLocked().done
 }
 
 // Err is nil while the lock is held (as far as this client knows), then
@@ -114,13 +120,14 @@ func (l *Lock) Err() error {
 func (l *Lock) Context() context.Context {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ctx == nil {
-		l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	w := l.watchLocked()
+	if w.ctx == nil {
+		w.ctx, w.cancel = context.WithCancelCause(context.Background())
 		if l.err != nil {
-			l.cancel(l.err)
+			w.cancel(l.err)
 		}
 	}
-	return l.ctx
+	return w.ctx
 }
 
 // Locked reports whether the lock is held as far as this client knows,
@@ -155,12 +162,13 @@ func (l *Lock) Held(ctx context.Context) (bool, error) {
 // again does nothing. The extends stop once the lock is released or lost.
 func (l *Lock) AutoExtend() {
 	l.mu.Lock()
-	if l.extending || l.err != nil || l.lease <= 0 {
+	w := l.watchLocked()
+	if w.extending || l.err != nil || l.lease <= 0 {
 		l.mu.Unlock()
 		return
 	}
-	l.extending = true
-	done := l.doneLocked()
+	w.extending = true
+	done := w.done
 	l.mu.Unlock()
 	go l.keepExtending(done)
 }
