@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"time"
@@ -146,16 +147,42 @@ func (c *Client) Close() error {
 	return nil
 }
 
+// leaseRange names the leases the client accepts; the server refuses a
+// lease above its --max-lease with bad-lease.
+const leaseRange = "1ms to the server's --max-lease (default 24h)"
+
 // checkLease turns a lease into milliseconds, refusing one under 1ms.
 func checkLease(lease time.Duration) (uint64, error) {
 	if lease <= 0 {
-		return 0, &ArgumentError{Arg: "lease", Reason: "a lease must be at least 1ms"}
+		return 0, &ArgumentError{Arg: "lease", Reason: fmt.Sprintf("%v is outside %s", lease, leaseRange)}
 	}
 	return millisecondsUp(lease), nil
 }
 
-// Acquire acquires key for lease, waiting at most wait in the key's queue
-// (0: without limit), and blocks until the server answers or ctx ends.
+// The wait forms of Acquire, the same three in every official client
+// (clients/README.md): NoLimit waits in the key's queue for as long as it
+// takes, TryOnce takes the key only if it is free now (asking the server
+// for the shortest wait the protocol can express, 1ms, so the acquire is
+// never queued behind the holder longer than the server's timer tick), and
+// any duration from 1ms to WaitMax waits up to that long.
+const (
+	// NoLimit is the wait of an acquire that waits without limit (0 on the
+	// wire). It is the largest Duration, so it is never computed by
+	// accident from a deadline that has passed.
+	NoLimit time.Duration = math.MaxInt64
+	// TryOnce is the wait of an acquire that takes the key only if it is
+	// free: Acquire with TryOnce is TryAcquire. A bare 0 means the same,
+	// as in every official client.
+	TryOnce time.Duration = 0
+)
+
+// waitRange names the waits Acquire accepts, for its *ArgumentError.
+const waitRange = "TryOnce (0), 1ms to 24h, or NoLimit"
+
+// Acquire acquires key for lease, waiting in the key's queue as wait says:
+// NoLimit (without limit), TryOnce (only if the key is free now, as
+// TryAcquire), or a duration up to WaitMax. It blocks until the server
+// answers or ctx ends.
 //
 // It returns the Lock, or ErrTimeout if the wait ran out with nothing
 // granted. The lease is counted from the grant and rounded up to a
@@ -169,19 +196,25 @@ func checkLease(lease time.Duration) (uint64, error) {
 // If the connection carrying the acquire breaks, it moves to the next
 // connection with the wait it has left. If no connection is usable (a
 // server restarting, say), it waits for one within its wait, or within the
-// connect limit (WithConnectLimit, 10s) if it has no wait limit, and then
-// fails with a *ConnectionError, which errors.Is matches with
-// ErrNoConnection. An acquire cut after the server granted it leaves that
-// grant to run out its lease.
+// connect limit (WithConnectLimit, 10s) if it has no wait limit or tries
+// once, and then fails with a *ConnectionError, which errors.Is matches
+// with ErrNoConnection. An acquire cut after the server granted it leaves
+// that grant to run out its lease.
 //
-// Errors: an *ArgumentError for a bad key (1 to 250 bytes, no space, tab,
-// CR, LF or NUL, and not "-"), a lease under 1ms, or a wait negative or
-// over 24h; a *ServerError if the server refused the request (bad-lease
-// beyond its --max-lease, too-many-waiters...); ErrNoConnection,
-// ErrNoActive, ErrTooManyInFlight, ErrClosed, a *ProtocolError.
+// Errors: an *ArgumentError (errors.Is ErrBadArgument) for a bad key (1 to
+// 250 bytes, no space, tab, CR, LF or NUL, and not "-"), a lease under
+// 1ms, or a wait that is negative or over 24h and not NoLimit; a
+// *ServerError if the server refused the request (bad-lease beyond its
+// --max-lease, too-many-waiters...); ErrNoConnection, ErrNoActive,
+// ErrTooManyInFlight, ErrClosed, a *ProtocolError.
 func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration) (*Lock, error) {
-	if wait < 0 || wait > WaitMax {
-		return nil, &ArgumentError{Arg: "wait", Reason: "0 (no limit) to 24h"}
+	switch {
+	case wait == NoLimit:
+		return c.acquire(ctx, key, lease, 0, false)
+	case wait == TryOnce:
+		return c.TryAcquire(ctx, key, lease)
+	case wait < 0 || wait > WaitMax:
+		return nil, &ArgumentError{Arg: "wait", Reason: fmt.Sprintf("%v is outside %s", wait, waitRange)}
 	}
 	return c.acquire(ctx, key, lease, wait, false)
 }
@@ -217,7 +250,7 @@ func (c *Client) acquire(ctx context.Context, key string, lease, wait time.Durat
 	}
 	// The lease is counted from the grant's arrival: the acquire may have
 	// waited in the key's queue, or for a connection, longer than the lease.
-	return &Lock{client: c, key: key, token: result.token, leaseEnds: time.Now().Add(lease)}, nil
+	return newLock(c, key, result.token, lease, time.Now().Add(lease)), nil
 }
 
 // request submits o and waits for its outcome or for ctx to end; the

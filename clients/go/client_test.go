@@ -25,11 +25,14 @@ func TestArgumentsAreCheckedBeforeSending(t *testing.T) {
 	ctx := testContext(t)
 	var argument *ringlock.ArgumentError
 	for name, err := range map[string]error{
-		"empty key": func() error { _, err := client.Acquire(ctx, "", lease, 0); return err }(),
-		"dash key":  func() error { _, err := client.Acquire(ctx, "-", lease, 0); return err }(),
-		"space":     func() error { _, err := client.Acquire(ctx, "two words", lease, 0); return err }(),
-		"long key":  func() error { _, err := client.Acquire(ctx, strings.Repeat("k", 251), lease, 0); return err }(),
-		"lease 0":   func() error { _, err := client.Acquire(ctx, "k", 0, 0); return err }(),
+		"empty key": func() error { _, err := client.Acquire(ctx, "", lease, ringlock.NoLimit); return err }(),
+		"dash key":  func() error { _, err := client.Acquire(ctx, "-", lease, ringlock.NoLimit); return err }(),
+		"space":     func() error { _, err := client.Acquire(ctx, "two words", lease, ringlock.NoLimit); return err }(),
+		"long key": func() error {
+			_, err := client.Acquire(ctx, strings.Repeat("k", 251), lease, ringlock.NoLimit)
+			return err
+		}(),
+		"lease 0":   func() error { _, err := client.Acquire(ctx, "k", 0, ringlock.NoLimit); return err }(),
 		"wait < 0":  func() error { _, err := client.Acquire(ctx, "k", lease, -time.Second); return err }(),
 		"wait > 1d": func() error { _, err := client.Acquire(ctx, "k", lease, 25*time.Hour); return err }(),
 		"try lease": func() error { _, err := client.TryAcquire(ctx, "k", -1); return err }(),
@@ -53,7 +56,7 @@ func TestServerRefusalsCarryTheirCode(t *testing.T) {
 	s := newServer(t)
 	client := dial(t, []string{s.addr})
 	// Above the server's --max-lease (a day by default).
-	_, err := client.Acquire(testContext(t), "k", 48*time.Hour, 0)
+	_, err := client.Acquire(testContext(t), "k", 48*time.Hour, ringlock.NoLimit)
 	var refused *ringlock.ServerError
 	if !errors.As(err, &refused) || refused.Code != ringlock.CodeBadLease || refused.Op != "A" || refused.Key != "k" {
 		t.Fatalf("%v, want a bad-lease ServerError for A k", err)
@@ -64,7 +67,7 @@ func TestAReleaseOrExtendAfterTheLeaseRanOutIsNotHolder(t *testing.T) {
 	s := newServer(t)
 	client := dial(t, []string{s.addr})
 	ctx := testContext(t)
-	lock, err := client.Acquire(ctx, "short", 20*time.Millisecond, 0)
+	lock, err := client.Acquire(ctx, "short", 20*time.Millisecond, ringlock.NoLimit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +87,7 @@ func TestACancelledAcquireReleasesTheGrantThatArrivesAnyway(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	result := make(chan error, 1)
 	go func() {
-		_, err := client.Acquire(ctx, "abandoned", lease, 0)
+		_, err := client.Acquire(ctx, "abandoned", lease, ringlock.NoLimit)
 		result <- err
 	}()
 	waitUntil(t, "the second acquire to be queued", func() bool { return s.stat(t, "waiters") == 1 })
@@ -108,7 +111,7 @@ func TestAnEndedContextSendsNothing(t *testing.T) {
 	client := dial(t, []string{s.addr})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := client.Acquire(ctx, "k", lease, 0); !errors.Is(err, context.Canceled) {
+	if _, err := client.Acquire(ctx, "k", lease, ringlock.NoLimit); !errors.Is(err, context.Canceled) {
 		t.Fatalf("%v, want context.Canceled", err)
 	}
 	if grants := s.stat(t, "grants"); grants != 0 {
@@ -177,7 +180,7 @@ func TestRequestsAfterCloseFail(t *testing.T) {
 	client.Close()
 	client.Close()
 	ctx := testContext(t)
-	if _, err := client.Acquire(ctx, "k", lease, 0); !errors.Is(err, ringlock.ErrClosed) {
+	if _, err := client.Acquire(ctx, "k", lease, ringlock.NoLimit); !errors.Is(err, ringlock.ErrClosed) {
 		t.Errorf("acquire: %v, want ErrClosed", err)
 	}
 	if err := lock.Release(ctx); !errors.Is(err, ringlock.ErrClosed) {
@@ -206,7 +209,7 @@ func TestManyGoroutinesShareOneClient(t *testing.T) {
 			defer running.Done()
 			for c := range cycles {
 				index := (g + c) % keys
-				lock, err := client.Acquire(ctx, fmt.Sprintf("shared-%d", index), lease, 0)
+				lock, err := client.Acquire(ctx, fmt.Sprintf("shared-%d", index), lease, ringlock.NoLimit)
 				if err != nil {
 					failures.Store(fmt.Sprintf("%d/%d acquire", g, c), err)
 					return
@@ -264,7 +267,7 @@ func TestCloseEndsRequestsAStalledServerHolds(t *testing.T) {
 	k.call("stall %s", proxy)
 	acquired := make(chan error, 1)
 	go func() {
-		_, err := client.Acquire(ctx, "stalled", lease, 0)
+		_, err := client.Acquire(ctx, "stalled", lease, ringlock.NoLimit)
 		acquired <- err
 	}()
 	k.call("wait-upstream %s - A stalled ", proxy)
@@ -306,11 +309,11 @@ func TestAnExtendOfAGrantThatWaitedLongerThanItsLeaseWaitsForAConnection(t *test
 	// The holder's lease runs out 8s from now, and only then is the key
 	// granted to the acquire below, whose 5s lease starts with the grant.
 	holder := dial(t, []string{s.addr})
-	if _, err := holder.Acquire(ctx, "late-grant", 8*time.Second, 0); err != nil {
+	if _, err := holder.Acquire(ctx, "late-grant", 8*time.Second, ringlock.NoLimit); err != nil {
 		t.Fatal(err)
 	}
 	client := dial(t, []string{address}, ringlock.WithReconnectDelayMax(200*time.Millisecond))
-	lock, err := client.Acquire(ctx, "late-grant", 5*time.Second, 0)
+	lock, err := client.Acquire(ctx, "late-grant", 5*time.Second, ringlock.NoLimit)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,8 +80,10 @@
 // A key is 1 to 250 bytes, none of them space, tab, CR, LF or NUL. The key
 // "-" is refused too: error replies write "-" for "no key", so an error
 // about "-" could not be paired with its request. Leases and waits are
-// rounded up to the millisecond; a wait of 0 waits without limit (the
-// context can still bound the caller's wait).
+// rounded up to the millisecond. A wait is NoLimit (the context can still
+// bound the caller's wait), TryOnce (a bare 0 too: only if the key is free
+// now) or a duration up to WaitMax; the three forms are the same in every
+// official client (clients/README.md).
 //
 // Fencing tokens increase for each key across hand-offs, lease expiry,
 // failovers and restarts; tokens of different keys are unique but not
@@ -103,9 +105,10 @@
 //
 // # Layout
 //
-//   - client.go: Client, Dial, Acquire, TryAcquire, Inspect, Ping, Stats,
-//     Close.
-//   - lock.go: Lock (token, extend, release).
+//   - client.go: Client, Dial, Acquire (and the wait forms NoLimit and
+//     TryOnce), TryAcquire, Inspect, Ping, Stats, Close.
+//   - lock.go: Lock (token, extend, release, AutoExtend and its lost-lock
+//     signal: Done, Context, Err; Held, Locked), LockFrom.
 //   - options.go: the Option settings and their defaults.
 //   - tls.go: the TLS configuration Dial builds, and the handshake of
 //     every connect.

@@ -123,6 +123,22 @@ var (
 	// *ConnectionError one of whose addresses failed so matches it too,
 	// through that address's error.
 	ErrTLS = errors.New("ringlock: TLS failed")
+
+	// ErrBadArgument matches every *ArgumentError: an argument the client
+	// refused before sending anything (a bad key, lease or wait, or a bad
+	// option). Not retryable: the same call fails the same way.
+	ErrBadArgument = errors.New("ringlock: bad argument")
+
+	// ErrLockLost is what Lock.Err returns (wrapped, with the reason), and
+	// the cause of the lock's Context, once the lock is lost: the server
+	// answered not-holder to an extend (its lease ran out, someone released
+	// it with its token, or the server restarted), or the lease ran out
+	// without a confirmed extend. Stop using the protected resource.
+	ErrLockLost = errors.New("ringlock: the lock was lost")
+
+	// ErrReleased is what Lock.Err returns, and the cause of the lock's
+	// Context, once the lock was released through this Lock.
+	ErrReleased = errors.New("ringlock: the lock was released")
 )
 
 // TLSError is the error of one address whose connection failed in TLS: its
@@ -201,15 +217,23 @@ type ServerError struct {
 	Key string
 }
 
-// Error names the request and the code.
+// Error names the request and the code, and for bad-lease and bad-wait
+// the range the server accepts.
 func (e *ServerError) Error() string {
+	code := string(e.Code)
+	switch e.Code {
+	case CodeBadLease:
+		code += " (a lease is above 0 and at most the server's --max-lease, default 86400 s)"
+	case CodeBadWait:
+		code += " (a wait is at most 86400 s)"
+	}
 	if e.Op == "" || e.Op == "-" {
-		return fmt.Sprintf("ringlock: the server refused: %s", e.Code)
+		return fmt.Sprintf("ringlock: the server refused: %s", code)
 	}
 	if e.Key == "" {
-		return fmt.Sprintf("ringlock: the server refused %s: %s", e.Op, e.Code)
+		return fmt.Sprintf("ringlock: the server refused %s: %s", e.Op, code)
 	}
-	return fmt.Sprintf("ringlock: the server refused %s %q: %s", e.Op, e.Key, e.Code)
+	return fmt.Sprintf("ringlock: the server refused %s %q: %s", e.Op, e.Key, code)
 }
 
 // Is reports whether target is a *ServerError with the same code, so that
@@ -331,6 +355,11 @@ type ArgumentError struct {
 // Error names the argument and the rule it broke.
 func (e *ArgumentError) Error() string {
 	return fmt.Sprintf("ringlock: bad %s: %s", e.Arg, e.Reason)
+}
+
+// Is reports whether target is ErrBadArgument.
+func (e *ArgumentError) Is(target error) bool {
+	return target == ErrBadArgument
 }
 
 // ProtocolError means a server broke the protocol. The client drops that

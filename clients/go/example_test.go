@@ -81,7 +81,7 @@ func ExampleClient_Acquire_context() {
 	}
 	defer client.Close()
 
-	holder, err := client.Acquire(context.Background(), "reports/daily", time.Minute, 0)
+	holder, err := client.Acquire(context.Background(), "reports/daily", time.Minute, ringlock.NoLimit)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func ExampleClient_Acquire_context() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err = client.Acquire(ctx, "reports/daily", time.Minute, 0)
+	_, err = client.Acquire(ctx, "reports/daily", time.Minute, ringlock.NoLimit)
 	fmt.Println(errors.Is(err, context.DeadlineExceeded))
 	// Output: true
 }
@@ -103,7 +103,7 @@ func ExampleLock_Extend() {
 	}
 	defer client.Close()
 
-	lock, err := client.Acquire(ctx, "jobs/7", 10*time.Second, 0)
+	lock, err := client.Acquire(ctx, "jobs/7", 10*time.Second, ringlock.NoLimit)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func ExampleLock_Release() {
 	}
 	defer client.Close()
 
-	lock, err := client.Acquire(ctx, "invoice-42", 30*time.Second, 0)
+	lock, err := client.Acquire(ctx, "invoice-42", 30*time.Second, ringlock.NoLimit)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func ExampleClient_Inspect() {
 	}
 	fmt.Println("held:", state.Held, "waiters:", state.Waiters)
 
-	lock, err := client.Acquire(ctx, "imports/nightly", 30*time.Second, 0)
+	lock, err := client.Acquire(ctx, "imports/nightly", 30*time.Second, ringlock.NoLimit)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -235,4 +235,63 @@ func ExampleWithTLSCA() {
 		log.Fatal(err)
 	}
 	// Output: held over TLS as alpha
+}
+
+// Keep a lock for a long job: AutoExtend extends its lease at a third of
+// it, and the lock's Context ends at once if the lock is lost (the server
+// restarted, say), so that the job stops writing.
+func ExampleLock_AutoExtend() {
+	ctx := context.Background()
+	client, err := ringlock.Dial(ctx, []string{addr})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	lock, err := client.Acquire(ctx, "jobs/nightly", 300*time.Millisecond, ringlock.NoLimit)
+	if err != nil {
+		log.Fatal(err)
+	}
+	lock.AutoExtend()
+	work := lock.Context()
+	select {
+	case <-work.Done(): // lost: stop writing
+		fmt.Println("lost:", context.Cause(work))
+	case <-time.After(time.Second): // three leases of work
+		fmt.Println("still held after three leases:", lock.Locked())
+	}
+	if err := lock.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(lock.Err())
+	// Output:
+	// still held after three leases: true
+	// ringlock: the lock was released
+}
+
+// Release a lock another process took, given its key and token (as
+// ringlock-cli acquire prints them).
+func ExampleClient_LockFrom() {
+	ctx := context.Background()
+	client, err := ringlock.Dial(ctx, []string{addr})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	taken, err := client.Acquire(ctx, "deploy", time.Minute, ringlock.TryOnce)
+	if err != nil {
+		log.Fatal(err)
+	}
+	key, token := taken.Key(), taken.Token() // handed to another process
+
+	lock, err := client.LockFrom(key, token, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	held, err := lock.Held(ctx)
+	fmt.Println("held:", held, err)
+	fmt.Println("released:", lock.Release(ctx))
+	// Output:
+	// held: true <nil>
+	// released: <nil>
 }

@@ -48,7 +48,7 @@ func TestInspectOfAHeldKey(t *testing.T) {
 	holder := dial(t, []string{s.addr})
 	observer := dial(t, []string{s.addr})
 	ctx := testContext(t)
-	lock, err := holder.Acquire(ctx, "held", 30*time.Second, 0)
+	lock, err := holder.Acquire(ctx, "held", 30*time.Second, ringlock.NoLimit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestInspectCountsQueuedAcquires(t *testing.T) {
 	failures := make(chan error, queued)
 	for range queued {
 		go func() {
-			lock, err := waiter.Acquire(ctx, "queued", lease, 0)
+			lock, err := waiter.Acquire(ctx, "queued", lease, ringlock.NoLimit)
 			if err != nil {
 				failures <- err
 				return

@@ -109,7 +109,7 @@ func (o *options) validate() error {
 	case o.connectTimeout < connectTimeoutShortest:
 		return &ArgumentError{Arg: "WithConnectTimeout", Reason: "at least 1ms"}
 	case o.tryAcquireWait < time.Millisecond || o.tryAcquireWait > WaitMax:
-		return &ArgumentError{Arg: "WithTryAcquireWait", Reason: "1ms to 24h (a wait of 0 would mean no limit)"}
+		return &ArgumentError{Arg: "WithTryAcquireWait", Reason: "1ms to 24h (0 on the wire would mean no limit)"}
 	case o.redirectLimit < 0:
 		return &ArgumentError{Arg: "WithRedirectLimit", Reason: "at least 0"}
 	case o.maxInFlight < 1:
@@ -189,7 +189,7 @@ func WithConnectTimeout(d time.Duration) Option {
 }
 
 // WithTryAcquireWait sets the wait TryAcquire asks for. Default: 1ms, the
-// shortest the protocol can express (a wait of 0 means no limit).
+// shortest the protocol can express (0 on the wire means no limit).
 func WithTryAcquireWait(d time.Duration) Option {
 	return func(o *options) { o.tryAcquireWait = d }
 }

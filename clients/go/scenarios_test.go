@@ -138,7 +138,7 @@ func testContext(t *testing.T) context.Context {
 
 func mustAcquire(t *testing.T, client *ringlock.Client, key string) *ringlock.Lock {
 	t.Helper()
-	lock, err := client.Acquire(testContext(t), key, lease, 0)
+	lock, err := client.Acquire(testContext(t), key, lease, ringlock.NoLimit)
 	if err != nil {
 		t.Fatalf("acquire %s: %v", key, err)
 	}
@@ -217,7 +217,7 @@ func pipelinedPairingOutOfOrder(t *testing.T) {
 		acquiring.Add(1)
 		go func() {
 			defer acquiring.Done()
-			locks[index], errs[index] = client.Acquire(ctx, fmt.Sprintf("pair-%d", index), lease, 0)
+			locks[index], errs[index] = client.Acquire(ctx, fmt.Sprintf("pair-%d", index), lease, ringlock.NoLimit)
 		}()
 	}
 	acquiring.Wait()
@@ -244,7 +244,7 @@ func sameKeyInSendOrder(t *testing.T) {
 	}
 	second := make(chan result, 1)
 	go func() {
-		lock, err := client.Acquire(ctx, "same", lease, 0)
+		lock, err := client.Acquire(ctx, "same", lease, ringlock.NoLimit)
 		second <- result{lock, err}
 	}()
 	// The second acquire is queued behind the first until it is released.
@@ -273,7 +273,7 @@ func acquireMovesOnCut(t *testing.T) {
 	}
 	acquired := make(chan result, 1)
 	go func() {
-		lock, err := client.Acquire(ctx, "moved", lease, 0)
+		lock, err := client.Acquire(ctx, "moved", lease, ringlock.NoLimit)
 		acquired <- result{lock, err}
 	}()
 	connection := k.call("wait-upstream %s - A moved ", proxy)[0]

@@ -16,6 +16,10 @@ Example::
         with client.lock("orders/42", lease=30, wait=5) as lock:
             print("holding orders/42 with token", lock.token)
 
+Waits come in three forms, the same in every official client: ``wait=5``
+(up to 5 s), ``wait=ringlock.NO_LIMIT`` (``None``: no limit) and
+``wait=ringlock.TRY_ONCE`` (``0``: only if the key is free now).
+
 # Layout
 
 - ``client``: the sync :class:`Client` and :class:`Lock`.
@@ -31,6 +35,7 @@ Example::
 - ``_tls``: TLS settings, and the sync client's TLS layer over memory buffers.
 """
 
+from ._common import NO_LIMIT, TRY_ONCE
 from ._protocol import KeyState, Pong
 from .client import Client, Lock
 from .errors import (
@@ -50,6 +55,8 @@ from .errors import (
 )
 
 __all__ = [
+    "NO_LIMIT",
+    "TRY_ONCE",
     "AuthenticationError",
     "CapacityError",
     "Client",

@@ -6,12 +6,46 @@ event loop).
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
-from ._protocol import key_bytes, lease_ms, wait_ms
+from ._protocol import KeyState, key_bytes, lease_ms, wait_ms
 from ._router import Router
 from .errors import LockLostError
+
+NO_LIMIT: Final = None
+"""The wait of an acquire that waits in the key's queue for as long as it
+takes (``wait=None``); the same form in every official client
+(clients/README.md)."""
+
+TRY_ONCE: Final = 0
+"""The wait of an acquire that takes the key only if it is free now: it asks
+the server for the shortest wait the protocol can say (1 ms), so it is never
+queued behind the holder longer than the server's timer tick. A bare ``0``
+is this form, as in every official client; any other number of seconds is a
+bounded wait (``0.001`` waits up to 1 ms, it does not "try once")."""
+
+_TRY_WAIT_MS = 1
+"""The wait a try-once acquire asks for: the shortest the protocol can say."""
+
+AUTO_EXTEND_FRACTION = 1 / 3
+"""With ``auto_extend``, a lock extends its lease when this share of it has
+passed since the grant or the last confirmed extend."""
+
+
+def wait_form(wait: float | None) -> tuple[int, bool]:
+    """A wait as the wire's milliseconds and whether it is the try-once form.
+
+    Example::
+
+        >>> wait_form(NO_LIMIT), wait_form(TRY_ONCE), wait_form(0.001), wait_form(2)
+        ((0, False), (1, True), (1, False), (2000, False))
+    """
+    if wait is not None and not isinstance(wait, bool) and wait == 0:
+        return _TRY_WAIT_MS, True
+    return wait_ms(wait), False
 
 
 class ClientBase:
@@ -93,16 +127,103 @@ class LockBase:
         """The lease each grant asks for, in seconds."""
         self._lease_ms = lease_ms(lease)
         self.wait = wait
-        """The default wait of ``acquire``, in seconds; ``None`` for no limit."""
-        self._wait_ms = wait_ms(wait)
+        """The default wait of ``acquire``, in seconds: ``NO_LIMIT`` (``None``),
+        ``TRY_ONCE`` (``0``) or up to a day."""
+        self._wait_ms, self._try_once = wait_form(wait)
         # When the current grant's lease ends at the latest, counted from
         # when the acquire or the last confirmed extend was sent; an extend
         # waits for a usable connection until then.
+        # math.inf for a lock made from a token, whose lease is not known.
         self._lease_ends = 0.0
         self.auto_extend = auto_extend
         self.on_lost = on_lost
         self._token: int | None = None
         self._lost: LockLostError | None = None
+        self._lost_event: Any = None
+
+    _EVENT: Any = None
+    """The event class of :attr:`lost_event` (``threading.Event`` or ``asyncio.Event``)."""
+
+    def _acquire_wait(self, blocking: bool, timeout: float | None) -> tuple[int, bool]:
+        """The wait of one ``acquire``: try once when not ``blocking``,
+        ``timeout`` if given (``TRY_ONCE`` or seconds; negative: the lock's
+        wait), else the lock's wait."""
+        if not blocking:
+            return _TRY_WAIT_MS, True
+        if timeout is not None and timeout >= 0:
+            return wait_form(timeout)
+        return self._wait_ms, self._try_once
+
+    def _connection_deadline(self) -> float | None:
+        """How long an extend may wait for a usable connection: until the
+        lease this client knows of ends; the connect limit if not known."""
+        return None if math.isinf(self._lease_ends) else self._lease_ends
+
+    def _held_by(self, state: KeyState, token: int | None) -> bool:
+        return token is not None and state.token == token
+
+    def _mark_lost(self, token: int | None, error: LockLostError) -> None:
+        """Records that the grant of ``token`` is gone and tells the holder
+        at once: :attr:`lost`, :attr:`lost_event`, ``on_lost``."""
+        if self._token != token or self._lost is not None:
+            return
+        self._lost = error
+        if self._lost_event is not None:
+            self._lost_event.set()
+        if self.on_lost is not None:
+            self.on_lost(self, error)
+
+    def _extend_failed(self, token: int, error: object, lease_ends: float, retry_interval: float) -> bool:
+        """Auto-extend's rule after an extend of ``token``'s grant failed
+        with ``error``: ``True`` to try again after ``retry_interval``
+        (another connection may carry it), else the lock is lost, and
+        marked so: the server answered ``not-holder``, or the lease (ending
+        at ``lease_ends``) runs out before the next try."""
+        if isinstance(error, LockLostError):
+            self._mark_lost(token, error)
+            return False
+        if time.monotonic() + retry_interval < lease_ends:
+            return True
+        text = self._key if isinstance(self._key, str) else self._key.decode(errors="replace")
+        self._mark_lost(
+            token, LockLostError("lost", "X", text, f"the lease ran out without a confirmed extend: {error}")
+        )
+        return False
+
+    def _lease_ran_out(self, token: int) -> None:
+        """Auto-extend's watch at the end of the lease it knew of: if no
+        extend of ``token``'s grant was confirmed meanwhile (one may still
+        wait for an answer), the lock is lost."""
+        if self._token == token and time.monotonic() >= self._lease_ends:
+            text = self._key if isinstance(self._key, str) else self._key.decode(errors="replace")
+            self._mark_lost(token, LockLostError("lost", "X", text, "the lease ran out without a confirmed extend"))
+
+    @property
+    def lost_event(self) -> Any:
+        """An event set once the current grant is lost (as :attr:`lost`);
+        a ``threading.Event`` for the sync client, an ``asyncio.Event`` for
+        the asyncio one. A new grant clears it.
+
+        Example::
+
+            lock = client.lock("jobs/7", lease=10, auto_extend=True)
+            lock.acquire()
+            while not lock.lost_event.is_set():
+                do_a_step()
+        """
+        if self._lost_event is None:
+            self._lost_event = self._EVENT()
+            if self._lost is not None:
+                self._lost_event.set()
+        return self._lost_event
+
+    def _granted(self, token: int, lease_ends: float) -> None:
+        """Records a new grant."""
+        self._lost = None
+        if self._lost_event is not None:
+            self._lost_event.clear()
+        self._token = token
+        self._lease_ends = lease_ends
 
     @property
     def key(self) -> str | bytes:
@@ -128,7 +249,8 @@ class LockBase:
 
     @property
     def lost(self) -> LockLostError | None:
-        """Why the grant was lost, if automatic extension found it gone.
+        """Why the grant was lost, if an extend (automatic or not) found it
+        gone, or the lease ran out while ``auto_extend`` could not extend it.
 
         Example::
 
@@ -138,15 +260,17 @@ class LockBase:
         return self._lost
 
     def locked(self) -> bool:
-        """Whether this lock holds its key (as far as the client knows: a
-        lease that ran out without ``auto_extend`` is not noticed).
+        """Whether this lock holds its key as far as the client knows,
+        without asking the server: false once released or lost, and once
+        the lease has run out without a confirmed extend. ``held()`` asks
+        the server.
 
         Example::
 
             lock.acquire()
             assert lock.locked()
         """
-        return self._token is not None
+        return self._token is not None and self._lost is None and time.monotonic() < self._lease_ends
 
     def __repr__(self) -> str:
         return f"<{self._KIND} key={self._key!r} token={self._token}>"

@@ -111,7 +111,7 @@ def lease_ms(lease: float) -> int:
         (1, 2500)
     """
     if isinstance(lease, bool) or not lease > 0 or math.isinf(lease):
-        raise ValueError(f"the lease must be a positive number of seconds: {lease!r}")
+        raise ValueError(f"the lease must be 0.001 seconds up to the server's --max-lease (default 86400 s): {lease!r}")
     return max(1, math.ceil(lease * 1000))
 
 
@@ -126,11 +126,9 @@ def wait_ms(wait: float | None) -> int:
     """
     if wait is None:
         return 0
-    if isinstance(wait, bool) or not wait >= 0 or math.isinf(wait):
-        raise ValueError(f"the wait must be seconds >= 0, or None for no limit: {wait!r}")
+    if isinstance(wait, bool) or not 0 <= wait <= WAIT_MS_MAX / 1000:
+        raise ValueError(f"the wait must be TRY_ONCE (0), 0.001 to 86400 seconds, or NO_LIMIT (None): {wait!r}")
     milliseconds = max(1, math.ceil(wait * 1000))
-    if milliseconds > WAIT_MS_MAX:
-        raise ValueError("the wait must be at most 86400 s; use None to wait without limit")
     return milliseconds
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 import ssl
 import time
@@ -32,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from ._backoff import reconnect_delay
-from ._common import ClientBase, LockBase
+from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
 from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation, cut_protocol
 from ._pairing import Pairing
 from ._protocol import (
@@ -45,7 +46,6 @@ from ._protocol import (
     key_bytes,
     lease_ms,
     split_reply,
-    wait_ms,
 )
 from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
 from ._settings import Settings
@@ -58,7 +58,6 @@ _CONNECTING = 0
 _UP = 1
 _DOWN = 2
 _CLOSED = 3
-_TRY_WAIT_MS = 1
 _CLOSE_LINGER_S = 1.0
 
 
@@ -560,6 +559,28 @@ class Client(ClientBase):
         """
         return Lock(self, key, lease, wait, auto_extend, on_lost)
 
+    def lock_from(
+        self,
+        key: str | bytes,
+        token: int,
+        lease: float = 30.0,
+        *,
+        auto_extend: bool = False,
+        on_lost: Callable[[Lock, LockLostError], None] | None = None,
+    ) -> Lock:
+        """A :class:`Lock` holding the grant another process took, given its
+        key and token, as :meth:`ringlock.Client.lock_from`. With
+        ``auto_extend`` it must be called on the running loop.
+
+        Example::
+
+            lock = client.lock_from("deploy", token)
+            await lock.release()
+        """
+        lock = Lock(self, key, lease, None, auto_extend, on_lost)
+        lock._adopt(token)
+        return lock
+
     async def ping(self) -> Pong:
         """Asks a node its role, epoch and the active it names.
 
@@ -622,6 +643,7 @@ class Lock(LockBase):
     """
 
     _KIND = "ringlock.aio.Lock"
+    _EVENT = asyncio.Event
 
     def __init__(
         self,
@@ -639,7 +661,7 @@ class Lock(LockBase):
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Acquires the key; ``True`` once granted, ``False`` if the wait ran
         out. The wait is ``timeout`` if given, else the lock's ``wait``; 1 ms
-        with ``blocking=False``. Cancelling the awaiting task abandons the
+        (try once) with ``blocking=False`` or a wait of ``TRY_ONCE`` (``0``). Cancelling the awaiting task abandons the
         request, and a grant that arrives anyway is released.
 
         Example::
@@ -650,14 +672,9 @@ class Lock(LockBase):
         """
         if self._token is not None:
             raise RuntimeError(f"this Lock already holds {self._key!r}; locks are not re-entrant")
-        if not blocking:
-            wait = _TRY_WAIT_MS
-        elif timeout is not None and timeout >= 0:
-            wait = wait_ms(timeout)
-        else:
-            wait = self._wait_ms
+        wait, try_once = self._acquire_wait(blocking, timeout)
         token = await self._client._request(
-            ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=wait == _TRY_WAIT_MS
+            ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=try_once
         )
         if token is None:
             return False
@@ -665,12 +682,33 @@ class Lock(LockBase):
         # waited in the key's queue, or for a connection, longer than the
         # lease); an extend waits for a usable connection until it ends.
         lease_ends = time.monotonic() + self.lease
-        self._lost = None
-        self._token = token
-        self._lease_ends = lease_ends
+        self._granted(token, lease_ends)
         if self.auto_extend:
-            self._extender = asyncio.get_running_loop().create_task(self._extend_in_background(token))
+            self._extender = asyncio.get_running_loop().create_task(self._extend_in_background(token, lease_ends))
         return True
+
+    def _adopt(self, token: int) -> None:
+        """Holds the grant of ``token``, taken elsewhere (:meth:`Client.lock_from`)."""
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 1 << 64:
+            raise ValueError(f"a token is a decimal u64: {token!r}")
+        self._granted(token, math.inf)
+        if self.auto_extend:
+            self._extender = asyncio.get_running_loop().create_task(self._extend_in_background(token, math.inf))
+
+    async def held(self) -> bool:
+        """Asks the server (``I <key>``) whether this lock's grant still
+        holds the key, as :meth:`ringlock.Lock.held`.
+
+        Example::
+
+            if not await lock.held():
+                stop_writing()
+        """
+        token = self._token
+        if token is None:
+            return False
+        state: KeyState = await self._client._request(INSPECT, self._key_bytes)
+        return self._held_by(state, token)
 
     async def release(self) -> bool:
         """Releases the key: ``True`` if released, ``False`` if nothing was
@@ -710,13 +748,17 @@ class Lock(LockBase):
         sent_at = time.monotonic()
         try:
             await self._client._request(
-                EXTEND, self._key_bytes, token=token, lease_ms=lease_ms(lease), connection_deadline=self._lease_ends
+                EXTEND,
+                self._key_bytes,
+                token=token,
+                lease_ms=lease_ms(lease),
+                connection_deadline=self._connection_deadline(),
             )
         except LockLostError as error:
-            if self._token == token:
-                self._lost = error
+            self._mark_lost(token, error)
             raise
-        self._lease_ends = sent_at + lease
+        if self._token == token:
+            self._lease_ends = sent_at + lease
 
     async def __aenter__(self) -> Lock:
         if not await self.acquire():
@@ -741,38 +783,30 @@ class Lock(LockBase):
             self._extender.cancel()
         self._extender = None
 
-    async def _extend_in_background(self, token: int) -> None:
+    async def _extend_in_background(self, token: int, lease_ends: float) -> None:
         """Extends the lease at a third of it while ``token`` is held."""
         retry_interval = self._client.settings.release_retry_interval
-        lease_ends = time.monotonic() + self.lease
-        delay = self.lease / 3
+        delay = self.lease * AUTO_EXTEND_FRACTION
         while True:
             await asyncio.sleep(delay)
             if self._token != token:
                 return
             sent_at = time.monotonic()
             try:
-                await self._client._request(
-                    EXTEND, self._key_bytes, token=token, lease_ms=self._lease_ms, connection_deadline=lease_ends
+                deadline = None if math.isinf(lease_ends) else lease_ends
+                request = self._client._request(
+                    EXTEND, self._key_bytes, token=token, lease_ms=self._lease_ms, connection_deadline=deadline
                 )
-            except LockLostError as error:
-                return self._mark_lost(token, error)
-            except RinglockError as error:
-                if time.monotonic() + retry_interval >= lease_ends:
-                    lost = LockLostError("lost", "X", _text(self._key), f"could not extend: {error}")
-                    return self._mark_lost(token, lost)
+                # No answer is worth waiting for once the lease has ended.
+                await asyncio.wait_for(request, None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except (RinglockError, asyncio.TimeoutError) as error:
+                if not self._extend_failed(token, error, lease_ends, retry_interval):
+                    return
                 delay = retry_interval
                 continue
             lease_ends = sent_at + self.lease
             self._lease_ends = lease_ends
-            delay = self.lease / 3
-
-    def _mark_lost(self, token: int, error: LockLostError) -> None:
-        if self._token != token:
-            return
-        self._lost = error
-        if self.on_lost is not None:
-            self.on_lost(self, error)
+            delay = self.lease * AUTO_EXTEND_FRACTION
 
 
 def _text(key: str | bytes) -> str:

@@ -8,6 +8,7 @@ its connections.
 from __future__ import annotations
 
 import dataclasses
+import math
 import ssl
 import threading
 import time
@@ -15,18 +16,15 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._common import ClientBase, LockBase
+from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
 from ._operation import ACQUIRE, EXTEND, INSPECT, PING, RELEASE, STATS
-from ._protocol import KeyState, Pong, key_bytes, lease_ms, wait_ms
+from ._protocol import KeyState, Pong, key_bytes, lease_ms
 from ._router import Router
 from ._settings import Settings
 from ._threaded import ThreadRuntime
 from .errors import LockLostError, LockNotOwnedError, LockTimeoutError, RinglockError
 
 __all__ = ["Client", "Lock"]
-
-_TRY_WAIT_MS = 1
-"""The wait of a non-blocking acquire: the shortest the protocol can say."""
 
 
 class _Waiter:
@@ -231,19 +229,28 @@ class Client(ClientBase):
 
         ``lease`` (seconds) bounds how long the server lets the key be held
         without a release or an extend; ``wait`` (seconds, ``None`` for no
-        limit) how long :meth:`Lock.acquire` waits in the key's FIFO queue.
+        limit, ``ringlock.NO_LIMIT``; ``0``, ``ringlock.TRY_ONCE``, to take
+        the key only if it is free) how long :meth:`Lock.acquire` waits in
+        the key's FIFO queue.
         With ``auto_extend``, the lock extends its lease at about a third of
         it while held; if that fails for good, ``on_lost(lock, error)`` is
-        called (from a client thread; keep it short) and the lock's
-        ``with`` block raises :class:`~ringlock.LockLostError` at its end.
+        called (from a client thread; keep it short), :attr:`Lock.lost` and
+        :attr:`Lock.lost_event` are set, and the lock's ``with`` block
+        raises :class:`~ringlock.LockLostError` at its end. The lock is
+        declared lost only when the server answers ``not-holder`` (it
+        restarted, or someone released the key with the token) or the lease
+        ran out without a confirmed extend; a failed extend is retried on
+        other connections every ``release_retry_interval`` while the lease
+        lasts.
 
         Raises :class:`ValueError` for a key the protocol refuses (empty,
         over 250 bytes, with a space, tab, CR, LF or NUL, or ``"-"``), a
-        lease that is not positive, or a wait over a day.
+        lease that is not positive, or a wait that is negative or over a
+        day; the message names the accepted range.
 
         Example::
 
-            lock = client.lock("reports/daily", lease=60, wait=0)
+            lock = client.lock("reports/daily", lease=60, wait=ringlock.TRY_ONCE)
             if lock.acquire():
                 try:
                     build_report()
@@ -251,6 +258,37 @@ class Client(ClientBase):
                     lock.release()
         """
         return Lock(self, key, lease, wait, auto_extend, on_lost)
+
+    def lock_from(
+        self,
+        key: str | bytes,
+        token: int,
+        lease: float = 30.0,
+        *,
+        auto_extend: bool = False,
+        on_lost: Callable[[Lock, LockLostError], None] | None = None,
+    ) -> Lock:
+        """A :class:`Lock` holding the grant another process (or an earlier
+        run) took, given its key and token (``ringlock-cli acquire`` prints
+        both): it can be released, extended, asked :meth:`Lock.held` and
+        kept with ``auto_extend``, whose extends ask for ``lease``. Nothing
+        is sent: the lease it has left is not known, so :meth:`Lock.locked`
+        is true until a release, an extend or the end of a lease this
+        client confirmed says otherwise. With ``auto_extend``, until a first
+        extend is confirmed only ``not-holder`` declares it lost (its lease
+        end is not known).
+
+        Raises :class:`ValueError` for a bad key (as :meth:`lock`), lease
+        or token (a decimal ``u64``).
+
+        Example::
+
+            lock = client.lock_from("deploy", int(os.environ["DEPLOY_TOKEN"]))
+            lock.release()
+        """
+        lock = Lock(self, key, lease, None, auto_extend, on_lost)
+        lock._adopt(token)
+        return lock
 
     def ping(self) -> Pong:
         """Asks a node its role, epoch and the active it names.
@@ -340,6 +378,8 @@ class Lock(LockBase):
             run(lock.token)
     """
 
+    _EVENT = threading.Event
+
     def __init__(
         self,
         client: Client,
@@ -360,8 +400,8 @@ class Lock(LockBase):
         out (nothing was granted then).
 
         The wait is ``timeout`` if given, else the lock's ``wait``; with
-        ``blocking=False`` it is the shortest the protocol can say (1 ms),
-        so only a free key is granted. The server enforces the wait, and
+        ``blocking=False`` or a wait of ``TRY_ONCE`` (``0``) it is the
+        shortest the protocol can say (1 ms), so only a free key is granted. The server enforces the wait, and
         queued requests are served in FIFO order.
 
         Raises :class:`RuntimeError` if this lock already holds its key, and
@@ -377,14 +417,9 @@ class Lock(LockBase):
         """
         if self._token is not None:
             raise RuntimeError(f"this Lock already holds {self._key!r}; locks are not re-entrant")
-        if not blocking:
-            wait = _TRY_WAIT_MS
-        elif timeout is not None and timeout >= 0:
-            wait = wait_ms(timeout)
-        else:
-            wait = self._wait_ms
+        wait, try_once = self._acquire_wait(blocking, timeout)
         token = self._client._request(
-            ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=wait == _TRY_WAIT_MS
+            ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=try_once
         )
         if token is None:
             return False
@@ -393,12 +428,37 @@ class Lock(LockBase):
         # lease); an extend waits for a usable connection until it ends.
         lease_ends = time.monotonic() + self.lease
         self._grant += 1
-        self._lost = None
-        self._token = token  # type: ignore[assignment]
-        self._lease_ends = lease_ends
+        self._granted(token, lease_ends)  # type: ignore[arg-type]
         if self.auto_extend:
-            self._schedule_extend(self._grant, time.monotonic())
+            self._schedule_extend(self._grant, lease_ends)
         return True
+
+    def _adopt(self, token: int) -> None:
+        """Holds the grant of ``token``, taken elsewhere (:meth:`Client.lock_from`)."""
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 1 << 64:
+            raise ValueError(f"a token is a decimal u64: {token!r}")
+        self._grant += 1
+        self._granted(token, math.inf)
+        if self.auto_extend:
+            self._schedule_extend(self._grant, math.inf)
+
+    def held(self) -> bool:
+        """Asks the server (``I <key>``) whether this lock's grant still
+        holds the key; ``False`` if this lock holds nothing. It changes
+        nothing: a grant found gone is not marked lost (only an extend's
+        ``not-holder`` or a lease run out does that). Fails as
+        :meth:`Client.inspect`.
+
+        Example::
+
+            if not lock.held():
+                stop_writing()
+        """
+        token = self._token
+        if token is None:
+            return False
+        state: KeyState = self._client._request(INSPECT, self._key_bytes)  # type: ignore[assignment]
+        return self._held_by(state, token)
 
     def release(self) -> bool:
         """Releases the key and waits for the server's answer: ``True`` if
@@ -443,13 +503,17 @@ class Lock(LockBase):
         sent_at = time.monotonic()
         try:
             self._client._request(
-                EXTEND, self._key_bytes, token=token, lease_ms=lease_ms(lease), connection_deadline=self._lease_ends
+                EXTEND,
+                self._key_bytes,
+                token=token,
+                lease_ms=lease_ms(lease),
+                connection_deadline=self._connection_deadline(),
             )
         except LockLostError as error:
-            if self._token == token:
-                self._lost = error
+            self._mark_lost(token, error)
             raise
-        self._lease_ends = sent_at + lease
+        if self._token == token:
+            self._lease_ends = sent_at + lease
 
     def __enter__(self) -> Lock:
         if not self.acquire():
@@ -471,10 +535,14 @@ class Lock(LockBase):
         if lost is not None and exc_type is None:
             raise lost
 
-    def _schedule_extend(self, grant: int, granted_at: float) -> None:
-        """Extends the lease at a third of it, while this grant lasts."""
-        period = self.lease / 3
-        self._client._call_at(time.monotonic() + period, lambda: self._extend_now(grant, granted_at + self.lease))
+    def _schedule_extend(self, grant: int, lease_ends: float) -> None:
+        """Extends the lease at a third of it, while this grant lasts, and
+        watches for the lease to run out without a confirmed extend."""
+        period = self.lease * AUTO_EXTEND_FRACTION
+        self._client._call_at(time.monotonic() + period, lambda: self._extend_now(grant, lease_ends))
+        token = self._token
+        if token is not None and not math.isinf(lease_ends):
+            self._client._call_at(lease_ends, lambda: grant == self._grant and self._lease_ran_out(token))
 
     def _extend_now(self, grant: int, lease_ends: float) -> None:
         token = self._token
@@ -487,24 +555,18 @@ class Lock(LockBase):
                 return
             if value is True:
                 self._lease_ends = sent_at + self.lease
-                self._schedule_extend(grant, sent_at)
+                self._schedule_extend(grant, sent_at + self.lease)
                 return
-            retry_at = time.monotonic() + self._client.settings.release_retry_interval
-            if isinstance(value, LockLostError) or retry_at >= lease_ends:
-                error = value if isinstance(value, LockLostError) else None
-                self._mark_lost(error or LockLostError("lost", "X", _text(self._key), f"could not extend: {value}"))
+            retry_interval = self._client.settings.release_retry_interval
+            if not self._extend_failed(token, value, lease_ends, retry_interval):
                 return
             # No connection for now: try again while the lease lasts.
-            self._client._call_at(retry_at, lambda: self._extend_now(grant, lease_ends))
+            self._client._call_at(time.monotonic() + retry_interval, lambda: self._extend_now(grant, lease_ends))
 
+        deadline = None if math.isinf(lease_ends) else lease_ends
         self._client._background(
-            EXTEND, self._key_bytes, done, token=token, lease_ms=self._lease_ms, connection_deadline=lease_ends
+            EXTEND, self._key_bytes, done, token=token, lease_ms=self._lease_ms, connection_deadline=deadline
         )
-
-    def _mark_lost(self, error: LockLostError) -> None:
-        self._lost = error
-        if self.on_lost is not None:
-            self.on_lost(self, error)
 
 
 def _text(key: str | bytes) -> str:

@@ -241,7 +241,8 @@ class NoConnectionError(NoActiveNodeError, ConnectionError):
       the client was given them;
     - ``addresses``: the addresses alone;
     - ``errno``: the first OS error number among the failures (``None`` if
-      none came from the OS, as for a connection the server closed).
+      none came from the OS, as for a connection the server closed);
+    - ``address``: the address that ``errno`` is of (else the first address).
 
     Example::
 
@@ -249,7 +250,7 @@ class NoConnectionError(NoActiveNodeError, ConnectionError):
             client.ping()
         except ConnectionError as error:  # a ringlock.NoConnectionError
             print(error)  # no usable connection after 10.0 s: 127.0.0.1:7700 (connection refused)
-            print(error.addresses, error.errno)
+            print(error.address, error.errno, error.addresses)
     """
 
     def __init__(
@@ -275,6 +276,10 @@ class NoConnectionError(NoActiveNodeError, ConnectionError):
         # OSError's own field, set after its constructor so that it does not
         # turn the message into "[Errno n] ...".
         self.errno = next((failure.errno for failure in self.failures if failure.errno is not None), None)
+        self.address: str | None = next(
+            (failure.address for failure in self.failures if failure.errno is not None),
+            self.addresses[0] if self.addresses else None,
+        )
 
     def __reduce__(self) -> tuple[object, ...]:
         return (
@@ -443,4 +448,13 @@ def error_for(code: str, op: str | None = None, key: str | None = None, message:
         cls = LockTimeoutError
     else:
         cls = RinglockError
+    if message is None and code in _RANGES:
+        message = f"{code} ({op} {key}): {_RANGES[code]}" if key is not None else f"{code}: {_RANGES[code]}"
     return cls(code, op, key, message)
+
+
+_RANGES = {
+    "bad-lease": "a lease is above 0 and at most the server's --max-lease (default 86400 s)",
+    "bad-wait": "a wait is at most 86400 s",
+}
+"""The accepted range, named in the message of a server's range error."""
