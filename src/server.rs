@@ -40,7 +40,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let peer_secret = peer_secret(&config, cluster.as_ref())?;
     let auth = config.auth_file.as_deref().map(SharedAuth::load).transpose()?;
     let tls = match (&config.tls_cert, &config.tls_key) {
-        (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key, config.tls_client_ca.as_deref())?),
+        (Some(cert), Some(key)) => Some(crate::tls::SharedTls::load(cert, key, config.tls_client_ca.as_deref())?),
         _ => None,
     };
     if let Some(auth) = &auth {
@@ -153,7 +153,7 @@ fn shared(
     local: SocketAddr,
     cluster: Option<ClusterLink>,
     auth: Option<SharedAuth>,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::SharedTls>,
 ) -> Arc<Shared> {
     let shards = mailboxes.len();
     Arc::new(Shared {
@@ -174,6 +174,7 @@ fn shared(
         cluster,
         auth,
         tls,
+        handshake_ms: config.handshake_ms,
     })
 }
 

@@ -4,117 +4,15 @@
 
 mod common;
 
+#[path = "common/tls.rs"]
+mod tls_support;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 
 use common::{DataDir, PATIENCE, Server, metrics_address, scrape, wait_until};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
-
-/// A CA, a server certificate for `localhost` and 127.0.0.1, and a client
-/// certificate, all signed by the CA, as PEM files in a directory of their own.
-struct Certificates {
-    dir: DataDir,
-    ca: CertificateDer<'static>,
-    client_chain: Vec<CertificateDer<'static>>,
-    client_key: PrivateKeyDer<'static>,
-}
-
-impl Certificates {
-    fn new() -> Certificates {
-        let dir = DataDir::new();
-        std::fs::create_dir_all(&dir.0).unwrap();
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let server_key = KeyPair::generate().unwrap();
-        let server = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .unwrap()
-            .signed_by(&server_key, &ca, &ca_key)
-            .unwrap();
-        let client_key = KeyPair::generate().unwrap();
-        let client =
-            CertificateParams::new(vec!["client".to_string()]).unwrap().signed_by(&client_key, &ca, &ca_key).unwrap();
-        std::fs::write(dir.0.join("ca.pem"), ca.pem()).unwrap();
-        std::fs::write(dir.0.join("server.pem"), server.pem()).unwrap();
-        std::fs::write(dir.0.join("server.key"), server_key.serialize_pem()).unwrap();
-        Certificates {
-            ca: ca.der().clone(),
-            client_chain: vec![client.der().clone()],
-            client_key: PrivateKeyDer::try_from(client_key.serialize_der()).unwrap(),
-            dir,
-        }
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.0.join(name).to_str().unwrap().to_string()
-    }
-
-    fn server_args(&self) -> Vec<String> {
-        vec!["--tls-cert".into(), self.path("server.pem"), "--tls-key".into(), self.path("server.key")]
-    }
-}
-
-fn client_config(root: &CertificateDer<'static>, identity: Option<&Certificates>) -> Arc<ClientConfig> {
-    let mut store = RootCertStore::empty();
-    store.add(root.clone()).unwrap();
-    #[allow(deprecated)]
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(store);
-    Arc::new(match identity {
-        Some(certificates) => builder
-            .with_client_auth_cert(certificates.client_chain.clone(), certificates.client_key.clone_key())
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    })
-}
-
-/// A protocol connection over TLS.
-struct TlsConn {
-    stream: StreamOwned<ClientConnection, TcpStream>,
-    buffer: Vec<u8>,
-}
-
-impl TlsConn {
-    fn connect(server: &Server, config: Arc<ClientConfig>) -> TlsConn {
-        let tcp = TcpStream::connect(server.addr).unwrap();
-        tcp.set_read_timeout(Some(PATIENCE)).unwrap();
-        let connection = ClientConnection::new(config, ServerName::try_from("localhost").unwrap()).unwrap();
-        TlsConn { stream: StreamOwned::new(connection, tcp), buffer: Vec::new() }
-    }
-
-    fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.stream.write_all(bytes)?;
-        self.stream.flush()
-    }
-
-    /// The next reply line, or the error that ended the stream.
-    fn line(&mut self) -> std::io::Result<String> {
-        loop {
-            if let Some(end) = self.buffer.iter().position(|&byte| byte == b'\n') {
-                let line: Vec<u8> = self.buffer.drain(..=end).collect();
-                return Ok(String::from_utf8(line).unwrap().trim_end().to_string());
-            }
-            let mut chunk = [0u8; 4096];
-            let read = self.stream.read(&mut chunk)?;
-            if read == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
-            }
-            self.buffer.extend_from_slice(&chunk[..read]);
-        }
-    }
-
-    fn call(&mut self, line: &str) -> String {
-        self.send(format!("{line}\n").as_bytes()).unwrap();
-        self.line().unwrap()
-    }
-}
+use tls_support::{Certificates, TlsConn, client_config};
 
 fn start(certificates: &Certificates, extra: &[String]) -> Server {
     let mut args = certificates.server_args();
@@ -208,12 +106,12 @@ fn a_certificate_from_another_ca_is_refused_by_the_client() {
 fn mutual_tls_serves_a_client_with_a_certificate_of_the_ca_only() {
     let certificates = Certificates::new();
     let server = start(&certificates, &["--tls-client-ca".to_string(), certificates.path("ca.pem")]);
-    let mut with = TlsConn::connect(&server, client_config(&certificates.ca, Some(&certificates)));
+    let mut with = TlsConn::connect(&server, client_config(&certificates.ca, Some(&certificates.client)));
     assert!(with.call("A mtls/1 30 0").starts_with("A mtls/1 "));
     let mut without = TlsConn::connect(&server, client_config(&certificates.ca, None));
     assert!(without.send(b"P\n").and_then(|()| without.line()).is_err(), "no certificate, no service");
     let stranger = Certificates::new();
-    let mut foreign = TlsConn::connect(&server, client_config(&certificates.ca, Some(&stranger)));
+    let mut foreign = TlsConn::connect(&server, client_config(&certificates.ca, Some(&stranger.client)));
     assert!(foreign.send(b"P\n").and_then(|()| foreign.line()).is_err(), "a certificate of another CA");
     assert!(with.call("P").starts_with("P active "), "the served client carries on");
 }

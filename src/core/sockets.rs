@@ -199,7 +199,7 @@ impl EventLoop {
         let state = &mut self.state;
         let tls = match &state.shared.tls {
             None => None,
-            Some(config) => match TlsLayer::new(config.clone()) {
+            Some(tls) => match TlsLayer::new(tls.current()) {
                 Ok(layer) => Some(Box::new(layer)),
                 Err(error) => {
                     tracing::warn!(core = state.core, "cannot start TLS on a connection: {error}");
@@ -228,7 +228,44 @@ impl EventLoop {
             }
         }
         state.accepted += 1;
+        if state.shared.tls.is_some() || state.shared.auth.is_some() {
+            state.greetings.push_back((state.now_ms + state.shared.handshake_ms, slot, generation));
+        }
         state.arm_recv(slot, generation);
+    }
+
+    /// Closes the connections whose `--handshake-ms` is over and that have
+    /// not finished their TLS handshake, or, with an auth file, not
+    /// authenticated: a handshake is just closed (nothing can be said in
+    /// TLS yet), an unauthenticated connection is answered
+    /// `E - - auth-required` first.
+    pub(crate) fn expire_greetings(&mut self) {
+        let now_ms = self.state.now_ms;
+        while let Some(&(at, slot, generation)) = self.state.greetings.front() {
+            if at > now_ms {
+                break;
+            }
+            self.state.greetings.pop_front();
+            if !self.dispatcher.is_live(slot, generation) {
+                continue;
+            }
+            let Some(socket) = self.state.socket(slot) else { continue };
+            if socket.closing {
+                continue;
+            }
+            if socket.tls.as_ref().is_some_and(|tls| tls.is_handshaking()) {
+                if let Some(tls) = &self.state.shared.tls {
+                    tls.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                self.dispatcher.failed(slot);
+            } else if let Some(auth) = &self.state.shared.auth
+                && self.dispatcher.close_unauthenticated(slot)
+            {
+                auth.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            self.apply_socket_effects();
+            self.maybe_close(slot);
+        }
     }
 
     /// Carries out the dispatcher's socket effects.

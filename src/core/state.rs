@@ -84,6 +84,10 @@ pub(crate) struct CoreState {
     pub(crate) accepted: u64,
     /// TLS connections ended by a TLS error (a failed handshake, a bad record).
     pub(crate) tls_errors: u64,
+    /// New connections that must finish their TLS handshake or authenticate
+    /// by a time (`--handshake-ms`): when, and which (slot, generation).
+    /// Every entry gets the same bound, so the queue is in time order.
+    pub(crate) greetings: std::collections::VecDeque<(u64, u32, u32)>,
     pub(crate) eventfd: RawFd,
     pub(crate) wake_buffer: Box<u64>,
     pub(crate) wake_armed: bool,

@@ -79,6 +79,11 @@ impl TlsLayer {
         self.plain_pending += plain.len();
     }
 
+    /// Whether the handshake is still going on.
+    pub(crate) fn is_handshaking(&self) -> bool {
+        self.connection.is_handshaking()
+    }
+
     /// Whether ciphertext (handshake messages, records, alerts) waits to be sent.
     pub(crate) fn wants_write(&self) -> bool {
         self.connection.wants_write()

@@ -42,7 +42,10 @@ pub struct Shared {
     /// The auth file, with `--auth-file`.
     pub auth: Option<crate::auth::SharedAuth>,
     /// The client port's TLS settings, with `--tls-cert` and `--tls-key`.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub tls: Option<crate::tls::SharedTls>,
+    /// `--handshake-ms`: how long a new connection has to finish its TLS
+    /// handshake and, with an auth file, to authenticate.
+    pub handshake_ms: u64,
 }
 
 impl Shared {

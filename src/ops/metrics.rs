@@ -120,16 +120,8 @@ pub fn render(shared: &Shared) -> String {
     if let Some(auth) = &shared.auth {
         render_auth(&mut out, &cores, auth);
     }
-    if shared.tls.is_some() {
-        family(
-            &mut out,
-            "ringlock_tls_errors_total",
-            "counter",
-            "Client connections ended by a TLS error: a failed handshake (a client that does not speak TLS, an \
-             untrusted or missing client certificate) or a bad record.",
-        );
-        let errors: u64 = cores.iter().map(|core| core.tls_errors).sum();
-        let _ = writeln!(out, "ringlock_tls_errors_total {errors}");
+    if let Some(tls) = &shared.tls {
+        render_tls(&mut out, &cores, tls);
     }
     render_latencies(&mut out, &total);
     render_hot_keys(&mut out, &cores);
@@ -328,6 +320,34 @@ fn render_auth(out: &mut String, cores: &[CoreStats], auth: &SharedAuth) {
     for (result, count) in [("ok", &auth.reloads), ("failed", &auth.reload_failures)] {
         let _ = writeln!(out, "ringlock_auth_reloads_total{{result=\"{result}\"}} {}", count.load(Ordering::Relaxed));
     }
+    family(
+        out,
+        "ringlock_auth_timeouts_total",
+        "counter",
+        "Connections answered auth-required and closed because they had not authenticated within --handshake-ms.",
+    );
+    let _ = writeln!(out, "ringlock_auth_timeouts_total {}", auth.timeouts.load(Ordering::Relaxed));
+}
+
+/// TLS on the client port: errors, handshakes that ran out of time, and
+/// the reloads' outcomes.
+fn render_tls(out: &mut String, cores: &[CoreStats], tls: &crate::tls::SharedTls) {
+    family(
+        out,
+        "ringlock_tls_errors_total",
+        "counter",
+        "Client connections ended by a TLS error: a failed handshake (a client that does not speak TLS, an \
+         untrusted or missing client certificate) or a bad record.",
+    );
+    let errors: u64 = cores.iter().map(|core| core.tls_errors).sum();
+    let _ = writeln!(out, "ringlock_tls_errors_total {errors}");
+    family(
+        out,
+        "ringlock_tls_handshake_timeouts_total",
+        "counter",
+        "Client connections closed because their TLS handshake did not end within --handshake-ms.",
+    );
+    let _ = writeln!(out, "ringlock_tls_handshake_timeouts_total {}", tls.handshake_timeouts.load(Ordering::Relaxed));
 }
 
 /// Waits of acquires and holds of grants, as histograms.

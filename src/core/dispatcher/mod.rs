@@ -291,6 +291,22 @@ impl Dispatcher {
         self.auth = auth;
     }
 
+    /// A connection that has not authenticated within `--handshake-ms`:
+    /// answered `E - - auth-required` and closed once its replies are out.
+    /// False (nothing done) if it has authenticated or reads no more.
+    pub(crate) fn close_unauthenticated(&mut self, slot: u32) -> bool {
+        let session = &self.connections.sessions[slot as usize];
+        if self.auth.is_none() || session.identity.is_some() || !session.reading() {
+            return false;
+        }
+        self.connections.counters.count_error(ErrorCode::AuthRequired);
+        let reply = Reply::Error { op: None, key: None, code: ErrorCode::AuthRequired };
+        self.connections.write(slot, &reply);
+        self.stop_reading(slot);
+        self.connections.settle(slot);
+        true
+    }
+
     /// Parses what paused connections kept, now that they are below their
     /// limits again.
     pub(crate) fn resume_paused(&mut self) {
