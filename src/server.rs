@@ -165,6 +165,7 @@ fn shared(
         connections: AtomicU32::new(0),
         next_core: AtomicUsize::new(0),
         per_ip: PerIpConnections::new(config.max_connections_per_ip),
+        auth_failures: Arc::new(crate::core::per_ip::AuthFailures::new()),
         stop: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
         stopped_reading: AtomicUsize::new(0),

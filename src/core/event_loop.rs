@@ -110,7 +110,8 @@ impl EventLoop {
             None => (0, None),
         };
         let settings = Settings { core, cores, lease_ms_max: shared.lease_ms_max, limits: Limits::DEFAULT };
-        let dispatcher = Dispatcher::new(settings, shard, view, role, auth);
+        let mut dispatcher = Dispatcher::new(settings, shard, view, role, auth);
+        dispatcher.set_auth_failures(shared.auth_failures.clone());
         Ok(EventLoop {
             state: CoreState {
                 ring,

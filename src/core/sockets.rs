@@ -166,11 +166,24 @@ impl EventLoop {
             refuse(fd, code);
             return;
         }
-        // The per-address count is taken only when a limit is set; a peer
-        // that already left has no address and is not counted (its socket
-        // fails at once).
-        let peer_ip = if state.shared.per_ip.limited() { peer_ip(fd) } else { None };
+        // The address is needed for the per-address limit and for the
+        // failed `U` lines of an auth file; a peer that already left has no
+        // address and is not counted (its socket fails at once).
+        let auth = state.shared.auth.is_some();
+        let peer_ip = if state.shared.per_ip.limited() || auth { peer_ip(fd) } else { None };
         if let Some(ip) = peer_ip
+            && auth
+            && state.shared.auth_failures.slowed(ip, state.now_ms)
+        {
+            // A guesser slowed by its wrong secrets: refused before any TLS
+            // or parsing, so that its flood costs what a flood of `P` does.
+            state.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            state.shared.auth_failures.count_refusal();
+            refuse_slowed(fd, state.shared.tls.is_some());
+            return;
+        }
+        if let Some(ip) = peer_ip
+            && state.shared.per_ip.limited()
             && !state.shared.per_ip.admit(ip)
         {
             state.shared.connections.fetch_sub(1, Ordering::SeqCst);
@@ -211,7 +224,9 @@ impl EventLoop {
         let opened = if tls_failed { None } else { self.dispatcher.open() };
         let Some((slot, generation)) = opened else {
             state.shared.connections.fetch_sub(1, Ordering::SeqCst);
-            if let Some(ip) = peer_ip {
+            if let Some(ip) = peer_ip
+                && state.shared.per_ip.limited()
+            {
                 state.shared.per_ip.release(ip);
             }
             let code = if state.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
@@ -228,6 +243,9 @@ impl EventLoop {
             }
         }
         state.accepted += 1;
+        if state.shared.auth.is_some() {
+            self.dispatcher.set_peer_ip(slot, peer_ip);
+        }
         if state.shared.tls.is_some() || state.shared.auth.is_some() {
             state.greetings.push_back((state.now_ms + state.shared.handshake_ms, slot, generation));
         }
@@ -333,7 +351,9 @@ impl EventLoop {
         *socket = Socket::closed();
         self.dispatcher.closed(slot);
         self.state.shared.connections.fetch_sub(1, Ordering::SeqCst);
-        if let Some(ip) = peer_ip {
+        if let Some(ip) = peer_ip
+            && self.state.shared.per_ip.limited()
+        {
             self.state.shared.per_ip.release(ip);
         }
     }
@@ -533,6 +553,18 @@ fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
     // A client that reaches an IPv6 listener over IPv4 counts as its IPv4
     // address, so both ways of reaching the server share one count.
     Some(crate::core::listener::socket_address_of(&storage).ip().to_canonical())
+}
+
+/// Closes a connection from an address slowed by its wrong secrets: a plain
+/// one is told `E - - auth-failed` first; a TLS one is just closed (no
+/// handshake is spent on it).
+fn refuse_slowed(fd: RawFd, tls: bool) {
+    if tls {
+        // SAFETY: a fresh socket we own, closed at once.
+        unsafe { libc::close(fd) };
+    } else {
+        refuse(fd, ErrorCode::AuthFailed);
+    }
 }
 
 /// Answers a connection the server cannot take, and closes it.

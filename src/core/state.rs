@@ -26,7 +26,8 @@ pub(crate) struct Socket {
     pub(crate) send_in_flight: bool,
     /// The dispatcher asked for it to be closed; it is, once no I/O is in flight.
     pub(crate) closing: bool,
-    /// The client's address, if counted for `--max-connections-per-ip`.
+    /// The client's address, if known (with `--max-connections-per-ip` or
+    /// an auth file); counted for the limit if it is set.
     pub(crate) peer_ip: Option<IpAddr>,
     /// The TLS layer between this socket and the dispatcher (`--tls-cert`).
     pub(crate) tls: Option<Box<TlsLayer>>,

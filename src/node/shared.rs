@@ -26,6 +26,8 @@ pub struct Shared {
     pub next_core: AtomicUsize,
     /// Connections open from each client address, for `--max-connections-per-ip`.
     pub per_ip: PerIpConnections,
+    /// Failed `U` lines per client address (the growing delay of a guesser).
+    pub auth_failures: Arc<crate::core::per_ip::AuthFailures>,
     pub stop: AtomicBool,
     /// A stop signal came: `/readyz` answers 503 from now on (the cores may
     /// still serve, during `--drain-ms` or a hand-off).

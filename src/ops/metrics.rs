@@ -119,6 +119,7 @@ pub fn render(shared: &Shared) -> String {
     render_connections(&mut out, &cores);
     if let Some(auth) = &shared.auth {
         render_auth(&mut out, &cores, auth);
+        render_auth_failures(&mut out, shared);
     }
     if let Some(tls) = &shared.tls {
         render_tls(&mut out, &cores, tls);
@@ -327,6 +328,37 @@ fn render_auth(out: &mut String, cores: &[CoreStats], auth: &SharedAuth) {
         "Connections answered auth-required and closed because they had not authenticated within --handshake-ms.",
     );
     let _ = writeln!(out, "ringlock_auth_timeouts_total {}", auth.timeouts.load(Ordering::Relaxed));
+}
+
+/// Failed `U` lines by client address, without naming any: how many
+/// addresses failed lately, how many are slowed now, and the connections
+/// refused because of it. An address is not a label, so that a guesser with
+/// many addresses cannot grow the series; the log names an address when it
+/// becomes slowed.
+fn render_auth_failures(out: &mut String, shared: &Shared) {
+    let table = &shared.auth_failures;
+    let counts = table.counts(shared.now_ms());
+    family(
+        out,
+        "ringlock_auth_failure_addresses",
+        "gauge",
+        "Client addresses (IPv6: /64 blocks) with a failed U line in the last minute.",
+    );
+    let _ = writeln!(out, "ringlock_auth_failure_addresses {}", counts.addresses);
+    family(
+        out,
+        "ringlock_auth_slowed_addresses",
+        "gauge",
+        "Client addresses whose repeated failed U lines delay their answers and refuse their new connections now.",
+    );
+    let _ = writeln!(out, "ringlock_auth_slowed_addresses {}", counts.slowed);
+    family(
+        out,
+        "ringlock_auth_slowed_refusals_total",
+        "counter",
+        "New connections closed at once because their address was slowed by failed U lines.",
+    );
+    let _ = writeln!(out, "ringlock_auth_slowed_refusals_total {}", table.refused.load(Ordering::Relaxed));
 }
 
 /// TLS on the client port: errors, handshakes that ran out of time, and

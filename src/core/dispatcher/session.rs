@@ -103,6 +103,8 @@ pub struct Session {
     pub limits: Limits,
     /// Who the connection authenticated as (`U`), on a server with `--auth-file`.
     pub identity: Option<crate::auth::Identity>,
+    /// The client's address, on a server with `--auth-file`.
+    pub peer_ip: Option<std::net::IpAddr>,
 }
 
 impl Session {
@@ -120,6 +122,7 @@ impl Session {
             receiving: false,
             limits: Limits::DEFAULT,
             identity: None,
+            peer_ip: None,
         }
     }
 
