@@ -365,24 +365,36 @@ fn join_shards(threads: Vec<ShardThread>, mut result: Result<(), String>) -> Res
     result
 }
 
-/// SIGHUP: re-reads the auth file. A hang-up of the terminal or session that
-/// started the server must never drop a lock or a waiter: the server keeps
-/// serving whatever the outcome, and a file that is refused leaves the one
-/// in force.
+/// SIGHUP: re-reads the auth file and the TLS files. A hang-up of the
+/// terminal or session that started the server must never drop a lock or a
+/// waiter: the server keeps serving whatever the outcome, and a file that is
+/// refused leaves the one in force.
 fn reload(shared: &Shared) {
-    let Some(auth) = &shared.auth else {
+    if shared.auth.is_none() && shared.tls.is_none() {
         tracing::warn!(
-            "SIGHUP: nothing to reload (no --auth-file); ringlock keeps serving; stop it with SIGTERM or SIGINT"
+            "SIGHUP: nothing to reload (no --auth-file, no --tls-cert); ringlock keeps serving; stop it with SIGTERM \
+             or SIGINT"
         );
         return;
-    };
-    match auth.reload() {
-        Ok(names) => tracing::info!(
-            auth_file = %auth.path().display(),
-            names,
-            "SIGHUP: auth file reloaded; connections whose name is gone are closed"
-        ),
-        Err(error) => tracing::error!("SIGHUP: {error}; the auth file in force stays"),
+    }
+    if let Some(auth) = &shared.auth {
+        match auth.reload() {
+            Ok(names) => tracing::info!(
+                auth_file = %auth.path().display(),
+                names,
+                "SIGHUP: auth file reloaded; connections whose name is gone are closed"
+            ),
+            Err(error) => tracing::error!("SIGHUP: {error}; the auth file in force stays"),
+        }
+    }
+    if let Some(tls) = &shared.tls {
+        match tls.reload() {
+            Ok(()) => tracing::info!(
+                tls_cert = %tls.cert_path().display(),
+                "SIGHUP: TLS certificate, key and client CA reloaded; new connections use them, open ones keep theirs"
+            ),
+            Err(error) => tracing::error!("SIGHUP: {error}; the TLS settings in force stay"),
+        }
     }
 }
 
@@ -478,7 +490,7 @@ fn stop(shared: &Shared) {
 
 /// Blocks, on this thread and the threads it starts from now on, the
 /// signals the main thread waits for: SIGINT and SIGTERM stop the server,
-/// SIGHUP is only logged. Returns their set.
+/// SIGHUP reloads. Returns their set.
 fn block_handled_signals() -> libc::sigset_t {
     // SAFETY: building a signal set in a zeroed value, and changing this
     // thread's signal mask with it.

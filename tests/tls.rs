@@ -132,3 +132,39 @@ fn bad_tls_files_stop_the_start_with_the_flag_that_named_them() {
         .expect("a certificate without its key");
     assert!(error.contains("--tls-key"), "{error}");
 }
+
+#[test]
+fn sighup_rotates_the_certificate_for_new_connections_and_a_broken_file_keeps_the_old() {
+    let certificates = Certificates::new();
+    let server = start(&certificates, &["--metrics-listen".to_string(), "127.0.0.1:0".to_string()]);
+    let metrics = metrics_address(&server);
+    let old_ca = client_config(&certificates.ca, None);
+    let mut live = TlsConn::connect(&server, old_ca.clone());
+    let token: u64 = live.call("A rotate/held 60 0").strip_prefix("A rotate/held ").unwrap().parse().unwrap();
+    // A new CA and a server certificate of it replace the files.
+    let new_authority = tls_support::Ca::new();
+    let (new_cert, new_key) = new_authority.server_pem();
+    certificates.replace("server.key", &new_key);
+    certificates.replace("server.pem", &new_cert);
+    server.signal("HUP");
+    wait_until("the reload", || scrape(metrics).get("ringlock_tls_reloads_total{result=\"ok\"}") == Some(&1.0));
+    assert!(server.log().contains("TLS certificate, key and client CA reloaded"), "{}", server.log());
+    let new_ca = client_config(&new_authority.der(), None);
+    let mut fresh = TlsConn::connect(&server, new_ca.clone());
+    assert!(fresh.call("P").starts_with("P active "), "a client of the new CA connects");
+    let mut stale = TlsConn::connect(&server, old_ca);
+    let error = stale.try_call("P").expect_err("a client that trusts only the old CA");
+    assert!(error.to_string().contains("invalid peer certificate"), "{error}");
+    assert_eq!(live.call(&format!("R rotate/held {token}")), "R rotate/held", "the open connection carries on");
+    // A certificate file that does not parse: the settings in force stay.
+    certificates.replace("server.pem", "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n");
+    server.signal("HUP");
+    wait_until("the failed reload", || {
+        scrape(metrics).get("ringlock_tls_reloads_total{result=\"failed\"}") == Some(&1.0)
+    });
+    assert!(server.log().contains("the TLS settings in force stay"), "{}", server.log());
+    let mut after = TlsConn::connect(&server, new_ca);
+    assert!(after.call("P").starts_with("P active "), "still the new certificate");
+    assert!(live.call("P").starts_with("P active "));
+    assert!(fresh.call("P").starts_with("P active "));
+}

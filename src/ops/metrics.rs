@@ -380,6 +380,16 @@ fn render_tls(out: &mut String, cores: &[CoreStats], tls: &crate::tls::SharedTls
         "Client connections closed because their TLS handshake did not end within --handshake-ms.",
     );
     let _ = writeln!(out, "ringlock_tls_handshake_timeouts_total {}", tls.handshake_timeouts.load(Ordering::Relaxed));
+    family(
+        out,
+        "ringlock_tls_reloads_total",
+        "counter",
+        "Reloads of --tls-cert, --tls-key and --tls-client-ca (SIGHUP), by result: ok, or failed (the settings in \
+         force stay).",
+    );
+    for (result, count) in [("ok", &tls.reloads), ("failed", &tls.reload_failures)] {
+        let _ = writeln!(out, "ringlock_tls_reloads_total{{result=\"{result}\"}} {}", count.load(Ordering::Relaxed));
+    }
 }
 
 /// Waits of acquires and holds of grants, as histograms.
