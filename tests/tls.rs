@@ -168,3 +168,55 @@ fn sighup_rotates_the_certificate_for_new_connections_and_a_broken_file_keeps_th
     assert!(live.call("P").starts_with("P active "));
     assert!(fresh.call("P").starts_with("P active "));
 }
+
+/// An auth file of `names` (scope `<name>/*`, secret `secret-of-<name>`)
+/// in the certificates' directory; returns its path.
+fn write_auth_file(certificates: &Certificates, names: &[&str]) -> String {
+    let mut text = String::new();
+    for name in names {
+        let digest: String = ring::digest::digest(&ring::digest::SHA256, format!("secret-of-{name}").as_bytes())
+            .as_ref()
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        text.push_str(&format!("{name} {digest} {name}/*\n"));
+    }
+    certificates.replace("auth", &text);
+    certificates.path("auth")
+}
+
+#[test]
+fn a_client_certificate_naming_an_auth_entry_authenticates_the_connection() {
+    let certificates = Certificates::new();
+    let auth = write_auth_file(&certificates, &["billing", "ops"]);
+    let server =
+        start(&certificates, &["--tls-client-ca".into(), certificates.path("ca.pem"), "--auth-file".into(), auth]);
+    let billing_certificate = certificates.authority.client(&["billing"]);
+    let mut billing = TlsConn::connect(&server, client_config(&certificates.ca, Some(&billing_certificate)));
+    // No U: the certificate's name is the connection's.
+    assert!(billing.call("A billing/1 30 0").starts_with("A billing/1 "));
+    assert_eq!(billing.call("A ops/1 30 0"), "E A ops/1 forbidden", "with the name's scope");
+    // U still works, and switches names.
+    assert_eq!(billing.call("U secret-of-ops"), "U ops");
+    assert!(billing.call("A ops/1 30 0").starts_with("A ops/1 "));
+    // A certificate of the CA that names no entry: served, but nameless.
+    let stranger_certificate = certificates.authority.client(&["stranger", "*.billing"]);
+    let mut stranger = TlsConn::connect(&server, client_config(&certificates.ca, Some(&stranger_certificate)));
+    assert_eq!(stranger.call("A billing/2 30 0"), "E A billing/2 auth-required");
+    assert_eq!(stranger.call("U secret-of-billing"), "U billing");
+    assert!(stranger.call("A billing/2 30 0").starts_with("A billing/2 "));
+    // The second name of a certificate counts when the first names nobody.
+    let second = certificates.authority.client(&["nobody", "ops"]);
+    let mut second = TlsConn::connect(&server, client_config(&certificates.ca, Some(&second)));
+    assert!(second.call("A ops/2 30 0").starts_with("A ops/2 "));
+    // A reload that removes the name revokes the connection it named, and
+    // the next connection with that certificate is nameless.
+    let mut named = TlsConn::connect(&server, client_config(&certificates.ca, Some(&billing_certificate)));
+    assert!(named.call("A billing/3 30 0").starts_with("A billing/3 "));
+    write_auth_file(&certificates, &["ops"]);
+    server.signal("HUP");
+    assert_eq!(named.line().unwrap(), "E - - auth-revoked");
+    let mut again = TlsConn::connect(&server, client_config(&certificates.ca, Some(&billing_certificate)));
+    assert_eq!(again.call("A billing/4 30 0"), "E A billing/4 auth-required");
+    assert!(second.call("A ops/3 30 0").starts_with("A ops/3 "), "ops keeps its name");
+}

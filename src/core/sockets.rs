@@ -512,6 +512,12 @@ fn tls_received(state: &mut CoreState, dispatcher: &mut Dispatcher, slot: u32, d
         state.tls_errors += 1;
         dispatcher.failed(slot);
     } else {
+        if state.shared.auth.is_some()
+            && let Some(names) = tls.take_client_names()
+        {
+            // Before any request of the connection is read.
+            dispatcher.authenticate_certificate(slot, &names);
+        }
         if !plain.is_empty() {
             dispatcher.received(slot, &plain);
         }

@@ -307,6 +307,17 @@ impl Dispatcher {
         self.connections.sessions[slot as usize].peer_ip = ip;
     }
 
+    /// Mutual TLS with an auth file: the handshake ended with a client
+    /// certificate that gives `names`. The first that names an entry of the
+    /// auth file authenticates the connection as that name, as a `U` line
+    /// would but with no reply; none leaves it unauthenticated.
+    pub(crate) fn authenticate_certificate(&mut self, slot: u32, names: &[String]) {
+        let Some(table) = &self.auth else { return };
+        if let Some(identity) = names.iter().find_map(|name| table.lookup(name.as_bytes())) {
+            self.connections.sessions[slot as usize].identity = Some(identity);
+        }
+    }
+
     /// A connection that has not authenticated within `--handshake-ms`:
     /// answered `E - - auth-required` and closed once its replies are out.
     /// False (nothing done) if it has authenticated or reads no more.
