@@ -144,6 +144,23 @@ impl TlsConn {
         self.stream.flush()
     }
 
+    /// Sends `bytes` from another thread, encrypted here first, so that
+    /// this one can read meanwhile even if the server stops reading: the
+    /// write's outcome is left to that thread (ignored).
+    pub fn send_in_background(&mut self, bytes: &[u8]) -> std::thread::JoinHandle<()> {
+        let connection = &mut self.stream.conn;
+        connection.set_buffer_limit(None);
+        connection.writer().write_all(bytes).unwrap();
+        let mut ciphertext = Vec::new();
+        while connection.wants_write() {
+            connection.write_tls(&mut ciphertext).unwrap();
+        }
+        let mut socket = self.stream.sock.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let _ = socket.write_all(&ciphertext);
+        })
+    }
+
     /// The next reply line, or the error that ended the stream.
     pub fn line(&mut self) -> std::io::Result<String> {
         loop {
