@@ -188,8 +188,9 @@ fn an_address_that_keeps_guessing_is_slowed_and_refused_and_no_other_is() {
     wait_until("every guess failed", || sample(metrics, "ringlock_auth_failures_total") == 10.0);
     assert_eq!(sample(metrics, "ringlock_auth_slowed_addresses"), 1.0);
     // Meanwhile its new connections are refused at once, before any reading.
+    // (Told as the answer to the `U` a client sends first.)
     let mut refused = connect_from([127, 0, 0, 1], server.addr);
-    assert_eq!(refused.line(), "E - - auth-failed");
+    assert_eq!(refused.line(), "E U - auth-failed");
     assert!(refused.closed_by_server());
     assert_eq!(sample(metrics, "ringlock_auth_slowed_refusals_total"), 1.0);
     // Another address is served as ever, old connection and new.

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use io_uring::types::Fd;
 use io_uring::{cqueue, opcode};
-use ringlock_proto::{ErrorCode, Reply, encode_reply};
+use ringlock_proto::{ErrorCode, Op, Reply, encode_reply};
 
 use crate::core::dispatcher::{BUFFER_BYTES_KEPT, Dispatcher, SocketEffect};
 use crate::core::event_loop::EventLoop;
@@ -561,15 +561,24 @@ fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
     Some(crate::core::listener::socket_address_of(&storage).ip().to_canonical())
 }
 
-/// Closes a connection from an address slowed by its wrong secrets: a plain
-/// one is told `E - - auth-failed` first; a TLS one is just closed (no
-/// handshake is spent on it).
+/// Closes a connection from an address slowed by its wrong secrets. A plain
+/// one is told `E U - auth-failed` first: clients send `U` first, so they
+/// read it as the answer to theirs and report a refused secret, as they
+/// would after the delay. A TLS one is just closed (no handshake is spent
+/// on it).
 fn refuse_slowed(fd: RawFd, tls: bool) {
     if tls {
         // SAFETY: a fresh socket we own, closed at once.
         unsafe { libc::close(fd) };
-    } else {
-        refuse(fd, ErrorCode::AuthFailed);
+        return;
+    }
+    let mut line = Vec::with_capacity(24);
+    encode_reply(&Reply::Error { op: Some(Op::Authenticate), key: None, code: ErrorCode::AuthFailed }, &mut line);
+    // SAFETY: as in `refuse`: a short non-blocking send on a fresh socket we
+    // own, closed right after.
+    unsafe {
+        libc::send(fd, line.as_ptr().cast(), line.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        libc::close(fd);
     }
 }
 
