@@ -162,6 +162,16 @@ class Bystander:
         return acquires, releases
 
 
+def noise():
+    """The host's load average and CPU pressure, to say how busy it was."""
+    load = open("/proc/loadavg").read().split()[:3]
+    try:
+        pressure = open("/proc/pressure/cpu").readline().split()[1:3]
+    except OSError:
+        pressure = ["n/a"]
+    return f"load average {' '.join(load)}, CPU pressure {' '.join(pressure)}"
+
+
 def percentile(values, fraction):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -273,6 +283,7 @@ def main():
         ]
         rows = []
         idle = None
+        noise_before = noise()
         for name, start in attacks:
             before = rss(server.pid)
             attack = Attack()
@@ -306,6 +317,7 @@ def main():
                   f"{f['a99'] / idle['a99']:.2f}, {f['r99'] / idle['r99']:.2f} | "
                   f"{f['before'] / 2**20:.1f} / {f['during'] / 2**20:.1f} / {f['after'] / 2**20:.1f} |")
         print()
+        print(f"- host before: {noise_before}; after: {noise()}; {os.cpu_count()} CPUs")
         for name in ["ringlock_tls_handshake_timeouts_total", "ringlock_tls_errors_total",
                      "ringlock_auth_failures_total", "ringlock_auth_slowed_refusals_total"]:
             print(f"- `{name}` {metric(metrics, name):.0f}")

@@ -125,7 +125,10 @@ pub struct Config {
 
     /// With --tls-cert: the CA certificates (PEM) that client certificates
     /// must chain to; a client without such a certificate is refused during
-    /// the handshake (mutual TLS).
+    /// the handshake (mutual TLS). With --auth-file too, a certificate whose
+    /// subject alternative name (DNS, then URI) is a name of the auth file
+    /// authenticates its connection as that name, without `U`. SIGHUP
+    /// re-reads this file, --tls-cert and --tls-key for new connections.
     #[arg(long, env = "RINGLOCK_TLS_CLIENT_CA", value_name = "FILE", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
