@@ -191,9 +191,12 @@ class Attack:
         self.threads.append(thread)
 
     def stop(self):
+        """Stops sending; the connections stay open for the server to close."""
         self.stopping.set()
         for thread in self.threads:
             thread.join()
+
+    def close(self):
         for sock in self.sockets:
             sock.close()
 
@@ -293,12 +296,14 @@ def main():
             acquires, releases = bystander.measure(DURATION)
             during = rss(server.pid)
             attack.stop()
-            # Wait until every attacking connection is gone (the bound closes
-            # half handshakes), then read the memory left.
+            # Wait until the server has closed every attacking connection
+            # (--handshake-ms closes the slow and half handshakes), then read
+            # the memory left.
             deadline = time.monotonic() + HANDSHAKE_MS / 1000 + 10
             while metric(metrics, "ringlock_connections") > 1 and time.monotonic() < deadline:
                 time.sleep(0.2)
             after = rss(server.pid)
+            attack.close()
             figures = {
                 "a50": percentile(acquires, 0.5), "a99": percentile(acquires, 0.99),
                 "r50": percentile(releases, 0.5), "r99": percentile(releases, 0.99),
@@ -318,6 +323,7 @@ def main():
                   f"{f['before'] / 2**20:.1f} / {f['during'] / 2**20:.1f} / {f['after'] / 2**20:.1f} |")
         print()
         print(f"- host before: {noise_before}; after: {noise()}; {os.cpu_count()} CPUs")
+        print(f"- bystander p99 idle: acquire {idle['a99'] * 1e6:.0f} µs, release {idle['r99'] * 1e6:.0f} µs")
         for name in ["ringlock_tls_handshake_timeouts_total", "ringlock_tls_errors_total",
                      "ringlock_auth_failures_total", "ringlock_auth_slowed_refusals_total"]:
             print(f"- `{name}` {metric(metrics, name):.0f}")
