@@ -169,6 +169,8 @@ pub struct SharedAuth {
     pub generation: std::sync::atomic::AtomicU64,
     pub reloads: std::sync::atomic::AtomicU64,
     pub reload_failures: std::sync::atomic::AtomicU64,
+    /// Connections closed because they had not authenticated within `--handshake-ms`.
+    pub timeouts: std::sync::atomic::AtomicU64,
 }
 
 impl SharedAuth {
@@ -181,6 +183,7 @@ impl SharedAuth {
             generation: std::sync::atomic::AtomicU64::new(1),
             reloads: std::sync::atomic::AtomicU64::new(0),
             reload_failures: std::sync::atomic::AtomicU64::new(0),
+            timeouts: std::sync::atomic::AtomicU64::new(0),
         })
     }
 

@@ -141,9 +141,23 @@ pub struct Config {
 
     /// With --tls-cert: the CA certificates (PEM) that client certificates
     /// must chain to; a client without such a certificate is refused during
-    /// the handshake (mutual TLS).
+    /// the handshake (mutual TLS). With --auth-file too, a certificate whose
+    /// subject alternative name (DNS, then URI) is a name of the auth file
+    /// authenticates its connection as that name, without `U`. SIGHUP
+    /// re-reads this file, --tls-cert and --tls-key for new connections.
     #[arg(long, env = "RINGLOCK_TLS_CLIENT_CA", value_name = "FILE", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+
+    /// Milliseconds a new client connection has to finish its TLS handshake
+    /// (with --tls-cert) and, with --auth-file, to authenticate (a `U` line
+    /// or a client certificate naming an entry). A connection still
+    /// handshaking then is closed (ringlock_tls_handshake_timeouts_total);
+    /// one still unauthenticated is answered `E - - auth-required` and
+    /// closed (ringlock_auth_timeouts_total). Without TLS and auth it does
+    /// nothing.
+    #[arg(long, env = "RINGLOCK_HANDSHAKE_MS", default_value_t = 10_000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub handshake_ms: u64,
 
     /// Address of the HTTP endpoint for operators: `/metrics` (Prometheus
     /// text format), `/livez` and `/readyz`. Served by a thread of its own,

@@ -40,7 +40,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let peer_secret = peer_secret(&config, cluster.as_ref())?;
     let auth = config.auth_file.as_deref().map(SharedAuth::load).transpose()?;
     let tls = match (&config.tls_cert, &config.tls_key) {
-        (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key, config.tls_client_ca.as_deref())?),
+        (Some(cert), Some(key)) => Some(crate::tls::SharedTls::load(cert, key, config.tls_client_ca.as_deref())?),
         _ => None,
     };
     if let Some(auth) = &auth {
@@ -153,7 +153,7 @@ fn shared(
     local: SocketAddr,
     cluster: Option<ClusterLink>,
     auth: Option<SharedAuth>,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::SharedTls>,
 ) -> Arc<Shared> {
     let shards = mailboxes.len();
     Arc::new(Shared {
@@ -165,6 +165,7 @@ fn shared(
         connections: AtomicU32::new(0),
         next_core: AtomicUsize::new(0),
         per_ip: PerIpConnections::new(config.max_connections_per_ip),
+        auth_failures: Arc::new(crate::core::per_ip::AuthFailures::new()),
         stop: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
         stopped_reading: AtomicUsize::new(0),
@@ -174,6 +175,7 @@ fn shared(
         cluster,
         auth,
         tls,
+        handshake_ms: config.handshake_ms,
     })
 }
 
@@ -363,24 +365,36 @@ fn join_shards(threads: Vec<ShardThread>, mut result: Result<(), String>) -> Res
     result
 }
 
-/// SIGHUP: re-reads the auth file. A hang-up of the terminal or session that
-/// started the server must never drop a lock or a waiter: the server keeps
-/// serving whatever the outcome, and a file that is refused leaves the one
-/// in force.
+/// SIGHUP: re-reads the auth file and the TLS files. A hang-up of the
+/// terminal or session that started the server must never drop a lock or a
+/// waiter: the server keeps serving whatever the outcome, and a file that is
+/// refused leaves the one in force.
 fn reload(shared: &Shared) {
-    let Some(auth) = &shared.auth else {
+    if shared.auth.is_none() && shared.tls.is_none() {
         tracing::warn!(
-            "SIGHUP: nothing to reload (no --auth-file); ringlock keeps serving; stop it with SIGTERM or SIGINT"
+            "SIGHUP: nothing to reload (no --auth-file, no --tls-cert); ringlock keeps serving; stop it with SIGTERM \
+             or SIGINT"
         );
         return;
-    };
-    match auth.reload() {
-        Ok(names) => tracing::info!(
-            auth_file = %auth.path().display(),
-            names,
-            "SIGHUP: auth file reloaded; connections whose name is gone are closed"
-        ),
-        Err(error) => tracing::error!("SIGHUP: {error}; the auth file in force stays"),
+    }
+    if let Some(auth) = &shared.auth {
+        match auth.reload() {
+            Ok(names) => tracing::info!(
+                auth_file = %auth.path().display(),
+                names,
+                "SIGHUP: auth file reloaded; connections whose name is gone are closed"
+            ),
+            Err(error) => tracing::error!("SIGHUP: {error}; the auth file in force stays"),
+        }
+    }
+    if let Some(tls) = &shared.tls {
+        match tls.reload() {
+            Ok(()) => tracing::info!(
+                tls_cert = %tls.cert_path().display(),
+                "SIGHUP: TLS certificate, key and client CA reloaded; new connections use them, open ones keep theirs"
+            ),
+            Err(error) => tracing::error!("SIGHUP: {error}; the TLS settings in force stay"),
+        }
     }
 }
 
@@ -476,7 +490,7 @@ fn stop(shared: &Shared) {
 
 /// Blocks, on this thread and the threads it starts from now on, the
 /// signals the main thread waits for: SIGINT and SIGTERM stop the server,
-/// SIGHUP is only logged. Returns their set.
+/// SIGHUP reloads. Returns their set.
 fn block_handled_signals() -> libc::sigset_t {
     // SAFETY: building a signal set in a zeroed value, and changing this
     // thread's signal mask with it.

@@ -3,8 +3,9 @@
 //! connections share. rustls runs with the `ring` provider, the crate the
 //! peer proof and the auth file already use (docs/security.md says why).
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -56,4 +57,61 @@ fn read_certificates(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'stat
         return Err(format!("{} ({flag}) holds no PEM certificate", path.display()));
     }
     Ok(certificates)
+}
+
+/// The client port's TLS as the node's threads share it: the configuration
+/// new connections take (SIGHUP replaces it, see [`SharedTls::reload`]),
+/// the files it came from, and counters for `/metrics`.
+pub struct SharedTls {
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: Option<PathBuf>,
+    config: Mutex<Arc<ServerConfig>>,
+    /// Connections closed because their handshake did not end within `--handshake-ms`.
+    pub handshake_timeouts: AtomicU64,
+    pub reloads: AtomicU64,
+    pub reload_failures: AtomicU64,
+}
+
+impl SharedTls {
+    /// Reads the files; an error stops the start.
+    pub fn load(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<SharedTls, String> {
+        let config = server_config(cert, key, client_ca)?;
+        Ok(SharedTls {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            client_ca: client_ca.map(Path::to_path_buf),
+            config: Mutex::new(config),
+            handshake_timeouts: AtomicU64::new(0),
+            reloads: AtomicU64::new(0),
+            reload_failures: AtomicU64::new(0),
+        })
+    }
+
+    /// The configuration a new connection starts with. Connections keep
+    /// the one they started with for their whole life.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Reads `--tls-cert`, `--tls-key` and `--tls-client-ca` again: new
+    /// connections use what they hold from now on, or, if any of them is
+    /// refused, the configuration in force stays. Returns why on refusal.
+    pub fn reload(&self) -> Result<(), String> {
+        match server_config(&self.cert, &self.key, self.client_ca.as_deref()) {
+            Ok(config) => {
+                *self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = config;
+                self.reloads.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(error) => {
+                self.reload_failures.fetch_add(1, Ordering::Relaxed);
+                Err(error)
+            }
+        }
+    }
+
+    pub fn cert_path(&self) -> &Path {
+        &self.cert
+    }
 }

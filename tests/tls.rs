@@ -4,117 +4,15 @@
 
 mod common;
 
+#[path = "common/tls.rs"]
+mod tls_support;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 
 use common::{DataDir, PATIENCE, Server, metrics_address, scrape, wait_until};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
-
-/// A CA, a server certificate for `localhost` and 127.0.0.1, and a client
-/// certificate, all signed by the CA, as PEM files in a directory of their own.
-struct Certificates {
-    dir: DataDir,
-    ca: CertificateDer<'static>,
-    client_chain: Vec<CertificateDer<'static>>,
-    client_key: PrivateKeyDer<'static>,
-}
-
-impl Certificates {
-    fn new() -> Certificates {
-        let dir = DataDir::new();
-        std::fs::create_dir_all(&dir.0).unwrap();
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let server_key = KeyPair::generate().unwrap();
-        let server = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .unwrap()
-            .signed_by(&server_key, &ca, &ca_key)
-            .unwrap();
-        let client_key = KeyPair::generate().unwrap();
-        let client =
-            CertificateParams::new(vec!["client".to_string()]).unwrap().signed_by(&client_key, &ca, &ca_key).unwrap();
-        std::fs::write(dir.0.join("ca.pem"), ca.pem()).unwrap();
-        std::fs::write(dir.0.join("server.pem"), server.pem()).unwrap();
-        std::fs::write(dir.0.join("server.key"), server_key.serialize_pem()).unwrap();
-        Certificates {
-            ca: ca.der().clone(),
-            client_chain: vec![client.der().clone()],
-            client_key: PrivateKeyDer::try_from(client_key.serialize_der()).unwrap(),
-            dir,
-        }
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.0.join(name).to_str().unwrap().to_string()
-    }
-
-    fn server_args(&self) -> Vec<String> {
-        vec!["--tls-cert".into(), self.path("server.pem"), "--tls-key".into(), self.path("server.key")]
-    }
-}
-
-fn client_config(root: &CertificateDer<'static>, identity: Option<&Certificates>) -> Arc<ClientConfig> {
-    let mut store = RootCertStore::empty();
-    store.add(root.clone()).unwrap();
-    #[allow(deprecated)]
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(store);
-    Arc::new(match identity {
-        Some(certificates) => builder
-            .with_client_auth_cert(certificates.client_chain.clone(), certificates.client_key.clone_key())
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    })
-}
-
-/// A protocol connection over TLS.
-struct TlsConn {
-    stream: StreamOwned<ClientConnection, TcpStream>,
-    buffer: Vec<u8>,
-}
-
-impl TlsConn {
-    fn connect(server: &Server, config: Arc<ClientConfig>) -> TlsConn {
-        let tcp = TcpStream::connect(server.addr).unwrap();
-        tcp.set_read_timeout(Some(PATIENCE)).unwrap();
-        let connection = ClientConnection::new(config, ServerName::try_from("localhost").unwrap()).unwrap();
-        TlsConn { stream: StreamOwned::new(connection, tcp), buffer: Vec::new() }
-    }
-
-    fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.stream.write_all(bytes)?;
-        self.stream.flush()
-    }
-
-    /// The next reply line, or the error that ended the stream.
-    fn line(&mut self) -> std::io::Result<String> {
-        loop {
-            if let Some(end) = self.buffer.iter().position(|&byte| byte == b'\n') {
-                let line: Vec<u8> = self.buffer.drain(..=end).collect();
-                return Ok(String::from_utf8(line).unwrap().trim_end().to_string());
-            }
-            let mut chunk = [0u8; 4096];
-            let read = self.stream.read(&mut chunk)?;
-            if read == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
-            }
-            self.buffer.extend_from_slice(&chunk[..read]);
-        }
-    }
-
-    fn call(&mut self, line: &str) -> String {
-        self.send(format!("{line}\n").as_bytes()).unwrap();
-        self.line().unwrap()
-    }
-}
+use tls_support::{Certificates, TlsConn, client_config};
 
 fn start(certificates: &Certificates, extra: &[String]) -> Server {
     let mut args = certificates.server_args();
@@ -208,12 +106,12 @@ fn a_certificate_from_another_ca_is_refused_by_the_client() {
 fn mutual_tls_serves_a_client_with_a_certificate_of_the_ca_only() {
     let certificates = Certificates::new();
     let server = start(&certificates, &["--tls-client-ca".to_string(), certificates.path("ca.pem")]);
-    let mut with = TlsConn::connect(&server, client_config(&certificates.ca, Some(&certificates)));
+    let mut with = TlsConn::connect(&server, client_config(&certificates.ca, Some(&certificates.client)));
     assert!(with.call("A mtls/1 30 0").starts_with("A mtls/1 "));
     let mut without = TlsConn::connect(&server, client_config(&certificates.ca, None));
     assert!(without.send(b"P\n").and_then(|()| without.line()).is_err(), "no certificate, no service");
     let stranger = Certificates::new();
-    let mut foreign = TlsConn::connect(&server, client_config(&certificates.ca, Some(&stranger)));
+    let mut foreign = TlsConn::connect(&server, client_config(&certificates.ca, Some(&stranger.client)));
     assert!(foreign.send(b"P\n").and_then(|()| foreign.line()).is_err(), "a certificate of another CA");
     assert!(with.call("P").starts_with("P active "), "the served client carries on");
 }
@@ -233,4 +131,104 @@ fn bad_tls_files_stop_the_start_with_the_flag_that_named_them() {
         .err()
         .expect("a certificate without its key");
     assert!(error.contains("--tls-key"), "{error}");
+}
+
+#[test]
+fn sighup_rotates_the_certificate_for_new_connections_and_a_broken_file_keeps_the_old() {
+    let certificates = Certificates::new();
+    let server = start(&certificates, &["--metrics-listen".to_string(), "127.0.0.1:0".to_string()]);
+    let metrics = metrics_address(&server);
+    let old_ca = client_config(&certificates.ca, None);
+    let mut live = TlsConn::connect(&server, old_ca.clone());
+    let token: u64 = live.call("A rotate/held 60 0").strip_prefix("A rotate/held ").unwrap().parse().unwrap();
+    // A new CA and a server certificate of it replace the files.
+    let new_authority = tls_support::Ca::new();
+    let (new_cert, new_key) = new_authority.server_pem();
+    certificates.replace("server.key", &new_key);
+    certificates.replace("server.pem", &new_cert);
+    server.signal("HUP");
+    wait_until("the reload", || scrape(metrics).get("ringlock_tls_reloads_total{result=\"ok\"}") == Some(&1.0));
+    assert!(server.log().contains("TLS certificate, key and client CA reloaded"), "{}", server.log());
+    let new_ca = client_config(&new_authority.der(), None);
+    let mut fresh = TlsConn::connect(&server, new_ca.clone());
+    assert!(fresh.call("P").starts_with("P active "), "a client of the new CA connects");
+    let mut stale = TlsConn::connect(&server, old_ca);
+    let error = stale.try_call("P").expect_err("a client that trusts only the old CA");
+    assert!(error.to_string().contains("invalid peer certificate"), "{error}");
+    assert_eq!(live.call(&format!("R rotate/held {token}")), "R rotate/held", "the open connection carries on");
+    // A certificate file that does not parse: the settings in force stay.
+    certificates.replace("server.pem", "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n");
+    server.signal("HUP");
+    wait_until("the failed reload", || {
+        scrape(metrics).get("ringlock_tls_reloads_total{result=\"failed\"}") == Some(&1.0)
+    });
+    assert!(server.log().contains("the TLS settings in force stay"), "{}", server.log());
+    let mut after = TlsConn::connect(&server, new_ca);
+    assert!(after.call("P").starts_with("P active "), "still the new certificate");
+    assert!(live.call("P").starts_with("P active "));
+    assert!(fresh.call("P").starts_with("P active "));
+}
+
+/// An auth file of `names` (scope `<name>/*`, secret `secret-of-<name>`;
+/// `admin` may lock every key) in the certificates' directory; returns its
+/// path.
+fn write_auth_file(certificates: &Certificates, names: &[&str]) -> String {
+    let mut text = String::new();
+    for name in names {
+        let digest: String = ring::digest::digest(&ring::digest::SHA256, format!("secret-of-{name}").as_bytes())
+            .as_ref()
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        let scope = if *name == "admin" { "*".to_string() } else { format!("{name}/*") };
+        text.push_str(&format!("{name} {digest} {scope}\n"));
+    }
+    certificates.replace("auth", &text);
+    certificates.path("auth")
+}
+
+#[test]
+fn a_client_certificate_naming_an_auth_entry_authenticates_the_connection() {
+    let certificates = Certificates::new();
+    let auth = write_auth_file(&certificates, &["billing", "ops", "admin"]);
+    let server =
+        start(&certificates, &["--tls-client-ca".into(), certificates.path("ca.pem"), "--auth-file".into(), auth]);
+    let billing_certificate = certificates.authority.client(&["billing"]);
+    let mut billing = TlsConn::connect(&server, client_config(&certificates.ca, Some(&billing_certificate)));
+    // No U: the certificate's name is the connection's, and its grants are
+    // that name's: another name cannot release them with the token.
+    let granted = billing.call("A billing/1 30 0");
+    assert!(granted.starts_with("A billing/1 "), "{granted}");
+    let token = granted.rsplit(' ').next().unwrap();
+    let nameless = certificates.authority.client(&["nobody"]);
+    let mut other = TlsConn::connect(&server, client_config(&certificates.ca, Some(&nameless)));
+    assert_eq!(other.call("U secret-of-admin"), "U admin");
+    assert_eq!(other.call(&format!("R billing/1 {token}")), "E R billing/1 not-holder");
+    assert_eq!(other.call("I billing/1").split(' ').nth(2), Some("-"), "the token is hidden from admin");
+    assert_eq!(billing.call(&format!("R billing/1 {token}")), "R billing/1");
+    assert!(billing.call("A billing/1 30 0").starts_with("A billing/1 "));
+    assert_eq!(billing.call("A ops/1 30 0"), "E A ops/1 forbidden", "with the name's scope");
+    // U still works, and switches names.
+    assert_eq!(billing.call("U secret-of-ops"), "U ops");
+    assert!(billing.call("A ops/1 30 0").starts_with("A ops/1 "));
+    // A certificate of the CA that names no entry: served, but nameless.
+    let stranger_certificate = certificates.authority.client(&["stranger", "*.billing"]);
+    let mut stranger = TlsConn::connect(&server, client_config(&certificates.ca, Some(&stranger_certificate)));
+    assert_eq!(stranger.call("A billing/2 30 0"), "E A billing/2 auth-required");
+    assert_eq!(stranger.call("U secret-of-billing"), "U billing");
+    assert!(stranger.call("A billing/2 30 0").starts_with("A billing/2 "));
+    // The second name of a certificate counts when the first names nobody.
+    let second = certificates.authority.client(&["nobody", "ops"]);
+    let mut second = TlsConn::connect(&server, client_config(&certificates.ca, Some(&second)));
+    assert!(second.call("A ops/2 30 0").starts_with("A ops/2 "));
+    // A reload that removes the name revokes the connection it named, and
+    // the next connection with that certificate is nameless.
+    let mut named = TlsConn::connect(&server, client_config(&certificates.ca, Some(&billing_certificate)));
+    assert!(named.call("A billing/3 30 0").starts_with("A billing/3 "));
+    write_auth_file(&certificates, &["ops"]);
+    server.signal("HUP");
+    assert_eq!(named.line().unwrap(), "E - - auth-revoked");
+    let mut again = TlsConn::connect(&server, client_config(&certificates.ca, Some(&billing_certificate)));
+    assert_eq!(again.call("A billing/4 30 0"), "E A billing/4 auth-required");
+    assert!(second.call("A ops/3 30 0").starts_with("A ops/3 "), "ops keeps its name");
 }

@@ -110,7 +110,8 @@ impl EventLoop {
             None => (0, None),
         };
         let settings = Settings { core, cores, lease_ms_max: shared.lease_ms_max, limits: Limits::DEFAULT };
-        let dispatcher = Dispatcher::new(settings, shard, view, role, auth);
+        let mut dispatcher = Dispatcher::new(settings, shard, view, role, auth);
+        dispatcher.set_auth_failures(shared.auth_failures.clone());
         Ok(EventLoop {
             state: CoreState {
                 ring,
@@ -134,6 +135,7 @@ impl EventLoop {
                 refusal_errors: [0; ErrorCode::ALL.len()],
                 accepted: 0,
                 tls_errors: 0,
+                greetings: std::collections::VecDeque::new(),
                 eventfd,
                 wake_buffer: Box::new(0),
                 wake_armed: false,
@@ -191,6 +193,7 @@ impl EventLoop {
         self.handle_completions();
         self.handle_inbox();
         self.dispatcher.advance();
+        self.expire_greetings();
         self.retry_tokens();
         self.supply_tokens();
         // Grants and timeouts of this turn may have brought connections
@@ -325,8 +328,12 @@ impl EventLoop {
             wait = wait.min(STOP_WAIT_MAX);
         }
         let now = self.state.shared.now_ms();
-        let deadlines =
-            [self.dispatcher.next_deadline_ms(), self.state.accept_retry_at_ms, self.state.token_retry_at_ms];
+        let deadlines = [
+            self.dispatcher.next_deadline_ms(),
+            self.state.accept_retry_at_ms,
+            self.state.token_retry_at_ms,
+            self.state.greetings.front().map(|&(at, ..)| at),
+        ];
         for deadline in deadlines.into_iter().flatten() {
             wait = wait.min(Duration::from_millis(deadline.saturating_sub(now)));
         }

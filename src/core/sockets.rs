@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use io_uring::types::Fd;
 use io_uring::{cqueue, opcode};
-use ringlock_proto::{ErrorCode, Reply, encode_reply};
+use ringlock_proto::{ErrorCode, Op, Reply, encode_reply};
 
 use crate::core::dispatcher::{BUFFER_BYTES_KEPT, Dispatcher, SocketEffect};
 use crate::core::event_loop::EventLoop;
@@ -166,11 +166,24 @@ impl EventLoop {
             refuse(fd, code);
             return;
         }
-        // The per-address count is taken only when a limit is set; a peer
-        // that already left has no address and is not counted (its socket
-        // fails at once).
-        let peer_ip = if state.shared.per_ip.limited() { peer_ip(fd) } else { None };
+        // The address is needed for the per-address limit and for the
+        // failed `U` lines of an auth file; a peer that already left has no
+        // address and is not counted (its socket fails at once).
+        let auth = state.shared.auth.is_some();
+        let peer_ip = if state.shared.per_ip.limited() || auth { peer_ip(fd) } else { None };
         if let Some(ip) = peer_ip
+            && auth
+            && state.shared.auth_failures.slowed(ip, state.now_ms)
+        {
+            // A guesser slowed by its wrong secrets: refused before any TLS
+            // or parsing, so that its flood costs what a flood of `P` does.
+            state.shared.connections.fetch_sub(1, Ordering::SeqCst);
+            state.shared.auth_failures.count_refusal();
+            refuse_slowed(fd, state.shared.tls.is_some());
+            return;
+        }
+        if let Some(ip) = peer_ip
+            && state.shared.per_ip.limited()
             && !state.shared.per_ip.admit(ip)
         {
             state.shared.connections.fetch_sub(1, Ordering::SeqCst);
@@ -199,7 +212,7 @@ impl EventLoop {
         let state = &mut self.state;
         let tls = match &state.shared.tls {
             None => None,
-            Some(config) => match TlsLayer::new(config.clone()) {
+            Some(tls) => match TlsLayer::new(tls.current()) {
                 Ok(layer) => Some(Box::new(layer)),
                 Err(error) => {
                     tracing::warn!(core = state.core, "cannot start TLS on a connection: {error}");
@@ -211,7 +224,9 @@ impl EventLoop {
         let opened = if tls_failed { None } else { self.dispatcher.open() };
         let Some((slot, generation)) = opened else {
             state.shared.connections.fetch_sub(1, Ordering::SeqCst);
-            if let Some(ip) = peer_ip {
+            if let Some(ip) = peer_ip
+                && state.shared.per_ip.limited()
+            {
                 state.shared.per_ip.release(ip);
             }
             let code = if state.stopping { ErrorCode::ShuttingDown } else { ErrorCode::TooManyConnections };
@@ -228,7 +243,47 @@ impl EventLoop {
             }
         }
         state.accepted += 1;
+        if state.shared.auth.is_some() {
+            self.dispatcher.set_peer_ip(slot, peer_ip);
+        }
+        if state.shared.tls.is_some() || state.shared.auth.is_some() {
+            state.greetings.push_back((state.now_ms + state.shared.handshake_ms, slot, generation));
+        }
         state.arm_recv(slot, generation);
+    }
+
+    /// Closes the connections whose `--handshake-ms` is over and that have
+    /// not finished their TLS handshake, or, with an auth file, not
+    /// authenticated: a handshake is just closed (nothing can be said in
+    /// TLS yet), an unauthenticated connection is answered
+    /// `E - - auth-required` first.
+    pub(crate) fn expire_greetings(&mut self) {
+        let now_ms = self.state.now_ms;
+        while let Some(&(at, slot, generation)) = self.state.greetings.front() {
+            if at > now_ms {
+                break;
+            }
+            self.state.greetings.pop_front();
+            if !self.dispatcher.is_live(slot, generation) {
+                continue;
+            }
+            let Some(socket) = self.state.socket(slot) else { continue };
+            if socket.closing {
+                continue;
+            }
+            if socket.tls.as_ref().is_some_and(|tls| tls.is_handshaking()) {
+                if let Some(tls) = &self.state.shared.tls {
+                    tls.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                self.dispatcher.failed(slot);
+            } else if let Some(auth) = &self.state.shared.auth
+                && self.dispatcher.close_unauthenticated(slot)
+            {
+                auth.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            self.apply_socket_effects();
+            self.maybe_close(slot);
+        }
     }
 
     /// Carries out the dispatcher's socket effects.
@@ -296,7 +351,9 @@ impl EventLoop {
         *socket = Socket::closed();
         self.dispatcher.closed(slot);
         self.state.shared.connections.fetch_sub(1, Ordering::SeqCst);
-        if let Some(ip) = peer_ip {
+        if let Some(ip) = peer_ip
+            && self.state.shared.per_ip.limited()
+        {
             self.state.shared.per_ip.release(ip);
         }
     }
@@ -455,6 +512,12 @@ fn tls_received(state: &mut CoreState, dispatcher: &mut Dispatcher, slot: u32, d
         state.tls_errors += 1;
         dispatcher.failed(slot);
     } else {
+        if state.shared.auth.is_some()
+            && let Some(names) = tls.take_client_names()
+        {
+            // Before any request of the connection is read.
+            dispatcher.authenticate_certificate(slot, &names);
+        }
         if !plain.is_empty() {
             dispatcher.received(slot, &plain);
         }
@@ -496,6 +559,27 @@ fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
     // A client that reaches an IPv6 listener over IPv4 counts as its IPv4
     // address, so both ways of reaching the server share one count.
     Some(crate::core::listener::socket_address_of(&storage).ip().to_canonical())
+}
+
+/// Closes a connection from an address slowed by its wrong secrets. A plain
+/// one is told `E U - auth-failed` first: clients send `U` first, so they
+/// read it as the answer to theirs and report a refused secret, as they
+/// would after the delay. A TLS one is just closed (no handshake is spent
+/// on it).
+fn refuse_slowed(fd: RawFd, tls: bool) {
+    if tls {
+        // SAFETY: a fresh socket we own, closed at once.
+        unsafe { libc::close(fd) };
+        return;
+    }
+    let mut line = Vec::with_capacity(24);
+    encode_reply(&Reply::Error { op: Some(Op::Authenticate), key: None, code: ErrorCode::AuthFailed }, &mut line);
+    // SAFETY: as in `refuse`: a short non-blocking send on a fresh socket we
+    // own, closed right after.
+    unsafe {
+        libc::send(fd, line.as_ptr().cast(), line.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        libc::close(fd);
+    }
 }
 
 /// Answers a connection the server cannot take, and closes it.

@@ -26,7 +26,8 @@ pub(crate) struct Socket {
     pub(crate) send_in_flight: bool,
     /// The dispatcher asked for it to be closed; it is, once no I/O is in flight.
     pub(crate) closing: bool,
-    /// The client's address, if counted for `--max-connections-per-ip`.
+    /// The client's address, if known (with `--max-connections-per-ip` or
+    /// an auth file); counted for the limit if it is set.
     pub(crate) peer_ip: Option<IpAddr>,
     /// The TLS layer between this socket and the dispatcher (`--tls-cert`).
     pub(crate) tls: Option<Box<TlsLayer>>,
@@ -84,6 +85,10 @@ pub(crate) struct CoreState {
     pub(crate) accepted: u64,
     /// TLS connections ended by a TLS error (a failed handshake, a bad record).
     pub(crate) tls_errors: u64,
+    /// New connections that must finish their TLS handshake or authenticate
+    /// by a time (`--handshake-ms`): when, and which (slot, generation).
+    /// Every entry gets the same bound, so the queue is in time order.
+    pub(crate) greetings: std::collections::VecDeque<(u64, u32, u32)>,
     pub(crate) eventfd: RawFd,
     pub(crate) wake_buffer: Box<u64>,
     pub(crate) wake_armed: bool,

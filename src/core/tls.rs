@@ -18,6 +18,8 @@ pub(crate) struct TlsLayer {
     /// Plaintext bytes taken from the dispatcher that are not yet known to
     /// be on the wire (encrypted and sent); reported sent once they are.
     pub(crate) plain_pending: usize,
+    /// The client certificate's names were taken ([`TlsLayer::take_client_names`]).
+    names_taken: bool,
 }
 
 impl TlsLayer {
@@ -27,7 +29,7 @@ impl TlsLayer {
         // (its output limit counts what this layer holds), so rustls keeps
         // whatever it is given rather than refusing part of a write.
         connection.set_buffer_limit(None);
-        Ok(TlsLayer { connection, plain_pending: 0 })
+        Ok(TlsLayer { connection, plain_pending: 0, names_taken: false })
     }
 
     /// Ciphertext from the socket: the plaintext it held is appended to
@@ -77,6 +79,29 @@ impl TlsLayer {
         // rustls buffers what it cannot send yet (during the handshake).
         let _ = self.connection.writer().write_all(plain);
         self.plain_pending += plain.len();
+    }
+
+    /// Whether the handshake is still going on.
+    pub(crate) fn is_handshaking(&self) -> bool {
+        self.connection.is_handshaking()
+    }
+
+    /// Once, when the handshake has ended: the names the client's
+    /// certificate gives, if it presented one (mutual TLS), in its order:
+    /// its DNS subject alternative names (wildcards left out: they name a
+    /// set of hosts, not a client), then its URI ones (SPIFFE IDs, say).
+    /// The certificate chained to `--tls-client-ca`, or the handshake would
+    /// have failed. `None` before the end of the handshake and after the
+    /// first call.
+    pub(crate) fn take_client_names(&mut self) -> Option<Vec<String>> {
+        if self.names_taken || self.connection.is_handshaking() {
+            return None;
+        }
+        self.names_taken = true;
+        let certificate = self.connection.peer_certificates()?.first()?;
+        let parsed = webpki::EndEntityCert::try_from(certificate).ok()?;
+        let dns = parsed.valid_dns_names().filter(|name| !name.starts_with('*'));
+        Some(dns.chain(parsed.valid_uri_names()).map(str::to_string).collect())
     }
 
     /// Whether ciphertext (handshake messages, records, alerts) waits to be sent.

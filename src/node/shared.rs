@@ -26,6 +26,8 @@ pub struct Shared {
     pub next_core: AtomicUsize,
     /// Connections open from each client address, for `--max-connections-per-ip`.
     pub per_ip: PerIpConnections,
+    /// Failed `U` lines per client address (the growing delay of a guesser).
+    pub auth_failures: Arc<crate::core::per_ip::AuthFailures>,
     pub stop: AtomicBool,
     /// A stop signal came: `/readyz` answers 503 from now on (the cores may
     /// still serve, during `--drain-ms` or a hand-off).
@@ -42,7 +44,10 @@ pub struct Shared {
     /// The auth file, with `--auth-file`.
     pub auth: Option<crate::auth::SharedAuth>,
     /// The client port's TLS settings, with `--tls-cert` and `--tls-key`.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub tls: Option<crate::tls::SharedTls>,
+    /// `--handshake-ms`: how long a new connection has to finish its TLS
+    /// handshake and, with an auth file, to authenticate.
+    pub handshake_ms: u64,
 }
 
 impl Shared {

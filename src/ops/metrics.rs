@@ -124,17 +124,10 @@ pub fn render(shared: &Shared) -> String {
     render_connections(&mut out, &cores);
     if let Some(auth) = &shared.auth {
         render_auth(&mut out, &cores, auth);
+        render_auth_failures(&mut out, shared);
     }
-    if shared.tls.is_some() {
-        family(
-            &mut out,
-            "ringlock_tls_errors_total",
-            "counter",
-            "Client connections ended by a TLS error: a failed handshake (a client that does not speak TLS, an \
-             untrusted or missing client certificate) or a bad record.",
-        );
-        let errors: u64 = cores.iter().map(|core| core.tls_errors).sum();
-        let _ = writeln!(out, "ringlock_tls_errors_total {errors}");
+    if let Some(tls) = &shared.tls {
+        render_tls(&mut out, &cores, tls);
     }
     render_latencies(&mut out, &total);
     render_hot_keys(&mut out, &cores);
@@ -342,6 +335,75 @@ fn render_auth(out: &mut String, cores: &[CoreStats], auth: &SharedAuth) {
     );
     for (result, count) in [("ok", &auth.reloads), ("failed", &auth.reload_failures)] {
         let _ = writeln!(out, "ringlock_auth_reloads_total{{result=\"{result}\"}} {}", count.load(Ordering::Relaxed));
+    }
+    family(
+        out,
+        "ringlock_auth_timeouts_total",
+        "counter",
+        "Connections answered auth-required and closed because they had not authenticated within --handshake-ms.",
+    );
+    let _ = writeln!(out, "ringlock_auth_timeouts_total {}", auth.timeouts.load(Ordering::Relaxed));
+}
+
+/// Failed `U` lines by client address, without naming any: how many
+/// addresses failed lately, how many are slowed now, and the connections
+/// refused because of it. An address is not a label, so that a guesser with
+/// many addresses cannot grow the series; the log names an address when it
+/// becomes slowed.
+fn render_auth_failures(out: &mut String, shared: &Shared) {
+    let table = &shared.auth_failures;
+    let counts = table.counts(shared.now_ms());
+    family(
+        out,
+        "ringlock_auth_failure_addresses",
+        "gauge",
+        "Client addresses (IPv6: /64 blocks) with a failed U line in the last minute.",
+    );
+    let _ = writeln!(out, "ringlock_auth_failure_addresses {}", counts.addresses);
+    family(
+        out,
+        "ringlock_auth_slowed_addresses",
+        "gauge",
+        "Client addresses whose repeated failed U lines delay their answers and refuse their new connections now.",
+    );
+    let _ = writeln!(out, "ringlock_auth_slowed_addresses {}", counts.slowed);
+    family(
+        out,
+        "ringlock_auth_slowed_refusals_total",
+        "counter",
+        "New connections closed at once because their address was slowed by failed U lines.",
+    );
+    let _ = writeln!(out, "ringlock_auth_slowed_refusals_total {}", table.refused.load(Ordering::Relaxed));
+}
+
+/// TLS on the client port: errors, handshakes that ran out of time, and
+/// the reloads' outcomes.
+fn render_tls(out: &mut String, cores: &[CoreStats], tls: &crate::tls::SharedTls) {
+    family(
+        out,
+        "ringlock_tls_errors_total",
+        "counter",
+        "Client connections ended by a TLS error: a failed handshake (a client that does not speak TLS, an \
+         untrusted or missing client certificate) or a bad record.",
+    );
+    let errors: u64 = cores.iter().map(|core| core.tls_errors).sum();
+    let _ = writeln!(out, "ringlock_tls_errors_total {errors}");
+    family(
+        out,
+        "ringlock_tls_handshake_timeouts_total",
+        "counter",
+        "Client connections closed because their TLS handshake did not end within --handshake-ms.",
+    );
+    let _ = writeln!(out, "ringlock_tls_handshake_timeouts_total {}", tls.handshake_timeouts.load(Ordering::Relaxed));
+    family(
+        out,
+        "ringlock_tls_reloads_total",
+        "counter",
+        "Reloads of --tls-cert, --tls-key and --tls-client-ca (SIGHUP), by result: ok, or failed (the settings in \
+         force stay).",
+    );
+    for (result, count) in [("ok", &tls.reloads), ("failed", &tls.reload_failures)] {
+        let _ = writeln!(out, "ringlock_tls_reloads_total{{result=\"{result}\"}} {}", count.load(Ordering::Relaxed));
     }
 }
 

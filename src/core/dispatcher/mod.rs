@@ -46,6 +46,7 @@ use ringlock_shards::{ClientId, Delta, NameId, Shard, TokenRange, TokenRangeErro
 use crate::auth::AuthTable;
 use crate::core::client_id::{client_id, split_client_id};
 use crate::core::mailbox::{CoreMessage, RoutedRequest};
+use crate::core::per_ip::AuthFailures;
 use crate::node::counters::RequestCounters;
 use crate::node::role::{CoreRole, Restored};
 use connections::Connections;
@@ -123,9 +124,13 @@ pub(crate) struct Dispatcher {
     /// The auth file in force, if the server has one: every request but `P`
     /// and `U` then needs an authenticated name whose scope allows it.
     auth: Option<Arc<AuthTable>>,
-    /// Failed `U` lines whose answer waits out [`AUTH_FAILURE_DELAY_MS`]:
-    /// when, and for which connection.
+    /// Failed `U` lines whose answer waits out its delay
+    /// ([`AUTH_FAILURE_DELAY_MS`], more for an address that failed often):
+    /// when, and for which connection, in time order.
     auth_failed: VecDeque<(u64, u32, u32)>,
+    /// Failed `U` lines per client address, shared by the cores: a
+    /// failure's delay grows with its address's (see `AuthFailures`).
+    auth_failures: Option<Arc<AuthFailures>>,
 }
 
 /// How long a failed `U` waits before its answer (and the close that
@@ -156,6 +161,7 @@ impl Dispatcher {
             parked: Vec::new(),
             auth,
             auth_failed: VecDeque::new(),
+            auth_failures: None,
         };
         // A new shard's first effect is its call for tokens.
         dispatcher.deliver_replies();
@@ -290,6 +296,55 @@ impl Dispatcher {
             }
         }
         self.auth = auth;
+    }
+
+    /// The table of failed `U` lines per address the cores share.
+    pub(crate) fn set_auth_failures(&mut self, table: Arc<AuthFailures>) {
+        self.auth_failures = Some(table);
+    }
+
+    /// The client address of the connection at `slot`, for its failed `U` lines.
+    pub(crate) fn set_peer_ip(&mut self, slot: u32, ip: Option<std::net::IpAddr>) {
+        self.connections.sessions[slot as usize].peer_ip = ip;
+    }
+
+    /// Mutual TLS with an auth file: the handshake ended with a client
+    /// certificate that gives `names`. The first that names an entry of the
+    /// auth file authenticates the connection as that name, as a `U` line
+    /// would but with no reply; none leaves it unauthenticated.
+    pub(crate) fn authenticate_certificate(&mut self, slot: u32, names: &[String]) {
+        let Some(table) = &self.auth else { return };
+        if let Some(identity) = names.iter().find_map(|name| table.lookup(name.as_bytes())) {
+            // The name's number, which its grants record (as for `U`); with
+            // none left (see `node::names`) the connection stays
+            // unauthenticated.
+            let Some(name) = crate::node::names::intern(&identity.name) else {
+                tracing::error!(
+                    names = crate::node::names::NAMES_MAX,
+                    "a client certificate names an entry this process has no number left for; restart to let it in"
+                );
+                return;
+            };
+            let session = &mut self.connections.sessions[slot as usize];
+            session.identity = Some(identity);
+            session.name = name;
+        }
+    }
+
+    /// A connection that has not authenticated within `--handshake-ms`:
+    /// answered `E - - auth-required` and closed once its replies are out.
+    /// False (nothing done) if it has authenticated or reads no more.
+    pub(crate) fn close_unauthenticated(&mut self, slot: u32) -> bool {
+        let session = &self.connections.sessions[slot as usize];
+        if self.auth.is_none() || session.identity.is_some() || !session.reading() {
+            return false;
+        }
+        self.connections.counters.count_error(ErrorCode::AuthRequired);
+        let reply = Reply::Error { op: None, key: None, code: ErrorCode::AuthRequired };
+        self.connections.write(slot, &reply);
+        self.stop_reading(slot);
+        self.connections.settle(slot);
+        true
     }
 
     /// Parses what paused connections kept, now that they are below their

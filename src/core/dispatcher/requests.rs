@@ -248,7 +248,8 @@ impl Dispatcher {
 
     /// `U <secret>`: the connection is now the name the secret belongs to,
     /// or, for a wrong secret, reads no more and is answered `auth-failed`
-    /// after [`AUTH_FAILURE_DELAY_MS`], then closed.
+    /// after [`AUTH_FAILURE_DELAY_MS`] (longer for an address that failed
+    /// often, see `AuthFailures`), then closed.
     fn authenticate(&mut self, slot: u32, secret: &[u8]) {
         let found = match &self.auth {
             None => Err(ErrorCode::AuthDisabled),
@@ -287,8 +288,14 @@ impl Dispatcher {
                 // The answer owed keeps the connection open until it is sent.
                 session.in_flight += 1;
                 let generation = session.generation;
+                let delay = match (&self.auth_failures, session.peer_ip) {
+                    (Some(table), Some(ip)) => table.failed(ip, self.now_ms),
+                    _ => AUTH_FAILURE_DELAY_MS,
+                };
                 self.stop_reading(slot);
-                self.auth_failed.push_back((self.now_ms + AUTH_FAILURE_DELAY_MS, slot, generation));
+                let at = self.now_ms + delay;
+                let place = self.auth_failed.partition_point(|&(other, ..)| other <= at);
+                self.auth_failed.insert(place, (at, slot, generation));
             }
             Err(code) => {
                 self.connections.counters.count_error(code);

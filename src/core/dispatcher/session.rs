@@ -106,6 +106,8 @@ pub struct Session {
     /// The number of the identity's name, which its grants record
     /// ([`NameId::NONE`] until `U`, and without `--auth-file`).
     pub name: ringlock_shards::NameId,
+    /// The client's address, on a server with `--auth-file`.
+    pub peer_ip: Option<std::net::IpAddr>,
 }
 
 impl Session {
@@ -124,6 +126,7 @@ impl Session {
             limits: Limits::DEFAULT,
             identity: None,
             name: ringlock_shards::NameId::NONE,
+            peer_ip: None,
         }
     }
 

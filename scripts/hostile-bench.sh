@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# What hostile clients cost a bystander on a TLS node with an auth file:
+# the bystander's p50/p99 acquire and release round trips, idle and during
+# each attack (slowloris, garbage, half handshakes, a flood of wrong `U`
+# lines, a flood of `P`), as ratios to idle, and the server's RSS before,
+# during and after each. The attacks and the bystander are in
+# scripts/hostile-bench.py; certificates are made with openssl in a
+# temporary directory and removed at exit (no key is kept).
+#
+#   scripts/hostile-bench.sh
+#
+# Settings (environment), defaults in brackets, about 2 minutes:
+#   DURATION [5]: seconds the bystander is measured per attack
+#   SLOWLORIS [10000], HALF [10000]: connections of those attacks
+#   FLOOD_THREADS [4]: threads of each flood
+#   HANDSHAKE_MS [10000]: the server's --handshake-ms
+# The attackers open up to 10 000 connections at once: the script raises
+# its descriptor limit (ulimit -n) to 25 000 (or the hard limit), and fails if
+# limit is lower than the attacks' connections and a thousand more.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ulimit -n 25000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+if (( $(ulimit -n) < ${SLOWLORIS:-10000} + 1000 || $(ulimit -n) < ${HALF:-10000} + 1000 )); then
+    echo "ulimit -n is $(ulimit -n): too low for ${SLOWLORIS:-10000} connections" >&2
+    exit 1
+fi
+nice cargo build --release --quiet -p ringlock --bin ringlock
+BIN="${CARGO_TARGET_DIR:-target}/release" exec python3 scripts/hostile-bench.py
