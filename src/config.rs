@@ -159,6 +159,23 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub handshake_ms: u64,
 
+    /// Replies held unsent for clients that read slower than they ask, over
+    /// all connections, in MiB. Past it (shared evenly among the shard
+    /// cores), a core reads each connection only while it holds less than
+    /// 64 KiB unsent, so those that read least stop being read first, until
+    /// the total is half this again. Default: a sixteenth of the host's
+    /// memory, from 64 MiB to 4 GiB (logged at start).
+    #[arg(long, env = "RINGLOCK_MAX_UNSENT_MB", value_name = "MIB",
+          value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_unsent_mb: Option<u64>,
+
+    /// A connection whose unsent replies make no progress for this long
+    /// (milliseconds: its client reads nothing) is closed, and what it held
+    /// is freed (ringlock_output_stall_closes_total).
+    #[arg(long, env = "RINGLOCK_OUTPUT_STALL_MS", default_value_t = 30_000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+    pub output_stall_ms: u64,
+
     /// Address of the HTTP endpoint for operators: `/metrics` (Prometheus
     /// text format), `/livez` and `/readyz`. Served by a thread of its own,
     /// never by a shard core. A name is resolved at start. Default: off.
@@ -417,6 +434,24 @@ impl Config {
             ));
         }
         Ok(Some(cpus[..shards].to_vec()))
+    }
+}
+
+/// The host's memory in bytes (`MemTotal` of /proc/meminfo), if readable.
+pub fn host_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|line| line.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+impl Config {
+    /// `--max-unsent-mb` in bytes, or its default from the host's memory.
+    pub fn max_unsent_bytes(&self) -> u64 {
+        match self.max_unsent_mb {
+            Some(mib) => mib << 20,
+            None => (host_memory_bytes().unwrap_or(1 << 30) / 16).clamp(64 << 20, 4 << 30),
+        }
     }
 }
 

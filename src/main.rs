@@ -3,6 +3,13 @@
 use clap::Parser;
 
 fn main() {
+    // Buffers of 128 KiB and more (a slow reader's unsent replies) are
+    // mapped and unmapped on their own. glibc would otherwise raise this
+    // threshold as such buffers are freed and then serve them from its
+    // heap, which it rarely gives back: after a flood of slow readers the
+    // server would keep their memory for good.
+    // SAFETY: mallopt has no preconditions; it runs before any other thread.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) };
     let config = ringlock::config::Config::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log_level).unwrap_or_else(|error| {
         eprintln!(

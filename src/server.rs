@@ -79,6 +79,13 @@ pub fn run(config: Config) -> Result<(), String> {
     let (threads, ready) = start_shards(&shared, &shard_config, cpus.as_deref(), listeners, inboxes)?;
     let defer_taskrun = await_shards(&ready, shards).inspect_err(|_| stop(&shared))?;
     tracing::info!(
+        max_unsent_mb = config.max_unsent_bytes() >> 20,
+        output_stall_ms = config.output_stall_ms,
+        "replies held unsent for slow readers: at most {} MiB in all before connections are squeezed{}",
+        config.max_unsent_bytes() >> 20,
+        if config.max_unsent_mb.is_none() { " (a sixteenth of the host's memory)" } else { "" }
+    );
+    tracing::info!(
         listen = %local,
         shards,
         pinned = ?cpus,
@@ -176,6 +183,11 @@ fn shared(
         auth,
         tls,
         handshake_ms: config.handshake_ms,
+        connection_limits: crate::core::Limits {
+            core_output_max: (config.max_unsent_bytes() / shards.max(1) as u64) as usize,
+            output_stall_ms: config.output_stall_ms,
+            ..crate::core::Limits::DEFAULT
+        },
     })
 }
 

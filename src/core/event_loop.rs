@@ -37,7 +37,7 @@ use ringlock_proto::ErrorCode;
 use ringlock_ring::{BufRing, poll_before_sleep};
 use ringlock_shards::{HotKeyCounts, Shard};
 
-use crate::core::dispatcher::{Dispatcher, Limits, Settings, SocketEffect};
+use crate::core::dispatcher::{Dispatcher, Settings, SocketEffect};
 use crate::core::mailbox::{CoreMessage, Inbox};
 use crate::core::ring::{COMPLETION_ENTRIES, Kind, RECV_BUFFER_GROUP, RECV_BUFFER_LEN, RECV_BUFFERS, split_user_data};
 use crate::core::state::{CoreState, SharedView};
@@ -109,7 +109,7 @@ impl EventLoop {
             }
             None => (0, None),
         };
-        let settings = Settings { core, cores, lease_ms_max: shared.lease_ms_max, limits: Limits::DEFAULT };
+        let settings = Settings { core, cores, lease_ms_max: shared.lease_ms_max, limits: shared.connection_limits };
         let mut dispatcher = Dispatcher::new(settings, shard, view, role, auth);
         dispatcher.set_auth_failures(shared.auth_failures.clone());
         Ok(EventLoop {
@@ -378,6 +378,7 @@ impl EventLoop {
         }
         let (requests, in_flight_pauses) = (counters.requests, counters.in_flight_pauses);
         let (auth_failures, auth_revocations) = (counters.auth_failures, counters.auth_revocations);
+        let (output_squeezes, output_stall_closes) = (counters.output_squeezes, counters.output_stall_closes);
         let hot_keys = self.hot_keys_to_publish();
         if let Ok(mut published) = self.state.shared.stats[self.state.core].lock() {
             published.shard = stats;
@@ -390,6 +391,8 @@ impl EventLoop {
             published.requests = requests;
             published.auth_failures = auth_failures;
             published.auth_revocations = auth_revocations;
+            published.output_squeezes = output_squeezes;
+            published.output_stall_closes = output_stall_closes;
             published.tls_errors = self.state.tls_errors;
             if let Some((waits, handoffs)) = hot_keys {
                 published.hot_waits = waits;

@@ -34,5 +34,6 @@ mod sockets;
 mod state;
 mod tls;
 
+pub(crate) use dispatcher::Limits;
 pub use event_loop::EventLoop;
 pub use ring::{build_ring, ring_mode_name};

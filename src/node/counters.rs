@@ -28,6 +28,12 @@ pub struct CoreStats {
     pub auth_revocations: u64,
     /// TLS connections ended by a TLS error (a failed handshake, a bad record).
     pub tls_errors: u64,
+    /// Times the core's unsent replies went over its share of
+    /// `--max-unsent-mb` and every connection was squeezed.
+    pub output_squeezes: u64,
+    /// Connections closed because their unsent replies stalled for
+    /// `--output-stall-ms`.
+    pub output_stall_closes: u64,
     /// The shard's hot keys (see `ringlock_shards::HotKeys`), copied at most
     /// every `HOT_KEYS_PUBLISH_MS`: keys waited on, keys handed off.
     pub hot_waits: HotKeyCounts,

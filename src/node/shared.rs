@@ -48,6 +48,9 @@ pub struct Shared {
     /// `--handshake-ms`: how long a new connection has to finish its TLS
     /// handshake and, with an auth file, to authenticate.
     pub handshake_ms: u64,
+    /// The limits that pause and close a connection (the unsent-replies
+    /// budget is per core here).
+    pub connection_limits: crate::core::Limits,
 }
 
 impl Shared {

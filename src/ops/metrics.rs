@@ -312,6 +312,21 @@ fn render_connections(out: &mut String, cores: &[CoreStats]) {
         "Times a connection stopped being read at the in-flight request limit.",
     );
     let _ = writeln!(out, "ringlock_in_flight_pauses_total {}", sum(|core| core.in_flight_pauses));
+    family(
+        out,
+        "ringlock_output_squeezes_total",
+        "counter",
+        "Times a core's replies held unsent went over its share of --max-unsent-mb, so that each connection was read \
+         only while it held less than 64 KiB unsent.",
+    );
+    let _ = writeln!(out, "ringlock_output_squeezes_total {}", sum(|core| core.output_squeezes));
+    family(
+        out,
+        "ringlock_output_stall_closes_total",
+        "counter",
+        "Connections closed because their unsent replies made no progress for --output-stall-ms.",
+    );
+    let _ = writeln!(out, "ringlock_output_stall_closes_total {}", sum(|core| core.output_stall_closes));
 }
 
 /// Client authentication (`--auth-file`): failed `U` lines, connections

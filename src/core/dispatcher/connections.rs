@@ -8,7 +8,7 @@
 use ringlock_proto::{Reply, encode_reply};
 use ringlock_shards::{ClientId, ShardReply};
 
-use super::session::{Limits, Session};
+use super::session::{INPUT_HELD_MAX, Limits, Session};
 use super::{DispatchCounters, SocketEffect};
 use crate::core::client_id::split_client_id;
 use crate::core::mailbox::CoreMessage;
@@ -37,6 +37,10 @@ pub(super) struct Connections {
     pub(super) stopping: bool,
     pub(super) counters: DispatchCounters,
     pub(super) limits: Limits,
+    /// Replies written and not sent yet, over every connection.
+    pub(super) output_total: usize,
+    /// Over [`Limits::core_output_max`] (until below half of it again).
+    pub(super) squeezed: bool,
 }
 
 impl Connections {
@@ -54,6 +58,58 @@ impl Connections {
             stopping: false,
             counters: DispatchCounters::default(),
             limits,
+            output_total: 0,
+            squeezed: false,
+        }
+    }
+
+    /// Writes `reply` into the output of `slot`, counting it against the
+    /// core's budget of replies held for clients (see [`Connections::squeeze`]).
+    #[inline(always)]
+    fn encode(&mut self, slot: u32, reply: &Reply<'_>) {
+        let added = encode_counted(&mut self.sessions[slot as usize].output, reply);
+        self.written(added);
+    }
+
+    /// `added` bytes of replies were written.
+    #[inline(always)]
+    fn written(&mut self, added: usize) {
+        self.output_total += added;
+        if !self.squeezed && self.output_total >= self.limits.core_output_max {
+            self.squeeze(true);
+        }
+    }
+
+    /// Replies held for clients went out, or were dropped with their
+    /// connection: `bytes` fewer count against the budget.
+    pub(super) fn output_gone(&mut self, bytes: usize) {
+        self.output_total = self.output_total.saturating_sub(bytes);
+        if self.squeezed && self.output_total < self.limits.core_output_max / 2 {
+            self.squeeze(false);
+        }
+    }
+
+    /// Squeezes every connection while the replies held for clients
+    /// (written and not sent) are over the core's budget, until they are
+    /// below half of it: each connection is then read only while it holds
+    /// less than [`SQUEEZED_OUTPUT_BYTES`](super::session::SQUEEZED_OUTPUT_BYTES),
+    /// so the clients that read least stop being read first, and a flood of
+    /// requests whose replies nobody reads costs the budget, plus that much
+    /// per connection, at most.
+    fn squeeze(&mut self, squeeze: bool) {
+        self.squeezed = squeeze;
+        if squeeze {
+            self.counters.output_squeezes += 1;
+        }
+        for slot in 0..self.sessions.len() as u32 {
+            let session = &mut self.sessions[slot as usize];
+            if !session.is_open() {
+                continue;
+            }
+            session.squeezed = squeeze;
+            if !squeeze && !session.receiving && session.reading() {
+                self.resumable.push(slot);
+            }
         }
     }
 
@@ -68,6 +124,7 @@ impl Connections {
         });
         let session = &mut self.sessions[slot as usize];
         session.open(self.limits);
+        session.squeezed = self.squeezed;
         self.open += 1;
         Some((slot, session.generation))
     }
@@ -75,6 +132,9 @@ impl Connections {
     /// The slot of a connection the shell closed is free again.
     pub(super) fn free(&mut self, slot: u32) {
         debug_assert!(self.sessions[slot as usize].closing(), "the shell closes what it was told to");
+        let session = &self.sessions[slot as usize];
+        let held = session.unsent + session.output.len();
+        self.output_gone(held);
         self.sessions[slot as usize].free_slot();
         self.free_slots.push(slot);
     }
@@ -91,7 +151,7 @@ impl Connections {
         if !session.is_open() || session.closing() {
             return;
         }
-        if session.is_paused() {
+        if session.is_paused() || session.input.len() >= INPUT_HELD_MAX {
             if session.receiving {
                 session.receiving = false;
                 self.effects.push(SocketEffect::StopReceiving(slot));
@@ -131,7 +191,8 @@ impl Connections {
         let Some(below_limit_again) = self.answering(slot) else { return };
         let reply = reply.to_wire(self.active_address.as_deref());
         self.counters.requests.count(&reply);
-        encode_reply(&reply, &mut self.sessions[slot as usize].output);
+        let added = encode_counted(&mut self.sessions[slot as usize].output, &reply);
+        self.written(added);
         self.answered(slot, below_limit_again);
     }
 
@@ -141,7 +202,7 @@ impl Connections {
     pub(super) fn answer_line(&mut self, slot: u32, reply: &Reply<'_>) {
         let Some(below_limit_again) = self.answering(slot) else { return };
         self.counters.requests.count(reply);
-        encode_reply(reply, &mut self.sessions[slot as usize].output);
+        self.encode(slot, reply);
         self.answered(slot, below_limit_again);
     }
 
@@ -171,7 +232,7 @@ impl Connections {
 
     /// Writes a reply produced on this core without a shard.
     pub(super) fn write(&mut self, slot: u32, reply: &Reply<'_>) {
-        encode_reply(reply, &mut self.sessions[slot as usize].output);
+        self.encode(slot, reply);
         self.list(slot);
     }
 
@@ -183,4 +244,12 @@ impl Connections {
             self.flush.push(slot);
         }
     }
+}
+
+/// Writes `reply` at the end of `output`; the bytes it took.
+#[inline(always)]
+fn encode_counted(output: &mut Vec<u8>, reply: &Reply<'_>) -> usize {
+    let before = output.len();
+    encode_reply(reply, output);
+    output.len() - before
 }

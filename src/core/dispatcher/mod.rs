@@ -87,6 +87,11 @@ pub(crate) struct DispatchCounters {
     pub(crate) auth_failures: u64,
     /// Connections closed because a reload removed their name.
     pub(crate) auth_revocations: u64,
+    /// Times the core's unsent replies went over its budget.
+    pub(crate) output_squeezes: u64,
+    /// Connections closed because their unsent replies made no progress
+    /// for `--output-stall-ms`.
+    pub(crate) output_stall_closes: u64,
 }
 
 impl DispatchCounters {
@@ -128,6 +133,8 @@ pub(crate) struct Dispatcher {
     /// ([`AUTH_FAILURE_DELAY_MS`], more for an address that failed often):
     /// when, and for which connection, in time order.
     auth_failed: VecDeque<(u64, u32, u32)>,
+    /// When connections are next checked for stalled unsent replies.
+    next_stall_check_ms: u64,
     /// Failed `U` lines per client address, shared by the cores: a
     /// failure's delay grows with its address's (see `AuthFailures`).
     auth_failures: Option<Arc<AuthFailures>>,
@@ -137,6 +144,9 @@ pub(crate) struct Dispatcher {
 /// follows), so that guessing secrets costs a connection and this much time
 /// a try. The core does not wait: the answer is scheduled.
 pub(crate) const AUTH_FAILURE_DELAY_MS: u64 = 200;
+
+/// How often connections are checked for unsent replies that stall.
+const STALL_CHECK_MS: u64 = 1_000;
 
 impl Dispatcher {
     /// The dispatcher of core `settings.core`, serving `shard` in `role`.
@@ -161,6 +171,7 @@ impl Dispatcher {
             parked: Vec::new(),
             auth,
             auth_failed: VecDeque::new(),
+            next_stall_check_ms: 0,
             auth_failures: None,
         };
         // A new shard's first effect is its call for tokens.
@@ -199,7 +210,8 @@ impl Dispatcher {
     /// The socket failed: nothing more can be sent, so it closes now.
     pub(crate) fn failed(&mut self, slot: u32) {
         self.stop_reading(slot);
-        self.connections.sessions[slot as usize].output.clear();
+        let dropped = std::mem::take(&mut self.connections.sessions[slot as usize].output).len();
+        self.connections.output_gone(dropped);
         self.connections.begin_close(slot);
     }
 
@@ -207,8 +219,16 @@ impl Dispatcher {
     /// [`Session::take_output`]). False if there is none.
     pub(crate) fn take_output(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
         // The bytes are the shell's to send now, but still count against the
-        // output limit until sent.
-        self.connections.sessions[slot as usize].take_output(into)
+        // output limits until sent.
+        let session = &mut self.connections.sessions[slot as usize];
+        let waited = session.unsent > 0;
+        if !session.take_output(into) {
+            return false;
+        }
+        if !waited {
+            session.last_progress_ms = self.now_ms;
+        }
+        true
     }
 
     /// The shell sent `bytes` of the output it took.
@@ -217,7 +237,16 @@ impl Dispatcher {
         if !session.is_open() {
             return;
         }
+        let bytes = bytes.min(session.unsent);
         session.sent(bytes);
+        if bytes > 0 {
+            session.last_progress_ms = self.now_ms;
+        }
+        self.connections.output_gone(bytes);
+        if !self.connections.resumable.is_empty() {
+            self.resume_paused();
+        }
+        let session = &mut self.connections.sessions[slot as usize];
         if session.unsent > 0 {
             return;
         }
@@ -238,6 +267,9 @@ impl Dispatcher {
     /// slot is free for another connection.
     pub(crate) fn closed(&mut self, slot: u32) {
         self.connections.free(slot);
+        if !self.connections.resumable.is_empty() {
+            self.resume_paused();
+        }
     }
 
     /// A message from another core (not an adoption or a control, which
@@ -270,6 +302,30 @@ impl Dispatcher {
             self.deliver_replies();
         }
         self.answer_failed_auth();
+        self.close_stalled();
+    }
+
+    /// Closes the connections whose unsent replies made no progress for
+    /// [`Limits::output_stall_ms`]: their clients stopped reading, and the
+    /// replies they hold are memory nobody will take. Checked at most once
+    /// a second, and only while replies wait unsent.
+    fn close_stalled(&mut self) {
+        if self.connections.output_total == 0 || self.now_ms < self.next_stall_check_ms {
+            return;
+        }
+        self.next_stall_check_ms = self.now_ms + STALL_CHECK_MS;
+        let stall_ms = self.connections.limits.output_stall_ms;
+        for slot in 0..self.connections.sessions.len() as u32 {
+            let session = &self.connections.sessions[slot as usize];
+            if session.is_open()
+                && !session.closing()
+                && session.unsent > 0
+                && self.now_ms.saturating_sub(session.last_progress_ms) >= stall_ms
+            {
+                self.connections.counters.output_stall_closes += 1;
+                self.failed(slot);
+            }
+        }
     }
 
     /// A reload of the auth file: connections whose name is gone are
@@ -515,10 +571,8 @@ impl Dispatcher {
     /// timer, or a failed `U` to answer.
     pub(crate) fn next_deadline_ms(&self) -> Option<u64> {
         let auth = self.auth_failed.front().map(|&(at, ..)| at);
-        match (self.shard.next_deadline_ms(), auth) {
-            (Some(shard), Some(auth)) => Some(shard.min(auth)),
-            (shard, auth) => shard.or(auth),
-        }
+        let stall = (self.connections.output_total > 0).then_some(self.next_stall_check_ms.max(self.now_ms + 1));
+        [self.shard.next_deadline_ms(), auth, stall].into_iter().flatten().min()
     }
 
     // ----- queries -----

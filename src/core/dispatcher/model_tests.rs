@@ -21,7 +21,7 @@ const STEPS: usize = 600;
 const CORES: usize = 2;
 const CLIENTS: usize = 5;
 const KEYS: [&str; 4] = ["a", "b", "c", "d"];
-const LIMITS: Limits = Limits { in_flight_max: 6, output_bytes_max: 200 };
+const LIMITS: Limits = Limits { in_flight_max: 6, output_bytes_max: 200, ..Limits::DEFAULT };
 /// The longest reply line in this test (a grant: op, key, a 20-digit token).
 const REPLY_LINE_MAX: usize = 32;
 

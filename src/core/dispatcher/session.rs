@@ -48,11 +48,36 @@ pub const IN_FLIGHT_MAX: u32 = 1 << 17;
 pub struct Limits {
     pub in_flight_max: u32,
     pub output_bytes_max: usize,
+    /// Replies unsent over all of a core's connections past which the core
+    /// is squeezed: each connection is then read only while it holds less
+    /// than [`SQUEEZED_OUTPUT_BYTES`], until the total is below half this.
+    pub core_output_max: usize,
+    /// A connection whose unsent replies make no progress for this long is
+    /// closed (its client stopped reading).
+    pub output_stall_ms: u64,
 }
 
 impl Limits {
-    pub const DEFAULT: Limits = Limits { in_flight_max: IN_FLIGHT_MAX, output_bytes_max: OUTPUT_BYTES_MAX };
+    pub const DEFAULT: Limits = Limits {
+        in_flight_max: IN_FLIGHT_MAX,
+        output_bytes_max: OUTPUT_BYTES_MAX,
+        core_output_max: CORE_OUTPUT_BYTES_DEFAULT,
+        output_stall_ms: OUTPUT_STALL_MS_DEFAULT,
+    };
 }
+
+/// [`Limits::core_output_max`] when the server sets none.
+pub const CORE_OUTPUT_BYTES_DEFAULT: usize = 256 << 20;
+
+/// [`Limits::output_stall_ms`] by default: a client that reads nothing for
+/// half a minute while replies wait for it is taken for stuck.
+pub const OUTPUT_STALL_MS_DEFAULT: u64 = 30_000;
+
+/// Received bytes a connection may hold unparsed before its receive stops.
+pub const INPUT_HELD_MAX: usize = 64 << 10;
+
+/// What a connection may hold unsent while its core is squeezed.
+pub const SQUEEZED_OUTPUT_BYTES: usize = 64 << 10;
 
 /// Buffers larger than this are given back to the allocator once empty, so
 /// an idle connection costs little memory after a burst.
@@ -108,6 +133,11 @@ pub struct Session {
     pub name: ringlock_shards::NameId,
     /// The client's address, on a server with `--auth-file`.
     pub peer_ip: Option<std::net::IpAddr>,
+    /// Whether its core holds too many unsent replies (see
+    /// [`Limits::core_output_max`]): it is then paused at a smaller output.
+    pub squeezed: bool,
+    /// When its unsent replies last made progress (or started to wait).
+    pub last_progress_ms: u64,
 }
 
 impl Session {
@@ -127,6 +157,8 @@ impl Session {
             identity: None,
             name: ringlock_shards::NameId::NONE,
             peer_ip: None,
+            squeezed: false,
+            last_progress_ms: 0,
         }
     }
 
@@ -160,9 +192,12 @@ impl Session {
         self.phase == Phase::Closing
     }
 
-    /// Whether the shell should have a receive armed for it.
+    /// Whether the shell should have a receive armed for it: not while it
+    /// is paused, nor while it still holds [`INPUT_HELD_MAX`] bytes it has
+    /// not parsed (so a client that sends far more than its replies let it
+    /// be answered waits in its own socket buffer, not in this memory).
     pub fn wants_input(&self) -> bool {
-        self.phase == Phase::Reading && !self.is_paused()
+        self.phase == Phase::Reading && !self.is_paused() && self.input.len() < INPUT_HELD_MAX
     }
 
     /// The client sent end of input.
@@ -204,7 +239,10 @@ impl Session {
 
     /// Whether the dispatcher should stop parsing (and receiving) for now.
     pub fn is_paused(&self) -> bool {
-        self.in_flight >= self.limits.in_flight_max || self.output.len() + self.unsent >= self.limits.output_bytes_max
+        let output = self.output.len() + self.unsent;
+        self.in_flight >= self.limits.in_flight_max
+            || output >= self.limits.output_bytes_max
+            || (self.squeezed && output >= SQUEEZED_OUTPUT_BYTES)
     }
 
     /// Hands the output to the shell: swapped with `into` (emptied first),
