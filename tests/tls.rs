@@ -8,55 +8,10 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 
+use common::certs::Certificates;
 use common::{DataDir, PATIENCE, Server, metrics_address, scrape, wait_until};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
-
-/// A CA, a server certificate for `localhost` and 127.0.0.1, and a client
-/// certificate, all signed by the CA, as PEM files in a directory of their own.
-struct Certificates {
-    dir: DataDir,
-    ca: CertificateDer<'static>,
-    client_chain: Vec<CertificateDer<'static>>,
-    client_key: PrivateKeyDer<'static>,
-}
-
-impl Certificates {
-    fn new() -> Certificates {
-        let dir = DataDir::new();
-        std::fs::create_dir_all(&dir.0).unwrap();
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let server_key = KeyPair::generate().unwrap();
-        let server = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .unwrap()
-            .signed_by(&server_key, &ca, &ca_key)
-            .unwrap();
-        let client_key = KeyPair::generate().unwrap();
-        let client =
-            CertificateParams::new(vec!["client".to_string()]).unwrap().signed_by(&client_key, &ca, &ca_key).unwrap();
-        std::fs::write(dir.0.join("ca.pem"), ca.pem()).unwrap();
-        std::fs::write(dir.0.join("server.pem"), server.pem()).unwrap();
-        std::fs::write(dir.0.join("server.key"), server_key.serialize_pem()).unwrap();
-        Certificates {
-            ca: ca.der().clone(),
-            client_chain: vec![client.der().clone()],
-            client_key: PrivateKeyDer::try_from(client_key.serialize_der()).unwrap(),
-            dir,
-        }
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.0.join(name).to_str().unwrap().to_string()
-    }
-
-    fn server_args(&self) -> Vec<String> {
-        vec!["--tls-cert".into(), self.path("server.pem"), "--tls-key".into(), self.path("server.key")]
-    }
-}
 
 fn client_config(root: &CertificateDer<'static>, identity: Option<&Certificates>) -> Arc<ClientConfig> {
     let mut store = RootCertStore::empty();

@@ -2,6 +2,7 @@
 //! talk raw protocol lines to it.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod peer;
 
 use std::io::{BufRead, BufReader, Read, Write};
