@@ -188,6 +188,12 @@ mod router;
 mod timer;
 mod tls;
 
+// The README's examples compile (those marked `ignore` use names of the
+// reader's program).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
+
 #[doc(inline)]
 pub use ringlock_proto as proto;
 
