@@ -91,24 +91,27 @@ start_echo() {
     ECHO_ADDR=$(wait_listening "$WORK/echo.log" "$ECHO_PID")
 }
 
-# start_ringlock [SHARDS CPUS [NAME]]: one shard on SERVER_CPU unless told
-# otherwise; NAME (default ringlock) names its data folder and log in WORK,
-# so that several servers can run side by side.
+# start_ringlock [SHARDS CPUS [NAME [FLAGS...]]]: one shard on SERVER_CPU
+# unless told otherwise; NAME (default ringlock) names its data folder and
+# log in WORK, so that several servers can run side by side; FLAGS are more
+# server flags (--tls-cert..., --auth-file...).
 start_ringlock() {
     local shards=${1:-1} cpus=${2:-$SERVER_CPU} name=${3:-ringlock}
+    shift $(($# < 3 ? $# : 3))
     rm -rf "${WORK:?}/$name-data"
     taskset -c "$cpus" "${RINGLOCK_BIN:-$BIN/ringlock}" --listen 127.0.0.1:0 --data-dir "$WORK/$name-data" \
-        --shards "$shards" --cpus "$cpus" 2>"$WORK/$name.log" &
+        --shards "$shards" --cpus "$cpus" "$@" 2>"$WORK/$name.log" &
     RINGLOCK_PID=$!
     PIDS+=("$RINGLOCK_PID")
     RINGLOCK_ADDR=$(wait_listening "$WORK/$name.log" "$RINGLOCK_PID")
 }
 
+# start_redis [FLAGS...]: FLAGS are more redis-server flags (--tls-port...).
 start_redis() {
     local port
     port=$(free_port)
     taskset -c "$SERVER_CPU" redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
-        --protected-mode no --daemonize no --logfile "$WORK/redis.log" --dir "$WORK" >/dev/null &
+        --protected-mode no --daemonize no --logfile "$WORK/redis.log" --dir "$WORK" "$@" >/dev/null &
     REDIS_PID=$!
     PIDS+=("$REDIS_PID")
     REDIS_ADDR=127.0.0.1:$port
@@ -192,4 +195,36 @@ bench() {
     done
     rm -f "$out.try"
     RUN_FILES+=("$out")
+}
+
+# make_certs DIR: a CA and a server certificate for 127.0.0.1 and localhost
+# (ECDSA P-256, as rcgen makes in the tests), made by the openssl command
+# for this run only: DIR/ca.pem, DIR/server.pem, DIR/server.key.
+make_certs() {
+    local dir=$1
+    mkdir -p "$dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj "/CN=ringlock bench CA" -keyout "$dir/ca.key" -out "$dir/ca.pem" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=localhost" \
+        -keyout "$dir/server.key" -out "$dir/server.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n' >"$dir/ext"
+    openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial -days 2 \
+        -extfile "$dir/ext" -out "$dir/server.pem" 2>/dev/null
+}
+
+# connect_rate LABEL TARGET ADDR PID [ringlock-bench connect-rate flags...]:
+# one connect-rate run, its JSON appended to RATE_FILES.
+RATE_FILES=()
+connect_rate() {
+    local label=$1 target=$2 addr=$3 pid=$4
+    shift 4
+    local out="$WORK/rate-$(printf '%03d' ${#RATE_FILES[@]})-$label-$target.json"
+    local -a taskset_prefix pin
+    read -r -a taskset_prefix <<<"${BENCH_TASKSET-taskset -c $BENCH_CPU}"
+    read -r -a pin <<<"${BENCH_PIN---cpus $BENCH_CPU}"
+    wait_quiet
+    log "$label on $target ($addr)"
+    "${taskset_prefix[@]}" "$BIN/ringlock-bench" connect-rate --target "$target" --addr "$addr" "${pin[@]}" \
+        --server-pid "$pid" --label "$label" --json "$@" >"$out"
+    RATE_FILES+=("$out")
 }

@@ -31,6 +31,16 @@
 # ROUNDS (default 5), HOLD_KEYS (default 10000000), SERVER_CPU (1),
 # BENCH_CPU (0), RESULTS (bench/results), MAX_PRESSURE (5), TRIES (4),
 # SKIP_HOLD=1 to skip the hold runs, SKIP_CHART=1.
+#
+# TLS=1 runs the encrypted comparison instead (docs/performance.md, "TLS
+# and authentication"): certificates made with openssl into the scratch
+# folder for this run only; ringlock plain, ringlock with --tls-cert, ringlock
+# with --auth-file, and one Redis serving both a plain and a TLS port (its
+# --tls-port), each pinned to SERVER_CPU; pipelined 16x64 and unpipelined
+# 64x1 on the four plain/TLS targets in ROUNDS rounds, pipelined with and
+# without auth, then new connections per second with a full TLS handshake
+# (ringlock-bench connect-rate, RATE_S seconds, default 5) on both TLS
+# servers. Output: bench/results/tls.md and tls.json.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -51,6 +61,58 @@ BIN=$TARGET_DIR/release
 
 bench_prerequisites
 bench_workdir ringlock-bench
+
+if [ "${TLS:-0}" = 1 ]; then
+    RATE_S=${RATE_S:-5}
+    make_certs "$WORK/tls"
+    SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    printf 'bench %s *\n' "$(printf %s "$SECRET" | sha256sum | cut -d' ' -f1)" >"$WORK/auth"
+    start_ringlock
+    PLAIN_PID=$RINGLOCK_PID PLAIN_ADDR=$RINGLOCK_ADDR
+    start_ringlock 1 "$SERVER_CPU" ringlock-tls --tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key"
+    TLS_PID=$RINGLOCK_PID TLS_ADDR=$RINGLOCK_ADDR
+    start_ringlock 1 "$SERVER_CPU" ringlock-auth --auth-file "$WORK/auth"
+    AUTH_PID=$RINGLOCK_PID AUTH_ADDR=$RINGLOCK_ADDR
+    REDIS_TLS_PORT=$(free_port)
+    start_redis --tls-port "$REDIS_TLS_PORT" --tls-cert-file "$WORK/tls/server.pem" \
+        --tls-key-file "$WORK/tls/server.key" --tls-ca-cert-file "$WORK/tls/ca.pem" --tls-auth-clients no
+    REDIS_TLS_ADDR=127.0.0.1:$REDIS_TLS_PORT
+    log "ringlock $PLAIN_ADDR, ringlock TLS $TLS_ADDR, ringlock auth $AUTH_ADDR, redis $REDIS_ADDR and TLS $REDIS_TLS_ADDR"
+    TLS_FLAGS=(--tls-ca "$WORK/tls/ca.pem")
+    TIMING=(--duration "$DURATION" --warmup "$WARMUP")
+    for shape in "pipelined-16x64 16 64" "unpipelined-64x1 64 1"; do
+        read -r label connections depth <<<"$shape"
+        SHAPE=(--workload uncontended -c "$connections" -d "$depth" "${TIMING[@]}")
+        for round in $(seq 1 "$ROUNDS"); do
+            order="plain tls redis redis-tls"
+            if [ $((round % 2)) -eq 0 ]; then
+                order="redis-tls redis tls plain"
+            fi
+            for variant in $order; do
+                case $variant in
+                    plain) bench "$label" ringlock "$PLAIN_ADDR" "$PLAIN_PID" "${SHAPE[@]}" ;;
+                    tls) bench "$label-tls" ringlock "$TLS_ADDR" "$TLS_PID" "${SHAPE[@]}" "${TLS_FLAGS[@]}" ;;
+                    redis) bench "$label" redis "$REDIS_ADDR" "$REDIS_PID" "${SHAPE[@]}" ;;
+                    redis-tls) bench "$label-tls" redis "$REDIS_TLS_ADDR" "$REDIS_PID" "${SHAPE[@]}" "${TLS_FLAGS[@]}" ;;
+                esac
+            done
+            if [ "$label" = pipelined-16x64 ]; then
+                RINGLOCK_SECRET=$SECRET bench "$label-auth" ringlock "$AUTH_ADDR" "$AUTH_PID" "${SHAPE[@]}"
+            fi
+        done
+    done
+    RATE=(--duration "$RATE_S" --warmup 1 --threads 4 "${TLS_FLAGS[@]}")
+    for round in $(seq 1 "$ROUNDS"); do
+        connect_rate connect-tls ringlock "$TLS_ADDR" "$TLS_PID" "${RATE[@]}"
+        connect_rate connect-tls redis "$REDIS_TLS_ADDR" "$REDIS_PID" "${RATE[@]}"
+    done
+    mkdir -p "$RESULTS"
+    python3 bench/tls_report.py --out "$RESULTS/tls.json" \
+        --command "TLS=1 DURATION=$DURATION WARMUP=$WARMUP ROUNDS=$ROUNDS RATE_S=$RATE_S scripts/bench.sh" \
+        "${RUN_FILES[@]}" "${RATE_FILES[@]}" | tee "$RESULTS/tls.md"
+    log "results: $RESULTS/tls.json, $RESULTS/tls.md"
+    exit 0
+fi
 
 start_echo
 start_ringlock

@@ -11,6 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::Server;
+use common::certs::Certificates;
 use ringlock_client::proto::ErrorCode;
 use ringlock_client::{Client, Error, ReleaseOutcome};
 
@@ -441,4 +442,69 @@ fn auth_reconnect() {
     // auth-required to anything else.
     let lock = client.acquire("alpha/after", LEASE, Some(Duration::from_secs(5))).unwrap().expect("granted");
     assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
+
+/// A server serving the test certificates' `server.pem` on its client port
+/// (and `extra` flags).
+fn tls_server(certificates: &Certificates, extra: &[&str]) -> Server {
+    let mut args = certificates.server_args();
+    args.extend(extra.iter().map(ToString::to_string));
+    Server::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+#[test]
+fn tls_connect() {
+    let certificates = Certificates::new();
+    let server = tls_server(&certificates, &[]);
+    let client = Client::builder([server.addr.to_string()]).tls_ca(certificates.path("ca.pem")).connect().unwrap();
+    let lock = client.acquire("tls/one", LEASE, None).unwrap().expect("no wait limit");
+    lock.extend(LEASE).unwrap();
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+    // 64 callers at once: their requests share the two TLS connections.
+    thread::scope(|scope| {
+        for caller in 0..64 {
+            let client = &client;
+            scope.spawn(move || cycle(client, &format!("tls/pipelined-{caller}")));
+        }
+    });
+    assert_eq!(client.usable_connection_count(), 2);
+}
+
+#[test]
+fn tls_mtls() {
+    let certificates = Certificates::new();
+    let server = tls_server(&certificates, &["--tls-client-ca", &certificates.path("ca.pem")]);
+    let with = Client::builder([server.addr.to_string()])
+        .tls_ca(certificates.path("ca.pem"))
+        .tls_cert(certificates.path("client.pem"))
+        .tls_key(certificates.path("client.key"))
+        .connect()
+        .unwrap();
+    cycle(&with, "mtls/with");
+    let without = Client::builder([server.addr.to_string()]).tls_ca(certificates.path("ca.pem")).connect().unwrap();
+    let started = Instant::now();
+    let error = without.acquire("mtls/without", LEASE, Some(Duration::from_secs(1))).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10), "not a hang: {:?}", started.elapsed());
+    let Error::Tls { address, message } = &error else { panic!("a TLS error: {error:?}") };
+    assert_eq!(address, &server.addr.to_string());
+    assert!(message.to_lowercase().contains("certificate"), "{message}");
+    assert!(error.to_string().contains(&server.addr.to_string()), "{error}");
+    cycle(&with, "mtls/still");
+}
+
+#[test]
+fn tls_wrong_ca() {
+    let certificates = Certificates::new();
+    let server = tls_server(&certificates, &[]);
+    let client =
+        Client::builder([server.addr.to_string()]).tls_ca(certificates.path("other-ca.pem")).connect().unwrap();
+    let started = Instant::now();
+    let error = client.acquire("tls/untrusted", LEASE, Some(Duration::from_secs(1))).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10), "not a hang: {:?}", started.elapsed());
+    let Error::Tls { address, message } = &error else { panic!("a TLS error: {error:?}") };
+    assert_eq!(address, &server.addr.to_string());
+    assert!(message.contains("invalid peer certificate") && message.contains("UnknownIssuer"), "{message}");
+    // The server saw no request: the key was never granted.
+    let trusting = Client::builder([server.addr.to_string()]).tls_ca(certificates.path("ca.pem")).connect().unwrap();
+    assert!(trusting.inspect("tls/untrusted").unwrap().token.is_none(), "never granted");
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ringlock_proto::parse_seconds_ms;
 
+use crate::tls::TlsArgs;
 use crate::worker::Workload;
 
 /// Load generator for ringlock, for Redis used as a lock, and for a loopback
@@ -32,6 +33,11 @@ pub enum Command {
     /// `A`, 19 to an `R`, for 16-byte keys), without parsing it: the loopback
     /// ceiling for `run --target echo`. Prints `listening on <addr>` on stderr.
     EchoServer(EchoArgs),
+    /// Opens connections one after the other, each with a full TLS handshake
+    /// (with --tls-ca) and one ping round trip (`P`, or Redis's PING), then
+    /// closes it; reports new connections per second and the server's CPU
+    /// time per connection (with --server-pid).
+    ConnectRate(ConnectRateArgs),
     /// Reads the JSON of several `run --json` results and prints them side by
     /// side with the ratios ringlock/echo and ringlock/redis.
     Report(ReportArgs),
@@ -198,6 +204,51 @@ pub struct RunArgs {
     /// Print the result as one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+
+    #[command(flatten)]
+    pub security: TlsArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ConnectRateArgs {
+    /// Server to drive: ringlock or redis.
+    #[arg(long, value_enum, default_value = "ringlock")]
+    pub target: Target,
+
+    /// Server address.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub addr: SocketAddr,
+
+    /// Threads, each opening one connection at a time.
+    #[arg(short = 't', long, default_value_t = 4)]
+    pub threads: usize,
+
+    /// CPUs to pin the threads to, as for `run`.
+    #[arg(long, value_parser = parse_cpu_list)]
+    pub cpus: Option<CpuList>,
+
+    /// Measured time, in seconds.
+    #[arg(long, default_value = "5", value_parser = parse_decimal)]
+    pub duration: f64,
+
+    /// Time run before measuring, in seconds.
+    #[arg(long, default_value = "1", value_parser = parse_decimal)]
+    pub warmup: f64,
+
+    /// Process id of the server, to report its CPU time per connection.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+
+    /// A name for this run in reports.
+    #[arg(long)]
+    pub label: Option<String>,
+
+    /// Print the result as one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub security: TlsArgs,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -7,6 +7,8 @@
 //! - `open_loop`: the timetable of `run --rate` and how well it was kept.
 //! - `pending`: pairing replies with requests by (op, key) per connection.
 //! - `wire`: what each target is sent and how its replies read.
+//! - `tls`: TLS and the secret: opening a connection, sealing batches.
+//! - `connect_rate`: `connect-rate`, new connections per second.
 //! - `resp`: the small part of the Redis protocol a lock needs.
 //! - `keys`: fixed-length keys that give back their number.
 //! - `echo_server`: the loopback ceiling server.
@@ -14,6 +16,7 @@
 //! - `report`: a run's report, and the side-by-side report of many.
 
 mod cli;
+mod connect_rate;
 mod echo_server;
 mod keys;
 mod open_loop;
@@ -22,6 +25,7 @@ mod proc_sample;
 mod report;
 mod resp;
 mod run;
+mod tls;
 mod wire;
 mod worker;
 
@@ -39,6 +43,14 @@ fn main() {
             }
         }),
         cli::Command::EchoServer(args) => echo(&args),
+        cli::Command::ConnectRate(args) => connect_rate::run(&args).and_then(|report| {
+            if args.json {
+                serde_json::to_string_pretty(&report).map(|json| println!("{json}")).map_err(|error| error.to_string())
+            } else {
+                println!("{}", report.text());
+                Ok(())
+            }
+        }),
         cli::Command::Report(args) => report::report(&args).map(|table| print!("{table}")),
     };
     if let Err(error) = result {

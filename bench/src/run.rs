@@ -2,8 +2,7 @@
 //! them through warm-up, measurement and drain, samples the server, and
 //! gathers one [`RunReport`].
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -14,6 +13,7 @@ use crate::pending::KEY_ID_MAX;
 use crate::proc_sample;
 use crate::report::{HoldReport, RunReport, ServerReport};
 use crate::resp::{self, RespValue};
+use crate::tls::{self, Security};
 use crate::wire::{REDIS_RELEASE_SCRIPT, RedisRelease, Wire};
 use crate::worker::{
     ConnectionPlan, Control, OpenLoop, PHASE_DRAIN, PHASE_MEASURE, PHASE_WARMUP, Settings, Worker, WorkerStats,
@@ -58,11 +58,17 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
     if lease_ms == 0 {
         return Err("--lease must be above 0".into());
     }
+    let security = args.security.security(args.addr)?;
+    if security.secret.is_some() && args.target != Target::Ringlock {
+        return Err("--secret (or RINGLOCK_SECRET) is for the ringlock target only".into());
+    }
     let wire = match args.target {
         Target::Ringlock => Wire::Ringlock,
         Target::Echo => Wire::Echo,
         Target::Redis => Wire::Redis(match args.redis_release {
-            RedisReleaseArg::Evalsha => RedisRelease::CompareAndDelete { sha: redis_script_load(args.addr)? },
+            RedisReleaseArg::Evalsha => {
+                RedisRelease::CompareAndDelete { sha: redis_script_load(args.addr, &security)? }
+            }
             RedisReleaseArg::Del => RedisRelease::Delete,
         }),
     };
@@ -86,6 +92,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
             connections: args.connections as u64,
             lag_tolerance: Duration::from_micros(args.lag_tolerance_us),
         }),
+        security: security.clone(),
     };
 
     let server_pid = args.server_pid.map(|pid| pid.to_string());
@@ -127,7 +134,8 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
     }
     control.connected.wait();
 
-    let handoffs = |target: Target| (target == Target::Ringlock).then(|| ringlock_handoffs(args.addr)).flatten();
+    let handoffs =
+        |target: Target| (target == Target::Ringlock).then(|| ringlock_handoffs(args.addr, &security)).flatten();
     let (measure_start, machine_before, server_before, self_before, handoffs_before);
     if hold {
         (measure_start, server_before, self_before) =
@@ -232,21 +240,16 @@ fn plan_connections(args: &RunArgs) -> Result<Vec<ConnectionPlan>, String> {
 }
 
 /// Loads the compare-and-delete script and returns its SHA-1.
-fn redis_script_load(addr: SocketAddr) -> Result<[u8; 40], String> {
+fn redis_script_load(addr: SocketAddr, security: &Security) -> Result<[u8; 40], String> {
     let context = |error: std::io::Error| format!("SCRIPT LOAD on Redis at {addr}: {error}");
-    let mut stream = TcpStream::connect_timeout(&addr, CONTROL_TIMEOUT).map_err(context)?;
-    stream.set_read_timeout(Some(CONTROL_TIMEOUT)).map_err(context)?;
+    let mut stream = tls::open(addr, security, CONTROL_TIMEOUT).map_err(context)?;
+    stream.stream.set_read_timeout(Some(CONTROL_TIMEOUT)).map_err(context)?;
     let mut command = Vec::new();
     resp::encode_command(&[b"SCRIPT", b"LOAD", REDIS_RELEASE_SCRIPT.as_bytes()], &mut command);
     stream.write_all(&command).map_err(context)?;
-    let mut reader = BufReader::new(stream);
     let mut reply = Vec::new();
     loop {
-        let before = reply.len();
-        reader.read_until(b'\n', &mut reply).map_err(context)?;
-        if reply.len() == before {
-            return Err(format!("SCRIPT LOAD on Redis at {addr}: connection closed"));
-        }
+        reply.extend_from_slice(&stream.read_line().map_err(context)?);
         match resp::decode(&reply) {
             ringlock_proto::Decoded::Incomplete => continue,
             ringlock_proto::Decoded::Line { item: Ok(RespValue::Bulk(sha)), .. } if sha.len() == 40 => {
@@ -260,12 +263,11 @@ fn redis_script_load(addr: SocketAddr) -> Result<[u8; 40], String> {
 }
 
 /// The `handoffs` total of ringlock's `S` reply, or `None` if it cannot be read.
-fn ringlock_handoffs(addr: SocketAddr) -> Option<u64> {
-    let mut stream = TcpStream::connect_timeout(&addr, CONTROL_TIMEOUT).ok()?;
-    stream.set_read_timeout(Some(CONTROL_TIMEOUT)).ok()?;
+fn ringlock_handoffs(addr: SocketAddr, security: &Security) -> Option<u64> {
+    let mut stream = tls::open(addr, security, CONTROL_TIMEOUT).ok()?;
+    stream.stream.set_read_timeout(Some(CONTROL_TIMEOUT)).ok()?;
     stream.write_all(b"S\n").ok()?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).ok()?;
+    let line = String::from_utf8(stream.read_line().ok()?).ok()?;
     // The totals come first in the JSON, before the per-shard objects.
     let at = line.find("\"handoffs\":")? + "\"handoffs\":".len();
     let digits: String = line[at..].chars().take_while(char::is_ascii_digit).collect();

@@ -35,8 +35,10 @@ use ringlock_proto::Decoded;
 use crate::keys::{KEY_LEN_MAX, KeyFormat};
 use crate::open_loop::{Schedule, ScheduleStats};
 use crate::pending::{NO_LANE, PendingOp, PendingTable};
+use crate::tls::{Opened, Security};
 use crate::wire::{AcquireLine, ErrorKind, Outcome, Parsed, Wire};
 use ringlock_ring::{BufRing, poll_before_sleep};
+use rustls::ClientConnection;
 
 /// Receive buffers per thread, and their size.
 const RECV_BUFFERS: u16 = 256;
@@ -49,6 +51,9 @@ const IDLE_WAIT_MAX: Duration = Duration::from_millis(5);
 const TIMETABLE_SPIN_BELOW: Duration = Duration::from_micros(50);
 /// Longest latency a histogram holds, in nanoseconds (a minute).
 const LATENCY_NS_MAX: u64 = 60_000_000_000;
+
+/// Longest connect, TLS handshake or `U` exchange of a connection.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 
 const KIND_RECV: u64 = 1;
 const KIND_SEND: u64 = 2;
@@ -100,6 +105,8 @@ pub struct Settings {
     pub poll: Duration,
     /// `run --rate`: send on a timetable instead of as replies come back.
     pub open_loop: Option<OpenLoop>,
+    /// TLS and the secret every connection is opened with.
+    pub security: Security,
 }
 
 /// The timetable of an open-loop run.
@@ -200,6 +207,10 @@ struct Lane {
 struct Connection {
     /// Owns the socket; the ring uses its descriptor.
     _stream: TcpStream,
+    /// With TLS: the connection's TLS state. Each batch of requests is
+    /// sealed at once into `sending`, and each receive opened into `plain`.
+    tls: Option<Box<ClientConnection>>,
+    plain: Vec<u8>,
     fd: RawFd,
     out: Vec<u8>,
     sending: Vec<u8>,
@@ -295,15 +306,17 @@ impl Worker {
         let lanes = settings.lanes_per_connection;
         let mut connections = Vec::with_capacity(plans.len());
         for plan in plans {
-            let stream = TcpStream::connect(settings.addr).map_err(|error| {
-                io::Error::new(error.kind(), format!("cannot connect to {}: {error}", settings.addr))
-            })?;
-            stream.set_nodelay(true)?;
+            let Opened { stream, tls } =
+                crate::tls::open(settings.addr, &settings.security, OPEN_TIMEOUT).map_err(|error| {
+                    io::Error::new(error.kind(), format!("cannot connect to {}: {error}", settings.addr))
+                })?;
             let fd = stream.as_raw_fd();
             let idle =
                 Lane { state: LaneState::Idle, op: PendingOp::Acquire, key: 0, token: 0, sent_ns: 0, first_ns: 0 };
             connections.push(Connection {
                 _stream: stream,
+                plain: Vec::with_capacity(if tls.is_some() { RECV_BUFFER_LEN } else { 0 }),
+                tls,
                 fd,
                 out: Vec::with_capacity(lanes * 160),
                 sending: Vec::with_capacity(lanes * 160),
@@ -488,8 +501,24 @@ impl Worker {
         let buffer = cqueue::buffer_select(flags);
         if result > 0 {
             let id = buffer.expect("a multishot recv result names its buffer");
-            self.clients.on_data(index, self.buffers.get(id, result as usize));
-            self.buffers.push(id);
+            let data = self.buffers.get(id, result as usize);
+            let connection = &mut self.clients.connections[index];
+            if let Some(tls) = connection.tls.as_mut() {
+                let mut plain = std::mem::take(&mut connection.plain);
+                let opened = crate::tls::open_records(tls, data, &mut plain);
+                self.buffers.push(id);
+                if opened.is_err() {
+                    self.clients.count(ErrorKind::BadReply);
+                    self.clients.close(index);
+                    return;
+                }
+                self.clients.on_data(index, &plain);
+                plain.clear();
+                self.clients.connections[index].plain = plain;
+            } else {
+                self.clients.on_data(index, data);
+                self.buffers.push(id);
+            }
         } else if let Some(id) = buffer {
             self.buffers.push(id);
         }
@@ -536,7 +565,17 @@ impl Worker {
             if connection.send_in_flight || connection.out.is_empty() || connection.closed {
                 continue;
             }
-            std::mem::swap(&mut connection.out, &mut connection.sending);
+            if let Some(tls) = connection.tls.as_mut() {
+                // The whole batch in one piece of ciphertext (TLS records of
+                // up to 16 KiB).
+                connection.sending.clear();
+                if crate::tls::seal(tls, &connection.out, &mut connection.sending).is_err() {
+                    continue;
+                }
+                connection.out.clear();
+            } else {
+                std::mem::swap(&mut connection.out, &mut connection.sending);
+            }
             connection.sent = 0;
             connection.send_in_flight = true;
             let entry =

@@ -138,6 +138,7 @@ impl ClientBuilder {
     pub fn connect(self) -> Result<Client, Error> {
         let config = self.secret_from_environment();
         config.validate()?;
+        let config = config.load_tls()?;
         Ok(Client { handle: Arc::new(Handle { router: Router::start(config) }) })
     }
 }

@@ -1,11 +1,14 @@
 //! The client's settings: [`ClientBuilder`], with the defaults of docs/protocol.md §4.
 
 use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{BadArgument, Error};
 use crate::operation::Policy;
 use crate::proto::is_valid_address;
+use crate::tls::TlsFiles;
 
 /// Most nodes a client talks to: the most a ringlock cluster may have.
 ///
@@ -83,6 +86,9 @@ pub struct ClientBuilder {
     redirect_limit: u32,
     pub(crate) in_flight_per_connection_max: usize,
     pub(crate) secret: Option<Secret>,
+    pub(crate) tls: TlsFiles,
+    /// The rustls settings built from `tls` when the client connects.
+    pub(crate) tls_config: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl ClientBuilder {
@@ -115,6 +121,8 @@ impl ClientBuilder {
             redirect_limit: REDIRECT_LIMIT_DEFAULT,
             in_flight_per_connection_max: IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT,
             secret: None,
+            tls: TlsFiles::default(),
+            tls_config: None,
         }
     }
 
@@ -317,6 +325,91 @@ impl ClientBuilder {
         self
     }
 
+    /// Speaks TLS to every node, checking its certificate against the CA
+    /// certificates of the PEM file `path` (the CA that signed the servers'
+    /// `--tls-cert`). Without this call the client speaks plain TCP; the
+    /// other TLS settings need it, and there is no fallback to the
+    /// platform's roots: a ringlock server's certificate comes from the
+    /// deployment's own CA (docs/security.md).
+    ///
+    /// Each connection, and each reconnect, runs a TLS handshake (TLS 1.3 or
+    /// 1.2, rustls with the ring provider) within the
+    /// [`connect_timeout`](Self::connect_timeout), before the secret's `U`
+    /// line and any request. A handshake the client refuses (a certificate
+    /// of another CA, expired, or for another name) or that the server
+    /// refuses (it wants a client certificate) fails that connection, which
+    /// is retried with the usual pauses; requests waiting for a connection
+    /// fail past their limit with [`Error::Tls`], which names the address
+    /// and the TLS error. The files are read by [`connect`](Self::connect),
+    /// which fails with [`BadArgument::Tls`] if one cannot be used.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), ringlock_client::Error> {
+    /// let client = ringlock_client::Client::builder(["db.example:7700"]).tls_ca("/etc/ringlock/ca.pem").connect()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tls_ca(mut self, path: impl Into<PathBuf>) -> ClientBuilder {
+        self.tls.ca = Some(path.into());
+        self
+    }
+
+    /// The client's certificate chain (PEM), for servers started with
+    /// `--tls-client-ca` (mutual TLS); needs [`tls_key`](Self::tls_key) and
+    /// [`tls_ca`](Self::tls_ca).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"])
+    ///     .tls_ca("ca.pem")
+    ///     .tls_cert("client.pem")
+    ///     .tls_key("client.key");
+    /// ```
+    pub fn tls_cert(mut self, path: impl Into<PathBuf>) -> ClientBuilder {
+        self.tls.cert = Some(path.into());
+        self
+    }
+
+    /// The private key (PEM) of [`tls_cert`](Self::tls_cert).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).tls_ca("ca.pem").tls_cert("c.pem").tls_key("c.key");
+    /// ```
+    pub fn tls_key(mut self, path: impl Into<PathBuf>) -> ClientBuilder {
+        self.tls.key = Some(path.into());
+        self
+    }
+
+    /// The name every server's certificate must carry. Default: the host
+    /// part of each address (`db.example` of `db.example:7700`); an IP
+    /// address is checked against the certificate's IP addresses. Set it
+    /// when the nodes are reached by addresses their certificates do not
+    /// name; needs [`tls_ca`](Self::tls_ca).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = ringlock_client::Client::builder(["10.0.0.5:7700"]).tls_ca("ca.pem").tls_server_name("locks.internal");
+    /// ```
+    pub fn tls_server_name(mut self, name: impl Into<String>) -> ClientBuilder {
+        self.tls.server_name = Some(name.into());
+        self
+    }
+
+    /// Reads the TLS files, if TLS was asked for.
+    pub(crate) fn load_tls(mut self) -> Result<ClientBuilder, Error> {
+        if self.tls.ca.is_some() {
+            let config = self.tls.config().map_err(|reason| Error::BadArgument(BadArgument::Tls(reason)))?;
+            self.tls_config = Some(config);
+        }
+        Ok(self)
+    }
+
     /// Takes the secret from `RINGLOCK_SECRET` if none was set.
     pub(crate) fn secret_from_environment(mut self) -> ClientBuilder {
         if self.secret.is_none()
@@ -382,6 +475,9 @@ impl ClientBuilder {
                 || secret.bytes().any(|byte| matches!(byte, b' ' | b'\t' | b'\r' | b'\n' | 0)))
         {
             return bad("the secret must be 1 to 1022 bytes, none of them space, tab, CR, LF or NUL");
+        }
+        if let Some(what) = self.tls.incomplete() {
+            return bad(what);
         }
         Ok(())
     }

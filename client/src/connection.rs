@@ -20,6 +20,15 @@
 //!   them together when the pass is over. A writer busy writing (a stalled
 //!   server, say) never holds up a wake-up: the reader makes those itself.
 //!
+//! With TLS ([`ClientBuilder::tls_ca`](crate::ClientBuilder::tls_ca)) the
+//! socket's TLS state is part of the connection's state: the writer
+//! encrypts each batch under the lock, as one piece, so that requests queued
+//! together still leave in one `write` (and one TLS record up to 16 KiB),
+//! then writes the ciphertext unlocked; the reader reads ciphertext
+//! unlocked and decrypts it under the lock into its own buffer. Only the
+//! writer writes once a connection is up, so the records go out in the
+//! order they were sealed. A plain connection takes none of these steps.
+//!
 //! A request is recorded in the pairing table and appended to the output
 //! buffer under the same lock, so the table's order for an (op, key) is the
 //! order the lines go out on the wire.
@@ -30,6 +39,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rustls::ClientConnection;
+
 use crate::backoff::{Jitter, reconnect_delay};
 use crate::completion::Wakes;
 use crate::error::{ConnectionFailure, ProtocolError};
@@ -38,6 +49,9 @@ use crate::pairing::{Paired, Pairing};
 use crate::proto::{Decoded, ErrorCode, Op, REPLY_LINE_LEN_MAX, Reply, decode_reply};
 use crate::router::{Moved, Router};
 
+/// Ciphertext the reader of a TLS connection asks the socket for at once:
+/// the plaintext it decrypts to always fits in rustls's receive buffer.
+const TLS_READ_BYTES: usize = 16 << 10;
 /// Bytes the reader asks the socket for at once; a reply line of
 /// [`REPLY_LINE_LEN_MAX`] always fits in the buffer with room to spare.
 const READ_BUFFER_BYTES: usize = 2 * REPLY_LINE_LEN_MAX;
@@ -98,6 +112,11 @@ pub(crate) struct Connection {
 struct State {
     phase: Phase,
     stream: Option<Arc<TcpStream>>,
+    /// The socket's TLS state, on a TLS connection.
+    tls: Option<Box<ClientConnection>>,
+    /// The buffer of the last batch's plaintext on a TLS connection, kept to
+    /// encrypt the next one into.
+    sealed: Vec<u8>,
     /// Encoded requests not yet handed to the writer.
     out: Vec<u8>,
     in_flight: Pairing<Operation>,
@@ -112,6 +131,14 @@ struct State {
     last_failure: Option<(Instant, ConnectionFailure)>,
 }
 
+impl State {
+    /// Whether the writer has something to send: requests, or what the TLS
+    /// state has to say (a key update's answer, say).
+    fn has_output(&self) -> bool {
+        !self.out.is_empty() || self.tls.as_ref().is_some_and(|tls| tls.wants_write())
+    }
+}
+
 impl Connection {
     pub(crate) fn new(address: Arc<str>, node: usize) -> Connection {
         Connection {
@@ -120,6 +147,8 @@ impl Connection {
             state: Mutex::new(State {
                 phase: Phase::Connecting,
                 stream: None,
+                tls: None,
+                sealed: Vec::new(),
                 out: Vec::new(),
                 in_flight: Pairing::new(),
                 writer_idle: false,
@@ -183,10 +212,19 @@ impl Connection {
     /// Writes `out` in batches until it is empty; returns the lock.
     fn write_out<'a>(&'a self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         while let Some(stream) = state.stream.clone()
-            && !state.out.is_empty()
+            && state.has_output()
         {
             let mut batch = std::mem::take(&mut state.spare);
             std::mem::swap(&mut batch, &mut state.out);
+            if state.tls.is_some() {
+                // The whole batch is sealed at once, under the lock, so
+                // that it leaves in one write whatever the reader does.
+                let mut sealed = std::mem::take(&mut state.sealed);
+                crate::tls::encrypt(state.tls.as_mut().expect("checked above"), &batch, &mut sealed);
+                batch.clear();
+                std::mem::swap(&mut batch, &mut sealed);
+                state.sealed = sealed;
+            }
             let closing = state.phase == Phase::Closed;
             drop(state);
             if closing {
@@ -207,7 +245,7 @@ impl Connection {
     /// with nothing queued. Requests queued while the first connect was under
     /// way (the release of a lock dropped with its client) still go out on
     /// it before the writer closes it.
-    fn install(&self, stream: Arc<TcpStream>) -> bool {
+    fn install(&self, stream: Arc<TcpStream>, tls: Option<Box<ClientConnection>>) -> bool {
         let mut state = self.lock();
         if state.phase == Phase::Closed && state.out.is_empty() {
             return false;
@@ -216,6 +254,7 @@ impl Connection {
             state.phase = Phase::Up;
         }
         state.stream = Some(stream);
+        state.tls = tls;
         // Requests queued while the first connect was under way go out now.
         self.writer_wake.notify_one();
         true
@@ -229,6 +268,7 @@ impl Connection {
             state.phase = Phase::Down;
         }
         state.stream = None;
+        state.tls = None;
         state.out.clear();
         // A closing writer waiting for the first connect's outcome may go.
         self.writer_wake.notify_one();
@@ -280,11 +320,32 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
     // once, the others after growing pauses.
     let mut attempt: u32 = 0;
     loop {
-        match connect(&connection.address, config.connect_timeout) {
-            Ok(stream) => {
+        let started = Instant::now();
+        let connected = connect(&connection.address, config.connect_timeout).and_then(|stream| {
+            let tls = match &config.tls_config {
+                Some(tls) => Some(Box::new(crate::tls::handshake(
+                    tls,
+                    config.tls.server_name.as_deref(),
+                    &connection.address,
+                    &stream,
+                    started + config.connect_timeout,
+                )?)),
+                None => None,
+            };
+            Ok((stream, tls))
+        });
+        match connected {
+            Ok((stream, mut tls)) => {
                 let stream = Arc::new(stream);
                 if let Some(secret) = &config.secret {
-                    match authenticate(&stream, &connection.address, &secret.0, config.connect_timeout) {
+                    let outcome = authenticate(
+                        &stream,
+                        tls.as_deref_mut(),
+                        &connection.address,
+                        &secret.0,
+                        config.connect_timeout,
+                    );
+                    match outcome {
                         Ok(name) => router.note_name(name),
                         Err(failure) => {
                             // A refused secret fails the connection like a
@@ -309,14 +370,15 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
                         }
                     }
                 }
-                if !connection.install(stream.clone()) {
+                let is_tls = tls.is_some();
+                if !connection.install(stream.clone(), tls) {
                     let _ = stream.shutdown(Shutdown::Both);
                     break;
                 }
                 router.connection_up();
                 let opened = Instant::now();
                 let mut session = Session::default();
-                let cut = read_replies(connection, router, &stream, &mut session);
+                let cut = read_replies(connection, router, &stream, is_tls, &mut session);
                 let _ = stream.shutdown(Shutdown::Both);
                 connection.note_failure(session.failure(&connection.address, &cut));
                 let operations = connection.take_down();
@@ -356,23 +418,37 @@ const AUTH_REPLY_MARGIN: Duration = Duration::from_secs(1);
 /// is read here rather than paired (`U` replies carry no key).
 fn authenticate(
     stream: &TcpStream,
+    tls: Option<&mut ClientConnection>,
     address: &str,
     secret: &str,
     timeout: Duration,
 ) -> Result<String, ConnectionFailure> {
     let io_failure = |error: &io::Error| ConnectionFailure::from_io(address, error);
+    stream.set_read_timeout(Some(timeout + AUTH_REPLY_MARGIN)).map_err(|error| io_failure(&error))?;
+    let mut socket = stream;
+    let name = match tls {
+        Some(tls) => exchange_secret(&mut rustls::Stream::new(tls, &mut socket), address, secret),
+        None => exchange_secret(&mut socket, address, secret),
+    }?;
+    stream.set_read_timeout(None).map_err(|error| io_failure(&error))?;
+    Ok(name)
+}
+
+/// Writes the `U` line on `io` and reads its answer (see [`authenticate`]).
+fn exchange_secret(io: &mut (impl Read + Write), address: &str, secret: &str) -> Result<String, ConnectionFailure> {
+    let io_failure = |error: &io::Error| ConnectionFailure::from_io(address, error);
     let mut line = Vec::with_capacity(secret.len() + 3);
     line.extend_from_slice(b"U ");
     line.extend_from_slice(secret.as_bytes());
     line.push(b'\n');
-    stream.set_read_timeout(Some(timeout + AUTH_REPLY_MARGIN)).map_err(|error| io_failure(&error))?;
-    (&*stream).write_all(&line).map_err(|error| io_failure(&error))?;
+    io.write_all(&line).and_then(|()| io.flush()).map_err(|error| io_failure(&error))?;
     // Byte by byte, so that nothing after the answer is taken from the
-    // reader; this happens once per connection.
+    // reader (over TLS, what follows stays in the TLS state's plaintext);
+    // this happens once per connection.
     let mut reply = Vec::new();
     let mut byte = [0u8; 1];
     while reply.last() != Some(&b'\n') {
-        match (&*stream).read(&mut byte) {
+        match io.read(&mut byte) {
             Ok(0) => return Err(ConnectionFailure::closed(address)),
             Ok(_) if reply.len() > REPLY_LINE_LEN_MAX => {
                 return Err(protocol_failure(address, &ProtocolError::LineTooLong));
@@ -382,7 +458,6 @@ fn authenticate(
             Err(error) => return Err(io_failure(&error)),
         }
     }
-    stream.set_read_timeout(None).map_err(|error| io_failure(&error))?;
     let reply = match decode_reply(&reply) {
         Decoded::Line { item: Ok(reply), .. } => reply,
         Decoded::Line { item: Err(error), .. } => {
@@ -416,6 +491,7 @@ fn refused_failure(address: &str, code: ErrorCode) -> ConnectionFailure {
         os_error: None,
         message: format!("the server refused the connection: {code}"),
         auth: None,
+        tls: false,
     }
 }
 
@@ -426,6 +502,7 @@ fn protocol_failure(address: &str, violation: &ProtocolError) -> ConnectionFailu
         os_error: None,
         message: format!("dropped after a protocol violation: {violation}"),
         auth: None,
+        tls: false,
     }
 }
 
@@ -460,13 +537,25 @@ struct Answered {
 
 /// Reads and pairs replies until the socket breaks or the server breaks
 /// the protocol; returns why it stopped.
-fn read_replies(connection: &Connection, router: &Arc<Router>, stream: &TcpStream, session: &mut Session) -> Cut {
+fn read_replies(
+    connection: &Connection,
+    router: &Arc<Router>,
+    stream: &TcpStream,
+    tls: bool,
+    session: &mut Session,
+) -> Cut {
     let mut buffer = vec![0u8; READ_BUFFER_BYTES];
+    let mut ciphertext = if tls { vec![0u8; TLS_READ_BYTES] } else { Vec::new() };
     let mut filled = 0;
     let mut paired: Vec<Answered> = Vec::new();
     let mut wakes = Wakes::default();
     loop {
-        let read = match (&*stream).read(&mut buffer[filled..]) {
+        let read = if tls {
+            read_decrypted(connection, stream, &mut ciphertext, &mut buffer[filled..])
+        } else {
+            (&*stream).read(&mut buffer[filled..])
+        };
+        let read = match read {
             Ok(0) => return Cut::Io,
             Ok(read) => read,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
@@ -559,6 +648,47 @@ fn read_replies(connection: &Connection, router: &Arc<Router>, stream: &TcpStrea
     }
 }
 
+/// Reads from a TLS connection's socket until its TLS state has plaintext,
+/// and moves as much of it as fits into `out`; 0 once the server closed.
+fn read_decrypted(
+    connection: &Connection,
+    stream: &TcpStream,
+    ciphertext: &mut [u8],
+    out: &mut [u8],
+) -> io::Result<usize> {
+    loop {
+        {
+            let mut state = connection.lock();
+            let Some(tls) = state.tls.as_mut() else { return Ok(0) };
+            match tls.reader().read(out) {
+                Ok(read) => return Ok(read),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error),
+            }
+        }
+        let read = match (&*stream).read(ciphertext) {
+            Ok(0) => return Ok(0),
+            Ok(read) => read,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => return Err(error),
+        };
+        let mut state = connection.lock();
+        let Some(tls) = state.tls.as_mut() else { return Ok(0) };
+        let mut unread = &ciphertext[..read];
+        while !unread.is_empty() {
+            tls.read_tls(&mut unread)?;
+            // A refused record or an alert (a server that wants a client
+            // certificate says so here): a TLS failure of the connection.
+            tls.process_new_packets().map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
+        }
+        // Something for the server (a key update's answer): the writer sends it.
+        if tls.wants_write() && std::mem::replace(&mut state.writer_idle, false) {
+            drop(state);
+            connection.writer_wake.notify_one();
+        }
+    }
+}
+
 fn run_writer(connection: &Connection) {
     let mut state = connection.lock();
     let mut owed = Wakes::default();
@@ -576,13 +706,23 @@ fn run_writer(connection: &Connection) {
         // under way, and either installs one or takes the requests back.
         if state.phase == Phase::Closed && state.out.is_empty() {
             let stream = state.stream.clone();
+            // A TLS connection says it is closing, as TLS wants.
+            let mut close_notify = Vec::new();
+            if let Some(tls) = state.tls.as_mut() {
+                tls.send_close_notify();
+                crate::tls::encrypt(tls, &[], &mut close_notify);
+            }
             drop(state);
             if let Some(stream) = stream {
+                if !close_notify.is_empty() {
+                    let _ = stream.set_write_timeout(Some(CLOSE_LINGER));
+                    let _ = (&*stream).write_all(&close_notify);
+                }
                 close_gracefully(&stream);
             }
             return;
         }
-        if !state.out.is_empty() && state.stream.is_some() {
+        if state.has_output() && state.stream.is_some() {
             state = connection.write_out(state);
             continue;
         }
@@ -633,7 +773,7 @@ mod tests {
         let (connection, writer) = connecting_with_a_release();
         connection.close();
         let stream = Arc::new(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
-        assert!(connection.install(stream), "the socket is taken to flush the release");
+        assert!(connection.install(stream, None), "the socket is taken to flush the release");
         let (mut server, _) = listener.accept().unwrap();
         let mut received = String::new();
         server.read_to_string(&mut received).unwrap();
@@ -668,7 +808,7 @@ mod tests {
             }
             String::from_utf8(line).unwrap()
         });
-        let outcome = authenticate(&client, "db:7700", "s3cret", Duration::from_secs(1));
+        let outcome = authenticate(&client, None, "db:7700", "s3cret", Duration::from_secs(1));
         (serving.join().unwrap(), outcome)
     }
 
@@ -699,6 +839,6 @@ mod tests {
         let connection = Connection::new(Arc::from("test"), 0);
         connection.close();
         let stream = Arc::new(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
-        assert!(!connection.install(stream));
+        assert!(!connection.install(stream, None));
     }
 }

@@ -76,6 +76,18 @@ pub enum Error {
         /// [`ErrorCode::AuthFailed`] or [`ErrorCode::AuthDisabled`].
         code: ErrorCode,
     },
+    /// TLS failed on every address the request could use, for as long as
+    /// it could wait: the server's certificate was not trusted (signed by
+    /// another CA than [`tls_ca`](crate::ClientBuilder::tls_ca), expired, or
+    /// for another name), or the server refused the handshake (it wants a
+    /// client certificate, or does not speak TLS). The client keeps
+    /// reconnecting with its usual pauses. Nothing was sent in clear.
+    Tls {
+        /// The address whose handshake failed (the first, if several did).
+        address: String,
+        /// The TLS error, in words (rustls's).
+        message: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -95,6 +107,7 @@ impl fmt::Display for Error {
             Error::Protocol(violation) => write!(f, "protocol violation by the ringlock server: {violation}"),
             Error::TooManyInFlight => f.write_str("too many requests in flight on every connection; retry later"),
             Error::Auth { address, code } => write!(f, "{address} refused the client's secret: {code}"),
+            Error::Tls { address, message } => write!(f, "TLS with {address} failed: {message}"),
         }
     }
 }
@@ -146,6 +159,9 @@ pub struct ConnectionFailure {
     /// failed on it ([`ErrorCode::AuthFailed`] or
     /// [`ErrorCode::AuthDisabled`]), else `None`.
     pub auth: Option<ErrorCode>,
+    /// The connection failed on TLS: a handshake or a record that one side
+    /// refused ([`message`](Self::message) says why), not the network.
+    pub tls: bool,
 }
 
 impl ConnectionFailure {
@@ -185,6 +201,7 @@ impl ConnectionFailure {
             os_error: error.raw_os_error(),
             message,
             auth: None,
+            tls: crate::tls::is_tls_error(error),
         }
     }
 
@@ -197,6 +214,7 @@ impl ConnectionFailure {
             os_error: None,
             message: format!("secret refused: {code}"),
             auth: Some(code),
+            tls: false,
         }
     }
 
@@ -208,6 +226,7 @@ impl ConnectionFailure {
             os_error: None,
             message: "closed by the server".to_string(),
             auth: None,
+            tls: false,
         }
     }
 
@@ -220,6 +239,7 @@ impl ConnectionFailure {
             os_error: None,
             message: "no attempt has ended yet".to_string(),
             auth: None,
+            tls: false,
         }
     }
 }
@@ -267,6 +287,11 @@ pub enum BadArgument {
     Address(String),
     /// A builder setting is out of its range; the text says which.
     Setting(&'static str),
+    /// A TLS file ([`tls_ca`](crate::ClientBuilder::tls_ca),
+    /// [`tls_cert`](crate::ClientBuilder::tls_cert),
+    /// [`tls_key`](crate::ClientBuilder::tls_key)) cannot be read or used;
+    /// the text names it and says why.
+    Tls(String),
 }
 
 impl fmt::Display for BadArgument {
@@ -280,6 +305,7 @@ impl fmt::Display for BadArgument {
             BadArgument::TooManyAddresses => write!(f, "give the client at most {} addresses", crate::NODES_MAX),
             BadArgument::Address(address) => write!(f, "{address:?} is not a server address (host:port)"),
             BadArgument::Setting(what) => f.write_str(what),
+            BadArgument::Tls(why) => f.write_str(why),
         }
     }
 }

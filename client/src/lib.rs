@@ -110,6 +110,12 @@
 //!   server has named the client ([`Client::name`]); a refused secret fails
 //!   the connection, which is retried with the usual pauses, and requests
 //!   fail past their limit with [`Error::Auth`].
+//! - **TLS.** With a server CA ([`ClientBuilder::tls_ca`], and
+//!   [`tls_cert`](ClientBuilder::tls_cert)/[`tls_key`](ClientBuilder::tls_key)
+//!   for mutual TLS), every connection runs a TLS handshake within the
+//!   connect timeout before anything else; a refused handshake fails the
+//!   connection, which is retried with the usual pauses, and requests fail
+//!   past their limit with [`Error::Tls`].
 //! - **Cancellation.** Dropping a [`Lock`] releases it in the background;
 //!   dropping an acquire future releases a grant that arrives after all.
 //!
@@ -180,6 +186,13 @@ mod operation;
 mod pairing;
 mod router;
 mod timer;
+mod tls;
+
+// The README's examples compile (those marked `ignore` use names of the
+// reader's program).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
 
 #[doc(inline)]
 pub use ringlock_proto as proto;

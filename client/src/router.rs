@@ -75,6 +75,9 @@ fn no_connection(waited: Duration, addresses: Vec<ConnectionFailure>) -> Error {
         Some(first) if addresses.iter().all(|failure| failure.auth.is_some()) => {
             Error::Auth { address: first.address.clone(), code: first.auth.expect("checked above") }
         }
+        Some(first) if addresses.iter().all(|failure| failure.tls) => {
+            Error::Tls { address: first.address.clone(), message: first.message.clone() }
+        }
         _ => Error::NoConnection { waited, addresses },
     }
 }

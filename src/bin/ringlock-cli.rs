@@ -7,6 +7,7 @@
 //! `RINGLOCK_TOKEN`, releases when the command ends (however it ends) and
 //! exits with the command's status.
 
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -51,6 +52,27 @@ struct Cli {
     // treats it exactly as every client does (an empty value is no secret).
     #[arg(long, value_parser = secret, global = true)]
     secret: Option<Secret>,
+
+    /// Speak TLS to the nodes, checking their certificates against the CA
+    /// certificates of this PEM file (the CA that signed the servers'
+    /// --tls-cert). Without it the tool speaks plain TCP.
+    #[arg(long, env = "RINGLOCK_TLS_CA", global = true)]
+    tls_ca: Option<PathBuf>,
+
+    /// The client certificate (PEM) for servers started with
+    /// --tls-client-ca (mutual TLS); needs --tls-key and --tls-ca.
+    #[arg(long, env = "RINGLOCK_TLS_CERT", global = true, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "RINGLOCK_TLS_KEY", global = true, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// The name the servers' certificates must carry. Default: the host
+    /// part of each address of --servers (an IP address is checked against
+    /// the certificate's IP addresses).
+    #[arg(long, env = "RINGLOCK_TLS_SERVER_NAME", global = true)]
+    tls_server_name: Option<String>,
 
     #[command(subcommand)]
     command: Action,
@@ -121,6 +143,10 @@ fn secret(text: &str) -> Result<Secret, String> {
 struct Settings {
     connect_limit: Duration,
     secret: Option<Secret>,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_server_name: Option<String>,
 }
 
 fn seconds(text: &str) -> Result<Duration, String> {
@@ -145,6 +171,15 @@ fn connect(servers: &[String], settings: &Settings) -> Result<Client, String> {
     if let Some(Secret(secret)) = &settings.secret {
         builder = builder.secret(secret.as_str());
     }
+    if let Some(ca) = &settings.tls_ca {
+        builder = builder.tls_ca(ca);
+    }
+    if let (Some(cert), Some(key)) = (&settings.tls_cert, &settings.tls_key) {
+        builder = builder.tls_cert(cert).tls_key(key);
+    }
+    if let Some(name) = &settings.tls_server_name {
+        builder = builder.tls_server_name(name);
+    }
     builder.connect().map_err(|error| format!("cannot use --servers {}: {error}", servers.join(",")))
 }
 
@@ -157,6 +192,11 @@ fn explain(servers: &[String], error: Error) -> String {
         error @ Error::Auth { .. } => {
             format!("{error}; check --secret or RINGLOCK_SECRET against the server's auth file")
         }
+        error @ Error::Tls { .. } => {
+            format!(
+                "{error}; check --tls-ca (and --tls-cert/--tls-key, --tls-server-name) against the servers' TLS files"
+            )
+        }
         Error::NoActive => {
             "the nodes know no active node yet (a cluster starting or failing over); try again".to_string()
         }
@@ -166,7 +206,14 @@ fn explain(servers: &[String], error: Error) -> String {
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
     let servers = cli.servers;
-    let limit = &Settings { connect_limit: cli.connect_limit, secret: cli.secret };
+    let limit = &Settings {
+        connect_limit: cli.connect_limit,
+        secret: cli.secret,
+        tls_ca: cli.tls_ca,
+        tls_cert: cli.tls_cert,
+        tls_key: cli.tls_key,
+        tls_server_name: cli.tls_server_name,
+    };
     match cli.command {
         Action::Ping => per_node(&servers, limit, |address, client| {
             let pong = client.ping()?;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod netns;
+pub mod certs;
 pub mod peer;
 
 use std::io::{BufRead, BufReader, Read, Write};
