@@ -38,6 +38,7 @@ DURATION = float(os.environ.get("DURATION", "5"))
 SLOWLORIS = int(os.environ.get("SLOWLORIS", "10000"))
 HALF = int(os.environ.get("HALF", "10000"))
 FLOOD_THREADS = int(os.environ.get("FLOOD_THREADS", "4"))
+SLOW_READERS = int(os.environ.get("SLOW_READERS", "2000"))
 HANDSHAKE_MS = int(os.environ.get("HANDSHAKE_MS", "10000"))
 SECRET = "bystander-" + os.urandom(8).hex()
 
@@ -266,6 +267,33 @@ def flood(attack, address, context, line, threads):
         attack.spawn(run)
 
 
+def slow_readers(attack, address, context, count):
+    """Authenticated clients that send `S` as fast as their sockets take it
+    and never read a reply."""
+    def run():
+        for _ in range(count):
+            if attack.stopping.is_set():
+                return
+            try:
+                conn = context.wrap_socket(socket.create_connection(address), server_hostname="localhost")
+                conn.sendall(f"U {SECRET}\n".encode())
+                conn.setblocking(False)
+                attack.sockets.append(conn)
+            except (OSError, ssl.SSLError):
+                break
+        batch = b"S\n" * 2000
+        while not attack.stopping.is_set():
+            for conn in list(attack.sockets):
+                try:
+                    conn.send(batch)
+                except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+                    pass
+                except (OSError, ssl.SSLError):
+                    pass
+            attack.stopping.wait(0.05)
+    attack.spawn(run)
+
+
 def main():
     work = tempfile.mkdtemp(prefix="ringlock-hostile-")
     server = None
@@ -283,6 +311,7 @@ def main():
             (f"half-handshakes ({HALF})", lambda attack: half_handshakes(attack, address, hello, HALF)),
             ("bad-u-flood", lambda attack: flood(attack, address, context, b"U wrong-secret\n", FLOOD_THREADS)),
             ("p-flood", lambda attack: flood(attack, address, context, b"P\n", FLOOD_THREADS)),
+            (f"slow-readers ({SLOW_READERS})", lambda attack: slow_readers(attack, address, context, SLOW_READERS)),
         ]
         rows = []
         idle = None

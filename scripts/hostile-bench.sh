@@ -2,7 +2,8 @@
 # What hostile clients cost a bystander on a TLS node with an auth file:
 # the bystander's p50/p99 acquire and release round trips, idle and during
 # each attack (slowloris, garbage, half handshakes, a flood of wrong `U`
-# lines, a flood of `P`), as ratios to idle, and the server's RSS before,
+# lines, a flood of `P`, authenticated clients that ask for `S` and never
+# read), as ratios to idle, and the server's RSS before,
 # during and after each. The attacks and the bystander are in
 # scripts/hostile-bench.py; certificates are made with openssl in a
 # temporary directory and removed at exit (no key is kept).
@@ -13,6 +14,7 @@
 #   DURATION [5]: seconds the bystander is measured per attack
 #   SLOWLORIS [10000], HALF [10000]: connections of those attacks
 #   FLOOD_THREADS [4]: threads of each flood
+#   SLOW_READERS [2000]: connections that never read
 #   HANDSHAKE_MS [10000]: the server's --handshake-ms
 # The attackers open up to 10 000 connections at once: the script raises
 # its descriptor limit (ulimit -n) to 25 000 (or the hard limit), and fails if

@@ -48,9 +48,10 @@ impl Scope {
     #[inline]
     pub fn allows_key(&self, key: &[u8]) -> bool {
         self.every_key
-            || self.prefixes.iter().any(|prefix| {
-                key.len() >= prefix.len() && key.iter().zip(prefix.iter()).all(|(a, b)| a == b)
-            })
+            || self
+                .prefixes
+                .iter()
+                .any(|prefix| key.len() >= prefix.len() && key.iter().zip(prefix.iter()).all(|(a, b)| a == b))
     }
 
     /// Whether the name may read the node's statistics (`S`).

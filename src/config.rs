@@ -163,8 +163,8 @@ pub struct Config {
     /// all connections, in MiB. Past it (shared evenly among the shard
     /// cores), a core reads each connection only while it holds less than
     /// 64 KiB unsent, so those that read least stop being read first, until
-    /// the total is half this again. Default: a sixteenth of the host's
-    /// memory, from 64 MiB to 4 GiB (logged at start).
+    /// the total is half this again. Default: a sixty-fourth of the host's
+    /// memory, from 32 MiB to 1 GiB (logged at start).
     #[arg(long, env = "RINGLOCK_MAX_UNSENT_MB", value_name = "MIB",
           value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub max_unsent_mb: Option<u64>,
@@ -450,7 +450,7 @@ impl Config {
     pub fn max_unsent_bytes(&self) -> u64 {
         match self.max_unsent_mb {
             Some(mib) => mib << 20,
-            None => (host_memory_bytes().unwrap_or(1 << 30) / 16).clamp(64 << 20, 4 << 30),
+            None => (host_memory_bytes().unwrap_or(1 << 30) / 64).clamp(32 << 20, 1 << 30),
         }
     }
 }

@@ -83,7 +83,7 @@ pub fn run(config: Config) -> Result<(), String> {
         output_stall_ms = config.output_stall_ms,
         "replies held unsent for slow readers: at most {} MiB in all before connections are squeezed{}",
         config.max_unsent_bytes() >> 20,
-        if config.max_unsent_mb.is_none() { " (a sixteenth of the host's memory)" } else { "" }
+        if config.max_unsent_mb.is_none() { " (a sixty-fourth of the host's memory)" } else { "" }
     );
     tracing::info!(
         listen = %local,
