@@ -241,6 +241,26 @@ mod tests {
     }
 
     #[test]
+    fn calls_are_made_in_turn_with_requests_and_dropped_at_close() {
+        let timer = Arc::new(Timer::default());
+        let now = Instant::now();
+        let (sender, fired) = mpsc::channel();
+        let call_sender = sender.clone();
+        assert!(timer.schedule_call(now + Duration::from_millis(5), Box::new(move || call_sender.send(0).unwrap())));
+        timer.schedule(now, release(1, now)).unwrap();
+        let never = sender.clone();
+        assert!(timer.schedule_call(now + Duration::from_secs(3600), Box::new(move || never.send(9).unwrap())));
+        assert_eq!(timer.len(), 1, "calls are not requests waiting for a retry");
+        let runner = timer.clone();
+        let thread = std::thread::spawn(move || runner.run(|operation| sender.send(token(&operation)).unwrap()));
+        let order: Vec<u64> = (0..2).map(|_| fired.recv_timeout(Duration::from_secs(20)).unwrap()).collect();
+        assert_eq!(order, [1, 0]);
+        assert!(timer.close().is_empty(), "the pending call is dropped, not given back");
+        thread.join().unwrap();
+        assert!(!timer.schedule_call(now, Box::new(|| {})), "refused once closed");
+    }
+
+    #[test]
     fn close_gives_back_what_waits_and_refuses_more() {
         let timer = Timer::default();
         let now = Instant::now();
