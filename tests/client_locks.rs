@@ -64,8 +64,10 @@ fn cli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ringlock-cli"))
 }
 
+/// Scenario wait-forms: a zero wait tries once and waits for a connection
+/// like `try_acquire`.
 #[test]
-fn a_zero_wait_tries_once_and_waits_for_a_connection_like_try_acquire() {
+fn wait_forms() {
     let mut server = Server::start(&[]);
     let addr = server.addr.to_string();
     let client = Client::builder([addr.clone()]).connect_limit(PATIENCE).connect().unwrap();
@@ -99,8 +101,10 @@ fn a_wait_over_a_day_is_refused_naming_the_range() {
     assert!(client.acquire("forms/long", LEASE, Some(Duration::from_secs(86_400))).unwrap().is_some());
 }
 
+/// Scenario held-asks-server: `held` asks the server, `is_locked` is the
+/// local view.
 #[test]
-fn held_asks_the_server_and_is_locked_is_the_local_view() {
+fn held_asks_server() {
     let server = Server::start(&[]);
     let client = client_of(&server);
     let other = client_of(&server);
@@ -161,8 +165,10 @@ fn a_release_with_the_token_from_elsewhere_is_reported_lost() {
     assert_eq!(lock.release(), Ok(ReleaseOutcome::NotHeld));
 }
 
+/// Scenario single-node-restart-reports-lost: a single node killed and
+/// restarted reports every auto-extended lock lost.
 #[test]
-fn a_single_node_killed_and_restarted_reports_every_auto_extended_lock_lost() {
+fn single_node_restart_reports_lost() {
     let mut server = Server::start(&[]);
     let addr = server.addr.to_string();
     let client = Client::connect([addr.clone()]).unwrap();
@@ -193,8 +199,10 @@ fn a_single_node_killed_and_restarted_reports_every_auto_extended_lock_lost() {
     assert_eq!(tokens, expected, "each callback ran once");
 }
 
+/// Scenario lock-from-key-and-token: a lock taken by the CLI is rebuilt
+/// from key and token, and released from Rust.
 #[test]
-fn a_lock_taken_by_the_cli_is_rebuilt_from_key_and_token_and_released() {
+fn lock_from_key_and_token() {
     let server = Server::start(&[]);
     let servers = server.addr.to_string();
     let output = cli().args(["--servers", &servers, "acquire", "from/cli", "--lease", "600"]).output().unwrap();
