@@ -192,12 +192,23 @@ impl Client {
         &self.handle.router
     }
 
-    /// Acquires `key` for `lease`, waiting at most `wait` in its queue
-    /// (`None`: without limit), and blocks until the server answers.
+    /// Acquires `key` for `lease`, waiting in its queue as `wait` says, and
+    /// blocks until the server answers. The three wait forms:
+    ///
+    /// * `None`: no limit; waits in the key's queue until granted.
+    /// * `Some(Duration::ZERO)`: try once, exactly as
+    ///   [`try_acquire`](Self::try_acquire): granted only if the key is free
+    ///   (never queued behind the holder longer than the server's timer
+    ///   tick); with no usable connection it waits for one up to the
+    ///   [`connect_limit`](ClientBuilder::connect_limit).
+    /// * `Some(d)`: waits up to `d` in the queue, from 1 ms to 24 h (a
+    ///   duration under 1 ms counts as 1 ms); over 24 h is
+    ///   [`Error::BadArgument`] with [`BadArgument::Wait`], whose message
+    ///   names the range.
     ///
     /// Returns the [`Lock`], or `Ok(None)` if the wait ran out with nothing
     /// granted. The lease is counted from the grant and rounded up to a
-    /// millisecond; so is the wait, which is at least 1 ms. Locks are not
+    /// millisecond; so is the wait. Locks are not
     /// re-entrant: a second acquire of a key this client holds waits behind
     /// the holder.
     ///
@@ -250,10 +261,53 @@ impl Client {
         wait: Option<Duration>,
         try_once: bool,
     ) -> Result<Option<Lock>, Error> {
+        let (wait, try_once) = self.wait_form(wait, try_once);
         let (key, kind) = acquire_request(key, lease, wait, try_once)?;
         let completion = Completion::for_this_thread();
         self.router().submit(kind, key.clone(), Some(completion.clone()));
         acquired(self, key, lease, completion.wait())
+    }
+
+    /// The wait and try-once flag an acquire sends: a zero wait is a try.
+    fn wait_form(&self, wait: Option<Duration>, try_once: bool) -> (Option<Duration>, bool) {
+        match wait {
+            Some(Duration::ZERO) => (Some(self.router().config.try_acquire_wait), true),
+            _ => (wait, try_once),
+        }
+    }
+
+    /// A [`Lock`] for a grant taken elsewhere, from its key and fencing
+    /// token (another process's, say: `ringlock-cli acquire` prints both).
+    /// Nothing is sent: the lock can then [`release`](Lock::release),
+    /// [`extend`](Lock::extend), [`held`](Lock::held) and
+    /// [`auto_extend`](Lock::auto_extend) as one this client acquired.
+    /// `lease` is what is left of its lease as far as the caller knows
+    /// (this client's [`Lock::is_locked`] counts it from now), and the lease
+    /// auto-extend asks for. Dropping the lock releases it, as any lock;
+    /// [`Lock::detach`] gives it up without releasing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadArgument`] for a key the protocol cannot carry or a zero
+    /// lease.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), ringlock_client::Error> {
+    /// let client = ringlock_client::Client::connect(["127.0.0.1:7700"])?;
+    /// let lock = client.lock_from("deploy", 17_592_186_044_416, Duration::from_secs(30))?;
+    /// if lock.held()? {
+    ///     lock.release()?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_from(&self, key: impl AsRef<[u8]>, token: u64, lease: Duration) -> Result<Lock, Error> {
+        let key = checked_key(key.as_ref())?;
+        lease_ms(lease)?;
+        Ok(Lock::new(self.clone(), key, token, lease, instant_after(Instant::now(), lease)))
     }
 
     /// Acquires `key` for `lease` only if it is free, or becomes free within
@@ -320,6 +374,7 @@ impl Client {
     /// [`acquire_async`](Self::acquire_async), or
     /// [`try_acquire_async`](Self::try_acquire_async) when `try_once`.
     fn acquire_future(&self, key: &[u8], lease: Duration, wait: Option<Duration>, try_once: bool) -> AcquireFuture {
+        let (wait, try_once) = self.wait_form(wait, try_once);
         match acquire_request(key, lease, wait, try_once) {
             Ok((key, kind)) => {
                 let completion = Completion::new();
@@ -644,7 +699,7 @@ fn pong(outcome: Outcome) -> Result<Pong, Error> {
     }
 }
 
-fn inspected(outcome: Outcome) -> Result<Inspection, Error> {
+pub(crate) fn inspected(outcome: Outcome) -> Result<Inspection, Error> {
     match outcome {
         Outcome::Inspected(inspection) => Ok(inspection),
         other => Err(failure(other)),
@@ -678,6 +733,7 @@ pub(crate) fn lease_ms(lease: Duration) -> Result<u64, Error> {
 }
 
 /// The wire's wait: 0 for no limit, else at least 1 ms and at most a day.
+/// (A zero `Some` is a try, turned into the try's wait before this.)
 fn wait_ms(wait: Option<Duration>) -> Result<u64, Error> {
     match wait {
         None => Ok(0),
@@ -739,7 +795,7 @@ mod tests {
         assert_eq!(lease_ms(Duration::ZERO), Err(Error::BadArgument(BadArgument::Lease)));
         assert_eq!(lease_ms(Duration::MAX), Ok(u64::MAX));
         assert_eq!(wait_ms(None), Ok(0));
-        assert_eq!(wait_ms(Some(Duration::ZERO)), Ok(1), "a zero wait is the shortest bounded wait, not forever");
+        assert_eq!(wait_ms(Some(Duration::from_nanos(1))), Ok(1), "a wait under 1 ms is the shortest bounded wait");
         assert_eq!(wait_ms(Some(Duration::from_secs(86_400))), Ok(86_400_000));
         assert_eq!(wait_ms(Some(Duration::from_millis(86_400_001))), Err(Error::BadArgument(BadArgument::Wait)));
     }

@@ -255,8 +255,8 @@ impl ClientBuilder {
         self
     }
 
-    /// The wait [`Client::try_acquire`](crate::Client::try_acquire) asks
-    /// for. Default: 1 ms, the shortest the protocol can express (a wait of
+    /// The wait [`Client::try_acquire`](crate::Client::try_acquire), and an
+    /// acquire with a wait of `Some(Duration::ZERO)`, ask for. Default: 1 ms, the shortest the protocol can express (a wait of
     /// 0 means "no limit").
     ///
     /// # Examples

@@ -275,7 +275,8 @@ pub enum BadArgument {
     /// The lease is zero; a lease must be at least one millisecond.
     Lease,
     /// The wait is longer than [`WAIT_MS_MAX`](crate::proto::WAIT_MS_MAX)
-    /// milliseconds (a day); use `None` to wait without limit.
+    /// milliseconds (a day); a wait runs from 1 ms to 24 h. Use
+    /// `Some(Duration::ZERO)` to try once, `None` to wait without limit.
     Wait,
     /// The client was given no address.
     NoAddresses,
@@ -300,7 +301,9 @@ impl fmt::Display for BadArgument {
             BadArgument::Key => f.write_str("a key is 1 to 250 bytes, none of them space, tab, CR, LF or NUL"),
             BadArgument::DashKey => f.write_str("the key `-` is reserved: error replies use it for \"no key\""),
             BadArgument::Lease => f.write_str("the lease must be at least 1 ms"),
-            BadArgument::Wait => f.write_str("the wait must be at most 86400 s; use None to wait without limit"),
+            BadArgument::Wait => f.write_str(
+                "the wait must be from 1 ms to 86400 s (24 h); use Some(Duration::ZERO) to try once, None to wait without limit",
+            ),
             BadArgument::NoAddresses => f.write_str("give the client at least one server address"),
             BadArgument::TooManyAddresses => write!(f, "give the client at most {} addresses", crate::NODES_MAX),
             BadArgument::Address(address) => write!(f, "{address:?} is not a server address (host:port)"),

@@ -102,7 +102,7 @@ pub(crate) fn acquired(
     match outcome {
         Outcome::Acquired(token) => {
             let lease_ends = crate::client::instant_after(Instant::now(), lease);
-            Ok(Some(Lock::new(client.clone(), key, token, lease_ends)))
+            Ok(Some(Lock::new(client.clone(), key, token, lease, lease_ends)))
         }
         Outcome::TimedOut => Ok(None),
         other => Err(crate::client::failure(other)),

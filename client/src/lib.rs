@@ -200,4 +200,4 @@ pub use ringlock_proto as proto;
 pub use client::{Client, Inspection, Pong};
 pub use config::{ClientBuilder, NODES_MAX, SECRET_ENV};
 pub use error::{BadArgument, ConnectionFailure, Error, ProtocolError};
-pub use lock::{Lock, ReleaseOutcome};
+pub use lock::{Lock, Lost, ReleaseOutcome};

@@ -149,6 +149,12 @@ impl Router {
         self.timer.len()
     }
 
+    /// Makes `call` on the timer thread at `at` (it must not block); false,
+    /// dropping it, if the client is closing.
+    pub(crate) fn schedule_call(&self, at: Instant, call: Box<dyn FnOnce() + Send>) -> bool {
+        self.timer.schedule_call(at, call)
+    }
+
     /// Starts a request.
     pub(crate) fn submit(self: &Arc<Self>, kind: Kind, key: Arc<[u8]>, completion: Option<Arc<Completion>>) {
         self.submit_owing(kind, key, completion, &mut Wakes::default());

@@ -2,7 +2,8 @@
 //! no usable connection, requests waiting for an active node to be known).
 //!
 //! One thread per client sleeps until the earliest deadline and hands each
-//! due request back to the router.
+//! due request back to the router. It also runs the client's own timed work
+//! (the next extend of auto-extended locks, see `lock`) as short calls.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -31,7 +32,29 @@ struct State {
 struct Scheduled {
     at: Instant,
     serial: u64,
-    operation: Operation,
+    due: Due,
+}
+
+/// What comes due: a request for the router, or a call the timer thread
+/// makes itself.
+enum Due {
+    Operation(Operation),
+    Call(Box<dyn FnOnce() + Send>),
+}
+
+impl std::fmt::Debug for Due {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Due::Operation(operation) => operation.fmt(f),
+            Due::Call(_) => f.write_str("Call"),
+        }
+    }
+}
+
+impl Scheduled {
+    fn waits_for_connection(&self) -> bool {
+        matches!(&self.due, Due::Operation(operation) if operation.waiting_since.is_some())
+    }
 }
 
 impl PartialEq for Scheduled {
@@ -62,14 +85,28 @@ impl Timer {
 
     /// Schedules `operation` for `at`; gives it back if the client is closing.
     pub(crate) fn schedule(&self, at: Instant, operation: Operation) -> Result<(), Operation> {
+        match self.push(at, Due::Operation(operation)) {
+            Ok(()) => Ok(()),
+            Err(Due::Operation(operation)) => Err(operation),
+            Err(Due::Call(_)) => unreachable!("pushed an operation"),
+        }
+    }
+
+    /// Makes `call` on the timer thread at `at`; it must not block. Returns
+    /// false, dropping it, if the client is closing.
+    pub(crate) fn schedule_call(&self, at: Instant, call: Box<dyn FnOnce() + Send>) -> bool {
+        self.push(at, Due::Call(call)).is_ok()
+    }
+
+    fn push(&self, at: Instant, due: Due) -> Result<(), Due> {
         let mut state = self.lock();
         if state.closed {
-            return Err(operation);
+            return Err(due);
         }
         let serial = state.serial;
         state.serial += 1;
         let earliest = state.queue.peek().is_none_or(|first| at < first.at);
-        state.queue.push(Scheduled { at, serial, operation });
+        state.queue.push(Scheduled { at, serial, due });
         if earliest {
             self.wake.notify_one();
         }
@@ -78,7 +115,7 @@ impl Timer {
 
     /// Requests waiting now.
     pub(crate) fn len(&self) -> usize {
-        self.lock().queue.len()
+        self.lock().queue.iter().filter(|scheduled| matches!(scheduled.due, Due::Operation(_))).count()
     }
 
     /// Makes every request that waits for a usable connection due at once
@@ -86,12 +123,12 @@ impl Timer {
     /// their instants.
     pub(crate) fn hurry_connection_waiters(&self, now: Instant) {
         let mut state = self.lock();
-        if !state.queue.iter().any(|scheduled| scheduled.operation.waiting_since.is_some() && scheduled.at > now) {
+        if !state.queue.iter().any(|scheduled| scheduled.waits_for_connection() && scheduled.at > now) {
             return;
         }
         let mut queue = std::mem::take(&mut state.queue).into_vec();
         for scheduled in &mut queue {
-            if scheduled.operation.waiting_since.is_some() {
+            if scheduled.waits_for_connection() {
                 scheduled.at = scheduled.at.min(now);
             }
         }
@@ -99,16 +136,27 @@ impl Timer {
         self.wake.notify_one();
     }
 
-    /// Stops the timer and gives back every request still waiting.
+    /// Stops the timer and gives back every request still waiting; calls
+    /// still waiting are dropped.
     pub(crate) fn close(&self) -> Vec<Operation> {
-        let mut state = self.lock();
-        state.closed = true;
-        self.wake.notify_one();
-        std::mem::take(&mut state.queue).into_iter().map(|scheduled| scheduled.operation).collect()
+        let queue = {
+            let mut state = self.lock();
+            state.closed = true;
+            self.wake.notify_one();
+            std::mem::take(&mut state.queue)
+        };
+        queue
+            .into_iter()
+            .filter_map(|scheduled| match scheduled.due {
+                Due::Operation(operation) => Some(operation),
+                Due::Call(_) => None,
+            })
+            .collect()
     }
 
     /// Runs the timer until [`close`](Self::close), handing each request to
-    /// `fire` when its instant comes (without the timer's lock held).
+    /// `fire` and making each call when its instant comes (without the
+    /// timer's lock held).
     pub(crate) fn run(&self, mut fire: impl FnMut(Operation)) {
         let mut state = self.lock();
         loop {
@@ -120,7 +168,10 @@ impl Timer {
                 Some(at) if at <= now => {
                     let scheduled = state.queue.pop().expect("peeked");
                     drop(state);
-                    fire(scheduled.operation);
+                    match scheduled.due {
+                        Due::Operation(operation) => fire(operation),
+                        Due::Call(call) => call(),
+                    }
                     state = self.lock();
                 }
                 Some(at) => {
@@ -187,6 +238,26 @@ mod tests {
         assert!(fired.recv_timeout(Duration::from_millis(50)).is_err(), "the other keeps its instant");
         assert_eq!(timer.close().iter().map(token).collect::<Vec<_>>(), [2]);
         thread.join().unwrap();
+    }
+
+    #[test]
+    fn calls_are_made_in_turn_with_requests_and_dropped_at_close() {
+        let timer = Arc::new(Timer::default());
+        let now = Instant::now();
+        let (sender, fired) = mpsc::channel();
+        let call_sender = sender.clone();
+        assert!(timer.schedule_call(now + Duration::from_millis(5), Box::new(move || call_sender.send(0).unwrap())));
+        timer.schedule(now, release(1, now)).unwrap();
+        let never = sender.clone();
+        assert!(timer.schedule_call(now + Duration::from_secs(3600), Box::new(move || never.send(9).unwrap())));
+        assert_eq!(timer.len(), 1, "calls are not requests waiting for a retry");
+        let runner = timer.clone();
+        let thread = std::thread::spawn(move || runner.run(|operation| sender.send(token(&operation)).unwrap()));
+        let order: Vec<u64> = (0..2).map(|_| fired.recv_timeout(Duration::from_secs(20)).unwrap()).collect();
+        assert_eq!(order, [1, 0]);
+        assert!(timer.close().is_empty(), "the pending call is dropped, not given back");
+        thread.join().unwrap();
+        assert!(!timer.schedule_call(now, Box::new(|| {})), "refused once closed");
     }
 
     #[test]

@@ -2,15 +2,15 @@
 //!
 //! `ping`, `stats` and `inspect` look at the nodes; `acquire` and `release`
 //! hold a lock across commands of a script; `run` holds a lock while one
-//! command runs, as a cluster-wide `flock` for cron jobs: it extends the
-//! lease in the background, passes the fencing token to the command in
-//! `RINGLOCK_TOKEN`, releases when the command ends (however it ends) and
-//! exits with the command's status.
+//! command runs, as a cluster-wide `flock` for cron jobs: it auto-extends
+//! the lease, passes the fencing token to the command in `RINGLOCK_TOKEN`,
+//! stops the command if the lock is lost, releases when the command ends
+//! (however it ends) and exits with the command's status.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +24,11 @@ const EXIT_NOT_ACQUIRED: u8 = 75;
 const EXIT_NOT_HELD: u8 = 4;
 /// Exit status for an error of the tool itself (unreachable servers...).
 const EXIT_ERROR: u8 = 1;
+/// Exit status of `run` when the lock was lost while the command ran.
+const EXIT_LOST: u8 = 3;
+/// How long `run` lets the command end after SIGTERM, on a second SIGINT,
+/// before it sends SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -104,17 +109,29 @@ enum Action {
     },
     /// Release KEY's grant with TOKEN. Exits 4 if it was no longer held.
     Release { key: String, token: u64 },
-    /// Hold KEY while COMMAND runs: the lease is extended in the background,
-    /// COMMAND gets the fencing token in RINGLOCK_TOKEN (and the key in
-    /// RINGLOCK_KEY), the lock is released when it ends, and its exit status
-    /// is returned. Exits 75 without running COMMAND if the lock is not
-    /// granted within --wait.
+    /// Hold KEY while COMMAND runs: the lease is auto-extended every third
+    /// of it, COMMAND gets the fencing token in RINGLOCK_TOKEN (and the key
+    /// in RINGLOCK_KEY), the lock is released when it ends, and its exit
+    /// status is returned. Exits 75 without running COMMAND if the lock is
+    /// not granted within --wait.
+    ///
+    /// SIGINT, SIGTERM and SIGHUP are passed on to COMMAND, and the tool
+    /// waits for it to end. A second SIGINT (Ctrl+C again) during that wait
+    /// escalates: COMMAND gets SIGTERM at once and SIGKILL 1 s later if it
+    /// is still running.
+    ///
+    /// If the lock is lost while COMMAND runs (the server answers that the
+    /// token no longer holds the key, say after a server restart, or the
+    /// lease ran out with no extend confirmed), COMMAND gets SIGTERM and
+    /// the tool exits 3 once it has ended.
     Run {
         /// The key to hold, the same for every host that runs the job.
         #[arg(long)]
         key: String,
-        /// Lease in seconds; extended every third of it while COMMAND runs.
-        #[arg(long, value_parser = seconds)]
+        /// Lease in seconds; auto-extended every third of it while COMMAND
+        /// runs, so it only bounds how long the key stays held after this
+        /// host dies.
+        #[arg(long, value_parser = seconds, default_value = "30")]
         lease: Duration,
         /// Longest wait for the lock in seconds; 0 tries once. Default: no limit.
         #[arg(long, value_parser = seconds)]
@@ -268,11 +285,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     }
 }
 
+/// `--wait 0` tries once, as the client's `Some(Duration::ZERO)` does.
 fn acquire(client: &Client, key: &str, lease: Duration, wait: Option<Duration>) -> Result<Option<Lock>, Error> {
-    match wait {
-        Some(wait) if wait.is_zero() => client.try_acquire(key, lease),
-        wait => client.acquire(key, lease, wait),
-    }
+    client.acquire(key, lease, wait)
 }
 
 /// Runs `action` against each node on its own, so that every node answers
@@ -319,15 +334,22 @@ fn run_holding(
         }
     };
     let pid = child.id() as i32;
-    let done = Arc::new((Mutex::new(false), Condvar::new()));
-    let lost = AtomicBool::new(false);
+    let done = Mutex::new(false);
+    let lost = Arc::new(AtomicBool::new(false));
+    let (flag, key_text, program) = (lost.clone(), key.to_string(), command[0].clone());
+    // Runs on a client thread: quick, and it does not block.
+    lock.on_lost(move || {
+        eprintln!("ringlock-cli: lost the lock on {key_text} (not held any more, or its lease ran out unextended): stopping {program}");
+        flag.store(true, Ordering::SeqCst);
+        // SAFETY: signalling the command this process started.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    });
+    lock.auto_extend();
     std::thread::scope(|scope| {
-        scope.spawn(|| keep_extending(&lock, lease, &done, &lost, key, &command[0], pid));
         // Passes stop signals on to the command.
-        scope.spawn(|| forward_signals(&signals, pid, &done.0));
+        scope.spawn(|| forward_signals(&signals, pid, &done));
         let status = child.wait();
-        *done.0.lock().unwrap() = true;
-        done.1.notify_all();
+        *done.lock().unwrap() = true;
         // Wakes the signal thread, which checks `done` between waits.
         // SAFETY: sending a signal this process has blocked to itself.
         unsafe { libc::kill(std::process::id() as i32, libc::SIGUSR1) };
@@ -335,8 +357,9 @@ fn run_holding(
     })
     .map_err(|error| format!("cannot wait for {:?}: {error}", command[0]))
     .map(|status| {
-        release_after(lock, lost.load(Ordering::SeqCst), key, &command[0]);
-        exit_code_of(status)
+        let lost = lost.load(Ordering::SeqCst) || lock.is_lost();
+        release_after(lock, lost, key, &command[0]);
+        if lost { ExitCode::from(EXIT_LOST) } else { exit_code_of(status) }
     })
 }
 
@@ -356,46 +379,6 @@ fn spawn_command(command: &[String], key: &str, token: u64) -> std::io::Result<s
         });
     }
     builder.spawn()
-}
-
-/// Extends the lease every third of it until the command ends (`done`). A
-/// lease that could not be extended in time means the lock may be someone
-/// else's: the command is stopped, since it no longer holds it, and `lost` set.
-fn keep_extending(
-    lock: &Lock,
-    lease: Duration,
-    done: &(Mutex<bool>, Condvar),
-    lost: &AtomicBool,
-    key: &str,
-    program: &str,
-    pid: i32,
-) {
-    loop {
-        // Not locked while extending: with no usable connection the extend
-        // waits for one until the lease ends, and the command may end
-        // meanwhile.
-        if wait_for_end(done, lease / 3) {
-            return;
-        }
-        if let Err(error) = lock.extend(lease) {
-            eprintln!(
-                "ringlock-cli: cannot extend the lease of {key} ({error}); the lock may be lost: stopping {program}"
-            );
-            lost.store(true, Ordering::SeqCst);
-            // SAFETY: signalling the command this process started.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            return;
-        }
-    }
-}
-
-/// Waits up to `pause` for the command to end (`done`); true once it has.
-/// It may have ended while this thread was extending, when nobody waited for
-/// the wake-up, so `done` is checked before sleeping.
-fn wait_for_end(done: &(Mutex<bool>, Condvar), pause: Duration) -> bool {
-    let (finished, wake) = done;
-    let (guard, _) = wake.wait_timeout_while(finished.lock().unwrap(), pause, |finished| !*finished).unwrap();
-    *guard
 }
 
 /// Releases the lock once the command ended, and says so if it was lost
@@ -438,17 +421,53 @@ fn block_stop_signals() -> libc::sigset_t {
 }
 
 /// Sends each stop signal this process receives to the command, until it
-/// has ended (SIGUSR1 from the main thread says so).
+/// has ended (SIGUSR1 from the main thread says so). A second SIGINT
+/// escalates: SIGTERM now, SIGKILL after [`KILL_GRACE`].
 fn forward_signals(signals: &libc::sigset_t, pid: i32, done: &Mutex<bool>) {
+    let mut interrupts = 0;
+    let mut kill_at: Option<std::time::Instant> = None;
     loop {
-        let mut signal: libc::c_int = 0;
-        // SAFETY: waiting for signals this process has blocked.
-        if unsafe { libc::sigwait(signals, &mut signal) } != 0 || *done.lock().unwrap() {
+        let signal = match kill_at {
+            None => {
+                let mut signal: libc::c_int = 0;
+                // SAFETY: waiting for signals this process has blocked.
+                if unsafe { libc::sigwait(signals, &mut signal) } != 0 {
+                    return;
+                }
+                Some(signal)
+            }
+            Some(at) => {
+                let left = at.saturating_duration_since(std::time::Instant::now());
+                let timeout =
+                    libc::timespec { tv_sec: left.as_secs() as libc::time_t, tv_nsec: left.subsec_nanos().into() };
+                // SAFETY: waiting for signals this process has blocked, with a timeout.
+                let signal = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &timeout) };
+                (signal > 0).then_some(signal)
+            }
+        };
+        if *done.lock().unwrap() {
             return;
         }
-        if signal != libc::SIGUSR1 {
-            // SAFETY: signalling the command this process started.
-            unsafe { libc::kill(pid, signal) };
+        match signal {
+            None if kill_at.is_some_and(|at| std::time::Instant::now() < at) => {}
+            None => {
+                // The grace ran out and the command still runs.
+                // SAFETY: signalling the command this process started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                kill_at = None;
+            }
+            Some(libc::SIGUSR1) => {}
+            Some(libc::SIGINT) if interrupts >= 1 => {
+                eprintln!("ringlock-cli: second interrupt: SIGTERM now, SIGKILL in {} s", KILL_GRACE.as_secs());
+                // SAFETY: signalling the command this process started.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+                kill_at.get_or_insert_with(|| std::time::Instant::now() + KILL_GRACE);
+            }
+            Some(signal) => {
+                interrupts += usize::from(signal == libc::SIGINT);
+                // SAFETY: signalling the command this process started.
+                unsafe { libc::kill(pid, signal) };
+            }
         }
     }
 }
@@ -514,19 +533,6 @@ mod tests {
         let expected = "{\n  \"role\": \"active\",\n  \"keys\": [],\n  \"hot\": {\n    \"waits\": [\n      {\n        \
                         \"key\": \"a,{b}\\\"\",\n        \"count\": 2\n      }\n    ]\n  }\n}";
         assert_eq!(indent_json(json), expected);
-    }
-
-    #[test]
-    fn an_end_signalled_while_nobody_waited_is_not_missed() {
-        let done = Arc::new((Mutex::new(false), Condvar::new()));
-        // The command ends while the extending thread is extending: its
-        // wake-up finds nobody waiting.
-        *done.0.lock().unwrap() = true;
-        done.1.notify_all();
-        let (sender, receiver) = std::sync::mpsc::channel();
-        let waiter = done.clone();
-        std::thread::spawn(move || sender.send(wait_for_end(&waiter, Duration::from_secs(3600))));
-        assert_eq!(receiver.recv_timeout(Duration::from_secs(60)), Ok(true), "the end was seen at once");
     }
 
     #[test]
