@@ -17,6 +17,12 @@ package ringlock
 //     can block on the socket, and only while the kernel's send buffer is
 //     full (a server that stopped reading).
 //
+// A third goroutine, while a socket is up, watches it for silence (see
+// watch): a connection with requests in flight that reads nothing for
+// suspectAfter is sent P, and cut if nothing comes for pingTimeout after,
+// so that a host that vanished or a partition ends or moves its requests
+// within their limits rather than when the link comes back.
+//
 // A request is recorded in the pairing table and appended to the output
 // buffer under the same lock, so the table's order for an (op, key) is the
 // order the lines go out on the wire.
@@ -25,9 +31,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -125,6 +133,10 @@ type connection struct {
 	// alone uses them.
 	replied   bool
 	readError error
+	// reads counts the reads that returned bytes, for watch; silenced is
+	// set by watch when it cuts the socket for its silence, and says why.
+	reads    atomic.Uint64
+	silenced atomic.Pointer[error]
 }
 
 // lastFailure is how the last connect failed or the last socket broke, and
@@ -254,7 +266,67 @@ func (c *connection) takeDown() []*operation {
 		c.writerWoken = true
 		c.wakeWriter()
 	}
-	return c.inFlight.drain()
+	operations := c.inFlight.drain()
+	// The connection's own pings go nowhere else.
+	kept := operations[:0]
+	for _, o := range operations {
+		if !o.probe {
+			kept = append(kept, o)
+		}
+	}
+	return kept
+}
+
+// watch checks the socket conn every tick until stop closes: once requests
+// are in flight and nothing was read for suspectAfter, it sends P; if
+// nothing is read for pingTimeout after that, it closes the socket, which
+// the reader then handles as any broken connection. It counts reads rather
+// than timing them, so reading costs no clock call.
+func (c *connection) watch(conn net.Conn, stop <-chan struct{}, finished chan<- struct{}) {
+	defer c.router.goroutines.Done()
+	defer close(finished)
+	o := &c.router.options
+	ticker := time.NewTicker(max(min(o.suspectAfter, o.pingTimeout)/4, time.Millisecond))
+	defer ticker.Stop()
+	quietSince := time.Now()
+	reads := c.reads.Load()
+	busy := false
+	var pingedAt time.Time
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-ticker.C:
+			if n := c.reads.Load(); n != reads {
+				reads, quietSince, pingedAt = n, now, time.Time{}
+			}
+			c.mu.Lock()
+			inFlight := c.inFlight.len()
+			c.mu.Unlock()
+			if inFlight == 0 {
+				busy, pingedAt = false, time.Time{}
+				continue
+			}
+			if !busy {
+				// Silence counts from when requests went out, at the
+				// earliest.
+				busy, quietSince = true, now
+			}
+			switch {
+			case !pingedAt.IsZero() && now.Sub(pingedAt) >= o.pingTimeout:
+				err := fmt.Errorf("no answer for %v, not even to a ping: %w",
+					now.Sub(quietSince).Round(time.Millisecond), os.ErrDeadlineExceeded)
+				c.silenced.Store(&err)
+				conn.Close()
+				return
+			case pingedAt.IsZero() && now.Sub(quietSince) >= o.suspectAfter:
+				pingedAt = now
+				probe := c.router.newOperation(kindPing, "", false)
+				probe.probe = true
+				c.trySend(probe, now, o.maxInFlight)
+			}
+		}
+	}
 }
 
 // close starts closing: the writer flushes what is queued and half-closes
@@ -410,8 +482,16 @@ func (c *connection) runReader() {
 			r.connectionUp()
 			opened := time.Now()
 			c.replied, c.readError = false, nil
+			stop, finished := make(chan struct{}), make(chan struct{})
+			r.goroutines.Add(1)
+			go c.watch(conn, stop, finished)
 			cause := c.readReplies(conn)
+			close(stop)
+			<-finished
 			conn.Close()
+			if silence := c.silenced.Swap(nil); silence != nil {
+				c.readError = *silence
+			}
 			if c.readError != nil && r.options.tls != nil {
 				c.readError = tlsReadFailure(c.address, c.readError)
 			}
@@ -517,6 +597,9 @@ func (c *connection) readReplies(conn net.Conn) error {
 	var parsed reply
 	for {
 		read, err := conn.Read(buffer[filled:])
+		if read > 0 {
+			c.reads.Add(1)
+		}
 		if read == 0 && err != nil {
 			if err != io.EOF {
 				c.readError = err

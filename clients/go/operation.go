@@ -145,6 +145,9 @@ type operation struct {
 	// carries (TryAcquire): it waits for a connection as long as one with
 	// no wait limit.
 	tryOnce bool
+	// probe marks a connection's own P (see connection.watch): nobody
+	// waits for it, and it is never sent elsewhere.
+	probe bool
 	// connectionDeadline is the last instant the caller lets the request
 	// wait for a usable connection, when the caller sets one (an extend:
 	// the end of its lease). Zero: the limit its kind implies.

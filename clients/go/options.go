@@ -25,6 +25,8 @@ const (
 	tryAcquireWaitDefault    = time.Millisecond
 	redirectLimitDefault     = 16
 	maxInFlightDefault       = 65536
+	suspectAfterDefault      = time.Second
+	pingTimeoutDefault       = time.Second
 	retryIntervalShortest    = time.Millisecond
 	connectTimeoutShortest   = time.Millisecond
 	reconnectDelayShortest   = time.Millisecond
@@ -62,6 +64,11 @@ type options struct {
 	tryAcquireWait        time.Duration
 	redirectLimit         int
 	maxInFlight           int
+	// suspectAfter and pingTimeout: a connection with requests in flight
+	// that read nothing for suspectAfter is sent P, and cut if it reads
+	// nothing for pingTimeout after (see connection.watch).
+	suspectAfter time.Duration
+	pingTimeout  time.Duration
 	// secret is sent as U on every connection first; nil for none.
 	secret secret
 	// secretSet tells Dial not to read SecretEnv.
@@ -89,6 +96,8 @@ func defaultOptions() options {
 		tryAcquireWait:       tryAcquireWaitDefault,
 		redirectLimit:        redirectLimitDefault,
 		maxInFlight:          maxInFlightDefault,
+		suspectAfter:         suspectAfterDefault,
+		pingTimeout:          pingTimeoutDefault,
 		dial:                 dialTCP,
 	}
 }
@@ -114,6 +123,10 @@ func (o *options) validate() error {
 		return &ArgumentError{Arg: "WithRedirectLimit", Reason: "at least 0"}
 	case o.maxInFlight < 1:
 		return &ArgumentError{Arg: "WithMaxInFlight", Reason: "at least 1"}
+	case o.suspectAfter < time.Millisecond:
+		return &ArgumentError{Arg: "WithSuspectAfter", Reason: "at least 1ms"}
+	case o.pingTimeout < time.Millisecond:
+		return &ArgumentError{Arg: "WithPingTimeout", Reason: "at least 1ms"}
 	case o.secret != nil && (o.secret() == "" || len(o.secret()) > secretLenMax ||
 		strings.ContainsAny(o.secret(), " \t\r\n\x00")):
 		return &ArgumentError{Arg: "WithSecret",
@@ -165,6 +178,27 @@ func WithReconnectDelayMax(d time.Duration) Option {
 // wait, an Extend the lease it has left, a Release its retry period.
 func WithConnectLimit(d time.Duration) Option {
 	return func(o *options) { o.connectLimit = d }
+}
+
+// WithSuspectAfter sets how long a connection with requests in flight may
+// read nothing before it is suspected and sent a P. Default: 1s.
+//
+// With WithPingTimeout it bounds what a host that vanished or a partition
+// (no reset, no close) costs a request: the connection is cut, as a broken
+// one, about suspectAfter + pingTimeout after it went silent (plus up to
+// three checks, each a quarter of the shorter of the two), and its
+// requests move to another connection or wait for one within their own
+// limits, rather than until the link comes back. Sockets also use TCP
+// keepalive and, on Linux, TCP_USER_TIMEOUT of suspectAfter + pingTimeout.
+func WithSuspectAfter(d time.Duration) Option {
+	return func(o *options) { o.suspectAfter = d }
+}
+
+// WithPingTimeout sets how long a suspected connection (see
+// WithSuspectAfter) may go on reading nothing after its P before it is cut.
+// Default: 1s.
+func WithPingTimeout(d time.Duration) Option {
+	return func(o *options) { o.pingTimeout = d }
 }
 
 // WithReleaseRetry sets how a release that found no usable connection is

@@ -57,6 +57,8 @@ func TestDefaultsTableMatchesTheClient(t *testing.T) {
 		"try-once wait":                     defaults.tryAcquireWait,
 		"redirect limit":                    time.Duration(defaults.redirectLimit),
 		"requests in flight per connection": time.Duration(defaults.maxInFlight),
+		"silence before a ping":             defaults.suspectAfter,
+		"ping answer limit":                 defaults.pingTimeout,
 		"auto-extend period":                autoExtendDivisor,
 	}
 	seen := 0

@@ -109,6 +109,9 @@ func (r *router) withNode(t *topology, address string) *topology {
 func (r *router) dial(ctx context.Context, address string) (net.Conn, error) {
 	deadline := time.Now().Add(r.options.connectTimeout)
 	conn, err := r.options.dial(ctx, address, r.options.connectTimeout)
+	if err == nil {
+		tuneSocket(conn, r.options.suspectAfter+r.options.pingTimeout)
+	}
 	if err != nil || r.options.tls == nil {
 		return conn, err
 	}

@@ -155,6 +155,22 @@ impl Kit {
                 proxy.set_reordering(on_off(next("on or off")?)?);
                 Ok(String::new())
             }
+            "blackhole" => {
+                let proxy = self.proxy(next("an id")?)?;
+                let on = on_off(next("on or off")?)?;
+                match (on, fields.next().map(number).transpose()?) {
+                    (true, None) => proxy.blackhole(),
+                    (true, Some(connection)) => proxy.blackhole_one(connection),
+                    (false, None) => proxy.lift_blackhole(),
+                    (false, Some(connection)) => proxy.lift_blackhole_one(connection),
+                }
+                Ok(String::new())
+            }
+            "blackholed" => {
+                let ids = self.proxy(next("an id")?)?.blackholed_ids();
+                let listed: Vec<String> = ids.iter().map(ToString::to_string).collect();
+                Ok(format!("{} {}", ids.len(), listed.join(" ")).trim_end().to_string())
+            }
             "close" => {
                 let id = number(next("an id")?)? as u32;
                 self.items.lock().unwrap().remove(&id).map(|_| String::new()).ok_or_else(|| format!("no item {id}"))

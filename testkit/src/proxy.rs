@@ -1,8 +1,10 @@
 //! A TCP proxy for client tests: it listens on a loopback port, forwards
 //! every connection to a target, and on command cuts connections, stalls
-//! them (holds the bytes it reads instead of forwarding them), refuses new
-//! ones (accepts and closes them at once), delays replies, or sends reply
-//! lines in reverse order.
+//! them (holds the bytes it reads instead of forwarding them), black-holes
+//! them (reads and drops every byte, answering nothing, as a vanished host
+//! or a partition looks from the client), refuses new ones (accepts and
+//! closes them at once), delays replies, or sends reply lines in reverse
+//! order.
 //!
 //! It records every byte each connection sent towards the server, so a test
 //! can wait for a request to be in flight on a connection (an event) rather
@@ -40,6 +42,9 @@ struct Link {
     /// Bytes read while the direction was stalled, by direction.
     held: [Mutex<Vec<u8>>; 2],
     open: AtomicBool,
+    /// Its bytes are dropped in both directions (the connection alone, or
+    /// because it was open or accepted while the whole proxy was).
+    blackholed: AtomicBool,
 }
 
 impl Link {
@@ -73,6 +78,8 @@ struct Shared {
     delay_ms: AtomicU64,
     /// Reply lines are sent in reverse order, a quiet moment's worth at a time.
     reordering: AtomicBool,
+    /// Every connection, open or new, is black-holed.
+    blackhole: AtomicBool,
     links: Mutex<Vec<Arc<Link>>>,
     /// Signalled on every change a test may wait for.
     changed: Condvar,
@@ -124,6 +131,7 @@ impl Proxy {
             stalled: [AtomicBool::new(false), AtomicBool::new(false)],
             delay_ms: AtomicU64::new(0),
             reordering: AtomicBool::new(false),
+            blackhole: AtomicBool::new(false),
             links: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             accepted: AtomicUsize::new(0),
@@ -276,6 +284,51 @@ impl Proxy {
         }
     }
 
+    /// Black-holes every connection, open ones and those accepted from now
+    /// on: the proxy goes on accepting connections and reading their bytes,
+    /// and drops them in both directions, answering nothing, with neither a
+    /// reset nor a close: what a client sees of a host that vanished or of a
+    /// partition. Ended by [`lift_blackhole`](Self::lift_blackhole).
+    pub fn blackhole(&self) {
+        self.shared.blackhole.store(true, Ordering::SeqCst);
+        self.shared.links().iter().for_each(|link| link.blackholed.store(true, Ordering::SeqCst));
+    }
+
+    /// Black-holes connection `id` alone, as [`blackhole`](Self::blackhole).
+    pub fn blackhole_one(&self, id: usize) {
+        let links = self.shared.links();
+        links.iter().filter(|link| link.id == id).for_each(|link| link.blackholed.store(true, Ordering::SeqCst));
+    }
+
+    /// Ends the black hole: new connections are forwarded again, and every
+    /// black-holed connection is cut, as the host that came back no longer
+    /// knows them (the bytes dropped meanwhile left them unusable anyway).
+    pub fn lift_blackhole(&self) {
+        self.shared.blackhole.store(false, Ordering::SeqCst);
+        let links = self.shared.links();
+        links.iter().filter(|link| link.blackholed.load(Ordering::SeqCst)).for_each(|link| link.cut());
+        drop(links);
+        self.shared.notify();
+    }
+
+    /// Ends the black hole of connection `id` alone: it is cut.
+    pub fn lift_blackhole_one(&self, id: usize) {
+        let links = self.shared.links();
+        links.iter().filter(|link| link.id == id && link.blackholed.load(Ordering::SeqCst)).for_each(|link| link.cut());
+        drop(links);
+        self.shared.notify();
+    }
+
+    /// Ids of the black-holed connections still open, oldest first.
+    pub fn blackholed_ids(&self) -> Vec<usize> {
+        let links = self.shared.links();
+        links
+            .iter()
+            .filter(|link| link.open.load(Ordering::SeqCst) && link.blackholed.load(Ordering::SeqCst))
+            .map(|link| link.id)
+            .collect()
+    }
+
     /// Accepts new connections and closes them at once while `refusing`.
     pub fn set_refusing(&self, refusing: bool) {
         self.shared.refusing.store(refusing, Ordering::SeqCst);
@@ -333,6 +386,7 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
             upstream: Mutex::new(Vec::new()),
             held: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
             open: AtomicBool::new(true),
+            blackholed: AtomicBool::new(shared.blackhole.load(Ordering::SeqCst)),
         });
         next_id += 1;
         shared.links().push(link.clone());
@@ -372,7 +426,13 @@ fn forward(link: &Link, direction: Direction, shared: &Shared) {
         let bytes = &buffer[..read];
         if direction == Direction::Up {
             link.upstream.lock().unwrap().extend_from_slice(bytes);
-        } else {
+        }
+        if link.blackholed.load(Ordering::SeqCst) {
+            // Read and dropped: nothing goes on, nothing comes back.
+            shared.notify();
+            continue;
+        }
+        if direction == Direction::Down {
             let delay_ms = shared.delay_ms.load(Ordering::SeqCst);
             if delay_ms > 0 {
                 thread::sleep(Duration::from_millis(delay_ms));

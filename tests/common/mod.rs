@@ -2,8 +2,8 @@
 //! talk raw protocol lines to it.
 #![allow(dead_code)]
 
-pub mod netns;
 pub mod certs;
+pub mod netns;
 pub mod peer;
 
 use std::io::{BufRead, BufReader, Read, Write};

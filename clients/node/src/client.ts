@@ -52,6 +52,16 @@ export interface ClientOptions {
   reconnectDelayMax?: number;
   /** Connections per address (default 2 with one address, else 1). */
   connectionsPerNode?: number;
+  /** How long a connection with requests in flight may read nothing before
+   * it is sent a `P`, in seconds (default 1). With pingTimeout it bounds what
+   * a host that vanished or a partition (no reset, no close) costs a request:
+   * the connection is cut, as a broken one, about suspectAfter + pingTimeout
+   * after it went silent, and its requests move on or wait for a connection
+   * within their own limits. */
+  suspectAfter?: number;
+  /** How long a suspected connection may go on reading nothing after its `P`
+   * before it is cut, in seconds (default 1). */
+  pingTimeout?: number;
   /** The CA certificate(s) (PEM) the servers' certificates must chain to;
    * setting it (or tlsCert) turns TLS on. */
   tlsCa?: string | Buffer;
@@ -100,6 +110,8 @@ const RELEASE_RETRY_MS = 5000;
 const NO_ACTIVE_RETRY_MS = 5000;
 const REDIRECT_MAX = 16;
 const LIMIT_GRACE_MS = 1000;
+/** TCP keepalive: probes start after this long without traffic. */
+const KEEPALIVE_IDLE_MS = 5000;
 
 type Op = "A" | "R" | "X" | "I" | "P" | "S";
 
@@ -200,6 +212,13 @@ class Connection {
   private reconnectTimer: NodeJS.Timeout | null = null;
   private outgoing: Buffer[] = [];
   private flushScheduled = false;
+  /** The silence check (see tick): when the socket last read anything, when
+   * requests last went in flight on an idle connection, when the pending
+   * ping went out (null: none). */
+  private lastRead = 0;
+  private busySince = 0;
+  private pingedAt: number | null = null;
+  private ticker: NodeJS.Timeout | null = null;
 
   constructor(
     private readonly client: Client,
@@ -238,6 +257,8 @@ class Connection {
     }
     this.socket = socket;
     socket.setNoDelay(true);
+    // Node has no TCP_USER_TIMEOUT; the silence check covers what it would.
+    socket.setKeepAlive(true, KEEPALIVE_IDLE_MS);
     this.refresh();
     socket.on("data", (chunk: Buffer) => this.received(socket, chunk));
     socket.on("error", (error: NodeJS.ErrnoException) => {
@@ -261,13 +282,77 @@ class Connection {
   private ready(): void {
     this.state = "ready";
     this.node.failure = null;
+    const now = performance.now();
+    this.lastRead = now;
+    this.busySince = now;
+    this.pingedAt = null;
+    if (this.ticker === null) {
+      const settings = this.client.settings;
+      this.ticker = setInterval(() => this.tick(), Math.min(settings.suspectAfterMs, settings.pingTimeoutMs) / 4);
+      this.ticker.unref();
+    }
     this.client.connectionReady();
+  }
+
+  /** The periodic silence check: once requests are in flight and nothing was
+   * read for suspectAfter, sends `P`; if nothing is read for pingTimeout
+   * after that, cuts the socket, whose requests then move on or wait as for
+   * any broken connection. */
+  private tick(): void {
+    const socket = this.socket;
+    if (socket === null || this.state !== "ready") {
+      this.stopTicking();
+      return;
+    }
+    const now = performance.now();
+    const settings = this.client.settings;
+    // A TLS connection that has answered nothing since its connect is left
+    // to armLimit, which ends its requests at their limits: a ping written
+    // to a connection the server is refusing (no client certificate) can
+    // draw a reset that drops the server's alert, and with it the reason.
+    if (this.pairing.size === 0 || (!this.answered && this.client.settings.tls)) {
+      this.pingedAt = null;
+      return;
+    }
+    if (this.pingedAt !== null) {
+      if (this.lastRead >= this.pingedAt) {
+        this.pingedAt = null;
+      } else if (now - this.pingedAt >= settings.pingTimeoutMs) {
+        const quiet = (now - Math.max(this.lastRead, this.busySince)) / 1000;
+        this.error = {
+          address: this.node.address,
+          kind: "connect",
+          code: "ETIMEDOUT",
+          reason: `no answer for ${quiet.toFixed(1)} s, not even to a ping`,
+        };
+        socket.destroy();
+        return;
+      } else {
+        return;
+      }
+    }
+    if (now - Math.max(this.lastRead, this.busySince) >= settings.suspectAfterMs) {
+      this.pingedAt = now;
+      // Nobody waits for it (done from the start): its reply is only a sign
+      // of life, and a cut does not move it elsewhere.
+      const probe = new Request("P", null, () => encode.ping(), null, () => {}, () => {});
+      probe.done = true;
+      this.send(probe, encode.ping());
+    }
+  }
+
+  private stopTicking(): void {
+    if (this.ticker !== null) {
+      clearInterval(this.ticker);
+      this.ticker = null;
+    }
   }
 
   /** Sends a request on this connection. */
   send(request: Request, line: Buffer): void {
     request.conn = this;
     request.sentAt = performance.now();
+    if (this.pairing.size === 0) this.busySince = request.sentAt;
     this.pairing.add(request.slot, request);
     this.outgoing.push(line);
     if (!this.flushScheduled) {
@@ -300,6 +385,7 @@ class Connection {
 
   private received(socket: net.Socket, chunk: Buffer): void {
     if (this.socket !== socket) return;
+    this.lastRead = performance.now();
     let lines: Buffer[];
     try {
       lines = this.splitter.push(chunk);
@@ -358,6 +444,7 @@ class Connection {
   private closed(socket: net.Socket): void {
     if (this.socket !== socket) return;
     this.socket = null;
+    this.stopTicking();
     this.outgoing = [];
     const wasOpen = this.openedAt > 0 && this.state !== "connecting";
     const failure = this.error ?? {
@@ -391,6 +478,7 @@ class Connection {
 
   close(): void {
     this.state = "closed";
+    this.stopTicking();
     if (this.reconnectTimer !== null) clearTimeout(this.reconnectTimer);
     const socket = this.socket;
     this.socket = null;
@@ -408,6 +496,8 @@ interface Settings {
   delayFirstMs: number;
   delayMaxMs: number;
   perNode: number;
+  suspectAfterMs: number;
+  pingTimeoutMs: number;
   tls: boolean;
   tlsCa?: string | Buffer;
   tlsCert?: string | Buffer;
@@ -421,6 +511,12 @@ function seconds(value: unknown, name: string, fallback: number): number {
     throw new InvalidArgumentError(name, `${name} must be a number of seconds >= 0`);
   }
   return value * 1000;
+}
+
+function positive(value: unknown, name: string, fallback: number): number {
+  const ms = seconds(value, name, fallback);
+  if (ms < 1) throw new InvalidArgumentError(name, `${name} must be at least 0.001 seconds`);
+  return ms;
 }
 
 /**
@@ -471,6 +567,8 @@ export class Client {
       delayFirstMs,
       delayMaxMs,
       perNode,
+      suspectAfterMs: positive(options.suspectAfter, "suspectAfter", 1),
+      pingTimeoutMs: positive(options.pingTimeout, "pingTimeout", 1),
       tls: options.tlsCa !== undefined || options.tlsCert !== undefined,
       tlsCa: options.tlsCa,
       tlsCert: options.tlsCert,

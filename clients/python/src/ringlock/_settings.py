@@ -59,7 +59,9 @@ class Settings:
     The defaults are those of docs/protocol.md §4: two connections when given one address (one
     per address otherwise), reconnection at once then after doubling pauses
     from 50 ms up to 3 s, a connect limit of 10 s for requests with no limit
-    of their own, releases retried every 200 ms for 5 s.
+    of their own, releases retried every 200 ms for 5 s, a connection with
+    requests in flight pinged after 1 s of silence and cut if the ping is
+    not answered within 1 s.
     """
 
     addresses: list[str]
@@ -74,6 +76,8 @@ class Settings:
     in_flight_per_connection_max: int
     secret: Secret | None = None
     tls: TlsSettings | None = None
+    suspect_after: float = 1.0
+    ping_timeout: float = 1.0
 
     @staticmethod
     def build(
@@ -93,6 +97,8 @@ class Settings:
         tls_key: str | None = None,
         tls_server_name: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        suspect_after: float = 1.0,
+        ping_timeout: float = 1.0,
     ) -> Settings:
         checked = check_addresses(addresses)
         if connections_per_node is None:
@@ -103,6 +109,8 @@ class Settings:
             ("reconnect_delay_first", reconnect_delay_first),
             ("connect_timeout", connect_timeout),
             ("release_retry_interval", release_retry_interval),
+            ("suspect_after", suspect_after),
+            ("ping_timeout", ping_timeout),
         ):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0 seconds")
@@ -129,6 +137,8 @@ class Settings:
             in_flight_per_connection_max,
             secret_setting(secret),
             tls_settings(tls_ca, tls_cert, tls_key, tls_server_name, ssl_context),
+            suspect_after,
+            ping_timeout,
         )
 
     @property

@@ -9,7 +9,10 @@ switch on the way out; the table's order for an (op, key) is then the
 wire's order. Only what the socket did not take at once goes to the
 connection's **writer** thread, which sends it in order (a stalled server
 cannot block a caller). One **timer** thread runs retries and lock
-extensions.
+extensions, and every connection's silence check (``_liveness``): a
+connection with requests in flight that has read nothing for
+``suspect_after`` is sent ``P``, and cut if nothing comes for
+``ping_timeout`` after.
 
 With TLS, the reader does the handshake right after the connect, and the
 connection's :class:`~ringlock._tls.TlsSession` sits between the socket and
@@ -30,6 +33,7 @@ import time
 from collections.abc import Callable
 
 from ._backoff import reconnect_delay
+from ._liveness import CUT, PROBE, SEND_PING, Liveness, probe, tune_socket
 from ._operation import CUT_IO, Operation, cut_protocol
 from ._pairing import Pairing
 from ._protocol import AUTH_REFUSED_CODES, REPLY_LINE_LEN_MAX, auth_answer, auth_line, split_reply
@@ -62,8 +66,12 @@ class ThreadRuntime:
         in_flight_max: int,
         secret: bytes | None = None,
         tls: TlsSettings | None = None,
+        suspect_after: float = 1.0,
+        ping_timeout: float = 1.0,
     ) -> None:
         self.connect_timeout = connect_timeout
+        self.suspect_after = suspect_after
+        self.ping_timeout = ping_timeout
         self.secret = secret
         self.tls = tls
         self.reconnect_delay_first = reconnect_delay_first
@@ -163,6 +171,8 @@ class ThreadConnection:
         # Set by the reader while it reads one socket.
         self._replied = False
         self._read_error: OSError | None = None
+        self._liveness = Liveness(runtime.suspect_after, runtime.ping_timeout)
+        self._ticking = False
         self._reader = threading.Thread(target=self._run_reader, name=f"ringlock-read {address}", daemon=True)
         self._writer = threading.Thread(target=self._run_writer, name=f"ringlock-write {address}", daemon=True)
 
@@ -188,6 +198,8 @@ class ThreadConnection:
                 return REFUSED_UNUSABLE
             if len(self._pairing) >= self._runtime.in_flight_max:
                 return REFUSED_FULL
+            if not self._pairing:
+                self._liveness.busy_since = now
             self._pairing.push(operation.op, operation.key, operation)
             sock = self._sock
             if sock is None or self._writing:
@@ -268,9 +280,35 @@ class ThreadConnection:
                 self._phase = _UP
             self._sock = sock
             self._tls = tls
+            self._liveness.reset(time.monotonic())
             # Requests queued while the first connect was under way go out now.
             self._writer_wake.notify()
-            return True
+            start_ticking = not self._ticking
+            self._ticking = True
+        if start_ticking:
+            self._runtime.call_at(time.monotonic() + self._liveness.tick, self._tick)
+        return True
+
+    def _tick(self) -> None:
+        """The periodic silence check (see ``_liveness``): pings a
+        connection whose replies are overdue, cuts one whose ping went
+        unanswered; its reader then hands its requests back."""
+        now = time.monotonic()
+        with self._mutex:
+            if self._phase == _CLOSED:
+                self._ticking = False
+                return
+            sock = self._sock
+            action = self._liveness.check(now, bool(self._pairing)) if sock is not None else 0
+            if action == CUT:
+                self._read_error = self._liveness.silence(now)
+        if sock is not None and action == SEND_PING:
+            self.try_send(probe(now, self._router.policy), now)
+        elif sock is not None and action == CUT:
+            _shutdown(sock, socket.SHUT_RDWR)
+        if not self._runtime.call_at(now + self._liveness.tick, self._tick):
+            with self._mutex:
+                self._ticking = False
 
     def _queued(self) -> bool:
         """Whether requests wait for a socket (only during the first connect)."""
@@ -289,7 +327,8 @@ class ThreadConnection:
             self._writing = False
             # A closing writer waiting for the first connect's outcome may go.
             self._writer_wake.notify()
-            return self._pairing.drain()
+            # The connection's own pings go nowhere else.
+            return [operation for operation in self._pairing.drain() if operation.waiter is not PROBE]
 
     def _run_reader(self) -> None:
         router = self._router
@@ -309,6 +348,7 @@ class ThreadConnection:
                     router.cut(self._take_down(), CUT_IO, False)
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    tune_socket(sock, runtime.suspect_after, runtime.ping_timeout)
                     tls, carried, refused = self._open(sock, started)
                     if refused is not None:
                         # A failed handshake or a refused secret fails the
@@ -332,7 +372,8 @@ class ThreadConnection:
                     router.connection_up()
                     opened = time.monotonic()
                     self._replied = False
-                    self._read_error = None
+                    with self._mutex:
+                        self._read_error = None
                     error = self._read(sock, tls, carried)
                     _shutdown(sock, socket.SHUT_RDWR)
                     self.last_failure = (time.monotonic(), _ended(self.address, error, self._read_error))
@@ -437,14 +478,17 @@ class ThreadConnection:
         policy = router.policy
         mutex = self._mutex
         take = self._pairing.take
+        liveness = self._liveness
         while True:
             try:
                 data = sock.recv(_READ_BYTES)
             except OSError as failure:
-                self._read_error = failure
+                if self._read_error is None:
+                    self._read_error = failure
                 return CUT_IO
             if not data:
                 return CUT_IO
+            liveness.last_read = time.monotonic()
             if tls is not None:
                 try:
                     with mutex:

@@ -34,6 +34,7 @@ from typing import Any
 
 from ._backoff import reconnect_delay
 from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
+from ._liveness import CUT, PROBE, SEND_PING, Liveness, probe, tune_socket
 from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation, cut_protocol
 from ._pairing import Pairing
 from ._protocol import (
@@ -167,6 +168,9 @@ class _Connection(asyncio.Protocol):
         # A closing TLS connection, whose transport cannot half-close,
         # closes once every request in flight is answered.
         self._close_when_answered = False
+        # The silence check (see _liveness), on one periodic tick while up.
+        self._liveness = Liveness(runtime.settings.suspect_after, runtime.settings.ping_timeout)
+        self._tick_handle: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = self._loop.create_task(self._run())
 
     @property
@@ -179,6 +183,8 @@ class _Connection(asyncio.Protocol):
             return REFUSED_UNUSABLE
         if len(self._pairing) >= self._runtime.settings.in_flight_per_connection_max:
             return REFUSED_FULL
+        if not self._pairing:
+            self._liveness.busy_since = now
         self._pairing.push(operation.op, operation.key, operation)
         self._out.append(operation.encode(now))
         # Everything queued in this pass of the loop goes out in one write.
@@ -221,7 +227,29 @@ class _Connection(asyncio.Protocol):
         self._out.clear()
         self._pending = b""
         self._close_when_answered = False
-        return self._pairing.drain()
+        # The connection's own pings go nowhere else.
+        return [operation for operation in self._pairing.drain() if operation.waiter is not PROBE]
+
+    def _watch(self) -> None:
+        """A socket became the connection's: its silence check starts."""
+        self._liveness.reset(time.monotonic())
+        if self._tick_handle is None:
+            self._tick_handle = self._loop.call_later(self._liveness.tick, self._tick)
+
+    def _tick(self) -> None:
+        """Pings the connection if its replies are overdue, cuts it if its
+        ping went unanswered; runs while a socket is up."""
+        self._tick_handle = None
+        if self._transport is None or self._phase != _UP:
+            return
+        now = time.monotonic()
+        action = self._liveness.check(now, bool(self._pairing))
+        if action == SEND_PING:
+            self.try_send(probe(now, self._router.policy), now)
+        elif action == CUT:
+            self._lost_error = self._liveness.silence(now)
+            return self._stop(CUT_IO)
+        self._tick_handle = self._loop.call_later(self._liveness.tick, self._tick)
 
     async def _run(self) -> None:
         router = self._router
@@ -326,6 +354,7 @@ class _Connection(asyncio.Protocol):
                     return None
                 self._phase = _UP
                 self._transport = transport
+                self._watch()
                 self._flush()
                 return None
             if code in AUTH_REFUSED_CODES:
@@ -352,6 +381,10 @@ class _Connection(asyncio.Protocol):
         if self._phase == _CLOSED and not self._out:
             transport.abort()
             return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            settings = self._runtime.settings
+            tune_socket(sock, settings.suspect_after, settings.ping_timeout)
         secret = self._runtime.settings.secret
         if secret is not None:
             # Requests wait until the server has answered U (_authenticate).
@@ -368,6 +401,7 @@ class _Connection(asyncio.Protocol):
             return
         self._phase = _UP
         self._transport = transport
+        self._watch()
         # Requests queued while connecting go out now.
         self._flush()
 
@@ -386,6 +420,7 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        self._liveness.last_read = time.monotonic()
         if self._pending:
             data = self._pending + data
         if self._handshake is not None:
@@ -480,6 +515,8 @@ class Client(ClientBase):
         tls_key: str | None = None,
         tls_server_name: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        suspect_after: float = 1.0,
+        ping_timeout: float = 1.0,
     ) -> None:
         self.settings = Settings.build(
             addresses,
@@ -498,6 +535,8 @@ class Client(ClientBase):
             tls_key,
             tls_server_name,
             ssl_context,
+            suspect_after,
+            ping_timeout,
         )
         self._runtime: _Runtime | None = None
         self._router: Router | None = None

@@ -98,8 +98,16 @@ class Client(ClientBase):
     ``connect_timeout`` (1 s),
     ``release_retry_interval`` (0.2 s, also spaces "no active known"
     retries), ``release_retry_for`` (5 s, also bounds them),
-    ``redirect_limit`` (16 ``M`` redirects per request) and
-    ``in_flight_per_connection_max`` (65536).
+    ``redirect_limit`` (16 ``M`` redirects per request),
+    ``in_flight_per_connection_max`` (65536),
+    ``suspect_after`` (1 s) and ``ping_timeout`` (1 s): a connection with
+    requests in flight that has read nothing for ``suspect_after`` is sent
+    ``P``, and cut if nothing comes within ``ping_timeout``, as a broken
+    connection, so that a host that vanished or a partition (no reset, no
+    close) ends or moves a request within its own limit plus
+    ``suspect_after + ping_timeout`` and a tick (a quarter of the shorter),
+    never only when the link comes back. Sockets use TCP keepalive and, on
+    Linux, ``TCP_USER_TIMEOUT`` of ``suspect_after + ping_timeout``.
 
     ``secret``: for servers started with ``--auth-file``, the secret every
     connection (and every reconnect) sends as ``U <secret>`` before any
@@ -160,6 +168,8 @@ class Client(ClientBase):
         tls_key: str | None = None,
         tls_server_name: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        suspect_after: float = 1.0,
+        ping_timeout: float = 1.0,
     ) -> None:
         self.settings = Settings.build(
             addresses,
@@ -178,6 +188,8 @@ class Client(ClientBase):
             tls_key,
             tls_server_name,
             ssl_context,
+            suspect_after,
+            ping_timeout,
         )
         self._runtime = ThreadRuntime(
             connect_timeout,
@@ -186,6 +198,8 @@ class Client(ClientBase):
             in_flight_per_connection_max,
             self.settings.secret.value if self.settings.secret is not None else None,
             self.settings.tls,
+            self.settings.suspect_after,
+            self.settings.ping_timeout,
         )
         self._router = Router(
             self.settings.addresses, self.settings.connections_per_node, self.settings.policy, self._runtime
