@@ -85,8 +85,9 @@ fn a_listening_name_that_does_not_resolve_stops_the_start_naming_the_flag() {
         ("--metrics-listen", "nowhere.invalid:9100"),
         ("--cluster-listen", "nowhere.invalid:17700"),
     ] {
+        let data = DataDir::new();
         let mut command = Command::new(env!("CARGO_BIN_EXE_ringlock"));
-        command.args(["--no-pin", "--shards", "1", flag, value]);
+        command.args(["--no-pin", "--shards", "1", flag, value]).arg("--data-dir").arg(&data.0);
         if flag == "--cluster-listen" {
             let ports = free_ports(2);
             command.args(["--peers", &format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]), "--node", "0"]);
