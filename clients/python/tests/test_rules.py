@@ -371,3 +371,18 @@ def test_auth_codes_have_their_own_errors() -> None:
     assert type(copy) is AuthenticationError and copy.address == error.address and str(copy) == str(error)
     failure = ConnectionFailure.secret_refused("127.0.0.1:7700", "auth-failed")
     assert failure.auth == "auth-failed" and str(failure) == "127.0.0.1:7700 (secret refused: auth-failed)"
+
+
+def test_a_tls_error_names_its_tls_failure_and_survives_pickling() -> None:
+    from ringlock import TLSError
+
+    refused = ConnectionFailure.from_os_error("127.0.0.1:7700", ConnectionRefusedError(111, "Connection refused"))
+    untrusted = ConnectionFailure("127.0.0.1:7701", "TLS: not trusted", tls="the server's certificate is not trusted")
+    error = TLSError(waited=1.0, failures=[refused, untrusted])
+    # The address is the one TLS failed on, not the first with an errno.
+    assert (error.address, error.reason) == ("127.0.0.1:7701", "the server's certificate is not trusted")
+    assert isinstance(error, ConnectionError) and error.errno == 111
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is TLSError and str(copy) == str(error) and copy.address == error.address
+    plain = pickle.loads(pickle.dumps(NoConnectionError(waited=2.0, failures=[refused])))
+    assert type(plain) is NoConnectionError and plain.address == "127.0.0.1:7700"

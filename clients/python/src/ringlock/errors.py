@@ -284,14 +284,21 @@ class NoConnectionError(NoActiveNodeError, ConnectionError):
     def __reduce__(self) -> tuple[object, ...]:
         return (
             _rebuild_no_connection,
-            (self.code, self.op, self.key, str(self), self.waited, tuple(self.failures)),
+            (type(self), self.code, self.op, self.key, str(self), self.waited, tuple(self.failures)),
         )
 
 
 def _rebuild_no_connection(
-    code: str, op: str | None, key: str | None, message: str, waited: float, failures: tuple[ConnectionFailure, ...]
+    cls: type[NoConnectionError],
+    code: str,
+    op: str | None,
+    key: str | None,
+    message: str,
+    waited: float,
+    failures: tuple[ConnectionFailure, ...],
 ) -> NoConnectionError:
-    return NoConnectionError(code, op, key, message, waited=waited, failures=failures)
+    """Unpickles a :class:`NoConnectionError` or a subclass (:class:`TLSError`)."""
+    return cls(code, op, key, message, waited=waited, failures=failures)
 
 
 class TLSError(NoConnectionError):
@@ -329,21 +336,14 @@ class TLSError(NoConnectionError):
         failures: tuple[ConnectionFailure, ...] | list[ConnectionFailure] = (),
     ) -> None:
         failures = list(failures)
-        first = next((failure for failure in failures if failure.tls is not None), None)
-        self.address = first.address if first is not None else ""
-        self.reason = first.tls if first is not None and first.tls is not None else ""
         if message is None:
             message = f"TLS failed after {waited:.1f} s: " + ", ".join(str(failure) for failure in failures)
         super().__init__(code, op, key, message, waited=waited, failures=failures)
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_tls, (self.code, self.op, self.key, str(self), self.waited, tuple(self.failures)))
-
-
-def _rebuild_tls(
-    code: str, op: str | None, key: str | None, message: str, waited: float, failures: tuple[ConnectionFailure, ...]
-) -> TLSError:
-    return TLSError(code, op, key, message, waited=waited, failures=failures)
+        # The address and reason of the first TLS failure, set after the base
+        # class, which would otherwise name the first address with an errno.
+        first = next((failure for failure in failures if failure.tls is not None), None)
+        self.address = first.address if first is not None else ""
+        self.reason = first.tls if first is not None and first.tls is not None else ""
 
 
 class AuthenticationError(RinglockError):
