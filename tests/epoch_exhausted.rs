@@ -4,20 +4,16 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::sync::Arc;
 
-use common::{DataDir, Server, http_get, metrics_address, scrape, wait_until};
+use common::{DataDir, Server, free_addrs, http_get, metrics_address, scrape, wait_until};
 
 /// The largest epoch a token can carry (24 bits).
 const EPOCH_MAX: u64 = (1 << 24) - 1;
 
 #[test]
 fn nodes_that_cannot_become_active_say_why_everywhere() {
-    let ports: Vec<u16> = {
-        let holders: Vec<TcpListener> = (0..4).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-        holders.iter().map(|holder| holder.local_addr().unwrap().port()).collect()
-    };
+    let ports: Vec<u16> = free_addrs(4).iter().map(|address| address.port()).collect();
     let peers = format!("127.0.0.1:{}@127.0.0.1:{},127.0.0.1:{}@127.0.0.1:{}", ports[0], ports[1], ports[2], ports[3]);
     let nodes: Vec<Server> = (0..2)
         .map(|index| {

@@ -7,10 +7,10 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 
 use common::peer::{fingerprint, frame, hello_with};
-use common::{Conn, DataDir, PATIENCE, SecretFile, Server, token_of, wait_until};
+use common::{Conn, DataDir, PATIENCE, SecretFile, Server, free_addrs, token_of, wait_until};
 
 const ALPHA: &str = "alpha-5d0c7e21b9a84f36";
 const BETA: &str = "beta-8e4f1a93c2d75b60";
@@ -164,11 +164,6 @@ fn without_an_auth_file_any_connection_with_the_token_releases_and_sees_it() {
 // Two nodes
 
 const FAST: [&str; 4] = ["--heartbeat-ms", "50", "--failover-ms", "300"];
-
-fn free_addrs(count: usize) -> Vec<SocketAddr> {
-    let probes: Vec<TcpListener> = (0..count).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    probes.iter().map(|probe| probe.local_addr().unwrap()).collect()
-}
 
 /// The `"table": {"stream": .., "version": ..}` of an `S` reply.
 fn table_version(conn: &mut Conn) -> Option<(u64, u64)> {

@@ -14,12 +14,12 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use common::peer::{fingerprint, frame, hello_with};
-use common::{Conn, PATIENCE, Server, stat, token_of, wait_until};
+use common::{Conn, PATIENCE, Server, free_addrs, stat, token_of, wait_until};
 
 /// A deterministic pseudo-random byte source (xorshift64), so that a failure
 /// replays with the same bytes.
@@ -957,14 +957,6 @@ fn refused_acquires_held_behind_a_queued_one_cost_bounded_memory_and_keep_their_
 
 // ---------------------------------------------------------------------------
 // The peer port of a cluster node
-
-/// `count` free loopback addresses, all different: every probing socket
-/// stays open until all are picked, since the system may hand a port that
-/// was just let go to the next probe.
-fn free_addrs(count: usize) -> Vec<SocketAddr> {
-    let probes: Vec<TcpListener> = (0..count).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    probes.iter().map(|probe| probe.local_addr().unwrap()).collect()
-}
 
 /// Two cluster nodes on loopback: node 0 active, node 1 its standby.
 struct Pair {

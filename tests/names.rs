@@ -6,20 +6,19 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::netns::Network;
-use common::{Conn, DataDir, Server, wait_until};
-use ringlock_client::{Client, ReleaseOutcome};
+use common::{Conn, DataDir, Server, free_addrs, wait_until};
 
-/// `count` ports free on 127.0.0.1 now.
-fn free_ports(count: usize) -> Vec<u16> {
-    let holders: Vec<TcpListener> = (0..count).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    holders.iter().map(|holder| holder.local_addr().unwrap().port()).collect()
+/// `count` different free ports on 127.0.0.1.
+fn ports_free(count: usize) -> Vec<u16> {
+    free_addrs(count).iter().map(SocketAddr::port).collect()
 }
+use ringlock_client::{Client, ReleaseOutcome};
 
 const TIMINGS: [&str; 4] = ["--heartbeat-ms", "50", "--failover-ms", "300"];
 
@@ -32,7 +31,7 @@ fn node(peers: &str, index: usize, listen: &str) -> Server {
 
 #[test]
 fn a_cluster_given_names_serves_fails_over_and_names_its_active_as_written() {
-    let ports = free_ports(4);
+    let ports = ports_free(4);
     let peers = format!("localhost:{}@localhost:{},LocalHost:{}@localhost:{}", ports[0], ports[1], ports[2], ports[3]);
     let named_first = format!("localhost:{}", ports[0]);
     let named_second = format!("LocalHost:{}", ports[2]);
@@ -67,7 +66,7 @@ fn a_cluster_given_names_serves_fails_over_and_names_its_active_as_written() {
 
 #[test]
 fn a_peer_whose_name_does_not_resolve_yet_is_retried_and_the_node_serves() {
-    let ports = free_ports(2);
+    let ports = ports_free(2);
     let peers = format!("127.0.0.1:{}@127.0.0.1:{},not-yet.invalid:7700", ports[0], ports[1]);
     let server = node(&peers, 0, &format!("127.0.0.1:{}", ports[0]));
     let mut conn = server.connect();
@@ -89,7 +88,7 @@ fn a_listening_name_that_does_not_resolve_stops_the_start_naming_the_flag() {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ringlock"));
         command.args(["--no-pin", "--shards", "1", flag, value]).arg("--data-dir").arg(&data.0);
         if flag == "--cluster-listen" {
-            let ports = free_ports(2);
+            let ports = ports_free(2);
             command.args(["--peers", &format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]), "--node", "0"]);
         } else if flag == "--metrics-listen" {
             command.args(["--listen", "127.0.0.1:0"]);

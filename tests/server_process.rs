@@ -3,18 +3,13 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 
-use common::{Conn, DataDir, PATIENCE, Server, stat, token_of, wait_until};
+use common::{Conn, DataDir, PATIENCE, Server, free_addrs, stat, token_of, wait_until};
 
 /// Loopback addresses that were free a moment ago.
-fn free_addrs(count: usize) -> Vec<SocketAddr> {
-    let holders: Vec<TcpListener> = (0..count).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    holders.iter().map(|holder| holder.local_addr().unwrap()).collect()
-}
-
 fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ringlock"));
     command.args(args);

@@ -19,6 +19,15 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
+/// `count` free loopback addresses, all different: every probing socket
+/// stays open until all are picked, since the system may hand a port that
+/// was just let go to the next probe.
+pub fn free_addrs(count: usize) -> Vec<SocketAddr> {
+    let probes: Vec<std::net::TcpListener> =
+        (0..count).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    probes.iter().map(|probe| probe.local_addr().unwrap()).collect()
+}
+
 /// A data directory removed when dropped.
 pub struct DataDir(pub PathBuf);
 
