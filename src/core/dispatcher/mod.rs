@@ -237,12 +237,13 @@ impl Dispatcher {
         if !session.is_open() {
             return;
         }
-        let bytes = bytes.min(session.unsent);
+        let unsent = session.unsent;
         session.sent(bytes);
         if bytes > 0 {
             session.last_progress_ms = self.now_ms;
         }
-        self.connections.output_gone(bytes);
+        let gone = unsent - session.unsent;
+        self.connections.output_gone(gone);
         if !self.connections.resumable.is_empty() {
             self.resume_paused();
         }
