@@ -59,9 +59,10 @@ fn readers_that_never_read_cost_a_bounded_memory_and_a_bystander_is_served_throu
     assert!(bystander.call("P").starts_with("P active "), "the bystander is served during the flood");
     let token = bystander.acquire("bystander/2", "60", "5");
     assert!(bystander.call(&format!("R bystander/2 {token}")).starts_with("R "));
-    // Without the bounds, 300 such readers held 3.6 GB here (the input they
-    // sent, kept unparsed, and up to 1 MiB of replies each); with them, the
-    // budget and 64 KiB in and out per connection.
+    // Without the bounds, 300 readers flooding `P` grew the server to
+    // 3.6 GB (scripts/slow-readers.py against the earlier binary: the input
+    // they sent, kept unparsed, and up to 1 MiB of replies each); with them,
+    // the budget and 64 KiB in and out per connection.
     let grown = during.saturating_sub(before);
     assert!(grown < 300 << 20, "{READERS} readers that never read grew the server by {} MiB", grown >> 20);
 
