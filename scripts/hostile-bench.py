@@ -40,6 +40,9 @@ HALF = int(os.environ.get("HALF", "10000"))
 FLOOD_THREADS = int(os.environ.get("FLOOD_THREADS", "4"))
 SLOW_READERS = int(os.environ.get("SLOW_READERS", "2000"))
 HANDSHAKE_MS = int(os.environ.get("HANDSHAKE_MS", "10000"))
+ATTACKS = os.environ.get("ATTACKS", "")
+SERVER_FLAGS = os.environ.get("SERVER_FLAGS", "").split()
+SETTLE = float(os.environ.get("SETTLE", "2"))
 SECRET = "bystander-" + os.urandom(8).hex()
 
 
@@ -67,7 +70,7 @@ def start_server(work):
         [f"{BIN}/ringlock", "--listen", "127.0.0.1:0", "--data-dir", os.path.join(work, "data"),
          "--tls-cert", os.path.join(work, "server.pem"), "--tls-key", os.path.join(work, "server.key"),
          "--auth-file", os.path.join(work, "auth"), "--metrics-listen", "127.0.0.1:0",
-         "--max-connections", "30000", "--max-connections-per-ip", "0", "--handshake-ms", str(HANDSHAKE_MS)],
+         "--max-connections", "30000", "--max-connections-per-ip", "0", "--handshake-ms", str(HANDSHAKE_MS), *SERVER_FLAGS],
         stderr=log, stdout=subprocess.DEVNULL)
     for _ in range(400):
         text = open(os.path.join(work, "server.log")).read()
@@ -313,6 +316,9 @@ def main():
             ("p-flood", lambda attack: flood(attack, address, context, b"P\n", FLOOD_THREADS)),
             (f"slow-readers ({SLOW_READERS})", lambda attack: slow_readers(attack, address, context, SLOW_READERS)),
         ]
+        if ATTACKS:
+            wanted = ["idle", *ATTACKS.split(",")]
+            attacks = [(name, start) for name, start in attacks if name.split(" ")[0] in wanted]
         rows = []
         idle = None
         noise_before = noise()
@@ -321,7 +327,7 @@ def main():
             attack = Attack()
             start(attack)
             # Let a connecting attack reach its size before measuring.
-            time.sleep(2.0 if name != "idle" else 0.0)
+            time.sleep(SETTLE if name != "idle" else 0.0)
             acquires, releases = bystander.measure(DURATION)
             during = rss(server.pid)
             attack.stop()

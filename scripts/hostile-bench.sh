@@ -16,6 +16,11 @@
 #   FLOOD_THREADS [4]: threads of each flood
 #   SLOW_READERS [2000]: connections that never read
 #   HANDSHAKE_MS [10000]: the server's --handshake-ms
+#   ATTACKS [all]: a comma-separated list of attacks to run after idle
+#     (slowloris, garbage, half-handshakes, bad-u-flood, p-flood, slow-readers)
+#   SETTLE [2]: seconds between an attack's start and the measurement
+#     (0 measures the attack's ramp-up too)
+#   SERVER_FLAGS []: more flags for the server, e.g. "--send-buffer-kib 0"
 # The attackers open up to 10 000 connections at once: the script raises
 # its descriptor limit (ulimit -n) to 25 000 (or the hard limit), and fails if
 # limit is lower than the attacks' connections and a thousand more.

@@ -215,6 +215,17 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(0..=i32::MAX as i64))]
     pub tcp_user_timeout_ms: u32,
 
+    /// Kernel send buffer of each client connection, in KiB (SO_SNDBUF; the
+    /// kernel doubles it for its bookkeeping); 0 = the kernel's automatic
+    /// sizing, up to net.ipv4.tcp_wmem's maximum (4 MiB by default). Lock
+    /// replies are small, so a pipelining client needs far less; a bounded
+    /// buffer means a client that stops reading is paused after this much
+    /// rather than after megabytes, so a thousand of them cannot keep a core
+    /// busy filling kernel memory.
+    #[arg(long, env = "RINGLOCK_SEND_BUFFER_KIB", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
+    pub send_buffer_kib: u32,
+
     /// Most keys held or waited on at once, over all shards (each shard takes
     /// an equal part); beyond it, acquires of a new key get `too-many-keys`.
     #[arg(long, env = "RINGLOCK_MAX_KEYS", default_value_t = 16_777_216)]
@@ -240,15 +251,18 @@ pub struct Config {
     pub log_level: String,
 }
 
-/// TCP keepalive and user timeout for client connections.
+/// The socket options of client connections: TCP keepalive, the user
+/// timeout and the send buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Keepalive {
+pub struct SocketOptions {
     /// 0 = no keepalive.
     pub idle_s: u32,
     pub interval_s: u32,
     pub probes: u32,
     /// 0 = the kernel's default.
     pub user_timeout_ms: u32,
+    /// SO_SNDBUF in bytes; 0 = the kernel's automatic sizing.
+    pub send_buffer_bytes: u32,
 }
 
 /// One node of --peers: where clients reach it, and where its peers do.
@@ -392,13 +406,14 @@ impl Config {
         Ok(Some(ClusterSettings { cluster, peers: self.peers.clone(), listen }))
     }
 
-    /// The keepalive settings of client connections.
-    pub fn keepalive(&self) -> Keepalive {
-        Keepalive {
+    /// The socket options of client connections.
+    pub fn socket_options(&self) -> SocketOptions {
+        SocketOptions {
             idle_s: self.keepalive_idle_s,
             interval_s: self.keepalive_interval_s,
             probes: self.keepalive_probes,
             user_timeout_ms: self.tcp_user_timeout_ms,
+            send_buffer_bytes: self.send_buffer_kib.saturating_mul(1024),
         }
     }
 

@@ -64,7 +64,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let metrics_listener = config.metrics_address()?.map(ops_http::bind).transpose()?;
     let (report_sender, reports) = crossbeam_channel::bounded(replication::REPORTS_QUEUED_MAX);
 
-    let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.keepalive())?;
+    let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.socket_options())?;
     let (mailboxes, inboxes) = inboxes(shards)?;
     let link = cluster.as_ref().map(|_| ClusterLink::new(report_sender));
     if tls.is_some() {

@@ -79,3 +79,33 @@ fn readers_that_never_read_cost_a_bounded_memory_and_a_bystander_is_served_throu
     });
     assert!(bystander.call("P").starts_with("P active "), "the bystander's connection is untouched");
 }
+
+/// The kernel send buffers of the server's connections to `port`, as `ss`
+/// reports them (`tb`: the buffer's size, twice the SO_SNDBUF asked for).
+fn server_send_buffers(port: u16) -> Vec<u64> {
+    let output = std::process::Command::new("ss")
+        .args(["-tmnH", "state", "established", &format!("( sport = :{port} )")])
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.split("tb")
+        .skip(1)
+        .map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn client_connections_get_the_send_buffer_asked_for_and_the_kernels_sizing_with_zero() {
+    let server = Server::start(&["--send-buffer-kib", "48"]);
+    let mut client = server.connect();
+    assert!(client.call("P").starts_with("P active "));
+    // The kernel doubles what is asked for its bookkeeping.
+    assert_eq!(server_send_buffers(server.addr.port()), vec![96 << 10]);
+
+    let automatic = Server::start(&["--send-buffer-kib", "0"]);
+    let mut client = automatic.connect();
+    assert!(client.call("P").starts_with("P active "));
+    let buffers = server_send_buffers(automatic.addr.port());
+    assert_eq!(buffers.len(), 1);
+    assert_ne!(buffers[0], 96 << 10, "without --send-buffer-kib the kernel sizes the buffer");
+}

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use crate::config::Keepalive;
+use crate::config::SocketOptions;
 
 /// How long a start keeps trying an address that another socket holds. A
 /// server killed a moment ago keeps its listener until the kernel has torn
@@ -62,14 +62,15 @@ pub fn listen_error(what: &str, address: SocketAddr, flag: &str, error: &io::Err
 pub fn bind_listeners(
     address: SocketAddr,
     count: usize,
-    keepalive: &Keepalive,
+    options: &SocketOptions,
 ) -> Result<(Vec<RawFd>, SocketAddr), String> {
     let fd = bind_retrying(address, "--listen", || listen_on(address))
         .map_err(|error| listen_error("", address, "--listen", &error))?;
     // Accepted sockets inherit these options from the listening socket, so
     // setting them here costs no system call per connection.
-    set_keepalive(fd, keepalive)
-        .map_err(|error| format!("cannot set TCP keepalive on {address}: {error}; check --keepalive-*"))?;
+    set_options(fd, options).map_err(|error| {
+        format!("cannot set TCP options on {address}: {error}; check --keepalive-*, --tcp-user-timeout-ms and --send-buffer-kib")
+    })?;
     let local = local_address(fd).map_err(|error| format!("cannot read the listening address: {error}"))?;
     let mut listeners = vec![fd];
     for _ in 1..count {
@@ -85,8 +86,9 @@ pub fn bind_listeners(
 
 /// Sets TCP keepalive and the user timeout on a socket, so that the
 /// connections of a client host that vanished without a reset end, and their
-/// queued acquires with them.
-fn set_keepalive(fd: RawFd, keepalive: &Keepalive) -> io::Result<()> {
+/// queued acquires with them; and the send buffer, so that a client that
+/// stops reading holds a bounded amount of kernel memory.
+fn set_options(fd: RawFd, keepalive: &SocketOptions) -> io::Result<()> {
     let mut options = vec![(libc::SOL_SOCKET, libc::SO_KEEPALIVE, i32::from(keepalive.idle_s > 0))];
     if keepalive.idle_s > 0 {
         options.extend([
@@ -96,6 +98,9 @@ fn set_keepalive(fd: RawFd, keepalive: &Keepalive) -> io::Result<()> {
         ]);
     }
     options.push((libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, keepalive.user_timeout_ms as i32));
+    if keepalive.send_buffer_bytes > 0 {
+        options.push((libc::SOL_SOCKET, libc::SO_SNDBUF, keepalive.send_buffer_bytes as i32));
+    }
     for (level, option, value) in options {
         let value: libc::c_int = value;
         // SAFETY: setting an integer option on a socket we own.

@@ -138,6 +138,25 @@ pub(crate) struct Dispatcher {
     /// Failed `U` lines per client address, shared by the cores: a
     /// failure's delay grows with its address's (see `AuthFailures`).
     auth_failures: Option<Arc<AuthFailures>>,
+    /// The last `S` reply's JSON, kept with the millisecond, role and epoch
+    /// it was built for: every `S` of the same millisecond shares it, so
+    /// that a flood of `S` costs a copy each rather than a walk over every
+    /// core's counters each.
+    stats: Option<StatsJson>,
+}
+
+/// A built `S` reply body and what it was built for.
+pub(crate) struct StatsJson {
+    at_ms: u64,
+    role: Role,
+    epoch: u64,
+    pub(crate) json: String,
+}
+
+impl StatsJson {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        self.json.as_bytes()
+    }
 }
 
 /// How long a failed `U` waits before its answer (and the close that
@@ -173,6 +192,7 @@ impl Dispatcher {
             auth_failed: VecDeque::new(),
             next_stall_check_ms: 0,
             auth_failures: None,
+            stats: None,
         };
         // A new shard's first effect is its call for tokens.
         dispatcher.deliver_replies();
@@ -617,6 +637,16 @@ impl Dispatcher {
 
     pub(crate) fn shard_mut(&mut self) -> &mut Shard {
         &mut self.shard
+    }
+
+    /// The `S` body for `role` at `epoch`: the one built earlier in this
+    /// millisecond if there is one, else a new one. The caller puts it back
+    /// in [`Dispatcher::stats`].
+    fn stats_json(&mut self, role: Role, epoch: u64) -> StatsJson {
+        match self.stats.take() {
+            Some(built) if built.at_ms == self.now_ms && built.role == role && built.epoch == epoch => built,
+            _ => StatsJson { at_ms: self.now_ms, role, epoch, json: self.view.stats_json(role, epoch) },
+        }
     }
 
     // ----- connection life -----

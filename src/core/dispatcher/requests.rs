@@ -203,10 +203,11 @@ impl Dispatcher {
             Request::Stats => {
                 // In a cluster `S` shows the epoch `P` does: the active's, also on a standby.
                 let (role, epoch, _) = self.view.status();
-                let json = self.view.stats_json(role, epoch);
+                let json = self.stats_json(role, epoch);
                 let reply = Reply::Stats { json: json.as_bytes() };
                 self.connections.counters.requests.count(&reply);
                 self.connections.write(slot, &reply);
+                self.stats = Some(json);
                 return;
             }
             Request::Acquire { key, lease_ms, wait_ms } => Keyed::Acquire { key, lease_ms, wait_ms },

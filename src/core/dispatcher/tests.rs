@@ -271,3 +271,39 @@ fn a_standby_checks_then_redirects_and_a_held_core_parks_in_order() {
     let replies: Vec<&str> = output.lines().collect();
     assert!(replies[0].starts_with("A k ") && replies[1].starts_with("A j "), "{output}");
 }
+
+/// A view whose `S` body counts how often it was built.
+struct CountingView(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl NodeView for CountingView {
+    fn status(&self) -> (Role, u64, Option<String>) {
+        FakeView.status()
+    }
+
+    fn stats_json(&self, _role: Role, _epoch: u64) -> String {
+        let built = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        format!("{{\"built\":{built}}}")
+    }
+}
+
+#[test]
+fn stats_replies_of_one_millisecond_share_one_body_and_the_next_millisecond_builds_anew() {
+    let built = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let shard = Shard::new(ShardConfig { hash_seed: 7, ..ShardConfig::default() }, 0);
+    let settings = Settings { core: 0, cores: 1, lease_ms_max: 86_400_000, limits: Limits::DEFAULT };
+    let view = Box::new(CountingView(built.clone()));
+    let mut core = Core {
+        dispatcher: Dispatcher::new(settings, shard, view, CoreRole::Active, None),
+        sequence: 1,
+        effects: Vec::new(),
+    };
+    let (first, second) = (core.open(), core.open());
+    core.dispatcher.set_now(5);
+    core.feed(first, b"S\nS\n");
+    core.feed(second, b"S\n");
+    assert_eq!(core.sent_output(first), "S {\"built\":1}\nS {\"built\":1}\n");
+    assert_eq!(core.sent_output(second), "S {\"built\":1}\n");
+    core.dispatcher.set_now(6);
+    core.feed(second, b"S\n");
+    assert_eq!(core.sent_output(second), "S {\"built\":2}\n");
+}
