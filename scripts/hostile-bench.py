@@ -39,6 +39,7 @@ SLOWLORIS = int(os.environ.get("SLOWLORIS", "10000"))
 HALF = int(os.environ.get("HALF", "10000"))
 FLOOD_THREADS = int(os.environ.get("FLOOD_THREADS", "4"))
 SLOW_READERS = int(os.environ.get("SLOW_READERS", "2000"))
+FILL_THREADS = int(os.environ.get("FILL_THREADS", "2"))
 HANDSHAKE_MS = int(os.environ.get("HANDSHAKE_MS", "10000"))
 ATTACKS = os.environ.get("ATTACKS", "")
 SERVER_FLAGS = os.environ.get("SERVER_FLAGS", "").split()
@@ -297,6 +298,46 @@ def slow_readers(attack, address, context, count):
     attack.spawn(run)
 
 
+def key_fill(attack, address, context, threads, totals):
+    """Authenticated clients that take new 200-byte keys with 24-hour leases
+    as fast as the server grants them, pipelined 1000 at a time (they read
+    their replies). `totals` counts grants and refusals."""
+    def run(thread):
+        try:
+            raw = socket.create_connection(address)
+            conn = context.wrap_socket(raw, server_hostname="localhost")
+            conn.sendall(f"U {SECRET}\n".encode())
+            buffer = b""
+            while b"\n" not in buffer:
+                buffer += conn.recv(4096)
+            buffer = buffer.split(b"\n", 1)[1]
+        except (OSError, ssl.SSLError):
+            return
+        attack.sockets.append(conn)
+        sequence = 0
+        while not attack.stopping.is_set():
+            lines = []
+            for _ in range(1000):
+                lines.append(f"A fill/{thread}/{sequence:0190d} 86400 1\n")
+                sequence += 1
+            try:
+                conn.sendall("".join(lines).encode())
+                answered = 0
+                while answered < 1000:
+                    chunk = conn.recv(1 << 16)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                    *replies, buffer = buffer.split(b"\n")
+                    answered += len(replies)
+                    for reply in replies:
+                        totals["granted" if reply.startswith(b"A ") else "refused"] += 1
+            except (OSError, ssl.SSLError):
+                return
+    for thread in range(threads):
+        attack.spawn(run, thread)
+
+
 def main():
     work = tempfile.mkdtemp(prefix="ringlock-hostile-")
     server = None
@@ -307,6 +348,7 @@ def main():
         hello = client_hello(context)
         bystander = Bystander(context, address)
         bystander.measure(1.0)  # warm up
+        fill = {"granted": 0, "refused": 0}
         attacks = [
             ("idle", lambda attack: None),
             (f"slowloris ({SLOWLORIS})", lambda attack: slowloris(attack, address, hello, SLOWLORIS)),
@@ -315,6 +357,8 @@ def main():
             ("bad-u-flood", lambda attack: flood(attack, address, context, b"U wrong-secret\n", FLOOD_THREADS)),
             ("p-flood", lambda attack: flood(attack, address, context, b"P\n", FLOOD_THREADS)),
             (f"slow-readers ({SLOW_READERS})", lambda attack: slow_readers(attack, address, context, SLOW_READERS)),
+            # Last: the keys it takes stay held for the rest of the run.
+            (f"key-fill ({FILL_THREADS})", lambda attack: key_fill(attack, address, context, FILL_THREADS, fill)),
         ]
         if ATTACKS:
             wanted = ["idle", *ATTACKS.split(",")]
@@ -359,6 +403,11 @@ def main():
         print()
         print(f"- host before: {noise_before}; after: {noise()}; {os.cpu_count()} CPUs")
         print(f"- bystander p99 idle: acquire {idle['a99'] * 1e6:.0f} µs, release {idle['r99'] * 1e6:.0f} µs")
+        if fill["granted"] or fill["refused"]:
+            grown = dict(rows)[next(name for name, _ in rows if name.startswith("key-fill"))]
+            grown = grown["during"] - grown["before"]
+            print(f"- key-fill: {fill['granted']} keys granted, {fill['refused']} refused; "
+                  f"{grown / max(1, fill['granted']):.0f} bytes of RSS per key granted")
         for name in ["ringlock_tls_handshake_timeouts_total", "ringlock_tls_errors_total",
                      "ringlock_auth_failures_total", "ringlock_auth_slowed_refusals_total"]:
             print(f"- `{name}` {metric(metrics, name):.0f}")

@@ -228,8 +228,22 @@ pub struct Config {
 
     /// Most keys held or waited on at once, over all shards (each shard takes
     /// an equal part); beyond it, acquires of a new key get `too-many-keys`.
-    #[arg(long, env = "RINGLOCK_MAX_KEYS", default_value_t = 16_777_216)]
-    pub max_keys: u64,
+    /// Default: what a quarter of the memory this process may use holds at
+    /// 512 bytes a key (a held lock with a 250-byte key and its index entry
+    /// takes about 380), from 65,536 to 16,777,216; the memory is the
+    /// host's, or the cgroup's limit if lower (a container). Logged at start.
+    #[arg(long, env = "RINGLOCK_MAX_KEYS", value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    pub max_keys: Option<u64>,
+
+    /// With --auth-file: most keys one name may hold plus wait on at once,
+    /// over all shards (each shard takes an equal part, as for --max-keys);
+    /// at it, the name's acquires of a new key get `too-many-keys` and its
+    /// acquires of a held key `too-many-waiters`, while other names go on.
+    /// Default: half of --max-keys, so that no one name can fill the table;
+    /// 0 = no quota.
+    #[arg(long, env = "RINGLOCK_MAX_KEYS_PER_NAME", value_name = "N")]
+    pub max_keys_per_name: Option<u64>,
 
     /// Most requests queued on one key; beyond it, `too-many-waiters`.
     #[arg(long, env = "RINGLOCK_MAX_WAITERS_PER_KEY", default_value_t = 65_536)]
@@ -425,11 +439,32 @@ impl Config {
         }
     }
 
+    /// `--max-keys`, or its default from the memory this process may use.
+    pub fn max_keys(&self) -> u64 {
+        self.max_keys.unwrap_or_else(|| default_max_keys(usable_memory_bytes()))
+    }
+
     /// Keys each shard may hold.
     pub fn keys_per_shard(&self) -> u32 {
         let shards = self.shard_count() as u64;
-        let per_shard = self.max_keys.div_ceil(shards).max(1);
+        let per_shard = self.max_keys().div_ceil(shards).max(1);
         per_shard.min(u64::from(ringlock_shards::limits::SLOTS_MAX)) as u32
+    }
+
+    /// `--max-keys-per-name`, or its default (half of `--max-keys`); 0 = none.
+    pub fn max_keys_per_name(&self) -> u64 {
+        self.max_keys_per_name.unwrap_or_else(|| self.max_keys().div_ceil(2))
+    }
+
+    /// The per-name quota each shard keeps (0 = none): an equal part of
+    /// [`Config::max_keys_per_name`], like [`Config::keys_per_shard`].
+    pub fn name_keys_per_shard(&self) -> u32 {
+        let quota = self.max_keys_per_name();
+        if quota == 0 {
+            return 0;
+        }
+        let per_shard = quota.div_ceil(self.shard_count() as u64).max(1);
+        per_shard.min(u64::from(u32::MAX)) as u32
     }
 
     /// The CPU each shard core is pinned to, or `None` when not pinning.
@@ -460,12 +495,46 @@ pub fn host_memory_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The memory this process may use: the host's, or its cgroup's limit
+/// (`memory.max` of cgroup v2, as a container sets it) if lower; 1 GiB if
+/// neither can be read.
+pub fn usable_memory_bytes() -> u64 {
+    let host = host_memory_bytes();
+    let cgroup = cgroup_memory_limit();
+    match (host, cgroup) {
+        (Some(host), Some(limit)) => host.min(limit),
+        (Some(bytes), None) | (None, Some(bytes)) => bytes,
+        (None, None) => 1 << 30,
+    }
+}
+
+/// `memory.max` of this process's cgroup (v2), if it sets one.
+fn cgroup_memory_limit() -> Option<u64> {
+    let membership = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    // cgroup v2: one line `0::/path`.
+    let path = membership.lines().find_map(|line| line.strip_prefix("0::"))?;
+    let limit = std::fs::read_to_string(format!("/sys/fs/cgroup{}/memory.max", path.trim_end())).ok()?;
+    limit.trim().parse().ok()
+}
+
+/// Bytes of memory [`default_max_keys`] counts per key: a held lock with a
+/// key of the longest length (250 bytes) and its index entry take about 380
+/// (`scripts/hostile-bench.sh`'s key fill measured 332 with 200-byte keys),
+/// and the rest leaves room for waiters and connections.
+pub const KEY_BYTES_BUDGETED: u64 = 512;
+
+/// `--max-keys` by default: what a quarter of `memory` holds at
+/// [`KEY_BYTES_BUDGETED`] a key, from 65,536 to 16,777,216.
+pub fn default_max_keys(memory: u64) -> u64 {
+    (memory / 4 / KEY_BYTES_BUDGETED).clamp(1 << 16, 1 << 24)
+}
+
 impl Config {
     /// `--max-unsent-mb` in bytes, or its default from the host's memory.
     pub fn max_unsent_bytes(&self) -> u64 {
         match self.max_unsent_mb {
             Some(mib) => mib << 20,
-            None => (host_memory_bytes().unwrap_or(1 << 30) / 64).clamp(32 << 20, 1 << 30),
+            None => (usable_memory_bytes() / 64).clamp(32 << 20, 1 << 30),
         }
     }
 }
@@ -498,6 +567,21 @@ mod tests {
     }
 
     #[test]
+    fn max_keys_defaults_to_a_quarter_of_memory_at_512_bytes_a_key_within_bounds() {
+        assert_eq!(default_max_keys(24 << 30), (24 << 30) / 4 / 512);
+        assert_eq!(default_max_keys(512 << 20), 262_144);
+        assert_eq!(default_max_keys(64 << 20), 65_536, "a small container still gets 64 Ki keys");
+        assert_eq!(default_max_keys(1 << 40), 16_777_216, "a large host keeps the 16 Mi ceiling");
+        let config = Config::try_parse_from(["ringlock", "--shards", "2", "--max-keys", "1001"]).unwrap();
+        assert_eq!((config.max_keys(), config.keys_per_shard()), (1001, 501));
+        assert_eq!((config.max_keys_per_name(), config.name_keys_per_shard()), (501, 251), "half, split");
+        let config = Config::try_parse_from(["ringlock", "--shards", "2", "--max-keys-per-name", "0"]).unwrap();
+        assert_eq!(config.name_keys_per_shard(), 0, "no quota");
+        let config = Config::try_parse_from(["ringlock", "--shards", "1"]).unwrap();
+        assert_eq!(config.max_keys(), default_max_keys(usable_memory_bytes()));
+    }
+
+    #[test]
     fn lease_max_is_decimal_seconds() {
         assert_eq!(parse_lease_max("86400"), Ok(LeaseMax(86_400_000)));
         assert_eq!(parse_lease_max("0.5"), Ok(LeaseMax(500)));
@@ -511,7 +595,7 @@ mod tests {
         assert_eq!(config.listen_address().unwrap().to_string(), "127.0.0.1:7700");
         assert_eq!(config.cluster(), Ok(None));
         assert_eq!(config.shard_cpus().unwrap(), Some(vec![0, 1]));
-        assert_eq!(config.keys_per_shard(), 8_388_608);
+        assert_eq!(config.keys_per_shard() as u64, config.max_keys().div_ceil(2));
         let config = Config::try_parse_from(["ringlock", "--shards", "3", "--cpus", "0-1"]).unwrap();
         assert!(config.shard_cpus().is_err());
         assert!(Config::try_parse_from(["ringlock", "--shards", "0"]).is_err());

@@ -86,6 +86,30 @@ pub fn run(config: Config) -> Result<(), String> {
         if config.max_unsent_mb.is_none() { " (a sixty-fourth of the host's memory)" } else { "" }
     );
     tracing::info!(
+        max_keys = config.max_keys(),
+        "keys held or waited on: at most {}{}",
+        config.max_keys(),
+        if config.max_keys.is_none() {
+            format!(
+                " (a quarter of {} MiB of memory at {} bytes a key; --max-keys to change)",
+                crate::config::usable_memory_bytes() >> 20,
+                crate::config::KEY_BYTES_BUDGETED
+            )
+        } else {
+            String::new()
+        }
+    );
+    if config.auth_file.is_some() {
+        match config.max_keys_per_name() {
+            0 => tracing::info!("no per-name quota: one name may fill the key table (--max-keys-per-name 0)"),
+            quota => tracing::info!(
+                max_keys_per_name = quota,
+                "each name may hold plus wait on at most {quota} keys{}",
+                if config.max_keys_per_name.is_none() { " (half of --max-keys)" } else { "" }
+            ),
+        }
+    }
+    tracing::info!(
         listen = %local,
         shards,
         pinned = ?cpus,
@@ -143,6 +167,8 @@ fn shard_config(config: &Config, clustered: bool) -> Result<ShardConfig, String>
         keys_max: config.keys_per_shard(),
         waiters_per_key_max: config.max_waiters_per_key,
         waiters_max: config.max_waiters,
+        // Names exist only with an auth file; without one the quota is off.
+        name_keys_max: if config.auth_file.is_some() { config.name_keys_per_shard() } else { 0 },
         lease_ms_max: config.max_lease.0,
         // Only standbys need the changes of the table.
         deltas: clustered,
@@ -230,7 +256,7 @@ fn start_replication(
         listener,
         cpu: if config.no_pin { None } else { config.replication_cpu },
         incarnation: wall_clock_micros(),
-        keys_max: usize::try_from(config.max_keys).unwrap_or(usize::MAX),
+        keys_max: usize::try_from(config.max_keys()).unwrap_or(usize::MAX),
         peer_secret,
     })
 }

@@ -288,3 +288,45 @@ fn a_node_of_the_peer_protocol_before_names_is_refused_with_both_versions_logged
         wait_until("node 1 to serve alone, having believed nothing of it", || conn.call("P").starts_with("P active "));
     }
 }
+
+#[test]
+fn a_name_at_its_quota_is_refused_new_keys_and_queues_while_other_names_go_on() {
+    let file = AuthFile::new(&alpha_and_beta());
+    let server = Server::start(&["--auth-file", &file.path(), "--shards", "1", "--max-keys-per-name", "3"]);
+    assert!(server.log().contains("each name may hold plus wait on at most 3 keys"), "{}", server.log());
+    let mut alpha = authenticated(server.addr, ALPHA, "alpha");
+    let mut beta = authenticated(server.addr, BETA, "beta");
+    let first = alpha.acquire("alpha/1", "60", "1");
+    alpha.acquire("alpha/2", "60", "1");
+    // A place in a queue counts as much as a held key.
+    let beta_token = beta.acquire("beta/1", "60", "1");
+    alpha.request("A beta/1 60 0");
+    wait_until("alpha's acquire to be queued", || inspect(&mut beta, "beta/1").2 == 1);
+
+    assert_eq!(alpha.call("A alpha/3 60 1"), "E A alpha/3 too-many-keys");
+    assert_eq!(beta.call("A beta/2 60 1").split(' ').next(), Some("A"), "another name goes on");
+    beta.acquire("held-by-beta", "60", "1");
+    assert_eq!(alpha.call("A held-by-beta 60 1"), "E A held-by-beta too-many-waiters");
+
+    // What the name lets go of is its own again: a release, a grant that
+    // turns a place in a queue into a held key (no change), a lease that
+    // runs out.
+    assert_eq!(alpha.call(&format!("R alpha/1 {first}")), "R alpha/1");
+    alpha.acquire("alpha/short", "0.2", "1");
+    assert_eq!(beta.call(&format!("R beta/1 {beta_token}")), "R beta/1");
+    let handed = token_of(&alpha.line(), "beta/1");
+    assert!(handed > beta_token);
+    assert_eq!(alpha.call("A alpha/3 60 1"), "E A alpha/3 too-many-keys");
+    wait_until("alpha/short's lease to run out", || inspect(&mut beta, "alpha/short") == (None, 0, 0));
+    alpha.acquire("alpha/3", "60", "1");
+    assert_eq!(alpha.call("A alpha/4 60 1"), "E A alpha/4 too-many-keys");
+}
+
+#[test]
+fn without_an_auth_file_the_per_name_quota_does_not_apply() {
+    let server = Server::start(&["--shards", "1", "--max-keys-per-name", "2"]);
+    let mut conn = server.connect();
+    for index in 0..5 {
+        conn.acquire(&format!("k/{index}"), "60", "1");
+    }
+}

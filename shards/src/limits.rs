@@ -12,6 +12,11 @@ pub struct ShardConfig {
     pub waiters_per_key_max: u32,
     /// Waiters queued on the whole shard; beyond it, `too-many-waiters`.
     pub waiters_max: u32,
+    /// Keys held plus acquires queued by one authenticated name (never
+    /// [`NameId::NONE`](crate::NameId::NONE)); at it, the name's acquires
+    /// of a new key get `too-many-keys` and its acquires of a held key
+    /// `too-many-waiters`. 0 = no quota.
+    pub name_keys_max: u32,
     /// Longest lease an acquire or extend may ask for; beyond it, `bad-lease`.
     pub lease_ms_max: u64,
     /// Produce replication deltas (only needed when standbys listen).
@@ -43,6 +48,7 @@ impl Default for ShardConfig {
             keys_max: KEYS_MAX_DEFAULT,
             waiters_per_key_max: WAITERS_PER_KEY_MAX_DEFAULT,
             waiters_max: WAITERS_MAX_DEFAULT,
+            name_keys_max: 0,
             lease_ms_max: LEASE_MS_MAX_DEFAULT,
             deltas: false,
             tokens_low_water: TOKENS_LOW_WATER_DEFAULT,

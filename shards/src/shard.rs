@@ -212,6 +212,9 @@ pub struct Shard {
     /// apart from the effects so that the caller takes them in one piece.
     deltas: Vec<Delta>,
     stats: ShardStats,
+    /// Keys held plus acquires queued, per authenticated name (indexed by
+    /// [`NameId`]; never [`NameId::NONE`]), for [`ShardConfig::name_keys_max`].
+    name_use: Vec<u32>,
     /// Keys acquires queued on, and keys handed from one holder to the next.
     hot_waits: HotKeys,
     hot_handoffs: HotKeys,
@@ -267,6 +270,7 @@ impl Shard {
             effects: Vec::new(),
             deltas: Vec::new(),
             stats: ShardStats::default(),
+            name_use: Vec::new(),
             hot_waits: HotKeys::new(now_ms),
             hot_handoffs: HotKeys::new(now_ms),
             now_ms,
@@ -435,10 +439,12 @@ impl Shard {
             return None;
         }
         let hash = self.hash(key);
+        let over_quota = self.name_over_quota(name);
         if let Some(slot) = self.find_hashed(hash, key) {
             let lock = &self.locks[slot as usize];
             if lock.queue_len >= self.config.waiters_per_key_max
                 || self.stats.waiters >= u64::from(self.config.waiters_max)
+                || over_quota
             {
                 self.acquire_error(client, key, ErrorCode::TooManyWaiters);
                 return None;
@@ -446,7 +452,7 @@ impl Shard {
             self.enqueue(client, name, slot, lease_ms, wait_ms);
             return None;
         }
-        if self.stats.keys >= u64::from(self.config.keys_max) {
+        if self.stats.keys >= u64::from(self.config.keys_max) || over_quota {
             self.reply_error(client, Op::Acquire, key, ErrorCode::TooManyKeys);
             return None;
         }
@@ -533,6 +539,8 @@ impl Shard {
         self.stats.hold_released.record(elapsed_ms(self.now_ms, lock.granted_ms));
         self.stats.releases += 1;
         self.stats.held_keys -= 1;
+        let holder = lock.name;
+        self.name_used(holder, false);
         self.delta(|| Delta::Release { key: Key::new(key), token });
         if !DIRECT {
             self.reply(client, ShardReply::Released { key: Key::new(key) });
@@ -665,6 +673,7 @@ impl Shard {
                 self.remove_lock(slot);
             }
         }
+        self.name_use.clear();
         debug_assert_eq!(self.stats.keys, 0, "a shard that stepped down holds no key");
     }
 
@@ -692,6 +701,7 @@ impl Shard {
         // The hold is measured from when this node took the grant over.
         lock.granted_ms = short_ms(self.now_ms);
         self.stats.held_keys += 1;
+        self.name_used(name, true);
         true
     }
 
@@ -812,6 +822,7 @@ impl Shard {
         lock.granted_ms = short_ms(self.now_ms);
         self.stats.grants += 1;
         self.stats.held_keys += 1;
+        self.name_used(name, true);
         if self.config.deltas {
             let key = self.locks[slot as usize].key.clone();
             self.deltas.push(Delta::Grant { key, token, lease_ms, name });
@@ -859,10 +870,12 @@ impl Shard {
         self.stats.hold_expired.record(elapsed_ms(self.now_ms, lock.granted_ms));
         self.stats.expiries += 1;
         self.stats.held_keys -= 1;
+        let holder = lock.name;
         if self.config.deltas {
             let key = lock.key.clone();
             self.deltas.push(Delta::Expire { key, token });
         }
+        self.name_used(holder, false);
         self.hand_on(slot, HandOn::Expiry);
     }
 
@@ -1090,6 +1103,7 @@ impl Shard {
         }
         self.waiters[node as usize].queue_prev = tail;
         self.stats.waiters += 1;
+        self.name_used(name, true);
         self.link_client_and_chain(client, slot, node);
     }
 
@@ -1161,6 +1175,41 @@ impl Shard {
         }
         lock.queue_len -= 1;
         self.stats.waiters -= 1;
+        let name = self.waiters[node as usize].name;
+        self.name_used(name, false);
+    }
+
+    // ----- per-name quotas -----
+
+    /// Whether `name` holds or waits on its quota of keys already.
+    #[inline(always)]
+    fn name_over_quota(&self, name: NameId) -> bool {
+        let quota = self.config.name_keys_max;
+        quota > 0 && name != NameId::NONE && self.name_use.get(usize::from(name.0)).is_some_and(|&used| used >= quota)
+    }
+
+    /// `name` took (`more`) or let go of a key or a place in a queue.
+    #[inline(always)]
+    fn name_used(&mut self, name: NameId, more: bool) {
+        if name == NameId::NONE || self.config.name_keys_max == 0 {
+            return;
+        }
+        let index = usize::from(name.0);
+        if index >= self.name_use.len() {
+            self.name_use.resize(index + 1, 0);
+        }
+        let used = &mut self.name_use[index];
+        if more {
+            *used += 1;
+        } else {
+            debug_assert!(*used > 0, "a name lets go of more than it took");
+            *used = used.saturating_sub(1);
+        }
+    }
+
+    /// Keys held plus acquires queued by `name` (0 without a quota).
+    pub fn name_keys(&self, name: NameId) -> u32 {
+        self.name_use.get(usize::from(name.0)).copied().unwrap_or(0)
     }
 
     fn unlink_client(&mut self, node: u32) {

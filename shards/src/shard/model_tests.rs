@@ -11,7 +11,8 @@
 //! Clients come under two names (clients 0 and 2 are one, 1 and 3 the
 //! other): a grant records its taker's name, a release or an extend from the
 //! other name is refused even with the right token, and `I` shows the token
-//! to the holder's name only.
+//! to the holder's name only. Each name may hold or queue on at most
+//! `NAME_KEYS_MAX` keys at once.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -23,6 +24,8 @@ use crate::token::TOKEN_RANGES_QUEUED_MAX;
 const KEYS: [&[u8]; 4] = [b"a", b"b", b"c", b"a-much-longer-key-that-lives-on-the-heap"];
 const CLIENTS: u64 = 4;
 const LEASE_MS_MAX: u64 = 400;
+/// Keys held plus acquires queued by one name.
+const NAME_KEYS_MAX: u32 = 2;
 
 /// The authenticated name of a client: two clients share each name.
 fn name_of(client: u64) -> NameId {
@@ -34,6 +37,7 @@ fn config() -> ShardConfig {
         keys_max: 3,
         waiters_per_key_max: 3,
         waiters_max: 6,
+        name_keys_max: NAME_KEYS_MAX,
         lease_ms_max: LEASE_MS_MAX,
         deltas: false,
         tokens_low_water: 4,
@@ -162,6 +166,13 @@ impl Model {
 
     fn waiters(&self) -> usize {
         self.keys.values().map(|k| k.queue.len()).sum()
+    }
+
+    /// Keys held plus acquires queued by `name`.
+    fn name_use(&self, name: NameId) -> usize {
+        let held = self.keys.values().filter(|k| k.holder.is_some() && k.name == name).count();
+        let queued = self.keys.values().flat_map(|k| &k.queue).filter(|q| name_of(q.client) == name).count();
+        held + queued
     }
 
     fn answer(&mut self, out: &mut Vec<(u64, Outcome)>, key: usize, client: u64, id: u64, outcome: Outcome) {
@@ -340,19 +351,22 @@ fn run(steps: Vec<Step>) {
                     shard.acquire_as(now, ClientId(client), name_of(client), KEYS[key], lease_ms, wait_ms);
                 }
                 let exists = model.keys.get(&key).is_some_and(|k| k.holder.is_some() || !k.queue.is_empty());
+                let over_quota = model.name_use(name_of(client)) >= NAME_KEYS_MAX as usize;
                 if lease_ms == 0 || lease_ms > LEASE_MS_MAX {
                     model.answer(&mut expected, key, client, id, Outcome::Error(ErrorCode::BadLease));
                     model.remove_if_free(key);
                 } else if exists {
                     let entry = &model.keys[&key];
-                    if entry.queue.len() >= 3 || model.waiters() >= 6 {
+                    if entry.queue.len() >= 3 || model.waiters() >= 6 || over_quota {
                         model.answer(&mut expected, key, client, id, Outcome::Error(ErrorCode::TooManyWaiters));
                     } else {
                         let wait_deadline = (wait_ms > 0).then(|| model.due(now + wait_ms));
                         model.keys.get_mut(&key).unwrap().queue.push(Queued { id, client, lease_ms, wait_deadline });
                         enqueue_order.entry(key).or_default().push(id);
                     }
-                } else if model.keys.values().filter(|k| k.holder.is_some() || !k.queue.is_empty()).count() >= 3 {
+                } else if model.keys.values().filter(|k| k.holder.is_some() || !k.queue.is_empty()).count() >= 3
+                    || over_quota
+                {
                     expected.push((id, Outcome::Error(ErrorCode::TooManyKeys)));
                 } else if model.take_token() {
                     let due = model.due(now + lease_ms);
@@ -567,6 +581,9 @@ fn run(steps: Vec<Step>) {
         assert_eq!(shard.stats().keys, live_keys as u64, "step {index}: keys with state");
         assert_eq!(shard.stats().waiters, model.waiters() as u64, "step {index}: waiters");
         assert_eq!(shard.stats().held_keys, model.keys.values().filter(|k| k.holder.is_some()).count() as u64);
+        for name in [name_of(0), name_of(1)] {
+            assert_eq!(shard.name_keys(name) as usize, model.name_use(name), "step {index}: keys of name {name:?}");
+        }
         assert_eq!(shard.tokens_remaining(), model.tokens_left(), "step {index}: tokens left");
     }
 }
