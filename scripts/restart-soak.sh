@@ -8,13 +8,16 @@
 # restarts. Ends with one table: per client, the calls answered, the calls
 # that failed, the releases answered not-holder because the restart forgot
 # the lock ("lost by restart"), the acquires not granted within their wait,
-# and the longest time a worker went without an answer. Exits non-zero if a
-# call failed or a lock was lost without a restart in its hold.
+# and the longest time a worker went without an answer (a grant, a release,
+# or a release's not-holder). Exits non-zero if a call failed or a lock was
+# lost without a restart in its hold.
 #
 # A call fails when the client raises an error: with the server back in a
 # fraction of a second, well within an acquire's wait and a release's 5 s
 # retry window, the goal is none. Each failure is listed with its error and
-# its time after the restart before it.
+# its time after the restart before it, and the longest stall with its place
+# around a restart (a stall far from any is the machine, not the restart).
+# Results: docs/operations.md, "Restart soak".
 #
 # Usage: scripts/restart-soak.sh [--restarts 20] [--up 1.5] [--signal kill|term|mixed]
 #          [--clients rust,python,python-asyncio,go,node,cli] [--workers 8] [--keys 4]
@@ -51,7 +54,7 @@ while (($# > 0)); do
         --wait) WAIT="$2"; shift 2 ;;
         --summary) SUMMARY="$(realpath -m "$2")"; shift 2 ;;
         --keep) KEEP=1; shift ;;
-        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,31p' "$0"; exit 0 ;;
         *) echo "restart-soak.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -210,9 +213,9 @@ for client in clients:
         before = [(stopped, back) for stopped, _, back in restarts if stopped <= at]
         where = (f"{at - before[-1][0]:.2f} s after stop {len(before)} (server back after "
                  f"{before[-1][1] - before[-1][0]:.3f} s)") if before else "before the first restart"
-        notes.append(f"{client}: {call} failed {where}: {kind}: {message}")
+        notes.append(f"{report['client']}: {call} failed {where}: {kind}: {message}")
     if len(report["failures"]) > 10:
-        notes.append(f"{client}: ... {len(report['failures']) - 10} more failures")
+        notes.append(f"{report['client']}: ... {len(report['failures']) - 10} more failures")
     # Where the longest stall fell: a stall away from any restart is the
     # client or the machine, not the restart.
     before = [(stopped, back) for stopped, _, back in restarts if stopped <= report["stall_to"]]
@@ -222,7 +225,8 @@ for client in clients:
                      f"{report['stall_to'] - stopped:+.3f} s around stop {len(before)} (server listening again "
                      f"at {back - stopped:+.3f} s)")
     for lost in unexplained:
-        notes.append(f"{client}: release answered not-holder with no restart since its acquire was asked at {lost[0]:.3f}")
+        notes.append(f"{report['client']}: release answered not-holder with no restart since its acquire "
+                     f"was asked at {lost[0]:.3f}")
 
 lines = [
     f"{sum(signals.values()) // len(clients)} restarts per client ("
