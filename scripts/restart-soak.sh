@@ -62,7 +62,10 @@ case "$SIGNAL" in kill | term | mixed) ;; *) echo "restart-soak.sh: --signal is 
 
 wanted() { [[ ",$CLIENTS," == *",$1,"* ]]; }
 
-cargo build --release --quiet -p ringlock --bin ringlock --bin ringlock-cli -p ringlock-client --example restart_soak
+# Two builds, so that the server's is the one the other scripts and the
+# clients' tests make (an example brings the client's dev-dependencies in).
+cargo build --release --quiet -p ringlock
+cargo build --release --quiet -p ringlock-client --example restart_soak
 BIN="${CARGO_TARGET_DIR:-target}/release"
 BIN="$(realpath "$BIN")"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ringlock-restart-soak.XXXXXX")"
