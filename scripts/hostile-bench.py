@@ -21,6 +21,7 @@ interpreter's overhead; the ratios to idle are the point.
 """
 
 import hashlib
+import multiprocessing
 import os
 import random
 import re
@@ -39,7 +40,7 @@ SLOWLORIS = int(os.environ.get("SLOWLORIS", "10000"))
 HALF = int(os.environ.get("HALF", "10000"))
 FLOOD_THREADS = int(os.environ.get("FLOOD_THREADS", "4"))
 SLOW_READERS = int(os.environ.get("SLOW_READERS", "2000"))
-FILL_THREADS = int(os.environ.get("FILL_THREADS", "2"))
+FILL_PROCESSES = int(os.environ.get("FILL_PROCESSES", "2"))
 HANDSHAKE_MS = int(os.environ.get("HANDSHAKE_MS", "10000"))
 ATTACKS = os.environ.get("ATTACKS", "")
 SERVER_FLAGS = os.environ.get("SERVER_FLAGS", "").split()
@@ -298,11 +299,16 @@ def slow_readers(attack, address, context, count):
     attack.spawn(run)
 
 
-def key_fill(attack, address, context, threads, totals):
+def key_fill(attack, address, context, processes, totals):
     """Authenticated clients that take new 200-byte keys with 24-hour leases
     as fast as the server grants them, pipelined 1000 at a time (they read
-    their replies). `totals` counts grants and refusals."""
-    def run(thread):
+    their replies). Each runs in a process of its own, so that the
+    bystander's thread never waits for this interpreter's lock behind them.
+    `totals` counts grants and refusals."""
+    stopping = multiprocessing.Event()
+    counts = multiprocessing.Array("q", 2)
+
+    def run(index):
         try:
             raw = socket.create_connection(address)
             conn = context.wrap_socket(raw, server_hostname="localhost")
@@ -313,16 +319,15 @@ def key_fill(attack, address, context, threads, totals):
             buffer = buffer.split(b"\n", 1)[1]
         except (OSError, ssl.SSLError):
             return
-        attack.sockets.append(conn)
         sequence = 0
-        while not attack.stopping.is_set():
+        while not stopping.is_set():
             lines = []
             for _ in range(1000):
-                lines.append(f"A fill/{thread}/{sequence:0190d} 86400 1\n")
+                lines.append(f"A fill/{index}/{sequence:0190d} 86400 1\n")
                 sequence += 1
             try:
                 conn.sendall("".join(lines).encode())
-                answered = 0
+                answered = granted = 0
                 while answered < 1000:
                     chunk = conn.recv(1 << 16)
                     if not chunk:
@@ -330,12 +335,24 @@ def key_fill(attack, address, context, threads, totals):
                     buffer += chunk
                     *replies, buffer = buffer.split(b"\n")
                     answered += len(replies)
-                    for reply in replies:
-                        totals["granted" if reply.startswith(b"A ") else "refused"] += 1
+                    granted += sum(1 for reply in replies if reply.startswith(b"A "))
+                with counts.get_lock():
+                    counts[0] += granted
+                    counts[1] += answered - granted
             except (OSError, ssl.SSLError):
                 return
-    for thread in range(threads):
-        attack.spawn(run, thread)
+        conn.close()
+
+    def supervise():
+        workers = [multiprocessing.Process(target=run, args=(index,), daemon=True) for index in range(processes)]
+        for worker in workers:
+            worker.start()
+        attack.stopping.wait()
+        stopping.set()
+        for worker in workers:
+            worker.join(timeout=10)
+        totals["granted"], totals["refused"] = counts[0], counts[1]
+    attack.spawn(supervise)
 
 
 def main():
@@ -358,7 +375,7 @@ def main():
             ("p-flood", lambda attack: flood(attack, address, context, b"P\n", FLOOD_THREADS)),
             (f"slow-readers ({SLOW_READERS})", lambda attack: slow_readers(attack, address, context, SLOW_READERS)),
             # Last: the keys it takes stay held for the rest of the run.
-            (f"key-fill ({FILL_THREADS})", lambda attack: key_fill(attack, address, context, FILL_THREADS, fill)),
+            (f"key-fill ({FILL_PROCESSES})", lambda attack: key_fill(attack, address, context, FILL_PROCESSES, fill)),
         ]
         if ATTACKS:
             wanted = ["idle", *ATTACKS.split(",")]

@@ -15,8 +15,8 @@
 #   SLOWLORIS [10000], HALF [10000]: connections of those attacks
 #   FLOOD_THREADS [4]: threads of each flood
 #   SLOW_READERS [2000]: connections that never read
-#   FILL_THREADS [2]: connections of the key fill (new 200-byte keys with
-#     24-hour leases, pipelined 1000 at a time), run last
+#   FILL_PROCESSES [2]: connections of the key fill, a process each (new
+#     200-byte keys with 24-hour leases, pipelined 1000 at a time), run last
 #   HANDSHAKE_MS [10000]: the server's --handshake-ms
 #   ATTACKS [all]: a comma-separated list of attacks to run after idle
 #     (slowloris, garbage, half-handshakes, bad-u-flood, p-flood, slow-readers,

@@ -169,6 +169,17 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub max_unsent_mb: Option<u64>,
 
+    /// Requests parsed from one connection in one turn of its core; what it
+    /// sent beyond waits for the next turn, after every other connection had
+    /// its share. Lower keeps a bystander's wait short while another client
+    /// pipelines thousands of requests; higher suits clients that keep more
+    /// than this many requests in flight each (the load generator's default
+    /// is 64): at 512 in flight per connection, the default costs about 13 %
+    /// of throughput (docs/operations.md).
+    #[arg(long, env = "RINGLOCK_REQUESTS_PER_TURN", default_value_t = 128, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub requests_per_turn: u32,
+
     /// A connection whose unsent replies make no progress for this long
     /// (milliseconds: its client reads nothing) is closed, and what it held
     /// is freed (ringlock_output_stall_closes_total).

@@ -212,6 +212,7 @@ fn shared(
         connection_limits: crate::core::Limits {
             core_output_max: (config.max_unsent_bytes() / shards.max(1) as u64) as usize,
             output_stall_ms: config.output_stall_ms,
+            requests_per_turn: config.requests_per_turn,
             ..crate::core::Limits::DEFAULT
         },
     })

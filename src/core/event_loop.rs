@@ -5,7 +5,9 @@
 //! 1. submit what is queued and wait for completions, at most until the
 //!    shard's next timer deadline (or not at all if the inbox has work);
 //! 2. handle completions: new connections, received bytes (parsed in place
-//!    from the provided buffer), finished sends, inbox wake-ups;
+//!    from the provided buffer, up to a share of requests per connection
+//!    per turn; the rest waits for the next turn, which then starts without
+//!    sleeping), finished sends, inbox wake-ups;
 //! 3. handle the inbox: requests for this core's keys and replies for this
 //!    core's connections, sent by other cores;
 //! 4. advance the shard to now, so leases and waits that ran out end;
@@ -192,6 +194,9 @@ impl EventLoop {
         self.reload_auth();
         self.handle_completions();
         self.handle_inbox();
+        // Connections that used their share of the last turn with lines
+        // left go on now, each with this turn's share.
+        self.dispatcher.serve_deferred();
         self.dispatcher.advance();
         self.expire_greetings();
         self.retry_tokens();
@@ -305,6 +310,7 @@ impl EventLoop {
         let asleep = &self.inbox.asleep;
         asleep.store(true, Ordering::SeqCst);
         let busy = !self.inbox.receiver.is_empty()
+            || self.dispatcher.has_deferred()
             || !self.state.ring.completion().is_empty()
             || !self.state.all_refused_sent()
             || !self.state.reports.is_empty();

@@ -27,6 +27,9 @@ pub(super) struct Connections {
     /// Paused connections to try again once their replies drain, or once
     /// their requests in flight are below the limit again.
     pub(super) resumable: Vec<u32>,
+    /// Connections that used their requests of a turn with lines left, in
+    /// the order they did: parsed on in the next turn.
+    pub(super) deferred: Vec<u32>,
     pub(super) effects: Vec<SocketEffect>,
     /// Messages for each core, taken by the shell at the end of the turn.
     pub(super) outgoing: Vec<Vec<CoreMessage>>,
@@ -52,6 +55,7 @@ impl Connections {
             open: 0,
             flush: Vec::new(),
             resumable: Vec::new(),
+            deferred: Vec::new(),
             effects: Vec::new(),
             outgoing: (0..cores).map(|_| Vec::new()).collect(),
             active_address: None,
@@ -162,6 +166,15 @@ impl Connections {
         }
         if !self.stopping && session.finished() {
             self.begin_close(slot);
+        }
+    }
+
+    /// Lists `slot` to be parsed on in the next turn (once).
+    pub(super) fn defer(&mut self, slot: u32) {
+        let session = &mut self.sessions[slot as usize];
+        if !session.deferred {
+            session.deferred = true;
+            self.deferred.push(slot);
         }
     }
 

@@ -143,6 +143,8 @@ pub(crate) struct Dispatcher {
     /// that a flood of `S` costs a copy each rather than a walk over every
     /// core's counters each.
     stats: Option<StatsJson>,
+    /// The number of this turn (see [`Dispatcher::set_now`]).
+    turn: u64,
 }
 
 /// A built `S` reply body and what it was built for.
@@ -193,6 +195,7 @@ impl Dispatcher {
             next_stall_check_ms: 0,
             auth_failures: None,
             stats: None,
+            turn: 1,
         };
         // A new shard's first effect is its call for tokens.
         dispatcher.deliver_replies();
@@ -201,9 +204,12 @@ impl Dispatcher {
 
     // ----- inputs from the shell -----
 
-    /// The time of this turn; nothing in the dispatcher reads a clock.
+    /// A new turn of the core, at `now_ms`: nothing in the dispatcher reads
+    /// a clock, and each connection may have
+    /// [`Limits::requests_per_turn`] requests parsed per turn.
     pub(crate) fn set_now(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
+        self.turn += 1;
     }
 
     /// A new connection: its slot and generation, or `None` if the core has
@@ -424,28 +430,56 @@ impl Dispatcher {
         true
     }
 
+    /// Parses on, with this turn's shares, what connections kept when they
+    /// used their share of an earlier turn, in the order they did.
+    pub(crate) fn serve_deferred(&mut self) {
+        let mut deferred = std::mem::take(&mut self.connections.deferred);
+        for &slot in &deferred {
+            self.connections.sessions[slot as usize].deferred = false;
+        }
+        for &slot in &deferred {
+            self.parse_kept(slot);
+        }
+        deferred.clear();
+        if self.connections.deferred.is_empty() {
+            // Keep the list's memory.
+            self.connections.deferred = deferred;
+        }
+    }
+
+    /// Whether some connection has lines waiting for the next turn: the
+    /// shell then does not sleep.
+    pub(crate) fn has_deferred(&self) -> bool {
+        !self.connections.deferred.is_empty()
+    }
+
+    /// Parses what a connection kept (unless it is paused or reads no
+    /// more), ends its input if the client did, and settles it.
+    fn parse_kept(&mut self, slot: u32) {
+        let session = &mut self.connections.sessions[slot as usize];
+        if !session.is_open() || session.closing() || session.is_paused() {
+            return;
+        }
+        if session.reading() && !session.input.is_empty() {
+            let mut input = std::mem::take(&mut session.input);
+            let consumed = self.parse(slot, input.as_slice());
+            let session = &mut self.connections.sessions[slot as usize];
+            if session.reading() {
+                input.consume(consumed);
+                session.input = input;
+            }
+        }
+        if self.connections.sessions[slot as usize].input_ended() {
+            self.finish_input(slot);
+        }
+        self.connections.settle(slot);
+    }
+
     /// Parses what paused connections kept, now that they are below their
     /// limits again.
     pub(crate) fn resume_paused(&mut self) {
         while let Some(slot) = self.connections.resumable.pop() {
-            let session = &mut self.connections.sessions[slot as usize];
-            if !session.is_open() || session.closing() || session.is_paused() {
-                continue;
-            }
-            if session.reading() && !session.input.is_empty() {
-                let input = std::mem::take(&mut session.input);
-                let consumed = self.parse(slot, &input);
-                let session = &mut self.connections.sessions[slot as usize];
-                if session.reading() {
-                    let mut rest = input;
-                    rest.drain(..consumed);
-                    session.input = rest;
-                }
-            }
-            if self.connections.sessions[slot as usize].input_ended() {
-                self.finish_input(slot);
-            }
-            self.connections.settle(slot);
+            self.parse_kept(slot);
         }
     }
 
@@ -655,8 +689,9 @@ impl Dispatcher {
     fn finish_input(&mut self, slot: u32) {
         let session = &self.connections.sessions[slot as usize];
         // A paused connection still has whole lines to handle; the resume
-        // after its replies drain comes back here.
-        if session.reading() && !session.is_paused() {
+        // after its replies drain comes back here, as does the next turn
+        // of one that used its share of this one.
+        if session.reading() && !session.is_paused() && !session.deferred {
             self.stop_reading(slot);
         }
     }

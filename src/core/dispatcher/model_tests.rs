@@ -21,7 +21,7 @@ const STEPS: usize = 600;
 const CORES: usize = 2;
 const CLIENTS: usize = 5;
 const KEYS: [&str; 4] = ["a", "b", "c", "d"];
-const LIMITS: Limits = Limits { in_flight_max: 6, output_bytes_max: 200, ..Limits::DEFAULT };
+const LIMITS: Limits = Limits { in_flight_max: 6, output_bytes_max: 200, requests_per_turn: 3, ..Limits::DEFAULT };
 /// The longest reply line in this test (a grant: op, key, a 20-digit token).
 const REPLY_LINE_MAX: usize = 32;
 
@@ -370,6 +370,7 @@ impl Model {
         for core in 0..CORES {
             supply_tokens(&mut self.cores[core], &mut self.sequence);
             self.cores[core].resume_paused();
+            self.cores[core].serve_deferred();
             self.apply_effects(core);
         }
         self.check_caps();
@@ -415,6 +416,7 @@ impl Model {
                 self.cores[core].advance();
                 supply_tokens(&mut self.cores[core], &mut self.sequence);
                 self.cores[core].resume_paused();
+                self.cores[core].serve_deferred();
                 self.apply_effects(core);
             }
             self.check_caps();

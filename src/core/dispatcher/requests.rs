@@ -118,8 +118,21 @@ impl Dispatcher {
                 }
                 return offset;
             }
+            if !self.connections.sessions[slot as usize].take_turn_share(self.turn) {
+                // Its share of this turn is used: what is left waits for
+                // the next, if there is a line to parse.
+                let rest = &data[offset..];
+                if rest.contains(&b'\n') || rest.len() > ringlock_proto::LINE_LEN_MAX {
+                    self.connections.defer(slot);
+                }
+                return offset;
+            }
             match decode_request(&data[offset..], self.lease_ms_max) {
-                Decoded::Incomplete => return offset,
+                Decoded::Incomplete => {
+                    // Not a request: the share is given back.
+                    self.connections.sessions[slot as usize].parsed_in_turn -= 1;
+                    return offset;
+                }
                 Decoded::LineTooLong => {
                     self.connections.counters.count_error(ErrorCode::LineTooLong);
                     let reply = Reply::Error { op: None, key: None, code: ErrorCode::LineTooLong };
@@ -170,10 +183,9 @@ impl Dispatcher {
             // first newline, then parse the rest in place.
             let take = partial_line_end(data);
             session.input.extend_from_slice(&data[..take]);
-            let pending = std::mem::take(&mut session.input);
-            let consumed = self.parse(slot, &pending);
-            let mut rest = pending;
-            rest.drain(..consumed);
+            let mut rest = std::mem::take(&mut session.input);
+            let consumed = self.parse(slot, rest.as_slice());
+            rest.consume(consumed);
             let session = &self.connections.sessions[slot as usize];
             if rest.is_empty() && session.reading() && !session.is_paused() {
                 let consumed = self.parse(slot, &data[take..]);

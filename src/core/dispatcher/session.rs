@@ -55,6 +55,10 @@ pub struct Limits {
     /// A connection whose unsent replies make no progress for this long is
     /// closed (its client stopped reading).
     pub output_stall_ms: u64,
+    /// Requests parsed from one connection in one turn of the core; the
+    /// rest of what it sent waits for the next turn, after every other
+    /// connection had its share.
+    pub requests_per_turn: u32,
 }
 
 impl Limits {
@@ -63,8 +67,15 @@ impl Limits {
         output_bytes_max: OUTPUT_BYTES_MAX,
         core_output_max: CORE_OUTPUT_BYTES_DEFAULT,
         output_stall_ms: OUTPUT_STALL_MS_DEFAULT,
+        requests_per_turn: REQUESTS_PER_TURN,
     };
 }
+
+/// [`Limits::requests_per_turn`]: twice the depth a pipelining client
+/// usually keeps (the load generator's default is 64), so that such a
+/// client is served in one turn, while one that sends thousands at once
+/// cannot make a turn, and every other connection's wait, that long.
+pub const REQUESTS_PER_TURN: u32 = 128;
 
 /// [`Limits::core_output_max`] when the server sets none.
 pub const CORE_OUTPUT_BYTES_DEFAULT: usize = 256 << 20;
@@ -82,6 +93,49 @@ pub const SQUEEZED_OUTPUT_BYTES: usize = 64 << 10;
 /// Buffers larger than this are given back to the allocator once empty, so
 /// an idle connection costs little memory after a burst.
 pub const BUFFER_BYTES_KEPT: usize = 64 << 10;
+
+/// Received bytes not parsed yet: parsing takes lines from the front by
+/// moving a start offset, so a connection parsed a share per turn costs no
+/// copy of what it still holds; the buffer is compacted only when more is
+/// added and the parsed front is at least half of it.
+#[derive(Debug, Default)]
+pub struct Kept {
+    bytes: Vec<u8>,
+    start: usize,
+}
+
+impl Kept {
+    /// The bytes not parsed yet.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[self.start..]
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len() - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `count` bytes were parsed.
+    pub fn consume(&mut self, count: usize) {
+        self.start += count;
+        debug_assert!(self.start <= self.bytes.len());
+        if self.start == self.bytes.len() {
+            self.bytes.clear();
+            self.start = 0;
+        }
+    }
+
+    pub fn extend_from_slice(&mut self, data: &[u8]) {
+        if self.start > 0 && self.start >= self.bytes.len() / 2 {
+            self.bytes.drain(..self.start);
+            self.start = 0;
+        }
+        self.bytes.extend_from_slice(data);
+    }
+}
 
 /// Where a connection is in its life; see the module documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,8 +163,9 @@ pub struct Session {
     /// Changes every time the slot is reused, so late replies for a closed
     /// connection are dropped rather than sent to its successor.
     pub generation: u32,
-    /// Bytes received and not parsed yet (a partial line, or more while paused).
-    pub input: Vec<u8>,
+    /// Bytes received and not parsed yet (a partial line, or more while
+    /// paused or waiting for the next turn).
+    pub input: Kept,
     /// Replies not handed to the shell yet.
     pub output: Vec<u8>,
     /// Bytes handed to the shell that it has not reported sent.
@@ -138,6 +193,12 @@ pub struct Session {
     pub squeezed: bool,
     /// When its unsent replies last made progress (or started to wait).
     pub last_progress_ms: u64,
+    /// The turn its requests were last parsed in, and how many then.
+    pub parsed_turn: u64,
+    pub parsed_in_turn: u32,
+    /// It used its requests of a turn with whole lines left in `input`,
+    /// and is listed to be parsed on in the next turn.
+    pub deferred: bool,
 }
 
 impl Session {
@@ -145,7 +206,7 @@ impl Session {
     pub fn free() -> Session {
         Session {
             generation: 0,
-            input: Vec::new(),
+            input: Kept::default(),
             output: Vec::new(),
             unsent: 0,
             in_flight: 0,
@@ -159,6 +220,9 @@ impl Session {
             peer_ip: None,
             squeezed: false,
             last_progress_ms: 0,
+            parsed_turn: 0,
+            parsed_in_turn: 0,
+            deferred: false,
         }
     }
 
@@ -210,7 +274,7 @@ impl Session {
     /// Reads no more requests, and drops the input kept. True the first time,
     /// when the shards are to be told (and then acknowledge, `gone_acks`).
     pub fn stop_reading(&mut self) -> bool {
-        self.input = Vec::new();
+        self.input = Kept::default();
         match self.phase {
             Phase::Reading | Phase::InputEnded | Phase::Stopped => {
                 self.phase = Phase::Draining;
@@ -222,7 +286,7 @@ impl Session {
 
     /// The server stops: no more requests are read, and the input kept is dropped.
     pub fn stop_for_shutdown(&mut self) {
-        self.input = Vec::new();
+        self.input = Kept::default();
         if self.reading() {
             self.phase = Phase::Stopped;
         }
@@ -234,6 +298,20 @@ impl Session {
             return false;
         }
         self.phase = Phase::Closing;
+        true
+    }
+
+    /// Counts one request parsed in `turn`; false, counting nothing, if the
+    /// connection has had its share of that turn.
+    pub fn take_turn_share(&mut self, turn: u64) -> bool {
+        if self.parsed_turn != turn {
+            self.parsed_turn = turn;
+            self.parsed_in_turn = 0;
+        }
+        if self.parsed_in_turn >= self.limits.requests_per_turn {
+            return false;
+        }
+        self.parsed_in_turn += 1;
         true
     }
 
@@ -355,6 +433,20 @@ mod tests {
         assert!(!session.finished(), "a send is in flight");
         session.sent(sending.len());
         assert!(session.finished());
+    }
+
+    #[test]
+    fn kept_input_is_taken_from_the_front_and_compacted_only_when_more_comes() {
+        let mut kept = Kept::default();
+        kept.extend_from_slice(b"P\nP\nA k");
+        kept.consume(2);
+        assert_eq!(kept.as_slice(), b"P\nA k");
+        kept.extend_from_slice(b" 30 0\n");
+        assert_eq!(kept.as_slice(), b"P\nA k 30 0\n");
+        kept.consume(2);
+        kept.consume(9);
+        assert!(kept.is_empty());
+        assert_eq!((kept.bytes.len(), kept.start), (0, 0), "emptied, it starts over");
     }
 
     #[test]

@@ -50,9 +50,20 @@ impl Core {
         self.dispatcher.open().expect("a slot").0
     }
 
+    /// Bytes received, then turns of the core (at the same time) until no
+    /// connection has lines left for a next turn, as the shell runs them.
     fn feed(&mut self, slot: u32, bytes: &[u8]) {
         self.dispatcher.received(slot, bytes);
         supply_tokens(&mut self.dispatcher, &mut self.sequence);
+        self.run_turns();
+    }
+
+    fn run_turns(&mut self) {
+        while self.dispatcher.has_deferred() {
+            self.dispatcher.set_now(self.dispatcher.now_ms);
+            self.dispatcher.serve_deferred();
+            supply_tokens(&mut self.dispatcher, &mut self.sequence);
+        }
     }
 
     /// What the shell would send now on `slot`, as if it all went out.
@@ -124,12 +135,15 @@ fn a_connection_that_stops_reading_its_replies_is_paused_then_resumed() {
     // Pings whose replies nobody sends: the output limit pauses the connection.
     let pings = b"P\n".repeat(OUTPUT_BYTES_MAX / 20 + 1000);
     core.feed(slot, &pings);
-    assert_eq!(core.effects(), [SocketEffect::StopReceiving(slot)]);
+    // (Fed at once, more than a connection may hold unparsed: its receive
+    // stops for that first, then for the output.)
+    assert_eq!(core.effects().last(), Some(&SocketEffect::StopReceiving(slot)));
     assert!(!core.dispatcher.wants_input(slot));
     let kept = core.dispatcher.connections.sessions[slot as usize].input.len();
     assert!(kept > 0, "the lines after the limit are kept unparsed");
     // The replies go out: the kept lines are parsed and reading starts again.
     let mut answered = core.sent_output(slot).lines().count();
+    core.run_turns();
     assert_eq!(core.effects(), [SocketEffect::Receive(slot)]);
     answered += core.sent_output(slot).lines().count();
     assert_eq!(answered, pings.len() / 2, "every ping is answered once");
@@ -147,12 +161,15 @@ fn a_connection_at_the_in_flight_limit_is_paused_until_answers_bring_it_below() 
     let mut lines = b"A k 30 0\n".to_vec();
     lines.extend(b"A k 0 0\n".repeat(IN_FLIGHT_MAX as usize + 10));
     core.feed(slot, &lines);
-    assert_eq!(core.effects(), [SocketEffect::StopReceiving(slot)]);
+    // (Fed at once, more than a connection may hold unparsed: its receive
+    // stops for that first, then for the requests in flight.)
+    assert_eq!(core.effects().last(), Some(&SocketEffect::StopReceiving(slot)));
     assert_eq!(core.dispatcher.connections.sessions[slot as usize].in_flight, IN_FLIGHT_MAX);
     assert!(core.dispatcher.counters().in_flight_pauses > 0);
     assert!(core.sent_output(slot).is_empty(), "nothing can be answered before the queued acquire");
     core.feed(holder, format!("R k {token}\n").as_bytes());
     core.dispatcher.resume_paused();
+    core.run_turns();
     let output = core.sent_output(slot);
     assert!(output.starts_with("A k "), "{}", &output[..40]);
     let errors = output.lines().filter(|line| *line == "E A k bad-lease").count();
@@ -306,4 +323,39 @@ fn stats_replies_of_one_millisecond_share_one_body_and_the_next_millisecond_buil
     core.dispatcher.set_now(6);
     core.feed(second, b"S\n");
     assert_eq!(core.sent_output(second), "S {\"built\":2}\n");
+}
+
+#[test]
+fn a_connection_gets_a_share_of_requests_per_turn_and_the_rest_waits_for_the_next_turns() {
+    let mut core = Core::new();
+    let (busy, other) = (core.open(), core.open());
+    let share = Limits::DEFAULT.requests_per_turn as usize;
+    core.dispatcher.set_now(1);
+    // Fed straight to the dispatcher, as one turn of the shell would.
+    core.dispatcher.received(busy, &b"P\n".repeat(2 * share + 44));
+    core.dispatcher.received(other, b"P\n");
+    assert_eq!(core.sent_output(busy).lines().count(), share, "one share in the first turn");
+    assert_eq!(core.sent_output(other).lines().count(), 1, "the other connection is served in the same turn");
+    assert!(core.dispatcher.has_deferred(), "the shell must not sleep");
+    core.dispatcher.set_now(1);
+    core.dispatcher.serve_deferred();
+    assert_eq!(core.sent_output(busy).lines().count(), share);
+    core.dispatcher.set_now(2);
+    core.dispatcher.serve_deferred();
+    assert_eq!(core.sent_output(busy).lines().count(), 44);
+    assert!(!core.dispatcher.has_deferred());
+
+    // A client that sends its lines and closes its side gets every answer
+    // before the connection closes, however many turns they take.
+    core.dispatcher.received(busy, &b"P\n".repeat(3 * share));
+    core.dispatcher.input_ended(busy);
+    assert!(!core.effects().contains(&SocketEffect::Close(busy)), "not closed with lines left");
+    let mut answered = core.sent_output(busy).lines().count();
+    while core.dispatcher.has_deferred() {
+        core.dispatcher.set_now(3);
+        core.dispatcher.serve_deferred();
+        answered += core.sent_output(busy).lines().count();
+    }
+    assert_eq!(answered, 3 * share);
+    assert_eq!(core.effects(), [SocketEffect::Close(busy)]);
 }
