@@ -309,11 +309,19 @@ fn error_kinds() {
     assert!(error.to_string().contains(&format!("{} (connection refused)", refusing.addr)), "{error}");
 }
 
-/// Waits until every running standby has applied the table of the active
-/// `active` up to its version now: what was granted before has reached them.
-fn wait_replicated(cluster: &Cluster, active: usize) {
+/// Waits until the table version of the active `active` has grown past
+/// `since` (its version before the grant to wait for: the version counts
+/// a grant once the replication core took it, not when it was granted),
+/// then until every running standby has applied the active's table up to
+/// that version: the grant has reached them.
+fn wait_replicated(cluster: &Cluster, active: usize, since: u64) {
     let mut conn = cluster.node(active).connect();
-    let (stream, version) = table_version(&mut conn).expect("the active's S shows its table");
+    let mut target = None;
+    cluster.wait_for(&format!("node {active}'s table version to grow past {since}"), |_| {
+        target = table_version(&mut conn).filter(|(_, version)| *version > since);
+        target.is_some()
+    });
+    let (stream, version) = target.unwrap();
     for node in cluster.nodes.iter().filter(|node| node.index != active && node.is_running()) {
         let mut conn = node.connect();
         cluster.wait_for(&format!("node {} to apply stream {stream} up to version {version}", node.index), |_| {
@@ -334,12 +342,13 @@ fn failover_keeps_auto_extended_lock() {
     let (active, _) = cluster.wait_single_active("an active node");
     let holder = Client::connect(cluster.addresses()).unwrap();
     let rival = Client::connect(cluster.addresses()).unwrap();
+    let since = table_version(&mut cluster.node(active).connect()).expect("the active's S shows its table").1;
     let lock = holder.acquire("failover/kept", lease, None).unwrap().expect("no wait limit");
     let reported_lost = Arc::new(AtomicBool::new(false));
     let flag = reported_lost.clone();
     lock.on_lost(move || flag.store(true, Ordering::SeqCst));
     lock.auto_extend();
-    wait_replicated(&cluster, active);
+    wait_replicated(&cluster, active, since);
 
     cluster.node_mut(active).kill9();
     let (new_active, _) = cluster.wait_single_active("a standby to take over");
