@@ -275,26 +275,27 @@ fn lock_from_key_and_token() {
 /// matched by its variant.
 #[test]
 fn error_kinds() {
-    let server = Server::start(&[]);
+    let server = Server::start(&["--max-lease", "60"]);
+    let lease = Duration::from_secs(30);
     let client = client_of(&server);
     // Bad arguments, refused before sending, naming the range.
     let error = client.acquire("errors/k", Duration::ZERO, None).unwrap_err();
     assert_eq!(error, Error::BadArgument(BadArgument::Lease));
     assert!(error.to_string().contains("at least 1 ms"), "{error}");
-    let error = client.acquire("errors/k", LEASE, Some(Duration::from_secs(86_401))).unwrap_err();
+    let error = client.acquire("errors/k", lease, Some(Duration::from_secs(86_401))).unwrap_err();
     assert_eq!(error, Error::BadArgument(BadArgument::Wait));
     assert!(error.to_string().contains("from 1 ms to 86400 s"), "{error}");
     // A lease above the server's limit: its bad-lease, naming the limit.
-    let error = client.acquire("errors/k", Duration::from_secs(48 * 3600), None).unwrap_err();
+    let error = client.acquire("errors/k", Duration::from_secs(120), None).unwrap_err();
     assert_eq!(error, Error::Server(ErrorCode::BadLease));
     assert!(error.to_string().contains("--max-lease"), "{error}");
     // Timeout: not an error, no grant.
-    let holder = client.acquire("errors/k", LEASE, None).unwrap().unwrap();
-    assert!(client.acquire("errors/k", LEASE, Some(Duration::from_millis(50))).unwrap().is_none());
+    let holder = client.acquire("errors/k", lease, None).unwrap().unwrap();
+    assert!(client.acquire("errors/k", lease, Some(Duration::from_millis(50))).unwrap().is_none());
     // Not holder, once the grant is gone.
-    let stale = client.lock_from("errors/k", holder.token(), LEASE).unwrap();
+    let stale = client.lock_from("errors/k", holder.token(), lease).unwrap();
     assert_eq!(holder.release(), Ok(ReleaseOutcome::Released));
-    assert_eq!(stale.extend(LEASE), Err(Error::Server(ErrorCode::NotHolder)));
+    assert_eq!(stale.extend(lease), Err(Error::Server(ErrorCode::NotHolder)));
     assert_eq!(stale.release(), Ok(ReleaseOutcome::NotHeld), "nothing left to release");
     // No connection: the address and the OS error.
     let refusing = common::RefusingPort::new();

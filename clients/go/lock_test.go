@@ -318,7 +318,7 @@ func lockFromKeyAndToken(t *testing.T) {
 // Scenario error-kinds: each kind of error matches its sentinel or type,
 // and range errors name the range.
 func errorKinds(t *testing.T) {
-	s := newServer(t)
+	s := newServer(t, "--max-lease", "60")
 	client := dial(t, []string{s.addr})
 	ctx := testContext(t)
 
@@ -333,10 +333,10 @@ func errorKinds(t *testing.T) {
 		t.Errorf("a negative wait: %v", err)
 	}
 	// A lease beyond the server's limit: the server's bad-lease, named.
-	_, err = client.Acquire(ctx, "k", 48*time.Hour, ringlock.NoLimit)
+	_, err = client.Acquire(ctx, "k", 2*time.Minute, ringlock.NoLimit)
 	var serverError *ringlock.ServerError
 	if !errors.As(err, &serverError) || serverError.Code != ringlock.CodeBadLease || !strings.Contains(err.Error(), "--max-lease") {
-		t.Errorf("a 48h lease: %v", err)
+		t.Errorf("a lease over --max-lease: %v", err)
 	}
 	// Timeout.
 	holder := mustAcquire(t, client, "k")
