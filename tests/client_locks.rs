@@ -1,8 +1,10 @@
 //! The Rust client's lock promises against the real server: the three wait
 //! forms, `held()` asking the server, the local view, auto-extend and its
 //! lost-lock signal (flag, future, callback), a lock rebuilt from (key,
-//! token), and `ringlock-cli run` (default lease with auto-extend, a lost
-//! lock's exit status, a second Ctrl+C).
+//! token), the error kinds, and `ringlock-cli run` (default lease with
+//! auto-extend, a lost lock's exit status, a second Ctrl+C). A lock kept
+//! through a failover is `cluster_client.rs`'s, run with the other cluster
+//! tests.
 
 mod common;
 
@@ -17,6 +19,7 @@ use std::thread::{self, Thread};
 use std::time::Duration;
 
 use common::{Server, wait_until};
+use ringlock_client::proto::ErrorCode;
 use ringlock_client::{BadArgument, Client, Error, ReleaseOutcome};
 
 const LEASE: Duration = Duration::from_secs(600);
@@ -64,7 +67,18 @@ fn cli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ringlock-cli"))
 }
 
-/// Scenario wait-forms: a zero wait tries once and waits for a connection
+/// Runs `acquire` on a thread of its own and returns its result, failing
+/// the test (rather than hanging) if it never comes: an acquire queued
+/// behind a holder of a long lease would not return.
+fn returns<T: Send + 'static>(acquire: impl FnOnce() -> T + Send + 'static) -> T {
+    let (sender, result) = mpsc::channel();
+    thread::spawn(move || sender.send(acquire()));
+    result.recv_timeout(PATIENCE).expect("the acquire returned")
+}
+
+/// Scenario wait-forms: try once (`try_acquire`, or a bare zero) is not
+/// queued behind the holder, a duration runs out, no limit is granted once
+/// the holder releases; and a try with no usable connection waits for one
 /// like `try_acquire`.
 #[test]
 fn wait_forms() {
@@ -72,10 +86,31 @@ fn wait_forms() {
     let addr = server.addr.to_string();
     let client = Client::builder([addr.clone()]).connect_limit(PATIENCE).connect().unwrap();
     let holder = client.acquire("forms/held", LEASE, Some(Duration::ZERO)).unwrap().expect("a free key is granted");
-    assert!(client.acquire("forms/held", LEASE, Some(Duration::ZERO)).unwrap().is_none(), "held: not granted");
-    assert!(client.try_acquire("forms/held", LEASE).unwrap().is_none());
-    assert!(block_on(client.acquire_async("forms/held", LEASE, Some(Duration::ZERO))).unwrap().is_none());
-    drop(holder);
+    let waiter = client_of(&server);
+    let trying = waiter.clone();
+    assert!(returns(move || trying.try_acquire("forms/held", LEASE)).unwrap().is_none(), "held: not granted");
+    let trying = waiter.clone();
+    let zero = returns(move || trying.acquire("forms/held", LEASE, Some(Duration::ZERO)));
+    assert!(zero.unwrap().is_none(), "a bare zero tries once");
+    let trying = waiter.clone();
+    let zero = returns(move || block_on(trying.acquire_async("forms/held", LEASE, Some(Duration::ZERO))));
+    assert!(zero.unwrap().is_none());
+    assert_eq!(waiter.inspect("forms/held").unwrap().waiters, 0, "no try left queued behind the holder");
+    assert!(waiter.acquire("forms/held", LEASE, Some(Duration::from_millis(200))).unwrap().is_none(), "ran out");
+    assert_eq!(
+        waiter.acquire("forms/held", LEASE, Some(Duration::from_secs(86_401))).unwrap_err(),
+        Error::BadArgument(BadArgument::Wait)
+    );
+    let queued = waiter.clone();
+    let (sender, granted) = mpsc::channel();
+    thread::spawn(move || sender.send(queued.acquire("forms/held", LEASE, None)));
+    wait_until("the acquire with no limit to queue", || waiter.inspect("forms/held").unwrap().waiters == 1);
+    let holder_token = holder.token();
+    assert_eq!(holder.release(), Ok(ReleaseOutcome::Released));
+    let next = granted.recv_timeout(PATIENCE).unwrap().unwrap().expect("no limit: granted after the release");
+    assert!(next.token() > holder_token);
+    assert_eq!(next.release(), Ok(ReleaseOutcome::Released));
+    assert!(waiter.try_acquire("forms/held", LEASE).unwrap().is_some(), "a free key is taken at once");
 
     // With no usable connection, a try waits for one up to the connect
     // limit, not for its 1 ms.
@@ -105,7 +140,8 @@ fn a_wait_over_a_day_is_refused_naming_the_range() {
 /// local view.
 #[test]
 fn held_asks_server() {
-    let server = Server::start(&[]);
+    let mut server = Server::start(&[]);
+    let addr = server.addr.to_string();
     let client = client_of(&server);
     let other = client_of(&server);
     let lock = client.acquire("held/released", LEASE, None).unwrap().unwrap();
@@ -115,6 +151,7 @@ fn held_asks_server() {
     assert_eq!(other.release("held/released", lock.token()), Ok(ReleaseOutcome::Released));
     assert!(!lock.held().unwrap(), "released by someone else with the token");
     assert!(!block_on(lock.held_async()).unwrap());
+    assert!(lock.is_locked(), "the local view cannot know");
     // Someone else's grant on the key is not this lock's.
     let _theirs = other.acquire("held/released", LEASE, None).unwrap().unwrap();
     assert!(!lock.held().unwrap());
@@ -123,6 +160,14 @@ fn held_asks_server() {
     wait_until("the local view to see the lease run out", || !short.is_locked());
     assert!(!short.is_lost(), "not auto-extended: run out, not declared lost");
     wait_until("the server to expire it", || !short.held().unwrap());
+
+    // A restarted single node forgot the grant: held asks it and says so.
+    let forgotten = client.acquire("held/restart", LEASE, None).unwrap().unwrap();
+    assert!(forgotten.held().unwrap());
+    server.kill9();
+    let _restarted = Server::start_in(server.data_dir(), &["--listen", &addr]);
+    assert!(!forgotten.held().unwrap(), "the restarted server holds no grant of it");
+    assert!(forgotten.is_locked(), "the local view cannot know");
 }
 
 #[test]
@@ -190,6 +235,7 @@ fn single_node_restart_reports_lost() {
     for lock in &locks {
         block_on(lock.lost());
         assert!(lock.is_lost());
+        assert!(!lock.is_locked());
         assert!(!lock.held().unwrap(), "the restarted node forgot the grant");
     }
     let mut tokens: Vec<u64> = (0..3).map(|_| called.recv_timeout(PATIENCE).unwrap()).collect();
@@ -209,8 +255,9 @@ fn lock_from_key_and_token() {
     assert!(output.status.success(), "{output:?}");
     let token: u64 = String::from_utf8(output.stdout).unwrap().trim().parse().unwrap();
     let client = client_of(&server);
-    assert_eq!(client.lock_from("from/cli", token + 1, LEASE).unwrap().detach(), token + 1);
-    assert!(!client.lock_from("from/cli", token + 1, LEASE).unwrap().held().unwrap(), "a wrong token");
+    let wrong = client.lock_from("from/cli", token + 1, LEASE).unwrap();
+    assert!(!wrong.held().unwrap(), "a wrong token");
+    assert_eq!(wrong.release(), Ok(ReleaseOutcome::NotHeld), "a wrong token releases nothing");
     let lock = client.lock_from("from/cli", token, Duration::from_secs(1)).unwrap();
     assert_eq!(lock.token(), token);
     assert!(lock.held().unwrap());
@@ -220,6 +267,45 @@ fn lock_from_key_and_token() {
     assert_eq!(client.inspect("from/cli").unwrap().token, None, "released from Rust");
     assert_eq!(client.lock_from("-", 1, LEASE).unwrap_err(), Error::BadArgument(BadArgument::DashKey));
     assert_eq!(client.lock_from("k", 1, Duration::ZERO).unwrap_err(), Error::BadArgument(BadArgument::Lease));
+}
+
+/// Scenario error-kinds: each kind of error of clients/README.md's table,
+/// matched by its variant.
+#[test]
+fn error_kinds() {
+    let server = Server::start(&["--max-lease", "60"]);
+    let lease = Duration::from_secs(30);
+    let client = client_of(&server);
+    // Bad arguments, refused before sending, naming the range.
+    let error = client.acquire("errors/k", Duration::ZERO, None).unwrap_err();
+    assert_eq!(error, Error::BadArgument(BadArgument::Lease));
+    assert!(error.to_string().contains("at least 1 ms"), "{error}");
+    let error = client.acquire("errors/k", lease, Some(Duration::from_secs(86_401))).unwrap_err();
+    assert_eq!(error, Error::BadArgument(BadArgument::Wait));
+    assert!(error.to_string().contains("from 1 ms to 86400 s"), "{error}");
+    // A lease above the server's limit: its bad-lease, naming the limit.
+    let error = client.acquire("errors/k", Duration::from_secs(120), None).unwrap_err();
+    assert_eq!(error, Error::Server(ErrorCode::BadLease));
+    assert!(error.to_string().contains("--max-lease"), "{error}");
+    // Timeout: not an error, no grant.
+    let holder = client.acquire("errors/k", lease, None).unwrap().unwrap();
+    assert!(client.acquire("errors/k", lease, Some(Duration::from_millis(50))).unwrap().is_none());
+    // Not holder, once the grant is gone.
+    let stale = client.lock_from("errors/k", holder.token(), lease).unwrap();
+    assert_eq!(holder.release(), Ok(ReleaseOutcome::Released));
+    assert_eq!(stale.extend(lease), Err(Error::Server(ErrorCode::NotHolder)));
+    assert_eq!(stale.release(), Ok(ReleaseOutcome::NotHeld), "nothing left to release");
+    // No connection: the address and the OS error.
+    let refusing = common::RefusingPort::new();
+    let unreachable =
+        Client::builder([refusing.addr.to_string()]).connect_limit(Duration::from_millis(300)).connect().unwrap();
+    let error = unreachable.ping().unwrap_err();
+    let Error::NoConnection { addresses, .. } = &error else { panic!("a connection error: {error:?}") };
+    assert_eq!(addresses.len(), 1);
+    assert_eq!(addresses[0].address, refusing.addr.to_string());
+    assert_eq!(addresses[0].kind, std::io::ErrorKind::ConnectionRefused);
+    assert_eq!(addresses[0].os_error, Some(libc::ECONNREFUSED));
+    assert!(error.to_string().contains(&format!("{} (connection refused)", refusing.addr)), "{error}");
 }
 
 #[test]

@@ -79,10 +79,12 @@ fn cycle(client: &Client, key: &str) {
 #[test]
 fn every_scenario_of_the_list_has_a_test_here() {
     let list = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/clients/scenarios.json")).unwrap();
-    // The lock scenarios (wait forms, held, lock from a token, a lost lock)
-    // are in client_locks.rs.
-    let locks = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/client_locks.rs");
-    let this = std::fs::read_to_string(file!()).unwrap() + &std::fs::read_to_string(locks).unwrap();
+    // The lock scenarios (wait forms, held, lock from a token, a lost lock,
+    // error kinds) are in client_locks.rs, the failover in cluster_client.rs.
+    let mut this = std::fs::read_to_string(file!()).unwrap();
+    for other in ["client_locks.rs", "cluster_client.rs"] {
+        this += &std::fs::read_to_string(format!("{}/tests/{other}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    }
     let ids: Vec<&str> = list.split("\"id\": \"").skip(1).map(|rest| rest.split('"').next().unwrap()).collect();
     assert!(ids.len() >= 10, "the list holds the scenarios: {ids:?}");
     for id in ids {

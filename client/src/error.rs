@@ -103,6 +103,9 @@ impl fmt::Display for Error {
             }
             Error::NoActive => f.write_str("no active ringlock node could be found to serve the request"),
             Error::BadArgument(reason) => write!(f, "bad argument: {reason}"),
+            Error::Server(ErrorCode::BadLease) => f.write_str(
+                "the ringlock server refused the request: bad-lease (a lease is from 1 ms to the server's --max-lease, default 86400 s)",
+            ),
             Error::Server(code) => write!(f, "the ringlock server refused the request: {code}"),
             Error::Protocol(violation) => write!(f, "protocol violation by the ringlock server: {violation}"),
             Error::TooManyInFlight => f.write_str("too many requests in flight on every connection; retry later"),

@@ -455,3 +455,229 @@ func (r *recorder) close() {
 		conn.Close()
 	}
 }
+
+// handedOut holds the ports freePort gave: the kernel may offer a port it
+// just released again, and a cluster asks for several in a row.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// freePort is a free loopback address: a port bound, read and released.
+func freePort(t *testing.T) string {
+	t.Helper()
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for {
+		listener, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := listener.Addr().(*net.TCPAddr).Port
+		listener.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return fmt.Sprintf("127.0.0.1:%d", port)
+		}
+	}
+}
+
+// pingLine is the reply to P sent to address on a new connection, or ""
+// if the node does not answer within half a second.
+func pingLine(address string) string {
+	conn, err := net.DialTimeout("tcp", address, 500*time.Millisecond)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := io.WriteString(conn, "P\n"); err != nil {
+		return ""
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return ""
+	}
+	return strings.TrimRight(line, "\r\n")
+}
+
+// cluster is a cluster of real ringlock nodes on free loopback ports
+// (docs/protocol.md section 5), each with its own data directory and log
+// file; addrs are the nodes' client addresses in priority order. Heartbeats
+// every 50 ms and a failover timeout of 500 ms, as the workspace's cluster
+// tests.
+type cluster struct {
+	t     *testing.T
+	addrs []string
+	nodes []*exec.Cmd
+	dir   string
+}
+
+// newCluster starts count nodes at once and waits until each answers P;
+// every node is killed when the test ends.
+func newCluster(t *testing.T, count int) *cluster {
+	t.Helper()
+	path, err := binary("ringlock", "RINGLOCK_BIN")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "ringlock-go-cluster-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, dir: dir, nodes: make([]*exec.Cmd, count)}
+	t.Cleanup(c.stop)
+	peers := make([]string, count)
+	members := make([]string, count)
+	for index := range count {
+		c.addrs = append(c.addrs, freePort(t))
+		peers[index] = freePort(t)
+		members[index] = c.addrs[index] + "@" + peers[index]
+	}
+	for index := range count {
+		log, err := os.Create(filepath.Join(dir, fmt.Sprintf("node-%d.log", index)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		command := exec.Command(path, "--listen", c.addrs[index], "--peers", strings.Join(members, ","),
+			"--node", strconv.Itoa(index), "--cluster-listen", peers[index], "--heartbeat-ms", "50",
+			"--failover-ms", "500", "--shards", "1", "--no-pin",
+			"--data-dir", filepath.Join(dir, fmt.Sprintf("data-%d", index)))
+		command.Stderr = log
+		err = command.Start()
+		log.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.nodes[index] = command
+	}
+	for index, address := range c.addrs {
+		waitUntil(t, fmt.Sprintf("node %d to answer P", index), func() bool { return pingLine(address) != "" })
+	}
+	return c
+}
+
+// logs is the tail of every node's log, for a failure message.
+func (c *cluster) logs() string {
+	var text strings.Builder
+	for index, address := range c.addrs {
+		log, _ := os.ReadFile(filepath.Join(c.dir, fmt.Sprintf("node-%d.log", index)))
+		lines := strings.Split(string(log), "\n")
+		fmt.Fprintf(&text, "--- node %d (%s):\n%s\n", index, address, strings.Join(lines[max(0, len(lines)-30):], "\n"))
+	}
+	return text.String()
+}
+
+// singleActive is the index of the only active node if every other running
+// node is a standby naming it, else -1.
+func (c *cluster) singleActive() int {
+	lines := make([]string, len(c.addrs))
+	active := -1
+	for index, address := range c.addrs {
+		if c.nodes[index] == nil {
+			continue
+		}
+		lines[index] = pingLine(address)
+		if strings.HasPrefix(lines[index], "P active ") {
+			if active >= 0 {
+				return -1
+			}
+			active = index
+		}
+	}
+	if active < 0 {
+		return -1
+	}
+	for index, line := range lines {
+		if index == active || c.nodes[index] == nil {
+			continue
+		}
+		if !strings.HasPrefix(line, "P standby ") || !strings.HasSuffix(line, " "+c.addrs[active]) {
+			return -1
+		}
+	}
+	return active
+}
+
+// waitSingleActive waits until one node is active and the others follow
+// it, and returns its index.
+func (c *cluster) waitSingleActive(what string) int {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if active := c.singleActive(); active >= 0 {
+			return active
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("timed out waiting for %s\n%s", what, c.logs())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// table is the (stream, version) of node index's lock table, from S.
+func (c *cluster) table(index int) (uint64, uint64) {
+	c.t.Helper()
+	conn, err := net.DialTimeout("tcp", c.addrs[index], patience)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(patience))
+	if _, err := io.WriteString(conn, "S\n"); err != nil {
+		c.t.Fatal(err)
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var stats struct {
+		Table struct {
+			Stream  uint64 `json:"stream"`
+			Version uint64 `json:"version"`
+		} `json:"table"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(strings.TrimSpace(line), "S ")), &stats); err != nil {
+		c.t.Fatalf("%q: %v", line, err)
+	}
+	return stats.Table.Stream, stats.Table.Version
+}
+
+// waitReplicated waits until the active's table version has grown past
+// since (its version before the grant to wait for: the version counts a
+// grant once the replication core took it, not when it was granted), then
+// until every running standby has applied the active's table up to that
+// version: the grant has reached them.
+func (c *cluster) waitReplicated(active int, since uint64) {
+	c.t.Helper()
+	var stream, version uint64
+	waitUntil(c.t, fmt.Sprintf("node %d's table version to grow past %d", active, since), func() bool {
+		stream, version = c.table(active)
+		return version > since
+	})
+	for index := range c.addrs {
+		if index == active || c.nodes[index] == nil {
+			continue
+		}
+		waitUntil(c.t, fmt.Sprintf("node %d to apply stream %d up to version %d", index, stream, version), func() bool {
+			appliedStream, applied := c.table(index)
+			return appliedStream == stream && applied >= version
+		})
+	}
+}
+
+// kill sends node index SIGKILL and waits for it to be gone.
+func (c *cluster) kill(index int) {
+	if command := c.nodes[index]; command != nil {
+		_ = command.Process.Kill()
+		_ = command.Wait()
+		c.nodes[index] = nil
+	}
+}
+
+func (c *cluster) stop() {
+	for index := range c.nodes {
+		c.kill(index)
+	}
+	os.RemoveAll(c.dir)
+}

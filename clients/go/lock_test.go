@@ -61,42 +61,76 @@ func waitDone(t *testing.T, lock *ringlock.Lock) {
 	}
 }
 
-// Scenario wait-forms: NoLimit, TryOnce (and a bare 0, the same) and a
-// duration mean the same in every client; anything else is refused naming
-// the range.
-func TestWaitForms(t *testing.T) {
+// returns runs call on a goroutine of its own and returns its result,
+// failing the test (rather than hanging) if it never comes: an acquire
+// queued behind a holder of a long lease would not return.
+func returns[T any](t *testing.T, call func() T) T {
+	t.Helper()
+	result := make(chan T, 1)
+	go func() { result <- call() }()
+	select {
+	case value := <-result:
+		return value
+	case <-time.After(patience):
+		t.Fatal("the call did not return")
+		panic("unreachable")
+	}
+}
+
+// Scenario wait-forms: TryOnce (and a bare 0, the same) is not queued
+// behind the holder, a duration runs out, NoLimit is granted once the
+// holder releases; anything else is refused naming the range.
+func waitForms(t *testing.T) {
 	s := newServer(t)
+	holderClient := dial(t, []string{s.addr})
 	client := dial(t, []string{s.addr})
 	ctx := testContext(t)
-	holder := mustAcquire(t, client, "forms")
-	for name, wait := range map[string]time.Duration{"TryOnce": ringlock.TryOnce, "bare 0": 0, "50ms": 50 * time.Millisecond} {
-		if _, err := client.Acquire(ctx, "forms", lease, wait); !errors.Is(err, ringlock.ErrTimeout) {
+	holder := mustAcquire(t, holderClient, "forms")
+	tries := map[string]func() error{
+		"TryOnce":    func() error { _, err := client.Acquire(ctx, "forms", lease, ringlock.TryOnce); return err },
+		"bare 0":     func() error { _, err := client.Acquire(ctx, "forms", lease, 0); return err },
+		"TryAcquire": func() error { _, err := client.TryAcquire(ctx, "forms", lease); return err },
+	}
+	for name, try := range tries {
+		if err := returns(t, try); !errors.Is(err, ringlock.ErrTimeout) {
 			t.Errorf("%s while held: %v, want ErrTimeout", name, err)
 		}
 	}
+	if state, err := client.Inspect(ctx, "forms"); err != nil || state.Waiters != 0 {
+		t.Fatalf("after the tries: %+v, %v; want no waiter left", state, err)
+	}
+	if _, err := client.Acquire(ctx, "forms", lease, 200*time.Millisecond); !errors.Is(err, ringlock.ErrTimeout) {
+		t.Errorf("200ms while held: %v, want ErrTimeout", err)
+	}
 	for _, wait := range []time.Duration{-time.Millisecond, ringlock.WaitMax + time.Millisecond} {
 		_, err := client.Acquire(ctx, "forms", lease, wait)
-		if !errors.Is(err, ringlock.ErrBadArgument) || !strings.Contains(err.Error(), "NoLimit") {
+		if !errors.Is(err, ringlock.ErrBadArgument) || !strings.Contains(err.Error(), "TryOnce (0), 1ms to 24h, or NoLimit") {
 			t.Errorf("wait %v: %v, want ErrBadArgument naming the range", wait, err)
 		}
 	}
 	// NoLimit waits behind the holder for as long as it takes.
-	granted := make(chan error, 1)
+	type result struct {
+		lock *ringlock.Lock
+		err  error
+	}
+	granted := make(chan result, 1)
 	go func() {
 		lock, err := client.Acquire(ctx, "forms", lease, ringlock.NoLimit)
-		if err == nil {
-			err = lock.Release(ctx)
-		}
-		granted <- err
+		granted <- result{lock, err}
 	}()
 	waitUntil(t, "the NoLimit acquire queued", func() bool {
 		state, err := client.Inspect(ctx, "forms")
 		return err == nil && state.Waiters == 1
 	})
 	mustRelease(t, holder)
-	if err := <-granted; err != nil {
-		t.Fatalf("NoLimit acquire: %v", err)
+	next := <-granted
+	if next.err != nil {
+		t.Fatalf("NoLimit acquire: %v", next.err)
 	}
+	if next.lock.Token() <= holder.Token() {
+		t.Errorf("token %d after %d", next.lock.Token(), holder.Token())
+	}
+	mustRelease(t, next.lock)
 	// TryOnce takes a free key.
 	lock, err := client.Acquire(ctx, "forms", lease, ringlock.TryOnce)
 	if err != nil {
@@ -136,7 +170,7 @@ func TestAutoExtendKeepsTheLock(t *testing.T) {
 // Scenario single-node-restart-reports-lost: a single node killed and
 // restarted has forgotten its grants; every auto-extended holder learns
 // it lost its lock.
-func TestSingleNodeRestartReportsLost(t *testing.T) {
+func singleNodeRestartReportsLost(t *testing.T) {
 	s := newServer(t)
 	client := dial(t, []string{s.addr})
 	ctx := testContext(t)
@@ -163,6 +197,9 @@ func TestSingleNodeRestartReportsLost(t *testing.T) {
 		if lock.Locked() {
 			t.Errorf("%s: Locked after it was lost", lock)
 		}
+		if held, err := lock.Held(ctx); err != nil || held {
+			t.Errorf("%s: Held after the restart: %v, %v", lock, held, err)
+		}
 	}
 }
 
@@ -187,7 +224,7 @@ func TestReleaseElsewhereReportsLost(t *testing.T) {
 
 // Scenario held-asks-server: Held asks the server with I; Locked is the
 // local view, false once the lease ran out unextended.
-func TestHeldAsksTheServer(t *testing.T) {
+func heldAsksServer(t *testing.T) {
 	s := newServer(t)
 	client := dial(t, []string{s.addr})
 	ctx := testContext(t)
@@ -195,9 +232,14 @@ func TestHeldAsksTheServer(t *testing.T) {
 	if held, err := lock.Held(ctx); err != nil || !held {
 		t.Fatalf("Held of a fresh lock: %v, %v", held, err)
 	}
-	rawLine(t, s.addr, "R asked "+strconv.FormatUint(lock.Token(), 10))
+	if reply := rawLine(t, s.addr, "R asked "+strconv.FormatUint(lock.Token(), 10)); reply != "R asked" {
+		t.Fatalf("raw release: %q", reply)
+	}
 	if held, err := lock.Held(ctx); err != nil || held {
 		t.Fatalf("Held after a release elsewhere: %v, %v", held, err)
+	}
+	if !lock.Locked() {
+		t.Error("the local view cannot know of the release elsewhere")
 	}
 	// Another holder now: its token is not this lock's.
 	other := mustAcquire(t, client, "asked")
@@ -205,6 +247,17 @@ func TestHeldAsksTheServer(t *testing.T) {
 		t.Fatalf("Held while another grant holds the key: %v, %v", held, err)
 	}
 	mustRelease(t, other)
+
+	// A restarted single node forgot the grant: Held asks it and says so.
+	forgotten := mustAcquire(t, client, "restart")
+	s.kill()
+	s.restart(t)
+	if held, err := forgotten.Held(ctx); err != nil || held {
+		t.Fatalf("Held after the restart: %v, %v", held, err)
+	}
+	if !forgotten.Locked() {
+		t.Error("the local view cannot know of the restart")
+	}
 
 	short, err := client.Acquire(ctx, "short-lived", 100*time.Millisecond, ringlock.NoLimit)
 	if err != nil {
@@ -214,18 +267,29 @@ func TestHeldAsksTheServer(t *testing.T) {
 		t.Fatal("not Locked right after the grant")
 	}
 	waitUntil(t, "the lease ran out locally", func() bool { return !short.Locked() })
-	if held, err := short.Held(ctx); err != nil || held {
-		t.Fatalf("Held after the lease ran out: %v, %v", held, err)
-	}
+	waitUntil(t, "the server to expire it", func() bool {
+		held, err := short.Held(ctx)
+		return err == nil && !held
+	})
 }
 
 // Scenario lock-from-key-and-token: a grant taken with raw protocol lines
 // is extended, asked and released through LockFrom.
-func TestLockFromKeyAndToken(t *testing.T) {
+func lockFromKeyAndToken(t *testing.T) {
 	s := newServer(t)
 	client := dial(t, []string{s.addr})
 	ctx := testContext(t)
 	token := rawAcquire(t, s.addr, "elsewhere")
+	wrong, err := client.LockFrom("elsewhere", token+1, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held, err := wrong.Held(ctx); err != nil || held {
+		t.Fatalf("Held of a wrong token: %v, %v", held, err)
+	}
+	if err := wrong.Release(ctx); !errors.Is(err, ringlock.ErrNotHolder) {
+		t.Fatalf("Release of a wrong token: %v, want ErrNotHolder", err)
+	}
 	lock, err := client.LockFrom("elsewhere", token, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -243,43 +307,70 @@ func TestLockFromKeyAndToken(t *testing.T) {
 	if state, err := client.Inspect(ctx, "elsewhere"); err != nil || state.Held {
 		t.Fatalf("after the release: %+v, %v", state, err)
 	}
-	if _, err := client.LockFrom("two words", 1, 0); !errors.Is(err, ringlock.ErrBadArgument) {
+	if _, err := client.LockFrom("two words", 1, time.Second); !errors.Is(err, ringlock.ErrBadArgument) {
 		t.Fatalf("LockFrom with a bad key: %v", err)
+	}
+	if _, err := client.LockFrom("elsewhere", token, -time.Second); !errors.Is(err, ringlock.ErrBadArgument) {
+		t.Fatalf("LockFrom with a negative lease: %v", err)
 	}
 }
 
-// Scenario error-kinds: each kind of error matches its sentinel, and
-// range errors name the range.
-func TestErrorKinds(t *testing.T) {
-	s := newServer(t)
+// Scenario error-kinds: each kind of error matches its sentinel or type,
+// and range errors name the range.
+func errorKinds(t *testing.T) {
+	s := newServer(t, "--max-lease", "60")
 	client := dial(t, []string{s.addr})
 	ctx := testContext(t)
 
-	// Bad argument, before anything is sent.
+	// Bad arguments, before anything is sent, naming the range.
 	_, err := client.Acquire(ctx, "k", 0, ringlock.NoLimit)
 	var argument *ringlock.ArgumentError
-	if !errors.Is(err, ringlock.ErrBadArgument) || !errors.As(err, &argument) || !strings.Contains(err.Error(), "1ms") {
+	if !errors.Is(err, ringlock.ErrBadArgument) || !errors.As(err, &argument) || !strings.Contains(err.Error(), "1ms to the server's --max-lease") {
 		t.Errorf("lease 0: %v", err)
 	}
+	_, err = client.Acquire(ctx, "k", lease, -time.Second)
+	if !errors.Is(err, ringlock.ErrBadArgument) || !strings.Contains(err.Error(), "1ms to 24h") {
+		t.Errorf("a negative wait: %v", err)
+	}
 	// A lease beyond the server's limit: the server's bad-lease, named.
-	_, err = client.Acquire(ctx, "k", 48*time.Hour, ringlock.NoLimit)
-	if !errors.Is(err, &ringlock.ServerError{Code: ringlock.CodeBadLease}) || !strings.Contains(err.Error(), "--max-lease") {
-		t.Errorf("a 48h lease: %v", err)
+	_, err = client.Acquire(ctx, "k", 2*time.Minute, ringlock.NoLimit)
+	var serverError *ringlock.ServerError
+	if !errors.As(err, &serverError) || serverError.Code != ringlock.CodeBadLease || !strings.Contains(err.Error(), "--max-lease") {
+		t.Errorf("a lease over --max-lease: %v", err)
 	}
 	// Timeout.
 	holder := mustAcquire(t, client, "k")
-	if _, err := client.Acquire(ctx, "k", lease, 20*time.Millisecond); !errors.Is(err, ringlock.ErrTimeout) {
+	if _, err := client.Acquire(ctx, "k", lease, 50*time.Millisecond); !errors.Is(err, ringlock.ErrTimeout) {
 		t.Errorf("a wait that runs out: %v", err)
 	}
-	// Not holder.
+	// Not holder, once the grant is gone.
+	stale, err := client.LockFrom("k", holder.Token(), lease)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mustRelease(t, holder)
-	if err := holder.Extend(ctx, lease); !errors.Is(err, ringlock.ErrNotHolder) {
+	if err := stale.Extend(ctx, lease); !errors.Is(err, ringlock.ErrNotHolder) {
 		t.Errorf("extend after release: %v", err)
 	}
-	if err := holder.Release(ctx); !errors.Is(err, ringlock.ErrNotHolder) {
-		t.Errorf("second release: %v", err)
+	if err := stale.Release(ctx); !errors.Is(err, ringlock.ErrNotHolder) {
+		t.Errorf("release after release: %v", err)
 	}
-	// Shutting down: an acquire queued when the server stops.
+	// No connection: a *ConnectionError naming the address, wrapping the
+	// net error (Dial waits for a first connection, so it is the call that
+	// fails).
+	address := refusingAddress(t)
+	_, err = ringlock.Dial(ctx, []string{address}, ringlock.WithConnectLimit(300*time.Millisecond))
+	if !errors.Is(err, ringlock.ErrNoConnection) {
+		t.Fatalf("%v, want ErrNoConnection", err)
+	}
+	assertRefused(t, err, address)
+}
+
+// An acquire queued when the server stops gets ErrShuttingDown.
+func TestAnAcquireQueuedWhenTheServerStopsIsShuttingDown(t *testing.T) {
+	s := newServer(t)
+	client := dial(t, []string{s.addr})
+	ctx := testContext(t)
 	blocker := mustAcquire(t, client, "queued")
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -300,8 +391,61 @@ func TestErrorKinds(t *testing.T) {
 	if !errors.Is(queuedErr, ringlock.ErrShuttingDown) {
 		t.Errorf("queued acquire at shutdown: %v", queuedErr)
 	}
-	// Connection errors (ErrNoConnection wrapping the net error) are
-	// TestDialFailsWhenNoNodeAnswersWithTheNetError's.
+}
+
+// Scenario failover-keeps-auto-extended-lock: a kill -9 of the active
+// does not lose an auto-extended lock whose lease is many failover
+// timeouts long; its extends go on at the new active, which takes its old
+// token.
+func failoverKeepsAutoExtendedLock(t *testing.T) {
+	const failoverLease = 3 * time.Second
+	c := newCluster(t, 3)
+	active := c.waitSingleActive("an active node")
+	holder := dial(t, c.addrs)
+	rival := dial(t, c.addrs)
+	ctx := testContext(t)
+	_, since := c.table(active)
+	lock, err := holder.Acquire(ctx, "failover/kept", failoverLease, ringlock.NoLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock.AutoExtend()
+	token := lock.Token()
+	c.waitReplicated(active, since)
+	c.kill(active)
+	if next := c.waitSingleActive("a standby to take over"); next == active {
+		t.Fatalf("node %d is still the active", next)
+	}
+	// Longer than the lease: granted unless the extends reach the new active.
+	if taken, err := rival.Acquire(ctx, "failover/kept", lease, failoverLease*3/2); !errors.Is(err, ringlock.ErrTimeout) {
+		t.Fatalf("the rival's acquire: %v, %v; want ErrTimeout (the key stays held)\n%s", taken, err, c.logs())
+	}
+	select {
+	case <-lock.Done():
+		t.Fatalf("reported lost: %v", lock.Err())
+	default:
+	}
+	if lock.Err() != nil || !lock.Locked() {
+		t.Fatalf("err %v, locked %v", lock.Err(), lock.Locked())
+	}
+	if held, err := lock.Held(ctx); err != nil || !held {
+		t.Fatalf("Held on the new active: %v, %v", held, err)
+	}
+	if err := lock.Extend(ctx, failoverLease); err != nil {
+		t.Fatalf("Extend on the new active: %v", err)
+	}
+	if lock.Token() != token {
+		t.Fatalf("token %d, was %d", lock.Token(), token)
+	}
+	mustRelease(t, lock)
+	after, err := rival.TryAcquire(ctx, "failover/kept", lease)
+	if err != nil {
+		t.Fatalf("TryAcquire once released: %v", err)
+	}
+	if after.Token() <= token {
+		t.Errorf("the new active's token %d after %d", after.Token(), token)
+	}
+	mustRelease(t, after)
 }
 
 // Extends that reach the server but whose answers never come: the lease

@@ -52,6 +52,12 @@ var scenarios = map[string]func(*testing.T){
 	"tls-connect":                       tlsConnect,
 	"tls-mtls":                          tlsMTLS,
 	"tls-wrong-ca":                      tlsWrongCA,
+	"wait-forms":                        waitForms,
+	"held-asks-server":                  heldAsksServer,
+	"lock-from-key-and-token":           lockFromKeyAndToken,
+	"single-node-restart-reports-lost":  singleNodeRestartReportsLost,
+	"error-kinds":                       errorKinds,
+	"failover-keeps-auto-extended-lock": failoverKeepsAutoExtendedLock,
 }
 
 // scenarioIDs reads the ids of clients/scenarios.json.

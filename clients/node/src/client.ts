@@ -127,6 +127,9 @@ class Request {
   noConnSince: number | null = null;
   noActiveSince: number | null = null;
   redirects = 0;
+  /** An M just named the active: the next send goes to its connections
+   * only (waiting for them if none is usable), not back to a standby. */
+  toActive = false;
   timer: NodeJS.Timeout | null = null;
   /** Fires at the request's limit, wherever it is then. */
   limitTimer: NodeJS.Timeout | null = null;
@@ -711,16 +714,22 @@ export class Client {
     });
   }
 
-  /** The next usable connection, round-robin, on the active node if one is
-   * known. */
-  private pick(): Connection | null {
+  /** The next usable connection, round-robin, the active node's first if
+   * one is known. With none of the active's usable (it went away: a
+   * failover), any other node's, which serves the request if it took over
+   * or answers M naming the node that did; `activeOnly` (right after an M)
+   * leaves that out. */
+  private pick(activeOnly: boolean): Connection | null {
     const all = this.conns;
+    let other: Connection | null = null;
     for (let tried = 0; tried < all.length; tried += 1) {
       this.turn = (this.turn + 1) % all.length;
       const conn = all[this.turn];
-      if (conn.state === "ready" && (this.active === null || conn.node.address === this.active)) return conn;
+      if (conn.state !== "ready") continue;
+      if (this.active === null || conn.node.address === this.active) return conn;
+      other ??= conn;
     }
-    return null;
+    return activeOnly ? null : other;
   }
 
   /** @internal Sends a request, or has it wait for a connection within its
@@ -736,7 +745,8 @@ export class Client {
       this.expire(request, now);
       return;
     }
-    const conn = this.pick();
+    const conn = this.pick(request.toActive);
+    request.toActive = false;
     if (conn !== null) {
       const line = request.build(now);
       if (line === null) {
@@ -889,6 +899,7 @@ export class Client {
       }
       if (reply.active !== null) {
         request.noActiveSince = null;
+        request.toActive = true;
         this.follow(reply.active);
         this.dispatch(request);
         return;

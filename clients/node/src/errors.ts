@@ -78,9 +78,15 @@ export class ServerError extends RinglockError {
     readonly key: string,
     readonly address: string,
   ) {
-    super(`${address} answered ${code} to ${op} ${JSON.stringify(key)}`);
+    super(`${address} answered ${code} to ${op} ${JSON.stringify(key)}${SERVER_CODE_HINTS[code] ?? ""}`);
   }
 }
+
+/** What the message of a server's code adds, when the code alone does not
+ * say what is accepted. */
+const SERVER_CODE_HINTS: Record<string, string> = {
+  "bad-lease": " (a lease is from 0.001 s to the server's --max-lease, default 86400 s)",
+};
 /** `not-holder`: the token does not hold the key (any more). */
 export class NotHolderError extends ServerError {}
 /** `forbidden`: the key is outside the authenticated name's scope. */

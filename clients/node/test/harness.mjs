@@ -231,3 +231,160 @@ export class Testkit {
     await this.exited;
   }
 }
+
+const handedOut = new Set();
+
+/** A free loopback port: bound, read and released; each handed out once in
+ * this process, since the kernel may offer a port it just released again. */
+export async function freePort() {
+  for (;;) {
+    const probe = net.createServer();
+    await new Promise((done) => probe.listen(0, "127.0.0.1", done));
+    const { port } = probe.address();
+    await new Promise((done) => probe.close(done));
+    if (!handedOut.has(port)) {
+      handedOut.add(port);
+      return port;
+    }
+  }
+}
+
+/** One request line on a connection of its own; the reply line, or null if
+ * none came within `timeoutMs`. */
+export function rawLine(address, line, timeoutMs = 20000) {
+  const [host, port] = address.split(":");
+  return new Promise((done) => {
+    const socket = net.connect({ host, port: Number(port) });
+    let text = "";
+    const timer = setTimeout(() => finish(null), timeoutMs);
+    const finish = (value) => {
+      clearTimeout(timer);
+      socket.destroy();
+      done(value);
+    };
+    socket.on("connect", () => socket.write(`${line}\n`));
+    socket.on("data", (chunk) => {
+      text += chunk;
+      const index = text.indexOf("\n");
+      if (index >= 0) finish(text.slice(0, index).replace(/\r$/, ""));
+    });
+    socket.on("error", () => finish(null));
+    socket.on("close", () => finish(null));
+  });
+}
+
+/** A cluster of real ringlock nodes on free loopback ports (docs/protocol.md
+ * section 5), each with its own data directory and log; `addresses` are the
+ * client addresses in priority order. Heartbeats every 50 ms and a failover
+ * timeout of 500 ms, as the workspace's cluster tests. */
+export class Cluster {
+  static async start(count = 3) {
+    const cluster = new Cluster();
+    cluster.dir = mkdtempSync(join(tmpdir(), "ringlock-node-cluster-"));
+    cluster.addresses = [];
+    const peers = [];
+    for (let index = 0; index < count; index += 1) {
+      cluster.addresses.push(`127.0.0.1:${await freePort()}`);
+      peers.push(`127.0.0.1:${await freePort()}`);
+    }
+    const members = cluster.addresses.map((address, index) => `${address}@${peers[index]}`).join(",");
+    cluster.logs = cluster.addresses.map(() => []);
+    cluster.processes = cluster.addresses.map((address, index) => {
+      const child = spawn(
+        binary("ringlock", "RINGLOCK_BIN"),
+        [
+          "--listen", address, "--peers", members, "--node", String(index), "--cluster-listen", peers[index],
+          "--heartbeat-ms", "50", "--failover-ms", "500", "--shards", "1", "--no-pin",
+          "--data-dir", join(cluster.dir, `data-${index}`),
+        ],
+        { stdio: ["ignore", "ignore", "pipe"] },
+      );
+      child.stderr.on("data", (chunk) => cluster.logs[index].push(chunk.toString()));
+      child.exited = new Promise((done) => child.once("exit", done));
+      return child;
+    });
+    for (const [index, address] of cluster.addresses.entries()) {
+      await cluster.until(async () => (await rawLine(address, "P", 500)) !== null, `node ${index} to answer P`);
+    }
+    return cluster;
+  }
+
+  /** Polls `check` until it is true; fails after 30 s with the logs. */
+  async until(check, what) {
+    const deadline = Date.now() + 30000;
+    while (!(await check())) {
+      if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}\n${this.tail()}`);
+      await sleep(20);
+    }
+  }
+
+  /** The tail of every node's log, for a failure message. */
+  tail() {
+    return this.addresses
+      .map((address, index) => `--- node ${index} (${address}):\n${this.logs[index].join("").split("\n").slice(-30).join("\n")}`)
+      .join("\n");
+  }
+
+  /** The index of the only active node if every other running node is a
+   * standby naming it, else -1. */
+  async singleActive() {
+    const lines = await Promise.all(
+      this.addresses.map((address, index) => (this.processes[index] ? rawLine(address, "P", 500) : null)),
+    );
+    const actives = lines.flatMap((line, index) => (line?.startsWith("P active ") ? [index] : []));
+    if (actives.length !== 1) return -1;
+    const [active] = actives;
+    const follow = lines.every(
+      (line, index) =>
+        index === active ||
+        !this.processes[index] ||
+        (line?.startsWith("P standby ") && line.endsWith(` ${this.addresses[active]}`)),
+    );
+    return follow ? active : -1;
+  }
+
+  /** Waits until one node is active and the others follow it; its index. */
+  async waitSingleActive(what) {
+    let active = -1;
+    await this.until(async () => (active = await this.singleActive()) >= 0, what);
+    return active;
+  }
+
+  /** The { stream, version } of node `index`'s lock table, from S. */
+  async table(index) {
+    const line = await rawLine(this.addresses[index], "S");
+    if (line === null) throw new Error(`node ${index} did not answer S`);
+    const { stream, version } = JSON.parse(line.slice(2)).table;
+    return { stream, version };
+  }
+
+  /** Waits until the active's table version has grown past `since` (its
+   * version before the grant to wait for: the version counts a grant once
+   * the replication core took it, not when it was granted), then until every
+   * running standby has applied the active's table up to that version. */
+  async waitReplicated(active, since) {
+    let target;
+    await this.until(async () => (target = await this.table(active)).version > since, `node ${active}'s table to grow`);
+    for (const index of this.addresses.keys()) {
+      if (index === active || !this.processes[index]) continue;
+      await this.until(async () => {
+        const applied = await this.table(index);
+        return applied.stream === target.stream && applied.version >= target.version;
+      }, `node ${index} to apply stream ${target.stream} up to version ${target.version}`);
+    }
+  }
+
+  /** SIGKILL of node `index`, and waits for it to be gone. */
+  async kill(index) {
+    const child = this.processes[index];
+    if (!child) return;
+    this.processes[index] = null;
+    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+    await child.exited;
+  }
+
+  async stop() {
+    for (const index of this.addresses.keys()) await this.kill(index);
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}

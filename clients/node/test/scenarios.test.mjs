@@ -3,8 +3,10 @@
 // none.
 
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { readFileSync, rmSync } from "node:fs";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
+import { promisify } from "node:util";
 import { after, before, describe, test } from "node:test";
 
 import {
@@ -12,12 +14,28 @@ import {
   Client,
   ConnectionError,
   ForbiddenError,
+  InvalidArgumentError,
+  LockLostError,
   LockTimeoutError,
   NoActiveNodeError,
   NoConnectionError,
+  NotHolderError,
+  ServerError,
   TLSError,
 } from "../dist/index.js";
-import { ALPHA_SECRET, AuthFile, BETA_SECRET, SCENARIOS, Server, Testkit, sleep } from "./harness.mjs";
+import {
+  ALPHA_SECRET,
+  AuthFile,
+  BETA_SECRET,
+  Cluster,
+  SCENARIOS,
+  Server,
+  Testkit,
+  binary,
+  freePort,
+  rawLine,
+  sleep,
+} from "./harness.mjs";
 
 const ids = JSON.parse(readFileSync(SCENARIOS, "utf8")).scenarios.map((scenario) => scenario.id);
 
@@ -62,6 +80,26 @@ async function rejection(promise) {
     return error;
   }
   assert.fail("expected a rejection");
+}
+
+/** `promise`, or a rejection if it has not settled within 20 s: a call that
+ * would hang (an acquire queued behind a holder) fails the test instead. */
+function bounded(promise) {
+  let timer;
+  const late = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error("the call did not return within 20 s")), 20000);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+/** Takes `key` with `ringlock-cli acquire` (a process of its own); the
+ * token it printed. */
+async function cliAcquire(address, key) {
+  const cli = join(dirname(binary("ringlock", "RINGLOCK_BIN")), "ringlock-cli");
+  const { stdout } = await promisify(execFile)(cli, ["acquire", "--servers", address, "--lease", "30", key], {
+    timeout: 30000,
+  });
+  return BigInt(stdout.match(/[0-9]+/g).at(-1));
 }
 
 const authServer = async (own) => {
@@ -397,6 +435,179 @@ const scenarios = {
       assert.ok(error instanceof TLSError, String(error));
       assert.ok(error.message.includes(s.address), error.message);
       assert.match(error.message, /not trusted/);
+    }),
+
+  "wait-forms": () =>
+    using(async (own) => {
+      const s = await server(own);
+      const holderClient = client(own, s.address);
+      const c = client(own, s.address);
+      const holder = await holderClient.acquire("forms", { lease: 30, wait: 5 });
+      // It returns while the holder holds the key (queued behind it, it
+      // would not): never queued.
+      const tried = await rejection(bounded(c.acquire("forms", { lease: 30, wait: "once" })));
+      assert.ok(tried instanceof LockTimeoutError, String(tried));
+      assert.equal((await c.inspect("forms")).waiters, 0, "no try left queued behind the holder");
+      assert.ok((await rejection(c.acquire("forms", { lease: 30, wait: 0.2 }))) instanceof LockTimeoutError);
+      // A bare 0 is refused: write "once".
+      for (const wait of [0, -1, 86401, Infinity, NaN]) {
+        assert.throws(
+          () => c.acquire("forms", { lease: 30, wait }),
+          (error) => error instanceof InvalidArgumentError && error.argument === "wait" && /86400/.test(error.message),
+          `wait ${wait}`,
+        );
+      }
+      const forever = c.acquire("forms", { lease: 30, wait: "forever" });
+      await until(async () => (await c.inspect("forms")).waiters === 1, "the forever acquire to queue");
+      await holder.release();
+      const next = await forever;
+      assert.ok(next.token > holder.token);
+      await next.release();
+      const free = await c.acquire("forms", { lease: 30, wait: "once" });
+      await free.release();
+    }),
+
+  "held-asks-server": () =>
+    using(async (own) => {
+      const s = await server(own);
+      const c = client(own, s.address);
+      const lock = await c.acquire("asked", { lease: 30, wait: 5 });
+      assert.equal(await lock.held(), true);
+      assert.equal(await rawLine(s.address, `R asked ${lock.token}`), "R asked");
+      assert.equal(await lock.held(), false, "released elsewhere with its token");
+      assert.equal(lock.locked, true, "the local view cannot know");
+      const other = await c.acquire("asked", { lease: 30, wait: 5 });
+      assert.equal(await lock.held(), false, "another grant's token holds the key");
+      await other.release();
+
+      const forgotten = await c.acquire("restart", { lease: 30, wait: 5 });
+      await s.kill();
+      await s.restart();
+      assert.equal(await forgotten.held(), false, "the restarted server holds no grant of it");
+      assert.equal(forgotten.locked, true, "the local view cannot know");
+
+      const short = await c.acquire("short", { lease: 0.1, wait: 5 });
+      assert.ok(short.locked);
+      await until(() => !short.locked, "the lease to run out locally");
+      await until(async () => !(await short.held()), "the server to expire it");
+    }),
+
+  "lock-from-key-and-token": () =>
+    using(async (own) => {
+      const s = await server(own);
+      const c = client(own, s.address);
+      const token = await cliAcquire(s.address, "elsewhere");
+      const wrong = c.lock("elsewhere", token + 1n);
+      assert.equal(await wrong.held(), false, "a wrong token");
+      assert.ok((await rejection(wrong.release())) instanceof NotHolderError, "a wrong token releases nothing");
+      const lock = c.lock("elsewhere", token, { lease: 30 });
+      assert.equal(lock.token, token);
+      assert.equal(lock.key, "elsewhere");
+      assert.ok(lock.locked);
+      assert.equal(await lock.held(), true);
+      await lock.extend(20);
+      await lock.release();
+      assert.equal((await c.inspect("elsewhere")).token, null, "released from Node.js");
+      assert.throws(() => c.lock("two words", 1n), InvalidArgumentError);
+      assert.throws(() => c.lock("elsewhere", token, { lease: 0 }), InvalidArgumentError);
+    }),
+
+  "single-node-restart-reports-lost": () =>
+    using(async (own) => {
+      const s = await server(own);
+      const c = client(own, s.address);
+      const locks = [];
+      for (let index = 0; index < 4; index += 1) {
+        locks.push(await c.acquire(`restart-${index}`, { lease: 3, wait: 5, autoExtend: true }));
+      }
+      const counts = locks.map(() => 0);
+      const lost = locks.map(
+        (lock, index) =>
+          new Promise((done) =>
+            lock.on("lost", (reason) => {
+              counts[index] += 1;
+              done(reason);
+            }),
+          ),
+      );
+      await s.kill();
+      await s.restart();
+      const reasons = await bounded(Promise.all(lost));
+      for (const [index, lock] of locks.entries()) {
+        assert.ok(reasons[index] instanceof LockLostError, String(reasons[index]));
+        assert.ok(lock.signal.aborted);
+        assert.ok(!lock.locked);
+        assert.equal(await lock.held(), false);
+      }
+      assert.deepEqual(counts, [1, 1, 1, 1], "each lock reported once");
+    }),
+
+  "error-kinds": () =>
+    using(async (own) => {
+      // The Node.js client refuses a lease over 24 h itself: a lower
+      // --max-lease shows the server's refusal.
+      const s = await server(own, "--max-lease", "60");
+      const c = client(own, s.address);
+      // Bad arguments, refused before sending, naming the range.
+      assert.throws(
+        () => c.acquire("errors", { lease: 0 }),
+        (error) => error instanceof InvalidArgumentError && error.argument === "lease" && /0\.001 to 86400/.test(error.message),
+      );
+      assert.throws(
+        () => c.acquire("errors", { wait: -1 }),
+        (error) => error instanceof InvalidArgumentError && error.argument === "wait" && /0\.001 to 86400/.test(error.message),
+      );
+      // A lease above the server's limit: its bad-lease, naming the limit.
+      const refused = await rejection(c.acquire("errors", { lease: 120, wait: 5 }));
+      assert.ok(refused instanceof ServerError && refused.code === "bad-lease", String(refused));
+      assert.match(refused.message, /--max-lease/);
+      // Timeout: no grant.
+      const holder = await c.acquire("errors", { lease: 30, wait: 5 });
+      assert.ok((await rejection(c.acquire("errors", { lease: 30, wait: 0.05 }))) instanceof LockTimeoutError);
+      // Not holder, once the grant is gone.
+      const stale = c.lock("errors", holder.token, { lease: 30 });
+      await holder.release();
+      assert.ok((await rejection(stale.extend(30))) instanceof NotHolderError);
+      assert.ok((await rejection(stale.release())) instanceof NotHolderError, "nothing left to release");
+      // No connection: the address and the OS error.
+      const address = `127.0.0.1:${await freePort()}`;
+      const unreachable = client(own, address, { connectLimit: 0.3 });
+      const error = await rejection(unreachable.ping());
+      assert.ok(error instanceof NoConnectionError && error instanceof ConnectionError, String(error));
+      assert.ok(error.message.includes(`${address} (connection refused)`), error.message);
+      assert.equal(error.failures[0].address, address);
+      assert.equal(error.failures[0].code, "ECONNREFUSED");
+      assert.equal(typeof error.failures[0].errno, "number");
+    }),
+
+  "failover-keeps-auto-extended-lock": () =>
+    using(async (own) => {
+      const cluster = own(await Cluster.start(3), (c) => c.stop());
+      const active = await cluster.waitSingleActive("an active node");
+      const holder = client(own, cluster.addresses);
+      const rival = client(own, cluster.addresses);
+      const { version: since } = await cluster.table(active);
+      const lock = await holder.acquire("failover/kept", { lease: 3, wait: 5, autoExtend: true });
+      const lost = [];
+      lock.on("lost", (reason) => lost.push(reason));
+      await cluster.waitReplicated(active, since);
+      await cluster.kill(active);
+      assert.notEqual(await cluster.waitSingleActive("a standby to take over"), active);
+      // Longer than the lease: granted unless the extends reach the new active.
+      const taken = await rival.acquire("failover/kept", { lease: 30, wait: 4.5 }).then(
+        (granted) => granted,
+        (error) => error,
+      );
+      assert.ok(taken instanceof LockTimeoutError, `the key stayed held through the failover: ${taken}\n${cluster.tail()}`);
+      assert.deepEqual(lost, [], "not reported lost");
+      assert.ok(!lock.signal.aborted);
+      assert.ok(lock.locked);
+      assert.equal(await lock.held(), true, "held on the new active");
+      await lock.extend(3);
+      await lock.release();
+      const after = await rival.acquire("failover/kept", { lease: 30, wait: "once" });
+      assert.ok(after.token > lock.token, "the new active's epoch");
+      await after.release();
     }),
 };
 

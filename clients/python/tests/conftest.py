@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import pytest
 
-from harness import ALPHA_SECRET, BETA_SECRET, SCENARIOS, AuthFile, Certs, Server, Testkit
+from harness import ALPHA_SECRET, BETA_SECRET, SCENARIOS, AuthFile, Certs, Cluster, Server, Testkit
 
 _Test = TypeVar("_Test", bound=Callable[..., object])
 
@@ -25,6 +25,14 @@ def server() -> Iterator[Server]:
 @pytest.fixture
 def fresh_server() -> Iterator[Server]:
     started = Server()
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """Three nodes of a cluster of their own; every node is killed after the test."""
+    started = Cluster(3)
     yield started
     started.stop()
 

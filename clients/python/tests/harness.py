@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+import json
 import os
 import re
 import socket
@@ -118,6 +119,176 @@ class Server:
             self.process.kill()
         self.process.wait()
         self._data.cleanup()
+
+
+_HANDED_OUT: set[int] = set()
+
+
+def free_port() -> int:
+    """A free loopback port: bound, read and released. Within this process a
+    port is handed out once, since the kernel may offer a port it just
+    released again and a cluster asks for several in a row."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
+
+def ping_line(address: str, timeout: float = 0.5) -> str | None:
+    """The reply to ``P`` on a connection of its own, or ``None`` if the
+    node does not answer in time."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as probe:
+            probe.settimeout(timeout)
+            probe.sendall(b"P\n")
+            line = probe.makefile("rb").readline().decode()
+    except OSError:
+        return None
+    return line.rstrip("\r\n") if line.endswith("\n") else None
+
+
+class Cluster:
+    """A cluster of real ringlock nodes on free loopback ports (docs/protocol.md
+    section 5), each with its own data directory and a log file; node ``i``'s
+    client address is ``addresses[i]``, in priority order. Heartbeats every
+    50 ms and a failover timeout of 500 ms, as the workspace's cluster tests."""
+
+    HEARTBEAT_MS = 50
+    FAILOVER_MS = 500
+
+    def __init__(self, nodes: int = 3) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="ringlock-py-cluster-")
+        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(nodes)]
+        peers = [f"127.0.0.1:{free_port()}" for _ in range(nodes)]
+        members = ",".join(f"{client}@{peer}" for client, peer in zip(self.addresses, peers))
+        self._commands = [
+            [
+                str(binary("ringlock", "RINGLOCK_BIN")),
+                "--listen",
+                self.addresses[index],
+                "--peers",
+                members,
+                "--node",
+                str(index),
+                "--cluster-listen",
+                peers[index],
+                "--heartbeat-ms",
+                str(self.HEARTBEAT_MS),
+                "--failover-ms",
+                str(self.FAILOVER_MS),
+                "--shards",
+                "1",
+                "--no-pin",
+                "--data-dir",
+                os.path.join(self._dir.name, f"data-{index}"),
+            ]
+            for index in range(nodes)
+        ]
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * nodes
+        # All at once, so that no node decides alone long before the others start.
+        for index in range(nodes):
+            self._spawn(index)
+        for index in range(nodes):
+            wait_until(lambda index=index: ping_line(self.addresses[index]) is not None, f"node {index} to answer P")
+
+    def _spawn(self, index: int) -> None:
+        with open(os.path.join(self._dir.name, f"node-{index}.log"), "ab") as log:
+            self.processes[index] = subprocess.Popen(
+                self._commands[index], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log
+            )
+
+    def logs(self) -> str:
+        """The tail of every node's log, for a failure message."""
+        text = ""
+        for index in range(len(self.addresses)):
+            with open(os.path.join(self._dir.name, f"node-{index}.log"), errors="replace") as log:
+                text += f"--- node {index} ({self.addresses[index]}):\n" + "".join(log.readlines()[-30:])
+        return text
+
+    def single_active(self) -> int | None:
+        """The index of the only active, if every other running node is a
+        standby that names it; else ``None``."""
+        lines = [
+            ping_line(address) if process is not None else None
+            for address, process in zip(self.addresses, self.processes)
+        ]
+        actives = [index for index, line in enumerate(lines) if line is not None and line.startswith("P active ")]
+        if len(actives) != 1:
+            return None
+        active = actives[0]
+        for index, line in enumerate(lines):
+            if index == active or self.processes[index] is None:
+                continue
+            if line is None or not (line.startswith("P standby ") and line.endswith(" " + self.addresses[active])):
+                return None
+        return active
+
+    def wait_single_active(self, what: str) -> int:
+        """Waits until exactly one node is active and the others follow it."""
+        found: list[int] = []
+
+        def one() -> bool:
+            active = self.single_active()
+            if active is not None:
+                found.append(active)
+            return active is not None
+
+        try:
+            wait_until(one, what, timeout=30)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.logs()}") from None
+        return found[-1]
+
+    def table(self, index: int) -> tuple[int, int]:
+        """The (stream, version) of node ``index``'s lock table, from ``S``."""
+        host, _, port = self.addresses[index].rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=5) as stream:
+            stream.sendall(b"S\n")
+            reply = stream.makefile("rb").readline().decode()
+        table = json.loads(reply.removeprefix("S "))["table"]
+        return int(table["stream"]), int(table["version"])
+
+    def wait_replicated(self, active: int, since: int) -> None:
+        """Waits until the active's table version has grown past ``since``
+        (its version before the grant to wait for: the version counts a grant
+        once the replication core took it, not when it was granted), then
+        until every running standby has applied the active's table up to that
+        version: the grant has reached them."""
+        target: list[tuple[int, int]] = []
+
+        def grown() -> bool:
+            stream, version = self.table(active)
+            target.append((stream, version))
+            return version > since
+
+        wait_until(grown, f"node {active}'s table version to grow past {since}")
+        stream, version = target[-1]
+        for index, process in enumerate(self.processes):
+            if index == active or process is None:
+                continue
+
+            def applied(index: int = index) -> bool:
+                applied_stream, applied_version = self.table(index)
+                return applied_stream == stream and applied_version >= version
+
+            wait_until(applied, f"node {index} to apply stream {stream} up to version {version}")
+
+    def kill(self, index: int) -> None:
+        """SIGKILL of node ``index``, and waits for it to be gone."""
+        process = self.processes[index]
+        if process is not None:
+            process.kill()
+            process.wait()
+            self.processes[index] = None
+
+    def stop(self) -> None:
+        for index in range(len(self.processes)):
+            self.kill(index)
+        self._dir.cleanup()
 
 
 ALPHA_SECRET = "alpha-5e0c1b7a9d2f4836"
@@ -237,6 +408,37 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+def raw_line(address: str, line: str) -> str:
+    """One request on a connection of its own; the reply line."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=20) as stream:
+        stream.sendall(line.encode() + b"\n")
+        return stream.makefile("rb").readline().decode().rstrip("\r\n")
+
+
+def cli_acquire(address: str, key: str) -> int:
+    """Takes ``key`` with ``ringlock-cli acquire`` (a process of its own);
+    the token it printed."""
+    cli = binary("ringlock", "RINGLOCK_BIN").with_name("ringlock-cli")
+    done = subprocess.run(
+        [str(cli), "acquire", "--servers", address, "--lease", "30", key],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return int(re.findall(r"\d+", done.stdout)[-1])
+
+
+def refusing_address() -> tuple[socket.socket, str]:
+    """A loopback address that refuses connections while the returned socket
+    stays open: bound but not listening, so that no other server takes the
+    port meanwhile."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock, f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 class InspectStandby:

@@ -1,47 +1,22 @@
 """The promises every official client keeps (issue 34 items 3 to 7), for
-the sync and asyncio clients against a real server: the three wait forms,
-auto-extend's lost-lock signal, held() asking the server, a lock from
-(key, token), and the error kinds."""
+the sync and asyncio clients against a real server, beyond their scenarios
+of clients/scenarios.json (test_scenarios_sync.py, test_scenarios_aio.py):
+a try with no connection waits for one, auto-extend's lost-lock signal
+when the lock is taken away or its extends go unanswered, and an acquire
+queued at shutdown."""
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
-import re
 import signal
-import socket
-import subprocess
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 import ringlock
 import ringlock.aio
-from harness import Server, Testkit, wait_until
-
-
-def raw_line(address: str, line: str) -> str:
-    """One request on a connection of its own; the reply line."""
-    host, _, port = address.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=20) as stream:
-        stream.sendall(line.encode() + b"\n")
-        return stream.makefile("rb").readline().decode().rstrip("\r\n")
-
-
-def cli_acquire(address: str, key: str) -> int:
-    """Takes ``key`` with ``ringlock-cli acquire``; the token it printed."""
-    cli = Path(os.environ["RINGLOCK_BIN"]).with_name("ringlock-cli")
-    done = subprocess.run(
-        [str(cli), "acquire", "--servers", address, "--lease", "30", key],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return int(re.findall(r"\d+", done.stdout)[-1])
+from harness import Server, Testkit, raw_line, wait_until
 
 
 @pytest.fixture
@@ -51,27 +26,6 @@ def client(server: Server) -> ringlock.Client:
 
 
 # Wait forms.
-
-
-def test_wait_forms(client: ringlock.Client, key: Callable[[str], str]) -> None:
-    holder = client.lock(key("forms"), lease=30)
-    assert holder.acquire()
-    for wait in (ringlock.TRY_ONCE, 0, 0.05):
-        assert client.lock(key("forms"), wait=wait).acquire() is False, f"wait={wait!r} while held"
-    assert client.lock(key("forms")).acquire(timeout=ringlock.TRY_ONCE) is False
-    for wait in (-1, 86_401, float("inf"), float("nan")):
-        with pytest.raises(ValueError, match=r"TRY_ONCE \(0\), 0\.001 to 86400 seconds, or NO_LIMIT \(None\)"):
-            client.lock(key("forms"), wait=wait)
-    queued = client.lock(key("forms"), wait=ringlock.NO_LIMIT)
-    granted: list[bool] = []
-    waiter = threading.Thread(target=lambda: granted.append(queued.acquire()))
-    waiter.start()
-    wait_until(lambda: client.inspect(key("forms")).waiters == 1, "the NO_LIMIT acquire queued")
-    assert holder.release()
-    waiter.join(20)
-    assert granted == [True]
-    assert queued.release()
-    assert client.lock(key("forms"), wait=ringlock.TRY_ONCE).acquire() is True, "a free key is taken"
 
 
 def test_only_the_explicit_form_tries_once(fresh_server: Server, key: Callable[[str], str]) -> None:
@@ -98,51 +52,7 @@ def test_only_the_explicit_form_tries_once(fresh_server: Server, key: Callable[[
         assert result == [True]
 
 
-async def test_wait_forms_aio(server: Server, key: Callable[[str], str]) -> None:
-    async with ringlock.aio.Client(server.address) as client:
-        holder = client.lock(key("forms"))
-        assert await holder.acquire()
-        assert await client.lock(key("forms"), wait=ringlock.TRY_ONCE).acquire() is False
-        assert await client.lock(key("forms"), wait=0).acquire() is False
-        assert await client.lock(key("forms"), wait=0.05).acquire() is False
-        with pytest.raises(ValueError, match="NO_LIMIT"):
-            client.lock(key("forms"), wait=-0.5)
-        assert await holder.release()
-        assert await client.lock(key("forms"), wait=ringlock.TRY_ONCE).acquire() is True
-
-
 # Auto-extend and the lost-lock signal.
-
-
-def test_single_node_restart_reports_lost(fresh_server: Server, key: Callable[[str], str]) -> None:
-    seen: list[tuple[ringlock.Lock, ringlock.LockLostError]] = []
-
-    def on_lost(lock: ringlock.Lock, error: ringlock.LockLostError) -> None:
-        seen.append((lock, error))
-
-    with ringlock.Client(fresh_server.address) as client:
-        locks = [client.lock(key(f"restart-{index}"), lease=3, auto_extend=True, on_lost=on_lost) for index in range(4)]
-        for lock in locks:
-            assert lock.acquire()
-        fresh_server.kill()
-        fresh_server.restart()
-        for lock in locks:
-            assert lock.lost_event.wait(20), f"{lock} never learned it was lost"
-            assert isinstance(lock.lost, ringlock.LockLostError)
-            assert not lock.locked()
-        assert sorted(id(lock) for lock, _ in seen) == sorted(id(lock) for lock in locks)
-
-
-async def test_single_node_restart_reports_lost_aio(fresh_server: Server, key: Callable[[str], str]) -> None:
-    async with ringlock.aio.Client(fresh_server.address) as client:
-        locks = [client.lock(key(f"restart-{index}"), lease=3, auto_extend=True) for index in range(4)]
-        for lock in locks:
-            assert await lock.acquire()
-        await asyncio.to_thread(fresh_server.kill)
-        await asyncio.to_thread(fresh_server.restart)
-        for lock in locks:
-            await asyncio.wait_for(lock.lost_event.wait(), 20)
-            assert isinstance(lock.lost, ringlock.LockLostError) and not lock.locked()
 
 
 def test_release_elsewhere_reports_lost(client: ringlock.Client, server: Server, key: Callable[[str], str]) -> None:
@@ -192,84 +102,15 @@ async def test_unanswered_extends_lose_the_lock_at_the_lease_end_aio(
         await asyncio.to_thread(kit, "resume", proxy)
 
 
-# held() asks the server; locked() is the local view.
-
-
-def test_held_asks_the_server(client: ringlock.Client, server: Server, key: Callable[[str], str]) -> None:
-    lock = client.lock(key("asked"), lease=30)
-    assert lock.held() is False, "not acquired"
-    assert lock.acquire()
-    assert lock.held() is True
-    raw_line(server.address, f"R {key('asked')} {lock.token}")
-    assert lock.held() is False
-    assert lock.locked() is True, "the local view cannot know"
-    other = client.lock(key("asked"))
-    assert other.acquire()
-    assert lock.held() is False, "another grant's token holds the key"
-    assert other.release()
-
-    short = client.lock(key("short"), lease=0.1)
-    assert short.acquire() and short.locked()
-    wait_until(lambda: not short.locked(), "the lease ran out locally")
-    assert short.held() is False
-
-
-async def test_held_asks_the_server_aio(server: Server, key: Callable[[str], str]) -> None:
-    async with ringlock.aio.Client(server.address) as client:
-        lock = client.lock(key("asked"), lease=0.2)
-        assert await lock.acquire()
-        assert await lock.held() is True and lock.locked()
-        while lock.locked():
-            await asyncio.sleep(0.02)
-        assert await lock.held() is False
-
-
-# A lock from (key, token).
-
-
-def test_lock_from_key_and_token(client: ringlock.Client, server: Server, key: Callable[[str], str]) -> None:
-    token = cli_acquire(server.address, key("cli"))
-    lock = client.lock_from(key("cli"), token)
-    assert lock.token == token and lock.locked() and lock.held()
-    lock.extend(20)
-    assert lock.release() is True
-    assert client.inspect(key("cli")).token is None
-    with pytest.raises(ValueError, match="u64"):
-        client.lock_from(key("cli"), -1)
-    with pytest.raises(ValueError):
-        client.lock_from("two words", 1)
-
-
-async def test_lock_from_key_and_token_aio(server: Server, key: Callable[[str], str]) -> None:
-    token = await asyncio.to_thread(cli_acquire, server.address, key("cli"))
-    async with ringlock.aio.Client(server.address) as client:
-        lock = client.lock_from(key("cli"), token)
-        assert await lock.held()
-        assert await lock.release() is True
-        assert (await client.inspect(key("cli"))).token is None
-
-
 # Error kinds.
 
 
-def test_error_kinds(fresh_server: Server, key: Callable[[str], str]) -> None:
+def test_an_acquire_queued_when_the_server_stops_is_shutting_down(
+    fresh_server: Server, key: Callable[[str], str]
+) -> None:
+    """The shutting-down kind of the error table (the other kinds are the
+    error-kinds scenario's)."""
     with ringlock.Client(fresh_server.address) as client:
-        with pytest.raises(ValueError, match="--max-lease"):
-            client.lock(key("k"), lease=0)
-        with pytest.raises(ringlock.RinglockError, match="--max-lease") as refused:
-            client.lock(key("k"), lease=48 * 3600).acquire()
-        assert refused.value.code == "bad-lease"
-        holder = client.lock(key("k"))
-        assert holder.acquire()
-        with pytest.raises(ringlock.LockTimeoutError), client.lock(key("k"), wait=0.02):
-            pass
-        token = holder.token
-        assert holder.release()
-        holder._granted(token, float("inf"))  # type: ignore[arg-type]  # a stale holder
-        with pytest.raises(ringlock.LockLostError) as lost:
-            holder.extend(10)
-        assert lost.value.code == "not-holder"
-        # shutting-down: an acquire queued when the server stops.
         blocker = client.lock(key("queued"))
         assert blocker.acquire()
         failure: list[BaseException] = []
@@ -287,10 +128,3 @@ def test_error_kinds(fresh_server: Server, key: Callable[[str], str]) -> None:
         waiter.join(20)
         assert len(failure) == 1 and isinstance(failure[0], ringlock.ShuttingDownError)
         fresh_server.kill()
-    # A connection error is a ConnectionError with the address and errno.
-    with ringlock.Client(fresh_server.address, connect_limit=0.2) as client:
-        with pytest.raises(ConnectionError) as raised:
-            client.ping()
-        error = raised.value
-        assert isinstance(error, ringlock.NoConnectionError)
-        assert error.address == fresh_server.address and error.errno == errno.ECONNREFUSED

@@ -8,6 +8,7 @@ Control commands block until the kit answers, so they run in a thread
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from harness import (
     BETA_SECRET,
     AuthFile,
     Certs,
+    Cluster,
     Recorder,
     Server,
     Testkit,
@@ -30,6 +32,9 @@ from harness import (
     assert_refused_secret,
     assert_sent_only_tls,
     assert_tls_failure,
+    cli_acquire,
+    raw_line,
+    refusing_address,
     wait_until,
 )
 
@@ -376,6 +381,193 @@ async def test_tls_wrong_ca(tls_server: Server, certs: Certs) -> None:
         assert_sent_only_tls(recorder, "tls/wrong-ca")
     finally:
         recorder.close()
+
+
+@scenario("wait-forms")
+async def test_wait_forms(server: Server, key: Callable[[str], str]) -> None:
+    name = key("forms")
+    async with ringlock.aio.Client(server.address) as holder_client, ringlock.aio.Client(server.address) as client:
+        holder = holder_client.lock(name, lease=30)
+        assert await holder.acquire()
+        # Each returns while the holder holds the key (one queued behind it
+        # would not): never queued.
+        for wait in (ringlock.TRY_ONCE, 0):
+            tried = client.lock(name, lease=30, wait=wait).acquire()
+            assert await asyncio.wait_for(tried, 20) is False, f"wait={wait!r} while held"
+        assert await asyncio.wait_for(client.lock(name, lease=30).acquire(blocking=False), 20) is False
+        assert (await client.inspect(name)).waiters == 0, "no try left queued behind the holder"
+        assert await client.lock(name, lease=30, wait=0.2).acquire() is False, "the wait ran out"
+        for wait in (-1, 86_401, float("inf"), float("nan")):
+            with pytest.raises(ValueError, match=r"TRY_ONCE \(0\), 0\.001 to 86400 seconds, or NO_LIMIT \(None\)"):
+                client.lock(name, lease=30, wait=wait)
+        queued = client.lock(name, lease=30, wait=ringlock.NO_LIMIT)
+        granted = asyncio.create_task(queued.acquire())
+        deadline = time.monotonic() + 20
+        while (await client.inspect(name)).waiters != 1:
+            assert time.monotonic() < deadline, "the NO_LIMIT acquire did not queue"
+            await asyncio.sleep(0.01)
+        assert holder.token is not None
+        holder_token = holder.token
+        assert await holder.release()
+        assert await asyncio.wait_for(granted, 20) is True
+        assert queued.token is not None and queued.token > holder_token
+        assert await queued.release()
+        free = client.lock(name, lease=30, wait=ringlock.TRY_ONCE)
+        assert await free.acquire() is True, "a free key is taken at once"
+        assert await free.release()
+
+
+@scenario("held-asks-server")
+async def test_held_asks_server(fresh_server: Server, key: Callable[[str], str]) -> None:
+    async with ringlock.aio.Client(fresh_server.address) as client:
+        lock = client.lock(key("asked"), lease=30)
+        assert await lock.held() is False, "not acquired"
+        assert await lock.acquire()
+        assert await lock.held() is True
+        reply = await asyncio.to_thread(raw_line, fresh_server.address, f"R {key('asked')} {lock.token}")
+        assert reply == f"R {key('asked')}"
+        assert await lock.held() is False, "released elsewhere with its token"
+        assert lock.locked() is True, "the local view cannot know"
+        other = client.lock(key("asked"), lease=30)
+        assert await other.acquire()
+        assert await lock.held() is False, "another grant's token holds the key"
+        assert await other.release()
+
+        forgotten = client.lock(key("restart"), lease=30)
+        assert await forgotten.acquire() and await forgotten.held()
+        await asyncio.to_thread(fresh_server.kill)
+        await asyncio.to_thread(fresh_server.restart)
+        assert await forgotten.held() is False, "the restarted server holds no grant of it"
+        assert forgotten.locked() is True, "the local view cannot know"
+
+        short = client.lock(key("short"), lease=0.1)
+        assert await short.acquire() and short.locked()
+        await until(lambda: not short.locked(), "the lease to run out locally")
+        assert short.lost is None, "not auto-extended: run out, not declared lost"
+        deadline = time.monotonic() + 20
+        while await short.held():
+            assert time.monotonic() < deadline, "the server did not expire it"
+            await asyncio.sleep(0.01)
+
+
+@scenario("lock-from-key-and-token")
+async def test_lock_from_key_and_token(server: Server, key: Callable[[str], str]) -> None:
+    name = key("cli")
+    token = await asyncio.to_thread(cli_acquire, server.address, name)
+    async with ringlock.aio.Client(server.address) as client:
+        wrong = client.lock_from(name, token + 1)
+        assert await wrong.held() is False, "a wrong token"
+        assert await wrong.release() is False, "a wrong token releases nothing"
+        lock = client.lock_from(name, token)
+        assert lock.token == token and lock.locked() and await lock.held()
+        await lock.extend(20)
+        assert await lock.release() is True
+        assert (await client.inspect(name)).token is None, "released from Python"
+        with pytest.raises(ValueError, match="u64"):
+            client.lock_from(name, -1)
+        with pytest.raises(ValueError):
+            client.lock_from("two words", 1)
+        with pytest.raises(ValueError):
+            client.lock_from(name, token, lease=0)
+
+
+@scenario("single-node-restart-reports-lost")
+async def test_single_node_restart_reports_lost(fresh_server: Server, key: Callable[[str], str]) -> None:
+    seen: list[ringlock.aio.Lock] = []
+
+    def on_lost(lock: ringlock.aio.Lock, error: ringlock.LockLostError) -> None:
+        seen.append(lock)
+
+    async with ringlock.aio.Client(fresh_server.address) as client:
+        locks = [client.lock(key(f"restart-{index}"), lease=3, auto_extend=True, on_lost=on_lost) for index in range(4)]
+        for lock in locks:
+            assert await lock.acquire()
+        await asyncio.to_thread(fresh_server.kill)
+        await asyncio.to_thread(fresh_server.restart)
+        for lock in locks:
+            await asyncio.wait_for(lock.lost_event.wait(), 20)
+            assert isinstance(lock.lost, ringlock.LockLostError)
+            assert not lock.locked()
+            assert await lock.held() is False
+        assert sorted(map(id, seen)) == sorted(map(id, locks)), "each callback once"
+
+
+@scenario("error-kinds")
+async def test_error_kinds(key: Callable[[str], str]) -> None:
+    name = key("errors")
+    server = Server("--max-lease", "60")
+    try:
+        await error_kinds(server.address, name)
+    finally:
+        server.stop()
+
+
+async def error_kinds(address: str, name: str) -> None:
+    async with ringlock.aio.Client(address) as client:
+        # Bad arguments, refused before sending, naming the range.
+        with pytest.raises(ValueError, match=r"0\.001 seconds up to the server's --max-lease"):
+            client.lock(name, lease=0)
+        with pytest.raises(ValueError, match=r"0\.001 to 86400 seconds"):
+            client.lock(name, lease=30, wait=-1)
+        # A lease above the server's limit: its bad-lease, naming the limit.
+        with pytest.raises(ringlock.RinglockError, match="--max-lease") as refused:
+            await client.lock(name, lease=120).acquire()
+        assert refused.value.code == "bad-lease"
+        # Timeout: no grant.
+        holder = client.lock(name, lease=30)
+        assert await holder.acquire()
+        assert await client.lock(name, lease=30, wait=0.05).acquire() is False
+        with pytest.raises(ringlock.LockTimeoutError):
+            async with client.lock(name, lease=30, wait=0.05):
+                pytest.fail("the body ran without the lock")
+        # Not holder, once the grant is gone.
+        assert holder.token is not None
+        stale = client.lock_from(name, holder.token)
+        assert await holder.release() is True
+        with pytest.raises(ringlock.LockLostError) as lost:
+            await stale.extend(10)
+        assert lost.value.code == "not-holder"
+        assert await stale.release() is False, "nothing left to release"
+    # No connection: a ConnectionError with the address and the OS error.
+    sock, address = refusing_address()
+    with sock:
+        async with ringlock.aio.Client(address, connect_limit=0.3) as unreachable:
+            with pytest.raises(ConnectionError) as raised:
+                await unreachable.ping()
+    error = raised.value
+    assert isinstance(error, ringlock.NoConnectionError)
+    assert error.address == address and error.errno == errno.ECONNREFUSED
+    assert f"{address} (connection refused)" in str(error)
+
+
+@scenario("failover-keeps-auto-extended-lock")
+async def test_failover_keeps_auto_extended_lock(cluster: Cluster) -> None:
+    lease = 3.0
+    lost: list[ringlock.LockLostError] = []
+    active = await asyncio.to_thread(cluster.wait_single_active, "an active node")
+    async with ringlock.aio.Client(cluster.addresses) as holder_client, ringlock.aio.Client(cluster.addresses) as rival:
+        _, since = await asyncio.to_thread(cluster.table, active)
+        lock = holder_client.lock(
+            "failover/kept", lease=lease, auto_extend=True, on_lost=lambda lock, error: lost.append(error)
+        )
+        assert await lock.acquire()
+        token = lock.token
+        await asyncio.to_thread(cluster.wait_replicated, active, since)
+        await asyncio.to_thread(cluster.kill, active)
+        assert await asyncio.to_thread(cluster.wait_single_active, "a standby to take over") != active
+        # Longer than the lease: granted unless the extends reach the new active.
+        taken = rival.lock("failover/kept", lease=30, wait=lease * 1.5)
+        assert await taken.acquire() is False, f"the key stayed held through the failover\n{cluster.logs()}"
+        assert lost == [] and lock.lost is None and not lock.lost_event.is_set(), "not reported lost"
+        assert lock.locked()
+        assert await lock.held() is True, "held on the new active"
+        await lock.extend(lease)
+        assert lock.token == token
+        assert await lock.release() is True, "the old token releases it"
+        after = rival.lock("failover/kept", lease=30, wait=ringlock.TRY_ONCE)
+        assert await after.acquire() is True
+        assert token is not None and after.token is not None and after.token > token, "the new active's epoch"
+        assert await after.release()
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import threading
 import time
@@ -18,6 +19,7 @@ from harness import (
     BETA_SECRET,
     AuthFile,
     Certs,
+    Cluster,
     Recorder,
     Server,
     Testkit,
@@ -26,6 +28,9 @@ from harness import (
     assert_refused_secret,
     assert_sent_only_tls,
     assert_tls_failure,
+    cli_acquire,
+    raw_line,
+    refusing_address,
     wait_until,
 )
 
@@ -374,3 +379,183 @@ def test_tls_wrong_ca(tls_server: Server, certs: Certs) -> None:
         assert_sent_only_tls(recorder, "tls/wrong-ca")
     finally:
         recorder.close()
+
+
+@scenario("wait-forms")
+def test_wait_forms(server: Server, key: Callable[[str], str]) -> None:
+    name = key("forms")
+    with ringlock.Client(server.address) as holder_client, ringlock.Client(server.address) as client:
+        holder = holder_client.lock(name, lease=30)
+        assert holder.acquire()
+        with ThreadPoolExecutor(1) as pool:
+            # Each returns while the holder holds the key (one queued behind
+            # it would not): never queued.
+            for wait in (ringlock.TRY_ONCE, 0):
+                tried = pool.submit(client.lock(name, lease=30, wait=wait).acquire)
+                assert tried.result(20) is False, f"wait={wait!r} while held"
+            assert pool.submit(client.lock(name, lease=30).acquire, blocking=False).result(20) is False
+        assert client.inspect(name).waiters == 0, "no try left queued behind the holder"
+        assert client.lock(name, lease=30, wait=0.2).acquire() is False, "the wait ran out"
+        for wait in (-1, 86_401, float("inf"), float("nan")):
+            with pytest.raises(ValueError, match=r"TRY_ONCE \(0\), 0\.001 to 86400 seconds, or NO_LIMIT \(None\)"):
+                client.lock(name, lease=30, wait=wait)
+        queued = client.lock(name, lease=30, wait=ringlock.NO_LIMIT)
+        with ThreadPoolExecutor(1) as pool:
+            granted = pool.submit(queued.acquire)
+            wait_until(lambda: client.inspect(name).waiters == 1, "the NO_LIMIT acquire to queue")
+            assert holder.token is not None
+            holder_token = holder.token
+            assert holder.release()
+            assert granted.result(20) is True
+        assert queued.token is not None and queued.token > holder_token
+        assert queued.release()
+        free = client.lock(name, lease=30, wait=ringlock.TRY_ONCE)
+        assert free.acquire() is True, "a free key is taken at once"
+        assert free.release()
+
+
+@scenario("held-asks-server")
+def test_held_asks_server(fresh_server: Server, key: Callable[[str], str]) -> None:
+    with ringlock.Client(fresh_server.address) as client:
+        lock = client.lock(key("asked"), lease=30)
+        assert lock.held() is False, "not acquired"
+        assert lock.acquire()
+        assert lock.held() is True
+        assert raw_line(fresh_server.address, f"R {key('asked')} {lock.token}") == f"R {key('asked')}"
+        assert lock.held() is False, "released elsewhere with its token"
+        assert lock.locked() is True, "the local view cannot know"
+        other = client.lock(key("asked"), lease=30)
+        assert other.acquire()
+        assert lock.held() is False, "another grant's token holds the key"
+        assert other.release()
+
+        forgotten = client.lock(key("restart"), lease=30)
+        assert forgotten.acquire() and forgotten.held()
+        fresh_server.kill()
+        fresh_server.restart()
+        assert forgotten.held() is False, "the restarted server holds no grant of it"
+        assert forgotten.locked() is True, "the local view cannot know"
+
+        short = client.lock(key("short"), lease=0.1)
+        assert short.acquire() and short.locked()
+        wait_until(lambda: not short.locked(), "the lease to run out locally")
+        assert short.lost is None, "not auto-extended: run out, not declared lost"
+        wait_until(lambda: not short.held(), "the server to expire it")
+
+
+@scenario("lock-from-key-and-token")
+def test_lock_from_key_and_token(server: Server, key: Callable[[str], str]) -> None:
+    name = key("cli")
+    token = cli_acquire(server.address, name)
+    with ringlock.Client(server.address) as client:
+        wrong = client.lock_from(name, token + 1)
+        assert wrong.held() is False, "a wrong token"
+        assert wrong.release() is False, "a wrong token releases nothing"
+        lock = client.lock_from(name, token)
+        assert lock.token == token and lock.locked() and lock.held()
+        lock.extend(20)
+        assert lock.release() is True
+        assert client.inspect(name).token is None, "released from Python"
+        with pytest.raises(ValueError, match="u64"):
+            client.lock_from(name, -1)
+        with pytest.raises(ValueError):
+            client.lock_from("two words", 1)
+        with pytest.raises(ValueError):
+            client.lock_from(name, token, lease=0)
+
+
+@scenario("single-node-restart-reports-lost")
+def test_single_node_restart_reports_lost(fresh_server: Server, key: Callable[[str], str]) -> None:
+    seen: list[tuple[ringlock.Lock, ringlock.LockLostError]] = []
+
+    def on_lost(lock: ringlock.Lock, error: ringlock.LockLostError) -> None:
+        seen.append((lock, error))
+
+    with ringlock.Client(fresh_server.address) as client:
+        locks = [client.lock(key(f"restart-{index}"), lease=3, auto_extend=True, on_lost=on_lost) for index in range(4)]
+        for lock in locks:
+            assert lock.acquire()
+        fresh_server.kill()
+        fresh_server.restart()
+        for lock in locks:
+            assert lock.lost_event.wait(20), f"{lock} never learned it was lost"
+            assert isinstance(lock.lost, ringlock.LockLostError)
+            assert not lock.locked()
+            assert lock.held() is False
+        assert sorted(id(lock) for lock, _ in seen) == sorted(id(lock) for lock in locks), "each callback once"
+
+
+@scenario("error-kinds")
+def test_error_kinds(key: Callable[[str], str]) -> None:
+    name = key("errors")
+    server = Server("--max-lease", "60")
+    try:
+        error_kinds(server.address, name)
+    finally:
+        server.stop()
+
+
+def error_kinds(address: str, name: str) -> None:
+    with ringlock.Client(address) as client:
+        # Bad arguments, refused before sending, naming the range.
+        with pytest.raises(ValueError, match=r"0\.001 seconds up to the server's --max-lease"):
+            client.lock(name, lease=0)
+        with pytest.raises(ValueError, match=r"0\.001 to 86400 seconds"):
+            client.lock(name, lease=30, wait=-1)
+        # A lease above the server's limit: its bad-lease, naming the limit.
+        with pytest.raises(ringlock.RinglockError, match="--max-lease") as refused:
+            client.lock(name, lease=120).acquire()
+        assert refused.value.code == "bad-lease"
+        # Timeout: no grant.
+        holder = client.lock(name, lease=30)
+        assert holder.acquire()
+        assert client.lock(name, lease=30, wait=0.05).acquire() is False
+        with pytest.raises(ringlock.LockTimeoutError), client.lock(name, lease=30, wait=0.05):
+            pytest.fail("the body ran without the lock")
+        # Not holder, once the grant is gone.
+        assert holder.token is not None
+        stale = client.lock_from(name, holder.token)
+        assert holder.release() is True
+        with pytest.raises(ringlock.LockLostError) as lost:
+            stale.extend(10)
+        assert lost.value.code == "not-holder"
+        assert stale.release() is False, "nothing left to release"
+    # No connection: a ConnectionError with the address and the OS error.
+    sock, address = refusing_address()
+    with sock, ringlock.Client(address, connect_limit=0.3) as unreachable:
+        with pytest.raises(ConnectionError) as raised:
+            unreachable.ping()
+        error = raised.value
+        assert isinstance(error, ringlock.NoConnectionError)
+        assert error.address == address and error.errno == errno.ECONNREFUSED
+        assert f"{address} (connection refused)" in str(error)
+
+
+@scenario("failover-keeps-auto-extended-lock")
+def test_failover_keeps_auto_extended_lock(cluster: Cluster) -> None:
+    lease = 3.0
+    lost: list[ringlock.LockLostError] = []
+    with ringlock.Client(cluster.addresses) as holder_client, ringlock.Client(cluster.addresses) as rival:
+        active = cluster.wait_single_active("an active node")
+        _, since = cluster.table(active)
+        lock = holder_client.lock(
+            "failover/kept", lease=lease, auto_extend=True, on_lost=lambda lock, error: lost.append(error)
+        )
+        assert lock.acquire()
+        token = lock.token
+        cluster.wait_replicated(active, since)
+        cluster.kill(active)
+        assert cluster.wait_single_active("a standby to take over") != active
+        # Longer than the lease: granted unless the extends reach the new active.
+        taken = rival.lock("failover/kept", lease=30, wait=lease * 1.5)
+        assert taken.acquire() is False, f"the key stayed held through the failover\n{cluster.logs()}"
+        assert lost == [] and lock.lost is None and not lock.lost_event.is_set(), "not reported lost"
+        assert lock.locked()
+        assert lock.held() is True, "held on the new active"
+        lock.extend(lease)
+        assert lock.token == token
+        assert lock.release() is True, "the old token releases it"
+        after = rival.lock("failover/kept", lease=30, wait=ringlock.TRY_ONCE)
+        assert after.acquire() is True
+        assert token is not None and after.token is not None and after.token > token, "the new active's epoch"
+        assert after.release()

@@ -254,7 +254,20 @@ class ThreadConnection:
         the queued requests sealed together after those made earlier."""
         assert self._tls is not None
         if self._backlog:
-            self._sealed += self._tls.seal(self._backlog)
+            try:
+                self._sealed += self._tls.seal(self._backlog)
+            except ssl.SSLError:
+                # The session ended under us (the server closed it, say
+                # after refusing our certificate once the handshake looked
+                # done): nothing more can be sent on it. The connection
+                # fails like a broken socket, and the reader takes the
+                # requests back; the error must not reach whichever
+                # thread was sending (the timer thread, a caller).
+                self._backlog.clear()
+                self._sealed.clear()
+                if self._sock is not None:
+                    _shutdown(self._sock, socket.SHUT_RDWR)
+                return b""
             self._backlog.clear()
         data = bytes(self._sealed)
         self._sealed.clear()
