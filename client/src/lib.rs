@@ -181,6 +181,7 @@ mod connection;
 mod error;
 mod future;
 mod lane;
+mod liveness;
 mod lock;
 mod operation;
 mod pairing;

@@ -254,12 +254,22 @@ impl Operation {
         }
     }
 
+    /// The `P` a suspected connection sends itself (see `liveness`): nobody
+    /// waits for it, and it is never sent again elsewhere.
+    pub(crate) fn probe(now: Instant, policy: &Policy) -> Operation {
+        Operation::new(Kind::Ping, Arc::from(&b""[..]), now, 1, policy, None)
+    }
+
     /// Whether nobody waits for it any more, so sending it again is
     /// pointless: an acquire would take a place in the server's queue for a
-    /// grant nobody takes. A release still goes, to free the key.
+    /// grant nobody takes. A release still goes, to free the key; a
+    /// connection's own probe never goes again.
     pub(crate) fn abandoned(&self) -> bool {
-        !matches!(self.kind, Kind::Release { .. })
-            && self.completion.as_ref().is_some_and(|completion| completion.is_abandoned())
+        match (&self.kind, &self.completion) {
+            (Kind::Release { .. }, _) => false,
+            (Kind::Ping, None) => true,
+            (_, completion) => completion.as_ref().is_some_and(|completion| completion.is_abandoned()),
+        }
     }
 
     /// The operation its reply echoes.
@@ -637,6 +647,18 @@ mod tests {
         ));
         let not_holder = Reply::Error { op: Some(Op::Extend), key: Some(b"k"), code: ErrorCode::NotHolder };
         assert!(matches!(reply(extend, not_holder), Step::Done(Outcome::Failed(Error::Server(ErrorCode::NotHolder)))));
+    }
+
+    #[test]
+    fn a_probe_cut_off_is_never_sent_again_but_a_release_is() {
+        let now = Instant::now();
+        let mut probe = Operation::probe(now, &POLICY);
+        assert_eq!(line(&probe, now), "P\n");
+        assert!(probe.abandoned());
+        assert!(probe.completion.is_none());
+        let step = probe.on_cut(&Cut::Io, now, &POLICY);
+        assert!(!matches!(step, Step::Done(_)), "the router drops it when it would go again: {step:?}");
+        assert!(!operation(Kind::Release { token: 5 }, now, 1).abandoned());
     }
 
     #[test]
