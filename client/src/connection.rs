@@ -568,20 +568,15 @@ struct Session {
     /// The error that ended the reading, if the socket failed rather than
     /// closed.
     error: Option<io::Error>,
-    /// The reader cut the socket after it stayed silent this long, not
-    /// even answering a ping.
-    silent_for: Option<Duration>,
 }
 
 impl Session {
     /// How the socket ended, as the failure of `address`.
     fn failure(&self, address: &str, cut: &Cut) -> ConnectionFailure {
-        if let Some(silence) = self.silent_for {
-            return silent_failure(address, silence);
-        }
         match (cut, &self.error) {
             (Cut::Io, Some(error)) => ConnectionFailure::from_io(address, error),
             (Cut::Io, None) => ConnectionFailure::closed(address),
+            (Cut::Silent(silence), _) => silent_failure(address, *silence),
             (Cut::Refused(code), _) => refused_failure(address, *code),
             (Cut::Protocol(violation), _) => protocol_failure(address, violation),
         }
@@ -622,8 +617,7 @@ fn read_replies(
             // The read timed out: a tick of the silence watch.
             Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 if let Some(silence) = connection.watch(Instant::now(), &router.policy) {
-                    session.silent_for = Some(silence);
-                    return Cut::Io;
+                    return Cut::Silent(silence);
                 }
                 continue;
             }
