@@ -18,6 +18,7 @@ import {
   TLSError,
 } from "../dist/index.js";
 import { ALPHA_SECRET, AuthFile, BETA_SECRET, SCENARIOS, Server, Testkit, sleep } from "./harness.mjs";
+import { singleBlackHoledAddress } from "./silent.mjs";
 
 const ids = JSON.parse(readFileSync(SCENARIOS, "utf8")).scenarios.map((scenario) => scenario.id);
 
@@ -297,6 +298,8 @@ const scenarios = {
       await lock.extend(20);
       await lock.release();
     }),
+
+  "silent-connection-suspected": singleBlackHoledAddress,
 
   "auth-ok": () =>
     using(async (own) => {
