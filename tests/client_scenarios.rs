@@ -338,6 +338,215 @@ fn delayed_replies() {
     assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
 }
 
+/// How long a call on a black-holed connection may take before the test
+/// calls it a hang: the client must end it within its wait plus
+/// `suspect_after + ping_timeout` and a tick, never only when the link
+/// comes back. Generous on purpose: not a timing assertion.
+const OUTER_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Runs `call` on a thread of its own and returns its result, or fails the
+/// test if it has not returned within [`OUTER_DEADLINE`].
+fn within_outer_deadline<T: Send + 'static>(what: &str, call: impl FnOnce() -> T + Send + 'static) -> T {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let _ = sender.send(call());
+    });
+    receiver.recv_timeout(OUTER_DEADLINE).unwrap_or_else(|_| panic!("{what} still blocked after {OUTER_DEADLINE:?}"))
+}
+
+/// Polls `future` on this thread until it is ready (the client's futures
+/// need no reactor).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut future = std::pin::pin!(future);
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    loop {
+        match future.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(output) => return output,
+            std::task::Poll::Pending => thread::park(),
+        }
+    }
+}
+
+/// The client's own failure of a call whose only node is black-holed: no
+/// connection, naming the address and the silence that got it cut.
+fn assert_cut_for_silence(error: &Error, address: SocketAddr) {
+    let Error::NoConnection { addresses, .. } = error else { panic!("no connection, not {error:?}") };
+    assert_eq!(addresses.len(), 1, "{error}");
+    assert_eq!(addresses[0].address, address.to_string());
+    assert_eq!(addresses[0].kind, std::io::ErrorKind::TimedOut, "{error}");
+    assert!(addresses[0].message.ends_with("not even to a ping"), "{error}");
+}
+
+/// A server, a kit with a proxy to it, and a client (default settings)
+/// given the proxy's address, both of whose connections the proxy has
+/// black-holed; the proxy's id and address.
+fn black_holed_single_node() -> (Server, Kit, String, SocketAddr, Client) {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = client_of(&[address]);
+    client.ping().unwrap();
+    kit.call(&format!("wait-open {proxy} 2"));
+    kit.call(&format!("blackhole {proxy} on"));
+    (server, kit, proxy, address, client)
+}
+
+/// The scenario of a host that vanished: the only node's connections are
+/// black-holed (they accept bytes and answer nothing, with neither a close
+/// nor a reset), with the default `suspect_after` and `ping_timeout`.
+#[test]
+fn silent_connection_suspected() {
+    let (_server, mut kit, proxy, address, client) = black_holed_single_node();
+    let acquiring = client.clone();
+    let outcome = within_outer_deadline("an acquire with a wait of 1 s on a black-holed node", move || {
+        acquiring.acquire("silent/single", LEASE, Some(Duration::from_secs(1)))
+    });
+    assert_cut_for_silence(&outcome.unwrap_err(), address);
+    // The client cut the connection the acquire was on and connected again
+    // (into the black hole: the proxy takes every new connection in too).
+    kit.call(&format!("wait-accepted {proxy} 3"));
+    // The link comes back: the proxy cuts what it black-holed, the client
+    // reconnects and serves again.
+    kit.call(&format!("blackhole {proxy} off"));
+    let lock = client.acquire("silent/single", LEASE, Some(Duration::from_secs(5))).unwrap().expect("granted");
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
+
+#[test]
+fn an_async_acquire_on_a_black_holed_node_fails_within_its_wait_and_the_grace() {
+    let (_server, mut kit, proxy, address, client) = black_holed_single_node();
+    let acquiring = client.clone();
+    let outcome = within_outer_deadline("an async acquire on a black-holed node", move || {
+        block_on(acquiring.acquire_async("silent/async", LEASE, Some(Duration::from_secs(1))))
+    });
+    assert_cut_for_silence(&outcome.unwrap_err(), address);
+    kit.call(&format!("blackhole {proxy} off"));
+    let lock = block_on(client.acquire_async("silent/async", LEASE, Some(Duration::from_secs(5))));
+    assert_eq!(lock.unwrap().expect("granted").release(), Ok(ReleaseOutcome::Released));
+}
+
+/// A request whose only limit is the connect limit (a ping) moves from
+/// silent connection to silent connection, and fails once its time on them
+/// adds up to that limit.
+#[test]
+fn a_ping_on_a_black_holed_node_fails_within_the_connect_limit() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (proxy, address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = Client::builder([address.to_string()])
+        .suspect_after(Duration::from_millis(200))
+        .ping_timeout(Duration::from_millis(200))
+        .connect_limit(Duration::from_secs(2))
+        .connect()
+        .unwrap();
+    client.ping().unwrap();
+    kit.call(&format!("wait-open {proxy} 2"));
+    kit.call(&format!("blackhole {proxy} on"));
+    let pinging = client.clone();
+    let pinged = within_outer_deadline("a ping on a black-holed node", move || pinging.ping());
+    assert_cut_for_silence(&pinged.unwrap_err(), address);
+    kit.call(&format!("blackhole {proxy} off"));
+    assert_eq!(client.ping().unwrap().role, ringlock_client::proto::Role::Active);
+}
+
+/// Two proxies to one server, the first black-holed once the client's
+/// connection to each is open; the client's settings make a silent
+/// connection cost about half a second.
+fn one_proxy_black_holed() -> (Server, Kit, String, Client) {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (dark, dark_address) = kit.start_item(&format!("proxy {}", server.addr));
+    let (_, good_address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = Client::builder([dark_address.to_string(), good_address.to_string()])
+        .suspect_after(Duration::from_millis(200))
+        .ping_timeout(Duration::from_millis(200))
+        .connect()
+        .unwrap();
+    client.ping().unwrap();
+    client.ping().unwrap();
+    kit.call(&format!("wait-open {dark} 1"));
+    kit.call(&format!("blackhole {dark} on"));
+    (server, kit, dark, client)
+}
+
+#[test]
+fn an_acquire_on_a_black_holed_connection_moves_to_the_other_and_is_granted() {
+    let (_server, mut kit, dark, client) = one_proxy_black_holed();
+    // One after the other, so that round-robin puts some on each connection.
+    let acquiring = client.clone();
+    let outcomes = within_outer_deadline("acquires beside a black-holed connection", move || {
+        (0..4)
+            .map(|index| acquiring.acquire(format!("silent/moved-{index}"), LEASE, Some(Duration::from_secs(5))))
+            .collect::<Vec<_>>()
+    });
+    // The client cut the black-holed connection (it is suspected only with
+    // a request in flight) and connected again.
+    kit.call(&format!("wait-accepted {dark} 2"));
+    for (index, outcome) in outcomes.into_iter().enumerate() {
+        let lock = outcome.unwrap().unwrap_or_else(|| panic!("silent/moved-{index} granted within its wait"));
+        assert_eq!(lock.release(), Ok(ReleaseOutcome::Released), "silent/moved-{index} was held once");
+    }
+    kit.call(&format!("blackhole {dark} off"));
+}
+
+#[test]
+fn a_release_in_flight_on_a_black_holed_connection_completes_elsewhere() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let (dark, dark_address) = kit.start_item(&format!("proxy {}", server.addr));
+    let (_, good_address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = Client::builder([dark_address.to_string(), good_address.to_string()])
+        .suspect_after(Duration::from_millis(200))
+        .ping_timeout(Duration::from_millis(200))
+        .connect()
+        .unwrap();
+    let locks: Vec<_> =
+        (0..4).map(|index| client.acquire(format!("silent/released-{index}"), LEASE, None).unwrap().unwrap()).collect();
+    kit.call(&format!("wait-open {dark} 1"));
+    kit.call(&format!("blackhole {dark} on"));
+    let outcomes = within_outer_deadline("releases beside a black-holed connection", move || {
+        locks.into_iter().map(|lock| lock.release()).collect::<Vec<_>>()
+    });
+    kit.call(&format!("wait-accepted {dark} 2"));
+    // Released, not "nothing left": each reached the server while it held the key.
+    assert_eq!(outcomes, vec![Ok(ReleaseOutcome::Released); 4]);
+    let other = client_of(&[server.addr]);
+    for index in 0..4 {
+        assert!(other.inspect(format!("silent/released-{index}")).unwrap().token.is_none(), "released-{index} is free");
+    }
+    kit.call(&format!("blackhole {dark} off"));
+}
+
+/// A request waiting its turn reads nothing for a while: its connection is
+/// pinged, answers, and stays up.
+#[test]
+fn a_waiting_acquire_keeps_its_answering_connection() {
+    let server = Server::start(&[]);
+    let mut kit = Kit::start();
+    let holder = client_of(&[server.addr]);
+    // Held for 1.5 s: the acquire below waits that long, silent, behind it.
+    holder.acquire("silent/busy", Duration::from_millis(1_500), None).unwrap().unwrap().detach();
+    let (proxy_id, proxy_address) = kit.start_item(&format!("proxy {}", server.addr));
+    let client = Client::builder([proxy_address.to_string()])
+        .suspect_after(Duration::from_millis(200))
+        .ping_timeout(Duration::from_millis(200))
+        .connect()
+        .unwrap();
+    kit.call(&format!("wait-open {proxy_id} 2"));
+    let lock = client.acquire("silent/busy", LEASE, Some(Duration::from_secs(10))).unwrap();
+    let lock = lock.expect("granted once the holder's lease ran out, after several pings");
+    assert_eq!(kit.count(&format!("accepted {proxy_id}")), 2, "an answering connection was cut");
+    kit.call(&format!("wait-upstream {proxy_id} - P"));
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
+
 /// Secrets of two names made for the authentication scenarios; never used
 /// outside these tests.
 const ALPHA_SECRET: &str = "alpha-5e0c1b7a9d2f4836";

@@ -34,6 +34,11 @@ const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
 const TRY_ACQUIRE_WAIT_DEFAULT: Duration = Duration::from_millis(1);
 const REDIRECT_LIMIT_DEFAULT: u32 = 16;
 const IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT: usize = 65_536;
+const SUSPECT_AFTER_DEFAULT: Duration = Duration::from_secs(1);
+const PING_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
+/// Longest `suspect_after` or `ping_timeout`: their sum, in milliseconds,
+/// must fit `TCP_USER_TIMEOUT`.
+const SILENCE_LIMIT_MAX: Duration = Duration::from_secs(3600);
 /// The environment variable a client reads its secret from when
 /// [`ClientBuilder::secret`] was not called, so that the secret need not
 /// appear on a command line or in shell history.
@@ -85,6 +90,8 @@ pub struct ClientBuilder {
     pub(crate) try_acquire_wait: Duration,
     redirect_limit: u32,
     pub(crate) in_flight_per_connection_max: usize,
+    pub(crate) suspect_after: Duration,
+    pub(crate) ping_timeout: Duration,
     pub(crate) secret: Option<Secret>,
     pub(crate) tls: TlsFiles,
     /// The rustls settings built from `tls` when the client connects.
@@ -120,6 +127,8 @@ impl ClientBuilder {
             try_acquire_wait: TRY_ACQUIRE_WAIT_DEFAULT,
             redirect_limit: REDIRECT_LIMIT_DEFAULT,
             in_flight_per_connection_max: IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT,
+            suspect_after: SUSPECT_AFTER_DEFAULT,
+            ping_timeout: PING_TIMEOUT_DEFAULT,
             secret: None,
             tls: TlsFiles::default(),
             tls_config: None,
@@ -300,6 +309,52 @@ impl ClientBuilder {
         self
     }
 
+    /// How long a connection with requests in flight may read nothing before
+    /// it is suspected and sent `P`. Default: 1 s.
+    ///
+    /// A host that lost power, or a partition, neither resets nor closes a
+    /// connection, so without this a request on it would wait until the
+    /// link came back. A suspected connection that still reads nothing for
+    /// [`ping_timeout`](Self::ping_timeout) is cut like a broken one: its
+    /// acquires move to another connection with the wait they have left
+    /// (or fail with [`Error::NoConnection`] once it has run out), its
+    /// releases are sent again elsewhere. A silent node thus costs a request
+    /// at most `suspect_after + ping_timeout` and a tick (a quarter of the
+    /// shorter of the two) beyond its own limit. A request waiting its turn
+    /// on a live connection costs one `P` per `suspect_after`. Sockets also
+    /// get TCP keepalive and, on Linux, `TCP_USER_TIMEOUT` of
+    /// `suspect_after + ping_timeout`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"])
+    ///     .suspect_after(Duration::from_millis(500))
+    ///     .ping_timeout(Duration::from_millis(500));
+    /// ```
+    pub fn suspect_after(mut self, silence: Duration) -> ClientBuilder {
+        self.suspect_after = silence;
+        self
+    }
+
+    /// How long a suspected connection (see
+    /// [`suspect_after`](Self::suspect_after)) has to answer anything after
+    /// its `P` before it is cut. Default: 1 s.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let builder = ringlock_client::Client::builder(["127.0.0.1:7700"]).ping_timeout(Duration::from_millis(300));
+    /// ```
+    pub fn ping_timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.ping_timeout = timeout;
+        self
+    }
+
     /// The secret to authenticate every connection with, for servers started
     /// with `--auth-file` (docs/security.md). Without this call the client
     /// takes the environment variable `RINGLOCK_SECRET` if it is set and not
@@ -469,6 +524,12 @@ impl ClientBuilder {
         if self.in_flight_per_connection_max == 0 {
             return bad("in_flight_per_connection_max must be at least 1");
         }
+        if self.suspect_after.is_zero() || self.suspect_after > SILENCE_LIMIT_MAX {
+            return bad("suspect_after must be above zero and at most 3600 s");
+        }
+        if self.ping_timeout.is_zero() || self.ping_timeout > SILENCE_LIMIT_MAX {
+            return bad("ping_timeout must be above zero and at most 3600 s");
+        }
         if let Some(Secret(secret)) = &self.secret
             && (secret.is_empty()
                 || secret.len() > SECRET_LEN_MAX
@@ -503,6 +564,8 @@ mod tests {
         assert_eq!(policy.connect_limit, Duration::from_secs(10));
         assert_eq!(policy.retry_interval, Duration::from_millis(200));
         assert_eq!(policy.retry_for, Duration::from_secs(5));
+        assert_eq!(builder.suspect_after, Duration::from_secs(1));
+        assert_eq!(builder.ping_timeout, Duration::from_secs(1));
         assert!(builder.validate().is_ok());
     }
 
@@ -519,6 +582,9 @@ mod tests {
         let inverted = ClientBuilder::new(["a:1"]).reconnect_delay_max(Duration::from_millis(10));
         assert!(inverted.validate().is_err(), "a cap below the first delay");
         assert!(ClientBuilder::new(["a:1"]).in_flight_per_connection_max(0).validate().is_err());
+        assert!(ClientBuilder::new(["a:1"]).suspect_after(Duration::ZERO).validate().is_err());
+        assert!(ClientBuilder::new(["a:1"]).ping_timeout(Duration::from_secs(3601)).validate().is_err());
+        assert!(ClientBuilder::new(["a:1"]).ping_timeout(Duration::from_millis(1)).validate().is_ok());
         assert!(ClientBuilder::new(["a:1"]).secret("two words").validate().is_err());
         assert!(ClientBuilder::new(["a:1"]).secret("").validate().is_err());
         assert!(ClientBuilder::new(["a:1"]).secret("x".repeat(1023)).validate().is_err());

@@ -32,6 +32,11 @@
 //! A request is recorded in the pairing table and appended to the output
 //! buffer under the same lock, so the table's order for an (op, key) is the
 //! order the lines go out on the wire.
+//!
+//! The reader reads with a timeout of one liveness tick; each time a read
+//! times out it asks the connection's watch (`liveness`) whether a reply is
+//! overdue, sends the connection's own `P` if so, and cuts the connection
+//! if not even that was answered in time, as it does a broken one.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
@@ -44,7 +49,8 @@ use rustls::ClientConnection;
 use crate::backoff::{Jitter, reconnect_delay};
 use crate::completion::Wakes;
 use crate::error::{ConnectionFailure, ProtocolError};
-use crate::operation::{Cut, Operation, Step};
+use crate::liveness::{Liveness, Verdict, tune_socket};
+use crate::operation::{Cut, Operation, Policy, Step};
 use crate::pairing::{Paired, Pairing};
 use crate::proto::{Decoded, ErrorCode, Op, REPLY_LINE_LEN_MAX, Reply, decode_reply};
 use crate::router::{Moved, Router};
@@ -129,6 +135,8 @@ struct State {
     owed: Wakes,
     /// How the last connect failed or the last socket broke, and when.
     last_failure: Option<(Instant, ConnectionFailure)>,
+    /// Whether the socket still answers.
+    liveness: Liveness,
 }
 
 impl State {
@@ -140,7 +148,7 @@ impl State {
 }
 
 impl Connection {
-    pub(crate) fn new(address: Arc<str>, node: usize) -> Connection {
+    pub(crate) fn new(address: Arc<str>, node: usize, suspect_after: Duration, ping_timeout: Duration) -> Connection {
         Connection {
             address,
             node,
@@ -155,6 +163,7 @@ impl Connection {
                 spare: Vec::new(),
                 owed: Wakes::default(),
                 last_failure: None,
+                liveness: Liveness::new(suspect_after, ping_timeout, Instant::now()),
             }),
             writer_wake: Condvar::new(),
         }
@@ -183,16 +192,25 @@ impl Connection {
     /// reason if the connection takes no requests now.
     pub(crate) fn try_send(
         &self,
-        mut operation: Operation,
+        operation: Operation,
         now: Instant,
         in_flight_max: usize,
     ) -> Result<(), (Operation, Refusal)> {
-        let mut state = self.lock();
+        let state = self.lock();
         if !state.phase.takes_requests() {
             return Err((operation, Refusal::Unusable));
         }
         if state.in_flight.len() >= in_flight_max {
             return Err((operation, Refusal::Full));
+        }
+        self.queue(state, operation, now);
+        Ok(())
+    }
+
+    /// Sends `operation` on this connection, whose lock `state` is.
+    fn queue(&self, mut state: MutexGuard<'_, State>, mut operation: Operation, now: Instant) {
+        if state.in_flight.len() == 0 {
+            state.liveness.note_busy(now);
         }
         operation.encode(now, &mut state.out);
         operation.went_out(now);
@@ -206,7 +224,22 @@ impl Connection {
         if wake_writer {
             self.writer_wake.notify_one();
         }
-        Ok(())
+    }
+
+    /// A read timed out at `now`: sends the connection's own `P` if a reply
+    /// is overdue; the silence's length if the connection is to be cut.
+    fn watch(&self, now: Instant, policy: &Policy) -> Option<Duration> {
+        let mut state = self.lock();
+        let busy = state.in_flight.len() > 0;
+        match state.liveness.check(now, busy) {
+            Verdict::Quiet => None,
+            Verdict::Ping => {
+                // Over the in-flight limit if need be: the probe is one line.
+                self.queue(state, Operation::probe(now, policy), now);
+                None
+            }
+            Verdict::Cut(silence) => Some(silence),
+        }
     }
 
     /// Writes `out` in batches until it is empty; returns the lock.
@@ -255,6 +288,7 @@ impl Connection {
         }
         state.stream = Some(stream);
         state.tls = tls;
+        state.liveness.reset(Instant::now());
         // Requests queued while the first connect was under way go out now.
         self.writer_wake.notify_one();
         true
@@ -297,14 +331,16 @@ pub(crate) fn spawn(connection: Arc<Connection>, router: Arc<Router>) {
         .expect("spawn a ringlock client reader thread");
 }
 
-/// Connects to the first address `address` resolves to that answers.
-fn connect(address: &str, timeout: Duration) -> io::Result<TcpStream> {
+/// Connects to the first address `address` resolves to that answers, with
+/// TCP keepalive and `TCP_USER_TIMEOUT` of `user_timeout` on the socket.
+fn connect(address: &str, timeout: Duration, user_timeout: Duration) -> io::Result<TcpStream> {
     let mut last_error = io::Error::new(io::ErrorKind::NotFound, "the address resolves to nothing");
     let candidates: Vec<SocketAddr> = address.to_socket_addrs()?.collect();
     for candidate in candidates {
         match TcpStream::connect_timeout(&candidate, timeout) {
             Ok(stream) => {
                 stream.set_nodelay(true)?;
+                tune_socket(&stream, user_timeout);
                 return Ok(stream);
             }
             Err(error) => last_error = error,
@@ -321,7 +357,8 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
     let mut attempt: u32 = 0;
     loop {
         let started = Instant::now();
-        let connected = connect(&connection.address, config.connect_timeout).and_then(|stream| {
+        let user_timeout = config.suspect_after.saturating_add(config.ping_timeout);
+        let connected = connect(&connection.address, config.connect_timeout, user_timeout).and_then(|stream| {
             let tls = match &config.tls_config {
                 Some(tls) => Some(Box::new(crate::tls::handshake(
                     tls,
@@ -371,6 +408,12 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
                     }
                 }
                 let is_tls = tls.is_some();
+                // Reads wake the reader at least once a tick, to watch for
+                // silence (see `liveness`).
+                // This cannot fail on an open socket with a timeout above
+                // zero; if it did, keepalive and TCP_USER_TIMEOUT would
+                // still end a silent connection, later.
+                let _ = stream.set_read_timeout(Some(Liveness::tick(config.suspect_after, config.ping_timeout)));
                 if !connection.install(stream.clone(), tls) {
                     let _ = stream.shutdown(Shutdown::Both);
                     break;
@@ -495,6 +538,17 @@ fn refused_failure(address: &str, code: ErrorCode) -> ConnectionFailure {
     }
 }
 
+fn silent_failure(address: &str, silence: Duration) -> ConnectionFailure {
+    ConnectionFailure {
+        address: address.to_string(),
+        kind: io::ErrorKind::TimedOut,
+        os_error: None,
+        message: format!("no answer for {:.1} s, not even to a ping", silence.as_secs_f64()),
+        auth: None,
+        tls: false,
+    }
+}
+
 fn protocol_failure(address: &str, violation: &ProtocolError) -> ConnectionFailure {
     ConnectionFailure {
         address: address.to_string(),
@@ -522,6 +576,7 @@ impl Session {
         match (cut, &self.error) {
             (Cut::Io, Some(error)) => ConnectionFailure::from_io(address, error),
             (Cut::Io, None) => ConnectionFailure::closed(address),
+            (Cut::Silent(silence), _) => silent_failure(address, *silence),
             (Cut::Refused(code), _) => refused_failure(address, *code),
             (Cut::Protocol(violation), _) => protocol_failure(address, violation),
         }
@@ -559,6 +614,13 @@ fn read_replies(
             Ok(0) => return Cut::Io,
             Ok(read) => read,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            // The read timed out: a tick of the silence watch.
+            Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                if let Some(silence) = connection.watch(Instant::now(), &router.policy) {
+                    return Cut::Silent(silence);
+                }
+                continue;
+            }
             Err(error) => {
                 session.error = Some(error);
                 return Cut::Io;
@@ -570,6 +632,7 @@ fn read_replies(
         let mut stop = None;
         {
             let mut state = connection.lock();
+            state.liveness.note_read(now);
             loop {
                 let (line_len, reply) = match decode_reply(&buffer[consumed..filled]) {
                     Decoded::Incomplete => break,
@@ -758,7 +821,8 @@ mod tests {
     /// A connection in its first connect, with its writer running and a
     /// release queued.
     fn connecting_with_a_release() -> (Arc<Connection>, thread::JoinHandle<()>) {
-        let connection = Arc::new(Connection::new(Arc::from("test"), 0));
+        let connection =
+            Arc::new(Connection::new(Arc::from("test"), 0, Duration::from_secs(1), Duration::from_secs(1)));
         let writer = connection.clone();
         let writer = thread::spawn(move || run_writer(&writer));
         let now = Instant::now();
@@ -836,7 +900,7 @@ mod tests {
     #[test]
     fn a_client_closed_with_nothing_queued_refuses_a_new_socket() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let connection = Connection::new(Arc::from("test"), 0);
+        let connection = Connection::new(Arc::from("test"), 0, Duration::from_secs(1), Duration::from_secs(1));
         connection.close();
         let stream = Arc::new(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
         assert!(!connection.install(stream, None));

@@ -92,6 +92,13 @@
 //!   [`ClientBuilder::connect_limit`], 10 s), then fails with
 //!   [`Error::NoConnection`], naming every address and the failure of its
 //!   last attempt.
+//! - **Silent connections.** A connection with requests in flight that has
+//!   read nothing for 1 s is sent `P`, and cut if nothing comes within 1 s
+//!   more ([`ClientBuilder::suspect_after`],
+//!   [`ClientBuilder::ping_timeout`]); its requests move on as from a broken
+//!   one. A vanished host or a partition (no reset, no close) thus costs a
+//!   request about 2 s beyond its own limit, never the time until the link
+//!   comes back. Sockets use TCP keepalive and `TCP_USER_TIMEOUT`.
 //! - **Pipelining.** Requests from all callers share the connections; replies
 //!   are paired with requests by (operation, key), and several requests with
 //!   the same (operation, key) on one connection are paired in the order sent.
@@ -136,9 +143,9 @@
 //!
 //! # Limits
 //!
-//! - A stalled server that keeps its connections open stalls the requests on
-//!   them: the client has no request timeout of its own beyond the waits the
-//!   server enforces.
+//! - Beyond the silence watch, the client has no request timeout of its own:
+//!   a request on a node that answers its pings waits within the limits the
+//!   server enforces (an acquire with no wait limit, for as long as it takes).
 //! - An acquire cut after the server granted it but before the reply arrived
 //!   is re-sent; the lost grant holds the key until its lease runs out.
 //! - Replies for one key on one connection keep their order, so a
@@ -181,6 +188,7 @@ mod connection;
 mod error;
 mod future;
 mod lane;
+mod liveness;
 mod lock;
 mod operation;
 mod pairing;

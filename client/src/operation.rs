@@ -82,6 +82,10 @@ pub(crate) enum Outcome {
 pub(crate) enum Cut {
     /// The socket failed, closed, or could not connect.
     Io,
+    /// The client cut a connection that had requests in flight and read
+    /// nothing for this long, not even the answer to a ping (see
+    /// `liveness`): a node that vanished or a partition.
+    Silent(Duration),
     /// The server answered `E - - <code>` (for example
     /// `too-many-connections`) and closes the connection.
     Refused(ErrorCode),
@@ -94,7 +98,7 @@ impl Cut {
     /// waited `waited`.
     fn to_outcome(&self, waited: Duration) -> Outcome {
         match self {
-            Cut::Io => Outcome::NoConnection { waited },
+            Cut::Io | Cut::Silent(_) => Outcome::NoConnection { waited },
             Cut::Refused(code) => Outcome::Failed(Error::Server(*code)),
             Cut::Protocol(violation) => Outcome::Failed(Error::Protocol(violation.clone())),
         }
@@ -254,12 +258,22 @@ impl Operation {
         }
     }
 
+    /// The `P` a suspected connection sends itself (see `liveness`): nobody
+    /// waits for it, and it is never sent again elsewhere.
+    pub(crate) fn probe(now: Instant, policy: &Policy) -> Operation {
+        Operation::new(Kind::Ping, Arc::from(&b""[..]), now, 1, policy, None)
+    }
+
     /// Whether nobody waits for it any more, so sending it again is
     /// pointless: an acquire would take a place in the server's queue for a
-    /// grant nobody takes. A release still goes, to free the key.
+    /// grant nobody takes. A release still goes, to free the key; a
+    /// connection's own probe never goes again.
     pub(crate) fn abandoned(&self) -> bool {
-        !matches!(self.kind, Kind::Release { .. })
-            && self.completion.as_ref().is_some_and(|completion| completion.is_abandoned())
+        match (&self.kind, &self.completion) {
+            (Kind::Release { .. }, _) => false,
+            (Kind::Ping, None) => true,
+            (_, completion) => completion.as_ref().is_some_and(|completion| completion.is_abandoned()),
+        }
     }
 
     /// The operation its reply echoes.
@@ -368,10 +382,21 @@ impl Operation {
     /// waits for a connection to come back, within its limit.
     pub(crate) fn on_cut(&mut self, cut: &Cut, now: Instant, policy: &Policy) -> Step {
         let waited = now.saturating_duration_since(self.started);
-        if *cut == Cut::Io {
+        match cut {
             // Off the wire for want of a connection from now on, until a
             // connection takes it again.
-            self.waiting_since.get_or_insert(now);
+            Cut::Io => {
+                self.waiting_since.get_or_insert(now);
+            }
+            // Its time on a connection that said nothing counts as time
+            // without a usable one (from the start of the silence, which
+            // may be a little before it went out), or a request whose only
+            // limit is the connect limit would move between silent
+            // connections for ever.
+            Cut::Silent(silence) => {
+                self.waiting_since.get_or_insert(now.checked_sub(*silence).unwrap_or(now));
+            }
+            Cut::Refused(_) | Cut::Protocol(_) => {}
         }
         if let Kind::Release { .. } = self.kind {
             // Send it again at once on another connection; the router falls
@@ -384,7 +409,7 @@ impl Operation {
         self.tries_left = self.tries_left.saturating_sub(1);
         match cut {
             _ if self.tries_left > 0 => Step::Resend,
-            Cut::Io => self.wait_for_connection(now, policy),
+            Cut::Io | Cut::Silent(_) => self.wait_for_connection(now, policy),
             other => Step::Done(other.to_outcome(waited)),
         }
     }
@@ -637,6 +662,40 @@ mod tests {
         ));
         let not_holder = Reply::Error { op: Some(Op::Extend), key: Some(b"k"), code: ErrorCode::NotHolder };
         assert!(matches!(reply(extend, not_holder), Step::Done(Outcome::Failed(Error::Server(ErrorCode::NotHolder)))));
+    }
+
+    #[test]
+    fn time_on_a_silent_connection_counts_against_the_connect_limit() {
+        let start = Instant::now();
+        let mut ping = Operation::new(Kind::Ping, Arc::from(&b""[..]), start, 1, &POLICY, None);
+        let silence = Duration::from_secs(2);
+        let mut now = start;
+        let mut rounds = 0;
+        let outcome = loop {
+            // It goes out on a connection that turns out silent, and is cut.
+            ping.went_out(now);
+            now += silence;
+            rounds += 1;
+            match ping.on_cut(&Cut::Silent(silence), now, &POLICY) {
+                Step::RetryAt(_) => {}
+                Step::Done(outcome) => break outcome,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(matches!(outcome, Outcome::NoConnection { waited } if waited >= POLICY.connect_limit), "{outcome:?}");
+        assert_eq!(rounds, 5, "the connect limit of 10 s after five silences of 2 s");
+    }
+
+    #[test]
+    fn a_probe_cut_off_is_never_sent_again_but_a_release_is() {
+        let now = Instant::now();
+        let mut probe = Operation::probe(now, &POLICY);
+        assert_eq!(line(&probe, now), "P\n");
+        assert!(probe.abandoned());
+        assert!(probe.completion.is_none());
+        let step = probe.on_cut(&Cut::Io, now, &POLICY);
+        assert!(!matches!(step, Step::Done(_)), "the router drops it when it would go again: {step:?}");
+        assert!(!operation(Kind::Release { token: 5 }, now, 1).abandoned());
     }
 
     #[test]

@@ -118,7 +118,9 @@ impl Router {
         let index = topology.nodes.len();
         let address: Arc<str> = Arc::from(address);
         let connections: Vec<Arc<Connection>> = (0..self.config.connections_per_node_or_default())
-            .map(|_| Arc::new(Connection::new(address.clone(), index)))
+            .map(|_| {
+                Arc::new(Connection::new(address.clone(), index, self.config.suspect_after, self.config.ping_timeout))
+            })
             .collect();
         for connection in &connections {
             topology.connections.push(connection.clone());
@@ -327,6 +329,11 @@ impl Router {
         let now = Instant::now();
         let mut wakes = Wakes::default();
         for mut operation in operations {
+            // Nobody waits for it (a dropped future, or the connection's own
+            // probe): it would be dropped when sent again anyway.
+            if operation.abandoned() {
+                continue;
+            }
             if answered {
                 operation.connection_answered();
             }

@@ -44,6 +44,7 @@ var scenarios = map[string]func(*testing.T){
 	"redirect-to-no-active":             redirectToNoActive,
 	"timeout-is-not-a-grant":            timeoutIsNotAGrant,
 	"delayed-replies":                   delayedReplies,
+	"silent-connection-suspected":       TestSilentSingleAddressAcquireFailsThenTheClientReconnects,
 	"auth-ok":                           authOK,
 	"auth-wrong":                        authWrong,
 	"auth-forbidden-key":                authForbiddenKey,

@@ -36,6 +36,7 @@ import {
   rawLine,
   sleep,
 } from "./harness.mjs";
+import { singleBlackHoledAddress } from "./silent.mjs";
 
 const ids = JSON.parse(readFileSync(SCENARIOS, "utf8")).scenarios.map((scenario) => scenario.id);
 
@@ -335,6 +336,8 @@ const scenarios = {
       await lock.extend(20);
       await lock.release();
     }),
+
+  "silent-connection-suspected": singleBlackHoledAddress,
 
   "auth-ok": () =>
     using(async (own) => {

@@ -10,42 +10,7 @@ import { test } from "node:test";
 
 import { Client, NoConnectionError } from "../dist/index.js";
 import { Server, Testkit } from "./harness.mjs";
-
-const OUTER_DEADLINE_MS = 20000;
-const QUICK = { suspectAfter: 0.2, pingTimeout: 0.2 };
-
-/** Runs `body` with resources that are stopped whatever happens. */
-async function using(body) {
-  const cleanups = [];
-  const own = (thing, stop) => {
-    cleanups.push(() => stop(thing));
-    return thing;
-  };
-  try {
-    return await body(own);
-  } finally {
-    for (const cleanup of cleanups.reverse()) await cleanup();
-  }
-}
-
-/** The call's outcome: true if granted (the lock released again), else its
- * error; fails past the outer deadline. */
-async function outcome(promise) {
-  let timer;
-  const deadline = new Promise((_, fail) => {
-    timer = setTimeout(() => fail(new Error("the call outlived the outer deadline")), OUTER_DEADLINE_MS);
-  });
-  try {
-    const lock = await Promise.race([promise, deadline]);
-    await lock.release();
-    return true;
-  } catch (error) {
-    if (error instanceof NoConnectionError) return error;
-    throw error;
-  } finally {
-    clearTimeout(timer);
-  }
-}
+import { QUICK, outcome, singleBlackHoledAddress, using } from "./silent.mjs";
 
 test("an acquire on a black-holed address is granted elsewhere or fails", () =>
   using(async (own) => {
@@ -73,26 +38,7 @@ test("an acquire on a black-holed address is granted elsewhere or fails", () =>
     assert.equal((await c.ping()).role, "active");
   }));
 
-test("an acquire on a single black-holed address fails, then the client reconnects", () =>
-  using(async (own) => {
-    const s = own(await Server.start(), (x) => x.stop());
-    const kit = own(await Testkit.start(), (k) => k.stop());
-    const proxy = await kit.proxy(s.address);
-    const c = own(new Client(proxy.address), (x) => x.close());
-    await c.ping();
-    await kit.cmd("wait-open", proxy.id, 2);
-    await kit.cmd("blackhole", proxy.id, "on");
-    let result;
-    try {
-      result = await outcome(c.acquire("silent-single", { wait: 1 }));
-    } finally {
-      await kit.cmd("blackhole", proxy.id, "off");
-    }
-    assert.ok(result instanceof NoConnectionError, String(result));
-    assert.equal((await c.ping()).role, "active", "the client reconnected once the link was back");
-    const lock = await c.acquire("silent-single", { wait: 5 });
-    await lock.release();
-  }));
+test("an acquire on a single black-holed address fails, then the client reconnects", singleBlackHoledAddress);
 
 test("a waiting acquire keeps its answering connection", () =>
   using(async (own) => {

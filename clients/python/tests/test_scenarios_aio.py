@@ -17,6 +17,7 @@ import pytest
 
 import ringlock
 import ringlock.aio
+import test_silent
 from conftest import Scenarios
 from harness import (
     ALPHA_SECRET,
@@ -268,6 +269,11 @@ async def test_delayed_replies(server: Server, kit: Testkit, key: Callable[[str]
         await lock.extend(20)
         assert lock.token == token
         assert await lock.release() is True
+
+
+scenario("silent-connection-suspected")(
+    test_silent.test_aio_acquire_on_a_single_black_holed_address_fails_then_the_client_reconnects
+)
 
 
 @scenario("auth-ok")

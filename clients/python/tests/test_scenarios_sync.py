@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import ringlock
+import test_silent
 from conftest import Scenarios
 from harness import (
     ALPHA_SECRET,
@@ -265,6 +266,11 @@ def test_delayed_replies(server: Server, kit: Testkit, key: Callable[[str], str]
         lock.extend(20)
         assert lock.token == token
         assert lock.release() is True
+
+
+scenario("silent-connection-suspected")(
+    test_silent.test_sync_acquire_on_a_single_black_holed_address_fails_then_the_client_reconnects
+)
 
 
 @scenario("auth-ok")
