@@ -71,7 +71,8 @@ impl Authority {
 /// The files of these tests, in a directory removed with them:
 /// - `ca.pem`: the peer CA; `node-<i>.pem`/`.key`: certificates of that CA
 ///   for 127.0.0.1 (every node of these tests runs there);
-/// - `stranger.pem`/`.key`: a certificate for 127.0.0.1 of another CA;
+/// - `stranger.pem`/`.key`: a certificate for 127.0.0.1 of another CA,
+///   `stranger-ca.pem`;
 /// - `elsewhere.pem`/`.key`: a certificate of the peer CA for another host
 ///   (10.9.8.7 and elsewhere.example).
 struct PeerCertificates {
@@ -94,6 +95,7 @@ impl PeerCertificates {
             certificates.write(&format!("node-{index}"), authority.sign(&["127.0.0.1", "localhost"]));
         }
         certificates.write("stranger", stranger_authority.sign(&["127.0.0.1", "localhost"]));
+        std::fs::write(certificates.dir.0.join("stranger-ca.pem"), stranger_authority.certificate.pem()).unwrap();
         certificates.write("elsewhere", authority.sign(&["10.9.8.7", "elsewhere.example"]));
         certificates
     }
@@ -107,6 +109,14 @@ impl PeerCertificates {
 
     fn path(&self, name: &str) -> String {
         self.dir.0.join(name).to_str().unwrap().to_string()
+    }
+
+    /// Writes `bytes` to the file `name` in one rename, as an operator's
+    /// tools would replace it.
+    fn replace(&self, name: &str, bytes: &[u8]) {
+        let draft = self.dir.0.join(format!("{name}.draft"));
+        std::fs::write(&draft, bytes).unwrap();
+        std::fs::rename(&draft, self.dir.0.join(name)).unwrap();
     }
 
     /// The three flags of a node that shows the certificate `stem`.
@@ -366,6 +376,41 @@ fn a_peer_without_a_certificate_of_the_ca_for_its_host_is_refused_and_believed_i
         node.conn.call("P") == following
     });
     assert_eq!(inbound_failures(node.metrics), failures, "a valid certificate is no failure");
+}
+
+#[test]
+fn sighup_rereads_the_peer_tls_files_and_a_bad_file_keeps_the_settings_in_force() {
+    let mut node = TlsNode::start();
+    let reloads =
+        |result: &str| counter(node.metrics, &format!("ringlock_peer_tls_reloads_total{{result=\"{result}\"}}"));
+    assert_eq!((reloads("ok"), reloads("failed")), (0.0, 0.0));
+    // A CA file that holds no certificate: refused, the settings in force stay.
+    node.certificates.replace("ca.pem", b"not a certificate\n");
+    node.server.signal("HUP");
+    wait_until("the failed reload to be counted", || reloads("failed") == 1.0);
+    assert!(node.server.log().contains("the peer TLS settings in force stay"), "{}", node.server.log());
+    // The other CA: from now on, new connections must show its certificates.
+    let stranger_ca = std::fs::read(node.certificates.path("stranger-ca.pem")).unwrap();
+    node.certificates.replace("ca.pem", &stranger_ca);
+    node.server.signal("HUP");
+    wait_until("the good reload to be counted", || reloads("ok") == 1.0);
+    let takeover = node.takeover_frames();
+    let failures = inbound_failures(node.metrics);
+    let mut old = node.connect_tls(7, "node-0");
+    let _ = old.write_all(&takeover).and_then(|()| old.flush());
+    expect_ended(&mut old);
+    node.assert_refused_and_unchanged(failures, 7, "its certificate is not signed by the CA of --peer-tls-ca");
+    let mut new = node.connect_tls(8, "stranger");
+    new.write_all(&takeover).unwrap();
+    new.flush().unwrap();
+    let following = format!("P standby {} {}", node.higher_epoch(), node.client_0);
+    let mut sequence = 20;
+    wait_until("node 1 to follow node 0 showing a certificate of the new CA", || {
+        sequence += 1;
+        new.write_all(&active_heartbeat(1_000_000, sequence, node.higher_epoch())).unwrap();
+        new.flush().unwrap();
+        node.conn.call("P") == following
+    });
 }
 
 /// Starts node `index` of the two-node cluster `peers` with `extra` flags
