@@ -347,6 +347,7 @@ fn a_peer_without_a_certificate_of_the_ca_for_its_host_is_refused_and_believed_i
     expect_ended(&mut elsewhere);
     let reason = "does not name 127.0.0.1, the host of node 0 in --peers";
     failures = node.assert_refused_and_unchanged(failures, 3, reason);
+    assert_eq!(inbound_tls_errors(node.metrics), 2.0, "a certificate for another host is refused for TLS");
 
     // In the clear: node 0's hello and heartbeats as a node without TLS sends them.
     let mut plain = connect_from([127, 0, 0, 4], node.peer_1);
@@ -354,7 +355,7 @@ fn a_peer_without_a_certificate_of_the_ca_for_its_host_is_refused_and_believed_i
     expect_ended(&mut plain);
     let reason = "it speaks the peer protocol in the clear: it was started without --peer-tls-cert";
     failures = node.assert_refused_and_unchanged(failures, 4, reason);
-    assert!(inbound_tls_errors(node.metrics) >= 2.0, "the clear connection failed its handshake");
+    assert_eq!(inbound_tls_errors(node.metrics), 3.0, "the clear connection failed its handshake");
 
     // Garbage where a ClientHello is due.
     let mut garbage = connect_from([127, 0, 0, 5], node.peer_1);

@@ -431,8 +431,9 @@ fn render_peer_tls(out: &mut String, peer_tls: &crate::replication::PeerTls) {
         out,
         "ringlock_peer_tls_errors_total",
         "counter",
-        "Peer connections ended by a TLS error (a failed handshake: a peer without TLS, a certificate of another CA \
-         or for another host), by direction: inbound (accepted by this node) or outbound (opened by this node).",
+        "Peer connections refused for TLS (a failed handshake: a peer without TLS, a certificate of another CA; or a \
+         certificate that does not name the peer's host), by direction: inbound (accepted by this node) or outbound \
+         (opened by this node).",
     );
     for (direction, errors) in [("inbound", &peer_tls.errors_inbound), ("outbound", &peer_tls.errors_outbound)] {
         let _ = writeln!(

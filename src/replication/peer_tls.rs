@@ -116,8 +116,9 @@ pub struct PeerTls {
     key: PathBuf,
     ca: PathBuf,
     configs: Mutex<PeerTlsConfigs>,
-    /// Peer connections ended by a TLS error, by direction: accepted by
-    /// this node, or opened by it.
+    /// Peer connections refused for TLS (a failed handshake, or a
+    /// certificate that does not name the peer's host), by direction:
+    /// accepted by this node, or opened by it.
     pub errors_inbound: AtomicU64,
     pub errors_outbound: AtomicU64,
     pub reloads: AtomicU64,

@@ -365,7 +365,8 @@ impl Gate {
         self.key.is_some() || self.peer_tls().is_some()
     }
 
-    /// Counts a connection ended by a TLS error.
+    /// Counts a connection refused for TLS: a failed handshake, or a
+    /// certificate that does not name the peer's host.
     fn count_tls_error(&self, direction: Direction) {
         if let Some(peer_tls) = self.peer_tls() {
             let counter = match direction {
@@ -822,6 +823,7 @@ async fn introduce(stream: &mut PeerStream, gate: &Gate, introduction: &Introduc
         return Err(HelloError::Unproven(format!("its hello names node {}, which --peers does not list", hello.node)));
     };
     if !stream.peer_certificate().is_some_and(|certificate| peer_tls::names_host(&certificate, name)) {
+        gate.count_tls_error(Direction::Inbound);
         return Err(HelloError::Unproven(format!(
             "its certificate (signed by the CA of --peer-tls-ca) does not name {}, the host of node {} in --peers: \
              it is another host's certificate, or it was made for another name",
