@@ -1588,6 +1588,26 @@ mod tests {
     }
 
     #[test]
+    fn with_peer_tls_a_connection_keeps_its_place_only_with_a_whole_tls_record_waiting() {
+        // A handshake record of 40 bytes: its header and 40 bytes whole, a
+        // byte short, and a peer hello in the clear instead.
+        let mut record = vec![22, 3, 1, 0, 40];
+        record.extend([0x42; 40]);
+        let hello = hello();
+        let mut waiting = Waiting::new(&[
+            (Expecting::TlsRecord, &record),
+            (Expecting::TlsRecord, &record[..record.len() - 1]),
+            (Expecting::TlsRecord, &hello),
+        ]);
+        assert!(waiting.unintroduced.make_room());
+        assert!(waiting.was_shut(1) && !waiting.was_shut(0));
+        waiting.arrive(Expecting::Hello, &[]);
+        assert!(waiting.unintroduced.make_room());
+        assert!(waiting.was_shut(2) && !waiting.was_shut(0));
+        assert_eq!(waiting.ids()[0], 0);
+    }
+
+    #[test]
     fn no_room_when_every_waiting_connection_has_sent_what_it_owes() {
         let hello = hello();
         let all: Vec<(Expecting, &[u8])> = vec![(Expecting::Hello, &hello); UNINTRODUCED_MAX];
