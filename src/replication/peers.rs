@@ -602,8 +602,9 @@ impl Introduction {
     }
 
     /// The connection proved that it holds the peer secret (or, with peer
-    /// TLS, its handshake checked its certificate): it leaves the queue, so that no newer connection can take its place. Whoever
-    /// reaches this point holds the secret, so it is no flood; its Hello
+    /// TLS, its handshake checked its certificate): it leaves the queue, so
+    /// that no newer connection can take its place. Whoever reaches this
+    /// point holds the secret (or a certificate), so it is no flood; its Hello
     /// was sent with its proof, and [`HELLO_TIMEOUT`] still bounds the wait.
     /// False if a newer connection took its place before its proof was read.
     fn proved(&self) -> bool {
@@ -683,8 +684,13 @@ async fn read(stream: TcpStream, connection: u64, gate: Rc<Gate>, events: Events
     let checked = match introduced {
         Ok(Ok(hello)) => check_hello(&hello, gate.identity),
         Ok(Err(failure)) => Err(failure),
-        Err(_) if gate.peer_tls().is_some() && !handshake_done => {
-            Err(HelloError::Unproven(format!("no TLS handshake, proof and hello within {} s", HELLO_TIMEOUT.as_secs())))
+        Err(_) if gate.peer_tls().is_some() => {
+            let unfinished = match (handshake_done, gate.key.is_some()) {
+                (false, _) => "its TLS handshake",
+                (true, true) => "its proof and hello",
+                (true, false) => "its hello",
+            };
+            Err(HelloError::Unproven(format!("it did not finish {unfinished} within {} s", HELLO_TIMEOUT.as_secs())))
         }
         Err(_) if secured => {
             Err(HelloError::Unproven(format!("no proof and hello within {} s", HELLO_TIMEOUT.as_secs())))
