@@ -63,6 +63,11 @@ impl Endpoint {
         self.port
     }
 
+    /// The host as written (an IP address in its standard form, without brackets).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
     /// The socket address when the host is an IP address (no lookup).
     pub fn ip_address(&self) -> Option<SocketAddr> {
         self.host.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, self.port))

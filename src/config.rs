@@ -80,6 +80,27 @@ pub struct Config {
     #[arg(long, env = "RINGLOCK_PEER_SECRET_FILE", value_name = "FILE")]
     pub peer_secret_file: Option<PathBuf>,
 
+    /// Cluster: this node's certificate chain (PEM) for mutual TLS on the
+    /// peer port. With --peer-tls-key and --peer-tls-ca (all three or
+    /// none), every peer connection runs over TLS 1.3, and each end shows
+    /// this certificate: it must be signed by the CA of --peer-tls-ca and
+    /// name (as a DNS name or IP address subject alternative name) the host
+    /// of this node's peer address in --peers. A peer without TLS, or whose
+    /// certificate does not check, is refused. Combines with
+    /// --peer-secret-file. SIGHUP re-reads the three files for new
+    /// connections (docs/security.md).
+    #[arg(long, env = "RINGLOCK_PEER_TLS_CERT", value_name = "FILE")]
+    pub peer_tls_cert: Option<PathBuf>,
+
+    /// Cluster: the private key of --peer-tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "RINGLOCK_PEER_TLS_KEY", value_name = "FILE")]
+    pub peer_tls_key: Option<PathBuf>,
+
+    /// Cluster: the CA certificates (PEM) that every peer's certificate
+    /// must chain to, both ways.
+    #[arg(long, env = "RINGLOCK_PEER_TLS_CA", value_name = "FILE")]
+    pub peer_tls_ca: Option<PathBuf>,
+
     /// Number of shard cores (event loops). Default: one per online CPU.
     /// On a host that also runs the clients, leave them a core (see tuning/).
     #[arg(long, env = "RINGLOCK_SHARDS", value_parser = clap::value_parser!(u16).range(1..=128))]
@@ -318,6 +339,14 @@ fn parse_peer(text: &str) -> Result<PeerAddress, String> {
     Ok(PeerAddress { client, peer })
 }
 
+/// The files of `--peer-tls-cert`, `--peer-tls-key` and `--peer-tls-ca`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerTlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
 /// The cluster settings, checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterSettings {
@@ -429,6 +458,28 @@ impl Config {
             None => self.peers[me].peer.listen_address("--peers (this node's peer address, listened on)")?,
         };
         Ok(Some(ClusterSettings { cluster, peers: self.peers.clone(), listen }))
+    }
+
+    /// The files of peer TLS, if it is on: --peer-tls-cert, --peer-tls-key
+    /// and --peer-tls-ca come all three or not at all.
+    pub fn peer_tls_files(&self) -> Result<Option<PeerTlsFiles>, String> {
+        match (&self.peer_tls_cert, &self.peer_tls_key, &self.peer_tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => {
+                Ok(Some(PeerTlsFiles { cert: cert.clone(), key: key.clone(), ca: ca.clone() }))
+            }
+            (None, None, None) => Ok(None),
+            (cert, key, ca) => {
+                let missing: Vec<&str> = [(cert, "--peer-tls-cert"), (key, "--peer-tls-key"), (ca, "--peer-tls-ca")]
+                    .into_iter()
+                    .filter_map(|(file, flag)| file.is_none().then_some(flag))
+                    .collect();
+                Err(format!(
+                    "--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together (mutual TLS on the peer port \
+                     needs this node's certificate, its key and the peers' CA); {} missing",
+                    missing.join(" and ")
+                ))
+            }
+        }
     }
 
     /// The socket options of client connections.
@@ -642,6 +693,22 @@ mod tests {
         let single = Config::try_parse_from(["ringlock", "--peers", "127.0.0.1:7800", "--node", "0"]).unwrap();
         assert_eq!(single.cluster(), Ok(None), "a cluster of one is a single node");
         assert_eq!(single.listen_address().unwrap().to_string(), "127.0.0.1:7800");
+    }
+
+    #[test]
+    fn peer_tls_flags_come_all_three_or_none() {
+        let none = Config::try_parse_from(["ringlock"]).unwrap();
+        assert_eq!(none.peer_tls_files(), Ok(None));
+        let all = ["--peer-tls-cert", "c.pem", "--peer-tls-key", "k.pem", "--peer-tls-ca", "ca.pem"];
+        let config = Config::try_parse_from(std::iter::once("ringlock").chain(all)).unwrap();
+        let files = config.peer_tls_files().unwrap().unwrap();
+        assert_eq!((files.cert, files.key, files.ca), ("c.pem".into(), "k.pem".into(), "ca.pem".into()));
+        let config = Config::try_parse_from(std::iter::once("ringlock").chain(all[..2].iter().copied())).unwrap();
+        let error = config.peer_tls_files().unwrap_err();
+        assert!(
+            error.contains("go together") && error.ends_with("--peer-tls-key and --peer-tls-ca missing"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::node::seed::random_seed;
 use crate::node::shared::Shared;
 use crate::node::tokens::{TOKEN_RANGE_LEN, TokenAuthority};
 use crate::ops::{http as ops_http, sd_notify};
-use crate::replication::{self, PeerSecret};
+use crate::replication::{self, PeerSecret, PeerTls};
 
 /// A shard thread: `Ok` once it has stopped, or what stopped it.
 type ShardThread = JoinHandle<Result<(), String>>;
@@ -37,7 +37,8 @@ type ShardReady = Result<bool, String>;
 /// Runs the server until SIGINT or SIGTERM; errors are for the operator.
 pub fn run(config: Config) -> Result<(), String> {
     let cluster = config.cluster()?;
-    let peer_secret = peer_secret(&config, cluster.as_ref())?;
+    let peer_tls = peer_tls(&config, cluster.as_ref())?;
+    let peer_secret = peer_secret(&config, cluster.as_ref(), peer_tls.is_some())?;
     let auth = config.auth_file.as_deref().map(SharedAuth::load).transpose()?;
     let tls = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some(crate::tls::SharedTls::load(cert, key, config.tls_client_ca.as_deref())?),
@@ -70,7 +71,8 @@ pub fn run(config: Config) -> Result<(), String> {
     if tls.is_some() {
         tracing::info!(mutual = config.tls_client_ca.is_some(), "the client port speaks TLS only");
     }
-    let shared = shared(&config, mailboxes, authority.clone(), local, link, auth, tls);
+    let security = Security { auth, tls, peer_tls };
+    let shared = shared(&config, mailboxes, authority.clone(), local, link, security);
 
     // The loops must not take the signals: block them before the threads
     // start (they inherit the mask) and wait for them here.
@@ -178,6 +180,13 @@ fn shard_config(config: &Config, clustered: bool) -> Result<ShardConfig, String>
     Ok(shard_config)
 }
 
+/// What guards the ports, as read from the files at start.
+struct Security {
+    auth: Option<SharedAuth>,
+    tls: Option<crate::tls::SharedTls>,
+    peer_tls: Option<PeerTls>,
+}
+
 /// What every core shares, as the flags and the start so far set it.
 fn shared(
     config: &Config,
@@ -185,9 +194,9 @@ fn shared(
     authority: Arc<TokenAuthority>,
     local: SocketAddr,
     cluster: Option<ClusterLink>,
-    auth: Option<SharedAuth>,
-    tls: Option<crate::tls::SharedTls>,
+    security: Security,
 ) -> Arc<Shared> {
+    let Security { auth, tls, peer_tls } = security;
     let shards = mailboxes.len();
     Arc::new(Shared {
         mailboxes,
@@ -208,6 +217,7 @@ fn shared(
         cluster,
         auth,
         tls,
+        peer_tls,
         handshake_ms: config.handshake_ms,
         connection_limits: crate::core::Limits {
             core_output_max: (config.max_unsent_bytes() / shards.max(1) as u64) as usize,
@@ -262,10 +272,34 @@ fn start_replication(
     })
 }
 
+/// Reads the files of peer TLS (bad files stop the start, even on a single
+/// node, so that a mistake shows before the node joins a cluster).
+fn peer_tls(config: &Config, cluster: Option<&ClusterSettings>) -> Result<Option<PeerTls>, String> {
+    let Some(files) = config.peer_tls_files()? else {
+        return Ok(None);
+    };
+    let peer_tls = PeerTls::load(&files.cert, &files.key, &files.ca)?;
+    match cluster {
+        Some(_) => tracing::info!(
+            peer_tls_cert = %files.cert.display(),
+            peer_tls_ca = %files.ca.display(),
+            "peer connections run over mutual TLS: every peer must show a certificate of --peer-tls-ca that names \
+             its host in --peers"
+        ),
+        None => tracing::info!("single node: --peer-tls-cert, --peer-tls-key and --peer-tls-ca apply in a cluster"),
+    }
+    Ok(Some(peer_tls))
+}
+
 /// Reads `--peer-secret-file` (a bad file stops the start, even on a single
 /// node, so that a mistake shows before the node joins a cluster), and says
-/// at start what guards the peer port of a cluster.
-fn peer_secret(config: &Config, cluster: Option<&ClusterSettings>) -> Result<Option<PeerSecret>, String> {
+/// at start what guards the peer port of a cluster (`peer_tls`: peer TLS is
+/// on).
+fn peer_secret(
+    config: &Config,
+    cluster: Option<&ClusterSettings>,
+    peer_tls: bool,
+) -> Result<Option<PeerSecret>, String> {
     let secret = config.peer_secret_file.as_deref().map(PeerSecret::load).transpose()?;
     if let (Some(secret), Some(path)) = (&secret, &config.peer_secret_file)
         && secret.readable_by_others
@@ -276,13 +310,14 @@ fn peer_secret(config: &Config, cluster: Option<&ClusterSettings>) -> Result<Opt
         );
     }
     match (cluster, &secret) {
-        (Some(settings), None) => tracing::warn!(
+        (Some(settings), None) if !peer_tls => tracing::warn!(
             peer_listen = %settings.listen,
             "the peer port has no authentication: anyone who reaches {} can speak for a node of this cluster, move \
-             its epoch forward and take the active role; give every node the same --peer-secret-file (see \
-             docs/security.md)",
+             its epoch forward and take the active role; give every node the same --peer-secret-file, or \
+             --peer-tls-cert, --peer-tls-key and --peer-tls-ca (see docs/security.md)",
             settings.listen
         ),
+        (Some(_), None) => {}
         (Some(_), Some(_)) => tracing::info!("peer connections must prove the peer secret of --peer-secret-file"),
         (None, Some(_)) => tracing::info!("single node: --peer-secret-file applies in a cluster"),
         (None, None) => {}
@@ -404,15 +439,15 @@ fn join_shards(threads: Vec<ShardThread>, mut result: Result<(), String>) -> Res
     result
 }
 
-/// SIGHUP: re-reads the auth file and the TLS files. A hang-up of the
+/// SIGHUP: re-reads the auth file and the TLS files (of both ports). A hang-up of the
 /// terminal or session that started the server must never drop a lock or a
 /// waiter: the server keeps serving whatever the outcome, and a file that is
 /// refused leaves the one in force.
 fn reload(shared: &Shared) {
-    if shared.auth.is_none() && shared.tls.is_none() {
+    if shared.auth.is_none() && shared.tls.is_none() && shared.peer_tls.is_none() {
         tracing::warn!(
-            "SIGHUP: nothing to reload (no --auth-file, no --tls-cert); ringlock keeps serving; stop it with SIGTERM \
-             or SIGINT"
+            "SIGHUP: nothing to reload (no --auth-file, no --tls-cert, no --peer-tls-cert); ringlock keeps serving; \
+             stop it with SIGTERM or SIGINT"
         );
         return;
     }
@@ -433,6 +468,16 @@ fn reload(shared: &Shared) {
                 "SIGHUP: TLS certificate, key and client CA reloaded; new connections use them, open ones keep theirs"
             ),
             Err(error) => tracing::error!("SIGHUP: {error}; the TLS settings in force stay"),
+        }
+    }
+    if let Some(peer_tls) = &shared.peer_tls {
+        match peer_tls.reload() {
+            Ok(()) => tracing::info!(
+                peer_tls_cert = %peer_tls.cert_path().display(),
+                "SIGHUP: peer TLS certificate, key and CA reloaded; new peer connections use them, open ones keep \
+                 theirs"
+            ),
+            Err(error) => tracing::error!("SIGHUP: {error}; the peer TLS settings in force stay"),
         }
     }
 }

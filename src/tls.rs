@@ -49,7 +49,7 @@ pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Resul
     Ok(Arc::new(config))
 }
 
-fn read_certificates(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn read_certificates(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let certificates = CertificateDer::pem_file_iter(path)
         .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
         .map_err(|error| format!("cannot read certificates from {} ({flag}): {error}", path.display()))?;

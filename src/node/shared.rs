@@ -45,6 +45,9 @@ pub struct Shared {
     pub auth: Option<crate::auth::SharedAuth>,
     /// The client port's TLS settings, with `--tls-cert` and `--tls-key`.
     pub tls: Option<crate::tls::SharedTls>,
+    /// Mutual TLS on the peer port, with `--peer-tls-cert`, `--peer-tls-key`
+    /// and `--peer-tls-ca`.
+    pub peer_tls: Option<crate::replication::PeerTls>,
     /// `--handshake-ms`: how long a new connection has to finish its TLS
     /// handshake and, with an auth file, to authenticate.
     pub handshake_ms: u64,

@@ -126,6 +126,9 @@ pub fn render(shared: &Shared) -> String {
         render_auth(&mut out, &cores, auth);
         render_auth_failures(&mut out, shared);
     }
+    if let Some(peer_tls) = &shared.peer_tls {
+        render_peer_tls(&mut out, peer_tls);
+    }
     if let Some(tls) = &shared.tls {
         render_tls(&mut out, &cores, tls);
     }
@@ -210,8 +213,8 @@ fn render_cluster(out: &mut String, link: &ClusterLink) {
         out,
         "ringlock_peer_auth_failures_total",
         "counter",
-        "Peer connections dropped before they proved the peer secret (--peer-secret-file), by direction: inbound \
-         (accepted by this node) or outbound (opened by this node).",
+        "Peer connections dropped before they proved the peer secret (--peer-secret-file) or, with peer TLS, \
+         their certificate, by direction: inbound (accepted by this node) or outbound (opened by this node).",
     );
     for (direction, failures) in
         [("inbound", &link.peer_auth_failures_inbound), ("outbound", &link.peer_auth_failures_outbound)]
@@ -419,6 +422,36 @@ fn render_tls(out: &mut String, cores: &[CoreStats], tls: &crate::tls::SharedTls
     );
     for (result, count) in [("ok", &tls.reloads), ("failed", &tls.reload_failures)] {
         let _ = writeln!(out, "ringlock_tls_reloads_total{{result=\"{result}\"}} {}", count.load(Ordering::Relaxed));
+    }
+}
+
+/// Mutual TLS on the peer port: errors by direction, and the reloads' outcomes.
+fn render_peer_tls(out: &mut String, peer_tls: &crate::replication::PeerTls) {
+    family(
+        out,
+        "ringlock_peer_tls_errors_total",
+        "counter",
+        "Peer connections refused for TLS (a failed handshake: a peer without TLS, a certificate of another CA; or a \
+         certificate that does not name the peer's host), by direction: inbound (accepted by this node) or outbound \
+         (opened by this node).",
+    );
+    for (direction, errors) in [("inbound", &peer_tls.errors_inbound), ("outbound", &peer_tls.errors_outbound)] {
+        let _ = writeln!(
+            out,
+            "ringlock_peer_tls_errors_total{{direction=\"{direction}\"}} {}",
+            errors.load(Ordering::Relaxed)
+        );
+    }
+    family(
+        out,
+        "ringlock_peer_tls_reloads_total",
+        "counter",
+        "Reloads of --peer-tls-cert, --peer-tls-key and --peer-tls-ca (SIGHUP), by result: ok, or failed (the \
+         settings in force stay).",
+    );
+    for (result, count) in [("ok", &peer_tls.reloads), ("failed", &peer_tls.reload_failures)] {
+        let _ =
+            writeln!(out, "ringlock_peer_tls_reloads_total{{result=\"{result}\"}} {}", count.load(Ordering::Relaxed));
     }
 }
 

@@ -13,6 +13,8 @@
 //! - `core`: the loop: reports, peer frames, cluster effects.
 //! - `mirror`: the replicated table (pure).
 //! - `peers`: the peer connections and their handshake.
+//! - `stream`: a peer connection's bytes, plain or through TLS.
+//! - `peer_tls`: the TLS settings of `--peer-tls-cert/-key/-ca`.
 //! - `proof`: the proof of the peer secret (HMAC-SHA256, pure).
 //! - `secret`: reading and checking `--peer-secret-file`.
 //! - `log_limit`: how often failed peer connections are logged (pure).
@@ -20,10 +22,13 @@
 mod core;
 mod log_limit;
 mod mirror;
+mod peer_tls;
 mod peers;
 mod proof;
 mod secret;
+mod stream;
 
+pub use self::peer_tls::PeerTls;
 pub use self::secret::PeerSecret;
 
 use std::cell::{Cell, RefCell};
@@ -71,6 +76,7 @@ pub struct Start {
 /// Starts the replication thread; it returns once the node has left the
 /// cluster (after a stop request, see [`crate::node::role::ClusterLink::stop`]).
 pub fn start(start: Start) -> Result<JoinHandle<Result<ExitReason, String>>, String> {
+    let peer_names = peer_names(&start)?;
     let placement = match start.cpu {
         Some(cpu) => Placement::Fixed(cpu),
         None => Placement::Unbound,
@@ -104,7 +110,7 @@ pub fn start(start: Start) -> Result<JoinHandle<Result<ExitReason, String>>, Str
                     return Err(error);
                 }
             };
-            Ok(executor.run(run(start)))
+            Ok(executor.run(run(start, peer_names)))
         })
         .map_err(|error| format!("cannot start the replication thread: {error}"))?;
     match ready.recv() {
@@ -114,7 +120,24 @@ pub fn start(start: Start) -> Result<JoinHandle<Result<ExitReason, String>>, Str
     }
 }
 
-async fn run(start: Start) -> ExitReason {
+/// With peer TLS, the name each node's certificate must hold: the host of
+/// its peer address in `--peers`.
+fn peer_names(start: &Start) -> Result<Vec<rustls::pki_types::ServerName<'static>>, String> {
+    if start.shared.peer_tls.is_none() {
+        return Ok(Vec::new());
+    }
+    start
+        .settings
+        .peers
+        .iter()
+        .map(|peer| {
+            peer_tls::server_name(peer.peer.host())
+                .map_err(|error| format!("--peers {}: {error}; peer TLS needs a name to check", peer.peer))
+        })
+        .collect()
+}
+
+async fn run(start: Start, peer_names: Vec<rustls::pki_types::ServerName<'static>>) -> ExitReason {
     let Start { settings, store, shared, reports, listener, incarnation, keys_max, peer_secret, .. } = start;
     let config = settings.cluster;
     let (me, nodes) = (config.me, config.nodes);
@@ -128,7 +151,8 @@ async fn run(start: Start) -> ExitReason {
     let hello = Rc::new(Cell::new(self::core::hello(me, nodes, incarnation, peers_fingerprint)));
     let identity = Identity { me, nodes, peers_fingerprint };
     let silence = Silence::new(config.heartbeat_ms, config.failover_ms);
-    let gate = Rc::new(Gate::new(identity, peer_secret.map(|secret| secret.key), shared.clone(), silence));
+    let key = peer_secret.map(|secret| secret.key);
+    let gate = Rc::new(Gate::new(identity, key, shared.clone(), silence, peer_names));
     let links = PeerLinks { events, outboxes, hello, gate };
     // SAFETY: the descriptor comes from a bound, listening std listener whose
     // ownership moves here.

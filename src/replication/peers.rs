@@ -17,6 +17,15 @@
 //! that fails is dropped, counted for `/metrics`, and logged at most once a
 //! minute per address.
 //!
+//! With peer TLS (`--peer-tls-cert`, `--peer-tls-key`, `--peer-tls-ca`),
+//! every connection is first a TLS 1.3 handshake in which both ends show a
+//! certificate of the peer CA (see [`super::peer_tls`] and
+//! [`super::stream`]); the connector checks that the acceptor's names the
+//! host it dialled, and the acceptor, once the hello says which node the
+//! connector is, that the connector's names that node's host. The peer
+//! secret's exchange, if any, and every frame then run inside TLS. A
+//! failed handshake is dropped, counted and logged as a failed proof is.
+//!
 //! The tasks here only move bytes. What they read becomes a [`PeerEvent`] in a
 //! queue the replication loop drains; what the loop sends goes into the
 //! peer's [`Outbox`], which the peer's writer task empties.
@@ -31,10 +40,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 use ring::hmac;
 use ring::rand::SystemRandom;
+use rustls::pki_types::ServerName;
 
 use crate::address::Endpoint;
 use crate::cluster::wire::{
@@ -44,7 +53,9 @@ use crate::cluster::wire::{
 use crate::node::shared::Shared;
 
 use super::log_limit::{self, FailureLog, LogLimit};
+use super::peer_tls::{self, PeerTls};
 use super::proof::{self, Nonces, Side};
+use super::stream::{PeerStream, TlsFailure};
 
 /// Bytes waiting for one peer before its connection is dropped: a peer that
 /// reads nothing for this long is paused or gone, and will start over from a
@@ -259,6 +270,9 @@ pub struct Gate {
     /// How long a peer connection may stay silent (nothing read, or what
     /// was sent unacknowledged) before it is taken for dead: see [`Silence`].
     silence: Silence,
+    /// With peer TLS, the name each node's certificate must hold (the host
+    /// of its peer address in `--peers`), by node index; empty without.
+    peer_names: Vec<ServerName<'static>>,
 }
 
 /// How the peer connections notice a link that went silent, as when a
@@ -314,7 +328,13 @@ fn drop_when_unacknowledged(stream: &TcpStream, stall: Duration) {
 }
 
 impl Gate {
-    pub fn new(identity: Identity, key: Option<hmac::Key>, shared: Arc<Shared>, silence: Silence) -> Gate {
+    pub fn new(
+        identity: Identity,
+        key: Option<hmac::Key>,
+        shared: Arc<Shared>,
+        silence: Silence,
+        peer_names: Vec<ServerName<'static>>,
+    ) -> Gate {
         // Read once, here: tests set it so that counting log lines does not
         // depend on how long they take (see `log_limit`).
         let variable = std::env::var(log_limit::FAILURE_LOG_INTERVAL_ENV).ok();
@@ -331,6 +351,29 @@ impl Gate {
             shared,
             started: Instant::now(),
             silence,
+            peer_names,
+        }
+    }
+
+    /// The peer TLS settings, with `--peer-tls-cert`.
+    fn peer_tls(&self) -> Option<&PeerTls> {
+        self.shared.peer_tls.as_ref()
+    }
+
+    /// Whether a connection must prove something before its hello counts.
+    fn secured(&self) -> bool {
+        self.key.is_some() || self.peer_tls().is_some()
+    }
+
+    /// Counts a connection refused for TLS: a failed handshake, or a
+    /// certificate that does not name the peer's host.
+    fn count_tls_error(&self, direction: Direction) {
+        if let Some(peer_tls) = self.peer_tls() {
+            let counter = match direction {
+                Direction::Inbound => &peer_tls.errors_inbound,
+                Direction::Outbound => &peer_tls.errors_outbound,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -338,7 +381,8 @@ impl Gate {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Counts a connection dropped before it proved the peer secret.
+    /// Counts a connection dropped before it proved the peer secret (or,
+    /// with peer TLS, its certificate).
     fn count_failure(&self, direction: Direction) {
         if let Some(link) = &self.shared.cluster {
             let counter: &AtomicU64 = match direction {
@@ -349,15 +393,21 @@ impl Gate {
         }
     }
 
-    /// Counts an inbound connection that did not prove the peer secret, and
-    /// logs why, at most once per interval for its address.
+    /// Counts an inbound connection that did not prove the peer secret (or
+    /// its certificate), and logs why, at most once per interval for its
+    /// address.
     fn inbound_failed(&self, address: Option<SocketAddr>, reason: &str) {
         self.count_failure(Direction::Inbound);
+        let what = match (self.key.is_some(), self.peer_tls().is_some()) {
+            (true, true) => "its certificate and the peer secret",
+            (false, true) => "its certificate",
+            _ => "the peer secret",
+        };
         self.log_limited(
             address,
             &format!(
-                "peer connection refused before it proved the peer secret: {reason}; nothing it sent was read as a \
-                 frame of the cluster"
+                "peer connection refused before it proved {what}: {reason}; nothing it sent was read as a frame of \
+                 the cluster"
             ),
         );
     }
@@ -407,7 +457,11 @@ pub async fn accept(listener: TcpListener, gate: Rc<Gate>, events: Events) {
                 next_connection += 1;
                 let _ = stream.set_nodelay(true);
                 drop_when_unacknowledged(&stream, gate.silence.stall);
-                let expecting = if gate.key.is_some() { Expecting::Challenge } else { Expecting::Hello };
+                let expecting = match (gate.peer_tls().is_some(), gate.key.is_some()) {
+                    (true, _) => Expecting::TlsRecord,
+                    (false, true) => Expecting::Challenge,
+                    (false, false) => Expecting::Hello,
+                };
                 let introduction = Introduction::register(&unintroduced, &stream, expecting);
                 let task = read(stream, next_connection, gate.clone(), events.clone(), introduction);
                 glommio::spawn_local(task).detach();
@@ -431,6 +485,10 @@ enum Expecting {
     /// that follows is not waited for here: it may come in a later segment,
     /// and once the proof checks the connection leaves the waiting list.
     Proof,
+    /// With peer TLS, a whole TLS record of its handshake (its ClientHello
+    /// at first, its certificate and Finished once answered); once the
+    /// handshake has checked its certificate it leaves the waiting list.
+    TlsRecord,
 }
 
 /// The inbound connections that have not said hello yet, oldest first,
@@ -478,6 +536,7 @@ fn expected_frames_waiting(fd: RawFd, expecting: Expecting) -> bool {
         Expecting::Hello => HELLO_FRAME_BYTES,
         Expecting::Challenge => CHALLENGE_FRAME_BYTES,
         Expecting::Proof => PROOF_FRAME_BYTES,
+        Expecting::TlsRecord => return tls_record_waiting(fd),
     };
     let mut bytes = [0u8; INTRODUCTION_PEEK_BYTES_MAX];
     // SAFETY: a peek into a local buffer of at least this length.
@@ -490,7 +549,28 @@ fn expected_frames_waiting(fd: RawFd, expecting: Expecting) -> bool {
         Expecting::Hello => matches!(frame(0), Some(Frame::Hello(_))),
         Expecting::Challenge => matches!(frame(0), Some(Frame::Challenge { .. })),
         Expecting::Proof => matches!(frame(0), Some(Frame::Proof(_))),
+        Expecting::TlsRecord => false,
     }
+}
+
+/// The largest TLS record: 2^14 bytes of plaintext and what encryption adds.
+const TLS_RECORD_BYTES_MAX: usize = (1 << 14) + 256;
+
+/// Whether a whole TLS record waits to be read on `fd`: its header (a
+/// content type of TLS 1.2 or 1.3, version 3.x, a length no record
+/// exceeds) and as many bytes as it announces, looked at without reading.
+fn tls_record_waiting(fd: RawFd) -> bool {
+    let mut header = [0u8; 5];
+    // SAFETY: a peek into a local buffer of this length.
+    let peeked = unsafe { libc::recv(fd, header.as_mut_ptr().cast(), 5, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if peeked != 5 || !(20..=23).contains(&header[0]) || header[1] != 3 {
+        return false;
+    }
+    let length = usize::from(u16::from_be_bytes([header[3], header[4]]));
+    let mut waiting: libc::c_int = 0;
+    // SAFETY: FIONREAD writes the bytes waiting into the c_int given.
+    let asked = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut waiting) };
+    asked == 0 && length <= TLS_RECORD_BYTES_MAX && usize::try_from(waiting).is_ok_and(|waiting| waiting >= 5 + length)
 }
 
 /// A connection's entry among the [`Unintroduced`], removed when it has
@@ -521,12 +601,17 @@ impl Introduction {
         }
     }
 
-    /// The connection proved that it holds the peer secret: it leaves the
-    /// queue, so that no newer connection can take its place. Whoever
-    /// reaches this point holds the secret, so it is no flood; its Hello
+    /// The connection proved that it holds the peer secret (or, with peer
+    /// TLS, its handshake checked its certificate): it leaves the queue, so
+    /// that no newer connection can take its place. Whoever reaches this
+    /// point holds the secret (or a certificate), so it is no flood; its Hello
     /// was sent with its proof, and [`HELLO_TIMEOUT`] still bounds the wait.
     /// False if a newer connection took its place before its proof was read.
     fn proved(&self) -> bool {
+        if self.proved.get() {
+            // Proved before (its TLS handshake, then the peer secret).
+            return true;
+        }
         let mut queue = self.queue.borrow_mut();
         let before = queue.waiting.len();
         queue.waiting.retain(|&(id, _, _)| id != self.id);
@@ -567,13 +652,21 @@ impl Admitted {
 
 /// Reads one inbound connection: its introduction (with a peer secret, the
 /// exchange of proofs; then its hello), then frames until it ends.
-async fn read(mut stream: TcpStream, connection: u64, gate: Rc<Gate>, events: Events, introduction: Introduction) {
+async fn read(stream: TcpStream, connection: u64, gate: Rc<Gate>, events: Events, introduction: Introduction) {
     let peer_address = stream.peer_addr().ok();
+    let mut stream = PeerStream::plain(stream);
     let introduced =
         glommio::timer::timeout(HELLO_TIMEOUT, async { Ok(introduce(&mut stream, &gate, &introduction).await) }).await;
-    let secured = gate.key.is_some();
+    let secured = gate.secured();
+    let handshake_done = introduction.proved.get();
     if !introduction.end() {
-        if secured {
+        if gate.peer_tls().is_some() {
+            let reason = format!(
+                "it had not sent the next records of its TLS handshake when {UNINTRODUCED_MAX} newer connections \
+                 waited for their turn"
+            );
+            gate.inbound_failed(peer_address, &reason);
+        } else if secured {
             let reason = format!(
                 "it had not sent its challenge, or its proof once answered, when {UNINTRODUCED_MAX} newer \
                  connections waited for their turn"
@@ -591,6 +684,14 @@ async fn read(mut stream: TcpStream, connection: u64, gate: Rc<Gate>, events: Ev
     let checked = match introduced {
         Ok(Ok(hello)) => check_hello(&hello, gate.identity),
         Ok(Err(failure)) => Err(failure),
+        Err(_) if gate.peer_tls().is_some() => {
+            let unfinished = match (handshake_done, gate.key.is_some()) {
+                (false, _) => "its TLS handshake",
+                (true, true) => "its proof and hello",
+                (true, false) => "its hello",
+            };
+            Err(HelloError::Unproven(format!("it did not finish {unfinished} within {} s", HELLO_TIMEOUT.as_secs())))
+        }
         Err(_) if secured => {
             Err(HelloError::Unproven(format!("no proof and hello within {} s", HELLO_TIMEOUT.as_secs())))
         }
@@ -606,8 +707,8 @@ async fn read(mut stream: TcpStream, connection: u64, gate: Rc<Gate>, events: Ev
             tracing::warn!(peer = ?peer_address, "peer connection refused: {reason}");
             return;
         }
-        Err(HelloError::AsksForSecret(reason)) => {
-            // A node with the secret tries again every few milliseconds.
+        Err(HelloError::OtherSecurity(reason)) => {
+            // A node with the secret (or TLS) tries again every few milliseconds.
             gate.log_limited(peer_address, &format!("peer connection refused: {reason}"));
             return;
         }
@@ -654,9 +755,9 @@ enum HelloError {
     Unproven(String),
     /// Not a hello of this protocol version: the connection is just closed.
     Unreadable(String),
-    /// Without a peer secret: a Challenge of a node that has one (logged
-    /// rate-limited, since that node keeps trying).
-    AsksForSecret(String),
+    /// Without a peer secret (or TLS): a Challenge (or a ClientHello) of a
+    /// node that has one (logged rate-limited, since that node keeps trying).
+    OtherSecurity(String),
     /// A well-formed hello of a node with other settings, which is told why.
     Refused(Refusal, String),
 }
@@ -699,11 +800,104 @@ const HELLO_WITHOUT_PROOF: OtherHandshake = OtherHandshake {
      not a ringlock node of this version); give every node the same --peer-secret-file",
 };
 
+/// What a node without peer TLS that is sent a ClientHello, or a node
+/// with a peer secret and without TLS sent one instead of a challenge, is
+/// told.
+const SPEAKS_TLS: &str = "it speaks TLS: it was started with --peer-tls-cert, --peer-tls-key and --peer-tls-ca, and \
+                          this node without; give every node the same peer TLS flags";
+
 /// Reads what an inbound connection must send before its frames count:
-/// without a peer secret its hello; with one, its challenge, then (once
-/// answered with this node's proof) its proof, checked, and its hello,
-/// which must name what the proof bound.
-async fn introduce(stream: &mut TcpStream, gate: &Gate, introduction: &Introduction) -> Result<Hello, HelloError> {
+/// with peer TLS, first a TLS handshake that checks its certificate; then
+/// (inside TLS, if any) what [`introduce_peer`] reads; with peer TLS, the
+/// certificate must name the host of the node the hello names.
+async fn introduce(stream: &mut PeerStream, gate: &Gate, introduction: &Introduction) -> Result<Hello, HelloError> {
+    let Some(peer_tls) = gate.peer_tls() else {
+        return introduce_peer(stream, gate, introduction).await;
+    };
+    let connection = rustls::ServerConnection::new(peer_tls.current().server)
+        .map_err(|error| HelloError::Unproven(format!("cannot start TLS: {error}")))?;
+    stream.start_tls(rustls::Connection::Server(connection));
+    if let Err(failure) = stream.handshake().await {
+        gate.count_tls_error(Direction::Inbound);
+        return Err(HelloError::Unproven(describe_inbound_tls_failure(&failure, &stream.first_bytes())));
+    }
+    if !introduction.proved() {
+        return Err(HelloError::Unproven("taken over".to_string()));
+    }
+    let hello = introduce_peer(stream, gate, introduction).await?;
+    let Some(name) = gate.peer_names.get(hello.node) else {
+        return Err(HelloError::Unproven(format!("its hello names node {}, which --peers does not list", hello.node)));
+    };
+    if !stream.peer_certificate().is_some_and(|certificate| peer_tls::names_host(&certificate, name)) {
+        gate.count_tls_error(Direction::Inbound);
+        return Err(HelloError::Unproven(format!(
+            "its certificate (signed by the CA of --peer-tls-ca) does not name {}, the host of node {} in --peers: \
+             it is another host's certificate, or it was made for another name",
+            name.to_str(),
+            hello.node
+        )));
+    }
+    Ok(hello)
+}
+
+/// Why an inbound TLS handshake failed, for the log. `first_bytes` are
+/// the first the connection sent, which tell a node without TLS.
+fn describe_inbound_tls_failure(failure: &TlsFailure, first_bytes: &[u8]) -> String {
+    let in_the_clear = |frame_bytes: usize, type_byte: u8| {
+        first_bytes.len() >= 5
+            && first_bytes[..4] == ((frame_bytes - 4) as u32).to_le_bytes()
+            && first_bytes[4] == type_byte
+    };
+    if in_the_clear(HELLO_FRAME_BYTES, HELLO_TYPE_BYTE) || in_the_clear(CHALLENGE_FRAME_BYTES, CHALLENGE_TYPE_BYTE) {
+        return "it speaks the peer protocol in the clear: it was started without --peer-tls-cert, --peer-tls-key and \
+                --peer-tls-ca; give every node the same peer TLS flags"
+            .to_string();
+    }
+    describe_tls_failure(failure, "the TLS handshake")
+}
+
+/// What a failed TLS handshake (or wait for admission) means, for the log.
+fn describe_tls_failure(failure: &TlsFailure, during: &str) -> String {
+    use rustls::{CertificateError, Error};
+    match failure {
+        TlsFailure::Io(error)
+            if matches!(error.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) =>
+        {
+            format!("it closed the connection during {during}")
+        }
+        TlsFailure::Io(error) => format!("the socket failed during {during}: {error}"),
+        TlsFailure::Closed => format!("it closed the connection during {during}"),
+        TlsFailure::Tls(Error::NoCertificatesPresented) => {
+            "it showed no certificate: it was not started with --peer-tls-cert".to_string()
+        }
+        TlsFailure::Tls(Error::InvalidCertificate(
+            CertificateError::UnknownIssuer | CertificateError::BadSignature,
+        )) => "its certificate is not signed by the CA of --peer-tls-ca (another CA, or self-signed)".to_string(),
+        TlsFailure::Tls(Error::InvalidCertificate(CertificateError::NotValidForName))
+        | TlsFailure::Tls(Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. })) => {
+            "its certificate does not name the host of its peer address in --peers".to_string()
+        }
+        TlsFailure::Tls(Error::InvalidCertificate(error)) => format!("its certificate is refused: {error:?}"),
+        TlsFailure::Tls(Error::AlertReceived(alert)) => format!(
+            "it refused this node's certificate or TLS (alert {alert:?}): check that every node's certificate is \
+             signed by the CA of the others' --peer-tls-ca and names its host in --peers"
+        ),
+        TlsFailure::Tls(Error::InvalidMessage(_)) => {
+            format!("it does not speak TLS (no TLS record where one was due, during {during})")
+        }
+        TlsFailure::Tls(error) => format!("TLS failed during {during}: {error}"),
+    }
+}
+
+/// Reads what an inbound connection must send, after its TLS handshake if
+/// any, before its frames count: without a peer secret its hello; with
+/// one, its challenge, then (once answered with this node's proof) its
+/// proof, checked, and its hello, which must name what the proof bound.
+async fn introduce_peer(
+    stream: &mut PeerStream,
+    gate: &Gate,
+    introduction: &Introduction,
+) -> Result<Hello, HelloError> {
     let Some(key) = &gate.key else {
         return match read_first_frame(stream, HELLO_FRAME_BYTES).await {
             Ok(Frame::Hello(hello)) => Ok(hello),
@@ -711,8 +905,9 @@ async fn introduce(stream: &mut TcpStream, gate: &Gate, introduction: &Introduct
             Err(FirstFrameError::Announced { announced, type_byte, .. })
                 if CHALLENGE_WITHOUT_SECRET.is(announced, type_byte) =>
             {
-                Err(HelloError::AsksForSecret(CHALLENGE_WITHOUT_SECRET.meaning.to_string()))
+                Err(HelloError::OtherSecurity(CHALLENGE_WITHOUT_SECRET.meaning.to_string()))
             }
+            Err(FirstFrameError::SpeaksTls) => Err(HelloError::OtherSecurity(SPEAKS_TLS.to_string())),
             Err(error) => Err(HelloError::Unreadable(error.describe("hello", None))),
         };
     };
@@ -780,6 +975,8 @@ enum FirstFrameError {
     Announced { announced: usize, expected: usize, type_byte: Option<u8> },
     /// The frame does not decode.
     Unreadable(WireError),
+    /// A TLS record came instead (a node with peer TLS).
+    SpeaksTls,
 }
 
 impl FirstFrameError {
@@ -797,13 +994,14 @@ impl FirstFrameError {
                 ),
             },
             FirstFrameError::Unreadable(error) => format!("unreadable {what}: {error}"),
+            FirstFrameError::SpeaksTls => SPEAKS_TLS.to_string(),
         }
     }
 }
 
 /// Reads exactly one frame of `frame_bytes` (length prefix included): a
 /// connection that has not been admitted gets no more buffer than that.
-async fn read_first_frame(stream: &mut TcpStream, frame_bytes: usize) -> Result<Frame, FirstFrameError> {
+async fn read_first_frame(stream: &mut PeerStream, frame_bytes: usize) -> Result<Frame, FirstFrameError> {
     assert!(frame_bytes <= FIRST_FRAME_BYTES_MAX, "a first frame of {frame_bytes} bytes");
     let mut bytes = [0u8; FIRST_FRAME_BYTES_MAX];
     let mut filled = 0;
@@ -813,6 +1011,11 @@ async fn read_first_frame(stream: &mut TcpStream, frame_bytes: usize) -> Result<
             Ok(0) => return Err(FirstFrameError::ClosedMidFrame),
             Ok(count) => filled += count,
             Err(error) => return Err(FirstFrameError::Failed(error)),
+        }
+        // A TLS handshake record (type 22, version 3.x) announces 790 bytes
+        // and more, which no first frame has.
+        if filled >= 2 && bytes[..2] == [22, 3] {
+            return Err(FirstFrameError::SpeaksTls);
         }
         // The length prefix alone can tell that this is not the frame
         // expected; if it is that of the other handshake's first frame, the
@@ -857,7 +1060,7 @@ impl ReadBuffer {
 /// cleanly. A connection that sends nothing for `stall` (a peer sends a
 /// heartbeat every `--heartbeat-ms`) is taken for dead: an error.
 async fn next_frame(
-    stream: &mut TcpStream,
+    stream: &mut PeerStream,
     buffer: &mut ReadBuffer,
     stall: Duration,
 ) -> Result<Option<(Frame, usize)>, String> {
@@ -946,41 +1149,44 @@ pub async fn write(to: usize, endpoint: Endpoint, links: PeerLinks) {
     let mut failures_logged = LogLimit::default();
     let mut peer = PeerAddresses::new(endpoint.clone());
     loop {
-        let (mut stream, address) = connect(to, &mut peer, retry, attempt).await;
-        let _ = stream.set_nodelay(true);
-        drop_when_unacknowledged(&stream, stall);
+        let (tcp, address) = connect(to, &mut peer, retry, attempt).await;
+        let _ = tcp.set_nodelay(true);
+        drop_when_unacknowledged(&tcp, stall);
+        let mut stream = PeerStream::plain(tcp);
         let mut chunk = Vec::new();
-        if let Some(key) = &gate.key {
-            let proved =
-                glommio::timer::timeout(stall, async { Ok(prove_to(&mut stream, to, &gate, key).await) }).await;
-            let failure = match proved {
-                Ok(Ok(proof)) => {
-                    wire::encode(&Frame::Proof(proof), &mut chunk);
-                    None
-                }
-                Ok(Err(reason)) => Some(reason),
-                Err(_) => Some(format!("no answer to this node's challenge within {} ms", stall.as_millis())),
-            };
-            if let Some(reason) = failure {
-                gate.count_failure(Direction::Outbound);
-                if let Some(left_out) = failures_logged.failure(gate.now_ms(), gate.log_interval_ms) {
-                    tracing::warn!(
-                        peer = to,
-                        %address,
-                        left_out,
-                        "peer connection dropped: the peer did not prove it holds the peer secret: {reason}; trying \
-                         again (logged at most once every {})",
-                        log_limit::describe_interval(gate.log_interval_ms)
-                    );
-                }
-                let _ = stream.shutdown(std::net::Shutdown::Both).await;
-                let _ = stream.close().await;
-                glommio::timer::sleep(retry).await;
-                continue;
+        let secured =
+            glommio::timer::timeout(stall, async { Ok(secure(&mut stream, to, &gate, &mut chunk).await) }).await;
+        let failure = match secured {
+            Ok(Ok(())) => None,
+            Ok(Err(failure)) => Some(failure),
+            Err(_) => Some(format!(
+                "no {} within {} ms",
+                if stream.is_tls() {
+                    "TLS handshake, or no answer to this node's challenge,"
+                } else {
+                    "answer to this node's challenge"
+                },
+                stall.as_millis()
+            )),
+        };
+        if let Some(reason) = failure {
+            gate.count_failure(Direction::Outbound);
+            if let Some(left_out) = failures_logged.failure(gate.now_ms(), gate.log_interval_ms) {
+                tracing::warn!(
+                    peer = to,
+                    %address,
+                    left_out,
+                    "peer connection dropped: {reason}; trying again (logged at most once every {})",
+                    log_limit::describe_interval(gate.log_interval_ms)
+                );
             }
+            let _ = stream.shutdown(std::net::Shutdown::Both).await;
+            let _ = stream.close().await;
+            glommio::timer::sleep(retry).await;
+            continue;
         }
-        // The peer has proved it holds the secret (or none is set): only
-        // now is a refusal it sends believed.
+        // The peer has proved it holds the secret and its certificate (or
+        // none is asked for): only now is a refusal it sends believed.
         watch_for_refusal(&stream, to, events.clone());
         wire::encode(&Frame::Hello(hello.get()), &mut chunk);
         outbox.borrow_mut().open();
@@ -1010,6 +1216,50 @@ pub async fn write(to: usize, endpoint: Endpoint, links: PeerLinks) {
     }
 }
 
+/// On a connection this node opened to peer `to`, before its hello: with
+/// peer TLS, the handshake (the peer's certificate must name its host in
+/// `--peers`) and the wait for the peer to admit this node's certificate;
+/// with a peer secret, the exchange of proofs, whose own proof goes into
+/// `chunk` to be sent with the hello. The error says why the peer is not
+/// believed.
+async fn secure(stream: &mut PeerStream, to: usize, gate: &Gate, chunk: &mut Vec<u8>) -> Result<(), String> {
+    if let Some(peer_tls) = gate.peer_tls() {
+        let name = gate.peer_names[to].clone();
+        let connection = rustls::ClientConnection::new(peer_tls.current().client, name)
+            .map_err(|error| format!("TLS with the peer failed: cannot start TLS: {error}"))?;
+        stream.start_tls(rustls::Connection::Client(connection));
+        let secured = match stream.handshake().await {
+            Ok(()) => stream.await_admission().await.map_err(|failure| (failure, "the wait for it to admit this node")),
+            Err(failure) => Err((failure, "the TLS handshake")),
+        };
+        if let Err((failure, during)) = secured {
+            gate.count_tls_error(Direction::Outbound);
+            let closed = match &failure {
+                TlsFailure::Closed => true,
+                TlsFailure::Io(error) => {
+                    matches!(error.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe)
+                }
+                TlsFailure::Tls(_) => false,
+            };
+            let reason = match failure {
+                _ if closed => format!(
+                    "it closed the connection during {during}: it runs without --peer-tls-cert (its log says so), or \
+                     refused this node's certificate"
+                ),
+                failure => describe_tls_failure(&failure, during),
+            };
+            return Err(format!("TLS with the peer failed: {reason}"));
+        }
+    }
+    if let Some(key) = &gate.key {
+        let proof = prove_to(stream, to, gate, key)
+            .await
+            .map_err(|reason| format!("the peer did not prove it holds the peer secret: {reason}"))?;
+        wire::encode(&Frame::Proof(proof), chunk);
+    }
+    Ok(())
+}
+
 /// What a peer that closes the connection without answering the
 /// challenge most likely is.
 const ANSWER_WITHOUT_SECRET: &str = "it closed the connection without answering the challenge: it runs without \
@@ -1018,7 +1268,7 @@ const ANSWER_WITHOUT_SECRET: &str = "it closed the connection without answering 
 /// On a connection this node opened to peer `to`: sends a challenge, checks
 /// that the answer proves `to` holds the peer secret, and returns this
 /// node's own proof, to be sent with its hello.
-async fn prove_to(stream: &mut TcpStream, to: usize, gate: &Gate, key: &hmac::Key) -> Result<Proof, String> {
+async fn prove_to(stream: &mut PeerStream, to: usize, gate: &Gate, key: &hmac::Key) -> Result<Proof, String> {
     let connector_nonce =
         proof::fresh_nonce(&gate.random).ok_or("the system's random source failed; no nonce to challenge with")?;
     let mut challenge = Vec::with_capacity(CHALLENGE_FRAME_BYTES);
@@ -1133,7 +1383,7 @@ async fn connect(to: usize, peer: &mut PeerAddresses, retry: Duration, attempt: 
 /// Writes `chunk` piece by piece, each within `stall`: the bound is on
 /// progress, so a peer that reads steadily but slower than this node writes
 /// is slow, not gone (the outbox bound deals with slow).
-async fn write_chunk(stream: &mut TcpStream, chunk: &[u8], stall: Duration) -> glommio::Result<(), ()> {
+async fn write_chunk(stream: &mut PeerStream, chunk: &[u8], stall: Duration) -> glommio::Result<(), ()> {
     for piece in chunk.chunks(WRITE_PIECE_BYTES) {
         glommio::timer::timeout(stall, async { stream.write_all(piece).await.map_err(glommio::GlommioError::from) })
             .await?;
@@ -1170,23 +1420,26 @@ async fn next_chunk(outbox: &RefCell<Outbox>, chunk: &mut Vec<u8>) -> Next {
 
 /// Watches a connection this node opened for the one frame the peer may
 /// send on it, a refusal of this node's hello, and reports it. The writer
-/// keeps the stream; the watcher reads a duplicate of its descriptor.
-fn watch_for_refusal(stream: &TcpStream, to: usize, events: Events) {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    // SAFETY: duplicating a descriptor the stream owns; the copy is owned
-    // by the watcher's stream, which closes it.
-    let fd = unsafe { libc::dup(stream.as_raw_fd()) };
-    if fd < 0 {
+/// keeps the stream; the watcher reads a duplicate of its descriptor (with
+/// TLS, sharing its TLS state). A TLS error shuts the socket, so that the
+/// writer starts over.
+fn watch_for_refusal(stream: &PeerStream, to: usize, events: Events) {
+    let Some(mut watched) = stream.duplicate() else {
         return;
-    }
-    // SAFETY: `fd` is a fresh descriptor of a connected TCP socket.
-    let mut watched = unsafe { TcpStream::from_raw_fd(fd) };
+    };
     glommio::spawn_local(async move {
         let mut bytes = [0u8; HELLO_REFUSED_FRAME_BYTES];
         let mut filled = 0;
         while filled < bytes.len() {
             match watched.read(&mut bytes[filled..]).await {
-                Ok(0) | Err(_) => return,
+                Ok(0) => return,
+                Err(error) => {
+                    if watched.is_tls() {
+                        tracing::info!(peer = to, %error, "peer connection lost");
+                        let _ = watched.shutdown(std::net::Shutdown::Both).await;
+                    }
+                    return;
+                }
                 Ok(count) => filled += count,
             }
         }
@@ -1194,6 +1447,9 @@ fn watch_for_refusal(stream: &TcpStream, to: usize, events: Events) {
             Ok(Some((Frame::HelloRefused(refusal), _))) => {
                 events.borrow_mut().push(PeerEvent::Refused { from: to, refusal }, 0)
             }
+            // A TLS alert record, sent in the clear by a node with peer TLS
+            // that could not read this node's hello: that node logs why.
+            _ if bytes[..2] == [21, 3] => {}
             _ => tracing::warn!(peer = to, "a peer sent something other than a refusal on this node's connection"),
         }
     })
@@ -1335,6 +1591,26 @@ mod tests {
         assert!(waiting.unintroduced.make_room());
         assert!(waiting.was_shut(0) && waiting.was_shut(1) && !waiting.was_shut(2));
         assert_eq!(waiting.ids()[0], 2);
+    }
+
+    #[test]
+    fn with_peer_tls_a_connection_keeps_its_place_only_with_a_whole_tls_record_waiting() {
+        // A handshake record of 40 bytes: its header and 40 bytes whole, a
+        // byte short, and a peer hello in the clear instead.
+        let mut record = vec![22, 3, 1, 0, 40];
+        record.extend([0x42; 40]);
+        let hello = hello();
+        let mut waiting = Waiting::new(&[
+            (Expecting::TlsRecord, &record),
+            (Expecting::TlsRecord, &record[..record.len() - 1]),
+            (Expecting::TlsRecord, &hello),
+        ]);
+        assert!(waiting.unintroduced.make_room());
+        assert!(waiting.was_shut(1) && !waiting.was_shut(0));
+        waiting.arrive(Expecting::Hello, &[]);
+        assert!(waiting.unintroduced.make_room());
+        assert!(waiting.was_shut(2) && !waiting.was_shut(0));
+        assert_eq!(waiting.ids()[0], 0);
     }
 
     #[test]

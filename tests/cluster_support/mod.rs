@@ -125,6 +125,9 @@ pub struct ClusterOptions {
     pub partitionable: bool,
     /// Every node's `--peer-secret-file`.
     pub peer_secret_file: Option<std::path::PathBuf>,
+    /// More flags for node `i` (such as its peer TLS files); a node
+    /// beyond the list gets none.
+    pub node_args: Vec<Vec<String>>,
 }
 
 impl Default for ClusterOptions {
@@ -135,6 +138,7 @@ impl Default for ClusterOptions {
             failover_ms: FAILOVER_MS,
             partitionable: false,
             peer_secret_file: None,
+            node_args: Vec::new(),
         }
     }
 }
@@ -386,6 +390,7 @@ impl Cluster {
             if let Some(file) = &options.peer_secret_file {
                 args.extend(["--peer-secret-file".to_string(), file.display().to_string()]);
             }
+            args.extend(options.node_args.get(index).into_iter().flatten().cloned());
             nodes.push(Node {
                 index,
                 client: clients[index],
