@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Soak: a three-node ringlock cluster on loopback under client load, with a
 # random fault every few seconds (kill -9 and restart, Ctrl+C and restart,
-# SIGSTOP/SIGCONT, a partition of the peer links, every client connection
+# SIGSTOP/SIGCONT, a partition of the peer links, closed or silent (every
+# byte dropped, nothing closed), every client connection
 # to a node cut, a client that stops reading), for a bounded time. Every
 # client observation is recorded and checked afterwards (tests/history);
 # the run ends with a summary table and exits non-zero if an invariant broke
@@ -11,7 +12,8 @@
 #   SECONDS     how long to inject faults (default 60)
 #   --clients   client threads, each with its own client (default 8)
 #   --seed      replay the fault schedule of an earlier run
-#   --faults    only these faults, comma-separated: kill,ctrl-c,pause,partition,cut,stall
+#   --faults    only these faults, comma-separated:
+#               kill,ctrl-c,pause,partition,cut,stall,silent-partition
 #   --summary   also write the summary table (Markdown) to FILE
 # Cutting client connections uses `ss -K` (CAP_NET_ADMIN); without it that
 # fault is counted as skipped.
@@ -25,7 +27,7 @@ while (($# > 0)); do
         --seed) export SOAK_SEED="$2"; shift 2 ;;
         --faults) export SOAK_FAULTS="$2"; shift 2 ;;
         --summary) SOAK_SUMMARY="$(realpath -m "$2")"; export SOAK_SUMMARY; shift 2 ;;
-        -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
         [0-9]*) SOAK_SECONDS="$1"; shift ;;
         *) echo "soak.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac

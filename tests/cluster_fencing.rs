@@ -29,10 +29,11 @@ fn fencing_tokens_keep_a_resource_in_order_through_every_kind_of_fault() {
     let mut chaos = Chaos::start(ChaosOptions { key_prefix: "fence".to_string(), ..ChaosOptions::default() });
     chaos.wait_grants(GRANTS_BETWEEN_FAULTS, "the load to start");
 
-    let faults: [fn(usize) -> Fault; 6] = [
+    let faults: [fn(usize) -> Fault; 7] = [
         |node| Fault::Kill9 { node },
         |node| Fault::Pause { node, pause: FAULT_LENGTH },
         |node| Fault::Partition { node, cut: FAULT_LENGTH },
+        |node| Fault::SilentPartition { node, cut: FAULT_LENGTH },
         |node| Fault::CtrlC { node },
         |node| Fault::CutClients { node },
         |_| Fault::StalledReader { stall: FAULT_LENGTH },

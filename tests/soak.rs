@@ -10,7 +10,8 @@
 //!   printed, so that a schedule can be replayed);
 //! - `SOAK_SUMMARY`: a file to write the summary table to, in Markdown;
 //! - `SOAK_FAULTS`: only these kinds of fault, comma-separated, among
-//!   `kill`, `ctrl-c`, `pause`, `partition`, `cut`, `stall` (default: all).
+//!   `kill`, `ctrl-c`, `pause`, `partition`, `cut`, `stall`,
+//!   `silent-partition` (default: all).
 
 mod chaos;
 mod cluster_support;
@@ -29,7 +30,7 @@ fn setting(name: &str, default: u64) -> u64 {
 }
 
 /// The names `SOAK_FAULTS` takes, in the order [`random_fault`] draws them.
-const FAULT_NAMES: [&str; 6] = ["kill", "ctrl-c", "pause", "partition", "cut", "stall"];
+const FAULT_NAMES: [&str; 7] = ["kill", "ctrl-c", "pause", "partition", "cut", "stall", "silent-partition"];
 
 /// A random fault of a random allowed kind on a random node (most often the
 /// active: the faults that matter).
@@ -42,7 +43,8 @@ fn random_fault(rng: &mut Rng, allowed: &[usize], active: usize, nodes: usize) -
         2 => Fault::Pause { node, pause: length },
         3 => Fault::Partition { node, cut: length },
         4 => Fault::CutClients { node },
-        _ => Fault::StalledReader { stall: length },
+        5 => Fault::StalledReader { stall: length },
+        _ => Fault::SilentPartition { node, cut: length },
     }
 }
 

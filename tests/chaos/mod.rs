@@ -89,6 +89,9 @@ pub enum Fault {
     Pause { node: usize, pause: Duration },
     /// The node's peer links cut (its clients still reach it) for `cut`.
     Partition { node: usize, cut: Duration },
+    /// The node's peer links silent (nothing passes, nothing is closed; its
+    /// clients still reach it) for `cut`.
+    SilentPartition { node: usize, cut: Duration },
     /// Every client connection to the node cut at once (`ss -K`).
     CutClients { node: usize },
     /// A client that takes a workers' key, pipelines requests and stops
@@ -103,6 +106,7 @@ impl Fault {
             Fault::CtrlC { .. } => "Ctrl+C",
             Fault::Pause { .. } => "SIGSTOP/SIGCONT",
             Fault::Partition { .. } => "partition",
+            Fault::SilentPartition { .. } => "silent partition",
             Fault::CutClients { .. } => "cut client connections",
             Fault::StalledReader { .. } => "client stops reading",
         }
@@ -276,6 +280,14 @@ impl Chaos {
                 self.settle("one active after the partition healed");
                 self.history.close_window(window);
             }
+            Fault::SilentPartition { node, cut } => {
+                let window = self.history.open_window(fault.name());
+                self.cluster.isolate_silently(node);
+                thread::sleep(cut);
+                self.cluster.heal();
+                self.settle("one active after the silent partition healed");
+                self.history.close_window(window);
+            }
             Fault::CutClients { node } => {
                 // No window: cutting client connections changes no role, so
                 // it must not break any rule.
@@ -303,6 +315,7 @@ impl Chaos {
             | Fault::CtrlC { node }
             | Fault::Pause { node, .. }
             | Fault::Partition { node, .. }
+            | Fault::SilentPartition { node, .. }
             | Fault::CutClients { node } => node,
             Fault::StalledReader { .. } => return None,
         };

@@ -538,10 +538,32 @@ impl Cluster {
         }
     }
 
-    /// Lets every peer link through again.
+    /// Cuts node `index` off its peers without a sound: its peer links
+    /// stay open, and what is sent on them, or on links opened meanwhile, is
+    /// dropped with neither a reset nor a close (a host that vanished, or a
+    /// partition that drops packets). [`heal`](Self::heal) ends it.
+    pub fn isolate_silently(&self, index: usize) {
+        assert!(self.options.partitionable, "isolate_silently needs a partitionable cluster");
+        for (from, row) in self.links.iter().enumerate() {
+            for (to, link) in row.iter().enumerate() {
+                if let Some(proxy) = link
+                    && (from == index || to == index)
+                {
+                    proxy.blackhole();
+                }
+            }
+        }
+        for node in &self.nodes {
+            node.log.lock().unwrap().push_str(&format!("--- node {index} silently cut off its peers\n"));
+        }
+    }
+
+    /// Lets every peer link through again (black-holed links are cut, so
+    /// that the nodes open new ones).
     pub fn heal(&self) {
         for proxy in self.links.iter().flatten().flatten() {
             proxy.set_refusing(false);
+            proxy.lift_blackhole();
         }
         for node in &self.nodes {
             node.log.lock().unwrap().push_str("--- peer links healed\n");
