@@ -114,9 +114,6 @@ impl AuthTable {
             if name.len() > NAME_LEN_MAX || name == "-" || name.bytes().any(|byte| byte == 0) {
                 return Err(error(format!("the name {name:?} is not usable (1 to {NAME_LEN_MAX} bytes, not '-')")));
             }
-            if entries.iter().any(|entry| &*entry.identity.name == name.as_bytes()) {
-                return Err(error(format!("the name {name:?} appears twice")));
-            }
             let digest = parse_digest(digest).ok_or_else(|| {
                 error(format!(
                     "the second field must be the SHA-256 of the secret as 64 hex digits (for example the output of \
@@ -131,7 +128,19 @@ impl AuthTable {
             if entries.len() == ENTRIES_MAX {
                 return Err(AuthFileError { line: 0, reason: format!("more than {ENTRIES_MAX} entries") });
             }
-            let identity = Identity { name: Arc::from(name.as_bytes()), scope: Arc::new(scope) };
+            // A name may have several secrets, one a line (to change its
+            // secret with no client refused: add the new line, move the
+            // clients, remove the old one), all with one scope.
+            let identity = match entries.iter().find(|entry| &*entry.identity.name == name.as_bytes()) {
+                Some(earlier) if *earlier.identity.scope == scope => earlier.identity.clone(),
+                Some(_) => {
+                    return Err(error(format!(
+                        "the name {name:?} appears again with another scope; a name's lines (one per secret) \
+                         must give the same scope"
+                    )));
+                }
+                None => Identity { name: Arc::from(name.as_bytes()), scope: Arc::new(scope) },
+            };
             entries.push(Entry { identity, digest });
         }
         Ok(AuthTable { entries })
@@ -313,13 +322,25 @@ mod tests {
     }
 
     #[test]
+    fn a_name_may_have_several_secrets_with_one_scope() {
+        let text = format!("a {} x/*\na {} x/*\nb {} *", sha256_hex("old"), sha256_hex("new"), sha256_hex("other"));
+        let table = AuthTable::parse(&text).unwrap();
+        for secret in ["old", "new"] {
+            let identity = table.authenticate(secret.as_bytes()).expect("either secret");
+            assert_eq!(&*identity.name, b"a");
+            assert!(identity.scope.allows_key(b"x/1") && !identity.scope.allows_key(b"y"));
+        }
+        assert_eq!(&*table.authenticate(b"other").unwrap().name, b"b");
+    }
+
+    #[test]
     fn a_bad_file_is_refused_with_its_line_and_what_to_do() {
         let digest = sha256_hex("s");
         for (text, line, words) in [
             ("a b".to_string(), 1, "expected 3 fields"),
             (format!("\n# c\na {digest} x/"), 3, "neither a key prefix"),
             ("a 1234 *".to_string(), 1, "sha256sum"),
-            (format!("a {digest} *\na {} *", sha256_hex("t")), 2, "appears twice"),
+            (format!("a {digest} *\na {} x/*", sha256_hex("t")), 2, "another scope"),
             (format!("a {digest} *\nb {digest} *"), 2, "share one secret"),
             (format!("- {digest} *"), 1, "not usable"),
             (format!("a {digest} a*b*"), 1, "before its end"),

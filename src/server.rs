@@ -48,7 +48,7 @@ pub fn run(config: Config) -> Result<(), String> {
         let (_, table) = auth.current();
         tracing::info!(
             auth_file = %auth.path().display(),
-            names = table.len(),
+            secrets = table.len(),
             "clients must authenticate (U <secret>) with a name of the auth file"
         );
     }
