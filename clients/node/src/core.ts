@@ -24,9 +24,9 @@ export type Key = string | Uint8Array;
 
 /** Checks a key and returns its bytes. */
 export function keyBytes(key: Key): Buffer {
-  let bytes: Buffer;
+  let bytes: Buffer | null;
   if (typeof key === "string") {
-    bytes = Buffer.from(key, "utf8");
+    bytes = asciiKeyBytes(key) ?? Buffer.from(key, "utf8");
   } else if (key instanceof Uint8Array) {
     bytes = Buffer.from(key.buffer, key.byteOffset, key.byteLength);
   } else {
@@ -35,13 +35,28 @@ export function keyBytes(key: Key): Buffer {
   if (bytes.length === 0 || bytes.length > KEY_MAX) {
     throw new InvalidArgumentError("key", `a key must be 1 to ${KEY_MAX} bytes long, not ${bytes.length}`);
   }
-  for (const byte of bytes) {
+  for (let index = 0; index < bytes.length; index += 1) {
+    const byte = bytes[index];
     if (byte === 0x20 || byte === 0x09 || byte === 0x0d || byte === 0x0a || byte === 0x00) {
       throw new InvalidArgumentError("key", "a key must not hold a space, tab, CR, LF or NUL byte");
     }
   }
   if (bytes.length === 1 && bytes[0] === 0x2d) {
     throw new InvalidArgumentError("key", 'the key "-" cannot be paired with its errors and is refused');
+  }
+  return bytes;
+}
+
+/** The bytes of a key of ASCII characters, copied one by one (cheaper for
+ * short keys than the UTF-8 encoder); null for any other string, which
+ * goes through Buffer.from. */
+function asciiKeyBytes(key: string): Buffer | null {
+  if (key.length === 0 || key.length > KEY_MAX) return null;
+  const bytes = Buffer.allocUnsafe(key.length);
+  for (let index = 0; index < key.length; index += 1) {
+    const code = key.charCodeAt(index);
+    if (code > 0x7f) return null;
+    bytes[index] = code;
   }
   return bytes;
 }

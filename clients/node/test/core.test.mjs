@@ -27,6 +27,8 @@ test("keys: bytes checked before anything is sent", () => {
   assert.deepEqual(keyBytes("orders/42"), Buffer.from("orders/42"));
   assert.deepEqual(keyBytes(Buffer.from([0xff, 0x80])), Buffer.from([0xff, 0x80]));
   assert.equal(keyBytes("é").length, 2);
+  assert.deepEqual(keyBytes("a\u00e9b\u{1f512}"), Buffer.from("a\u00e9b\u{1f512}", "utf8"));
+  assert.deepEqual(keyBytes("~!\u007f"), Buffer.from([0x7e, 0x21, 0x7f]));
   assert.equal(keyBytes("k".repeat(250)).length, 250);
   for (const bad of ["", "a b", "a\tb", "a\nb", "a\rb", "a\0b", "-", "k".repeat(251), Buffer.alloc(0)]) {
     assert.throws(() => keyBytes(bad), InvalidArgumentError, JSON.stringify(String(bad)));
