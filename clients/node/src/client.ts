@@ -354,13 +354,16 @@ class Connection {
 
   /** Sends a request on this connection: its line goes into the outbox,
    * written with the others of this tick once the tick's callbacks and
-   * promise reactions are done. */
+   * promise reactions are done, or at once when the outbox holds a full
+   * batch (OUTBOX_BATCH_BYTES), so that the server works on the first
+   * lines of a busy tick while the client is still making the rest. */
   send(request: Request, line: Buffer, now = performance.now()): void {
     request.conn = this;
     request.sentAt = now;
     if (this.pairing.size === 0) this.busySince = now;
     this.pairing.add(request.op.charCodeAt(0), request.key, request);
     this.outbox.push(line);
+    if (this.outbox.full) this.write();
     if (!this.flushScheduled) {
       this.flushScheduled = true;
       process.nextTick(this.flushNow);
@@ -370,6 +373,10 @@ class Connection {
 
   private flush(): void {
     this.flushScheduled = false;
+    this.write();
+  }
+
+  private write(): void {
     const batch = this.outbox.take();
     if (this.socket === null || batch === null) return;
     this.socket.write(batch);

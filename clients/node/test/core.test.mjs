@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
+  OUTBOX_BATCH_BYTES,
   OUTBOX_SLAB_BYTES,
   Outbox,
   Pairing,
@@ -213,11 +214,14 @@ test("the outbox hands out one tick's lines as one Buffer and never writes over 
   assert.equal(outbox.take(), null);
   outbox.push(Buffer.from("A k 30 0\n"));
   outbox.push(Buffer.from("R k 1\n"));
+  assert.ok(!outbox.full);
   const first = outbox.take();
   assert.equal(first.toString(), "A k 30 0\nR k 1\n");
   const big = Buffer.alloc(OUTBOX_SLAB_BYTES * 2, 0x61);
   for (let index = 0; index < 100; index += 1) outbox.push(Buffer.from(`R key-${index} ${index}\n`));
+  assert.equal(outbox.full, outbox.size >= OUTBOX_BATCH_BYTES);
   outbox.push(big);
+  assert.ok(outbox.full);
   const second = outbox.take();
   assert.equal(second.length, big.length + Buffer.byteLength(Array.from({ length: 100 }, (_, i) => `R key-${i} ${i}\n`).join("")));
   assert.ok(second.toString().startsWith("R key-0 0\nR key-1 1\n"));
