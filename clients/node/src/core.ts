@@ -1,6 +1,6 @@
 // The sans-I/O core of the client: argument checks and request lines, the
-// reply parser, the pairing of replies with requests on one connection, and
-// the reconnect schedule. Nothing here touches a socket or a timer, so the
+// outbox they wait in until written, the reply reader, the pairing of
+// replies with requests on one connection, and the reconnect schedule. Nothing here touches a socket or a timer, so the
 // unit tests drive it with plain values (test/core.test.mjs).
 
 import { InvalidArgumentError } from "./errors.js";
