@@ -8,7 +8,12 @@
 # Servers (ringlock with one shard core, redis-server) pinned to SERVER_CPU,
 # the loads to CLIENT_CPU, one after the other, in one run.
 #
-# Usage: clients/node/bench/bench.sh [--seconds 4]
+# With --before DIR (another checkout's clients/node, its dist/ built, e.g.
+# from `git worktree add`), each ringlock client line is run first with
+# that build, then with this one, so that both see the same moments of a
+# shared machine.
+#
+# Usage: clients/node/bench/bench.sh [--seconds 4] [--before DIR]
 #   Environment: SERVER_CPU (1), CLIENT_CPU (0), RINGLOCK_BIN and
 #   RINGLOCK_BENCH_BIN (default: built with cargo --release).
 #   Needs redis-server (Debian: apt-get install -y redis-server).
@@ -17,12 +22,14 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 NODE_DIR="$(cd "$HERE/.." && pwd)"
 ROOT="$(cd "$NODE_DIR/../.." && pwd)"
 SECONDS_PER_RUN=4
+BEFORE=""
 SERVER_CPU="${SERVER_CPU:-1}"
 CLIENT_CPU="${CLIENT_CPU:-0}"
 while (($# > 0)); do
     case "$1" in
         --seconds) SECONDS_PER_RUN="$2"; shift 2 ;;
-        -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+        --before) BEFORE="$(cd "$2" && pwd)"; shift 2 ;;
+        -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -60,9 +67,16 @@ done
 
 on_client() { taskset -c "$CLIENT_CPU" "$@"; }
 run() { on_client node "$HERE/bench.mjs" "$@"; }
-run ringlock "$ADDR" 1 "$SECONDS_PER_RUN"
-run ringlock "$ADDR" 64 "$SECONDS_PER_RUN"
-run ringlock "$ADDR" 64 "$SECONDS_PER_RUN" 1
+client() {
+    if [[ -n "$BEFORE" ]]; then
+        echo -n "before: "
+        on_client node "$BEFORE/bench/bench.mjs" ringlock "$ADDR" "$@"
+    fi
+    run ringlock "$ADDR" "$@"
+}
+client 1 "$SECONDS_PER_RUN"
+client 64 "$SECONDS_PER_RUN"
+client 64 "$SECONDS_PER_RUN" 1
 echo "ringlock-bench loops=64 cycles/s=$(on_client "$BENCH" run --target ringlock --addr "$ADDR" --cpus "$CLIENT_CPU" \
     -c 1 -d 64 --duration "$SECONDS_PER_RUN" --warmup 1 --json |
     node -e 'let t="";process.stdin.on("data",d=>t+=d).on("end",()=>console.log(Math.round(JSON.parse(t).cycles_per_s)))')"

@@ -10,16 +10,15 @@ import {
   type Key,
   type Reply,
   type Wait,
-  LineSplitter,
+  Outbox,
   Pairing,
   ProtocolError,
+  ReplyReader,
   encode,
   keyBytes,
   leaseMs as checkLease,
   parseAddress,
-  parseReply,
   reconnectDelay,
-  slotOf,
   tokenOf,
   waitMs as checkWait,
 } from "./core.js";
@@ -118,7 +117,6 @@ type Op = "A" | "R" | "X" | "I" | "P" | "S";
 /** One request, from its call to its reply, over as many connections as it
  * takes. */
 class Request {
-  readonly slot: string;
   conn: Connection | null = null;
   done = false;
   sentAt = 0;
@@ -147,9 +145,7 @@ class Request {
     readonly limitAt: number | null,
     readonly resolve: (reply: Reply, conn: Connection) => void,
     readonly reject: (error: unknown) => void,
-  ) {
-    this.slot = slotOf(op, key);
-  }
+  ) {}
 
   get keyText(): string {
     return this.key === null ? "-" : this.key.toString("utf8");
@@ -207,14 +203,18 @@ class Connection {
   state: "connecting" | "auth" | "ready" | "down" | "closed" = "down";
   private socket: net.Socket | null = null;
   private readonly pairing = new Pairing<Request>();
-  private splitter = new LineSplitter();
+  private reader = new ReplyReader();
   private attempt = 0;
   private openedAt = 0;
   private answered = false;
   private error: AddressFailure | null = null;
   private reconnectTimer: NodeJS.Timeout | null = null;
-  private outgoing: Buffer[] = [];
+  /** Request lines sent in this tick, written at its end in one write. */
+  private readonly outbox = new Outbox();
   private flushScheduled = false;
+  private readonly flushNow = () => this.flush();
+  /** Whether the socket is ref'd now (see refresh). */
+  private refed = true;
   /** The silence check (see tick): when the socket last read anything, when
    * requests last went in flight on an idle connection, when the pending
    * ping went out (null: none). */
@@ -238,7 +238,7 @@ class Connection {
     const { host, port } = parseAddress(this.node.address);
     const settings = this.client.settings;
     this.state = "connecting";
-    this.splitter = new LineSplitter();
+    this.reader = new ReplyReader();
     this.answered = false;
     this.error = null;
     let socket: net.Socket;
@@ -259,6 +259,7 @@ class Connection {
       socket.once("connect", () => this.connected(socket));
     }
     this.socket = socket;
+    this.refed = true; // as every new socket is
     socket.setNoDelay(true);
     // Node has no TCP_USER_TIMEOUT; the silence check covers what it would.
     socket.setKeepAlive(true, KEEPALIVE_IDLE_MS);
@@ -351,60 +352,68 @@ class Connection {
     }
   }
 
-  /** Sends a request on this connection. */
-  send(request: Request, line: Buffer): void {
+  /** Sends a request on this connection: its line goes into the outbox,
+   * written with the others of this tick once the tick's callbacks and
+   * promise reactions are done, or at once when the outbox holds a full
+   * batch (OUTBOX_BATCH_BYTES), so that the server works on the first
+   * lines of a busy tick while the client is still making the rest. */
+  send(request: Request, line: Buffer, now = performance.now()): void {
     request.conn = this;
-    request.sentAt = performance.now();
-    if (this.pairing.size === 0) this.busySince = request.sentAt;
-    this.pairing.add(request.slot, request);
-    this.outgoing.push(line);
+    request.sentAt = now;
+    if (this.pairing.size === 0) this.busySince = now;
+    this.pairing.add(request.op.charCodeAt(0), request.key, request);
+    this.outbox.push(line);
+    if (this.outbox.full) this.write();
     if (!this.flushScheduled) {
       this.flushScheduled = true;
-      process.nextTick(() => this.flush());
+      process.nextTick(this.flushNow);
     }
     this.refresh();
   }
 
   private flush(): void {
     this.flushScheduled = false;
-    const lines = this.outgoing;
-    this.outgoing = [];
-    if (this.socket === null || lines.length === 0) return;
-    this.socket.write(lines.length === 1 ? lines[0] : Buffer.concat(lines));
+    this.write();
+  }
+
+  private write(): void {
+    const batch = this.outbox.take();
+    if (this.socket === null || batch === null) return;
+    this.socket.write(batch);
   }
 
   /** Forgets a request whose caller gave up before its reply. */
   forget(request: Request): void {
-    this.pairing.remove(request.slot, request);
+    this.pairing.remove(request.op.charCodeAt(0), request.key, request);
     this.refresh();
   }
 
-  /** A socket keeps the process alive only while it has requests in flight. */
+  /** A socket keeps the process alive only while it has requests in flight
+   * (ref and unref are called only when that changes). */
   private refresh(): void {
     if (this.socket === null) return;
-    if (this.pairing.size > 0 || this.state === "auth") this.socket.ref();
+    const wanted = this.pairing.size > 0 || this.state === "auth";
+    if (wanted === this.refed) return;
+    this.refed = wanted;
+    if (wanted) this.socket.ref();
     else this.socket.unref();
   }
 
   private received(socket: net.Socket, chunk: Buffer): void {
     if (this.socket !== socket) return;
     this.lastRead = performance.now();
-    let lines: Buffer[];
-    try {
-      lines = this.splitter.push(chunk);
-    } catch (error) {
-      socket.destroy(error as Error);
-      return;
-    }
-    for (const line of lines) {
-      let reply: Reply;
+    const reader = this.reader;
+    reader.feed(chunk);
+    for (;;) {
+      let reply: Reply | null;
       try {
-        reply = parseReply(line);
+        reply = reader.next();
       } catch (error) {
         socket.destroy(error as Error);
         return;
       }
-      if (this.reply(reply)) {
+      if (reply === null) break;
+      if (this.reply(reply, reader)) {
         this.answered = true;
         this.attempt = 0;
       }
@@ -416,14 +425,14 @@ class Connection {
   /** Handles one reply; false for a refusal that must not count as an
    * answer (a refused secret, a revoked name, line-too-long…), so that it
    * does not reset the reconnect schedule. */
-  private reply(reply: Reply): boolean {
+  private reply(reply: Reply, reader: ReplyReader): boolean {
     if (reply.kind === "U" && this.state === "auth") {
       this.client.name = reply.name;
       this.ready();
       return true;
     }
-    if (reply.kind === "E" && (reply.slot === "U" || reply.slot === "-")) {
-      if (reply.slot === "U" || reply.code === "auth-revoked") {
+    if (reply.kind === "E" && (reply.op === "U" || reply.op === "-")) {
+      if (reply.op === "U" || reply.code === "auth-revoked") {
         const failure: AddressFailure = {
           address: this.node.address,
           kind: "auth",
@@ -436,7 +445,7 @@ class Connection {
       }
       return false;
     }
-    const request = this.pairing.take(reply.slot);
+    const request = this.pairing.take(reader.slotOp, reader.line, reader.keyStart, reader.keyEnd);
     if (request !== undefined) {
       request.conn = null;
       this.client.answered(request, reply, this);
@@ -448,7 +457,7 @@ class Connection {
     if (this.socket !== socket) return;
     this.socket = null;
     this.stopTicking();
-    this.outgoing = [];
+    this.outbox.clear();
     const wasOpen = this.openedAt > 0 && this.state !== "connecting";
     const failure = this.error ?? {
       address: this.node.address,
@@ -754,7 +763,7 @@ export class Client {
         return;
       }
       this.unwait(request);
-      conn.send(request, line);
+      conn.send(request, line, now);
       if (!conn.hasAnswered) this.armLimit(request, now);
       return;
     }
