@@ -599,3 +599,53 @@ fn cli_authenticates_with_the_secret_from_the_environment_and_names_a_refused_on
     let help = String::from_utf8(cli().arg("--help").env("RINGLOCK_SECRET", secret).output().unwrap().stdout).unwrap();
     assert!(help.contains("RINGLOCK_SECRET") && !help.contains(secret), "{help}");
 }
+
+#[test]
+fn cli_reload_signals_the_server_of_a_data_dir_and_reports_what_was_taken_or_refused() {
+    let secret = |text: &str| -> String {
+        ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let files = common::DataDir::new();
+    std::fs::create_dir_all(&files.0).unwrap();
+    let auth = files.0.join("auth");
+    std::fs::write(&auth, format!("app {} *\n", secret("first-secret-31c9"))).unwrap();
+    let server = Server::start(&["--auth-file", auth.to_str().unwrap(), "--metrics-listen", "127.0.0.1:0"]);
+    let metrics = metrics_address(&server).to_string();
+    let data_dir = server.data_dir();
+    let data_dir = data_dir.0.to_str().unwrap();
+    let mut conn = Conn::connect(server.addr);
+    assert_eq!(conn.call("U first-secret-31c9"), "U app");
+
+    // A second secret for the name: taken, and new connections may use it.
+    std::fs::write(&auth, format!("app {} *\napp {} *\n", secret("first-secret-31c9"), secret("second-secret-7a0e")))
+        .unwrap();
+    let output = cli().args(["reload", "--data-dir", data_dir, "--metrics", &metrics]).output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(String::from_utf8(output.stdout).unwrap(), "the auth file: reloaded\n");
+    assert_eq!(Conn::connect(server.addr).call("U second-secret-7a0e"), "U app");
+
+    // A file that does not parse: refused, exit 1, the one in force stays.
+    std::fs::write(&auth, "app not-a-digest *\n").unwrap();
+    let output = cli().args(["reload", "--data-dir", data_dir, "--metrics", &metrics]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(String::from_utf8(output.stdout).unwrap().contains("the auth file: refused"));
+    assert_eq!(Conn::connect(server.addr).call("U second-secret-7a0e"), "U app");
+    assert_eq!(conn.call("P").split(' ').next(), Some("P"), "the first connection is untouched");
+
+    // Without --metrics the signal is sent and the tool says so.
+    let output = cli().args(["reload", "--data-dir", data_dir]).output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8(output.stdout).unwrap().starts_with("SIGHUP sent to process"));
+
+    // A data directory no server runs from is named as such.
+    let idle = common::DataDir::new();
+    std::fs::create_dir_all(&idle.0).unwrap();
+    std::fs::write(idle.0.join("lock"), "1\n").unwrap();
+    let output = cli().args(["reload", "--data-dir", idle.0.to_str().unwrap()]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no ringlock server runs from"), "{output:?}");
+}

@@ -109,6 +109,20 @@ enum Action {
     },
     /// Release KEY's grant with TOKEN. Exits 4 if it was no longer held.
     Release { key: String, token: u64 },
+    /// Make the server running on this host from --data-dir re-read its
+    /// auth file and certificates, as SIGHUP does (the process id is in the
+    /// data directory's `lock` file). With --metrics, the server's
+    /// --metrics-listen address, wait for the outcome: exits 0 if every
+    /// reload succeeded, 1 if one was refused (the files in force stay; the
+    /// server's log says why) or none was counted within 5 s.
+    Reload {
+        /// The server's --data-dir.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The server's --metrics-listen address (host:port), to report the outcome.
+        #[arg(long)]
+        metrics: Option<String>,
+    },
     /// Hold KEY while COMMAND runs: the lease is auto-extended every third
     /// of it, COMMAND gets the fencing token in RINGLOCK_TOKEN (and the key
     /// in RINGLOCK_KEY), the lock is released when it ends, and its exit
@@ -245,6 +259,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             println!("{}", if raw { json } else { indent_json(&json) });
             Ok(())
         }),
+        Action::Reload { data_dir, metrics } => reload(&data_dir, metrics.as_deref()),
         Action::Inspect { key } => {
             let client = connect(&servers, limit)?;
             let state = client.inspect(&key).map_err(|error| explain(&servers, error))?;
@@ -309,6 +324,89 @@ fn per_node(
 }
 
 /// `run`: see [`Action::Run`].
+/// The reload counters of a server's /metrics: (what, ok, failed) for the
+/// auth file, the client port's TLS files and the peer TLS files.
+fn reload_counts(metrics: &str) -> Result<Vec<(&'static str, f64, f64)>, String> {
+    use std::io::{Read, Write};
+    let mut stream =
+        std::net::TcpStream::connect(metrics).map_err(|error| format!("cannot reach --metrics {metrics}: {error}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(|error| error.to_string())?;
+    stream
+        .write_all(format!("GET /metrics HTTP/1.1\r\nHost: {metrics}\r\nConnection: close\r\n\r\n").as_bytes())
+        .map_err(|error| format!("cannot ask {metrics} for /metrics: {error}"))?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).map_err(|error| format!("cannot read /metrics from {metrics}: {error}"))?;
+    let value = |name: &str, result: &str| {
+        let prefix = format!("{name}{{result=\"{result}\"}} ");
+        body.lines().find_map(|line| line.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+    };
+    Ok([
+        ("the auth file", "ringlock_auth_reloads_total"),
+        ("the client port's TLS files", "ringlock_tls_reloads_total"),
+        ("the peer TLS files", "ringlock_peer_tls_reloads_total"),
+    ]
+    .into_iter()
+    .map(|(what, name)| (what, value(name, "ok"), value(name, "failed")))
+    .collect())
+}
+
+/// `reload`: SIGHUP to the server of `data_dir`, and with `metrics` its outcome.
+fn reload(data_dir: &std::path::Path, metrics: Option<&str>) -> Result<ExitCode, String> {
+    use std::os::fd::AsRawFd;
+    let path = data_dir.join("lock");
+    let file = std::fs::File::open(&path)
+        .map_err(|error| format!("cannot read {}: {error}; is --data-dir the server's?", path.display()))?;
+    // SAFETY: flock on a descriptor we own; taking it means no server holds it.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Err(format!("no ringlock server runs from {} (its lock is free)", data_dir.display()));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+    let pid: i32 = text.trim().parse().map_err(|_| {
+        format!(
+            "{} names no process ({:?}); a server older than this tool? send it SIGHUP yourself",
+            path.display(),
+            text.trim()
+        )
+    })?;
+    let before = metrics.map(reload_counts).transpose()?;
+    // SAFETY: sending a signal to a process id.
+    if unsafe { libc::kill(pid, libc::SIGHUP) } != 0 {
+        return Err(format!("cannot signal process {pid}: {}", std::io::Error::last_os_error()));
+    }
+    let (Some(metrics), Some(before)) = (metrics, before) else {
+        println!("SIGHUP sent to process {pid}; its log and /metrics say whether the files were taken");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let after = reload_counts(metrics)?;
+        let changed: Vec<_> = before
+            .iter()
+            .zip(&after)
+            .filter(|((_, ok, failed), (_, ok_now, failed_now))| ok_now > ok || failed_now > failed)
+            .map(|((what, _, failed), (_, _, failed_now))| (*what, failed_now > failed))
+            .collect();
+        if !changed.is_empty() {
+            for (what, refused) in &changed {
+                if *refused {
+                    println!("{what}: refused; the ones in force stay (the server's log says why)");
+                } else {
+                    println!("{what}: reloaded");
+                }
+            }
+            let refused = changed.iter().any(|(_, refused)| *refused);
+            return Ok(if refused { ExitCode::from(EXIT_ERROR) } else { ExitCode::SUCCESS });
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "process {pid} counted no reload within 5 s: it may have nothing to reload (no --auth-file, \
+                 --tls-cert or --peer-tls-cert), or is not the server of --metrics {metrics}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn run_holding(
     servers: &[String],
     limit: &Settings,

@@ -42,6 +42,13 @@ impl EpochStore {
                 dir.display()
             ));
         }
+        // The lock file names the process that holds it, for `ringlock-cli
+        // reload --data-dir`.
+        let mut lock = lock;
+        let _ = lock.set_len(0).and_then(|()| {
+            use std::io::Write;
+            writeln!(lock, "{}", std::process::id())
+        });
         let path = dir.join("epoch");
         let highest = match fs::read_to_string(&path) {
             Ok(text) => match text.trim().parse::<u64>() {
