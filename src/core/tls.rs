@@ -48,22 +48,28 @@ impl TlsLayer {
                 // slice; it is drained below, and the read tried again.
                 Err(error) => debug_assert_eq!(error.kind(), std::io::ErrorKind::Other, "{error}"),
             }
-            closed |= self.connection.process_new_packets()?.peer_has_closed();
-            self.read_plain(plain);
+            let state = self.connection.process_new_packets()?;
+            closed |= state.peer_has_closed();
+            self.read_plain(plain, state.plaintext_bytes_to_read());
         }
         Ok(closed)
     }
 
-    fn read_plain(&mut self, plain: &mut Vec<u8>) {
-        loop {
+    /// Appends the `available` bytes of plaintext rustls holds to `plain`.
+    /// Only that much is zeroed for the read: a request of a few dozen
+    /// bytes does not cost clearing a whole record's worth of buffer.
+    fn read_plain(&mut self, plain: &mut Vec<u8>, available: usize) {
+        let mut wanted = available;
+        while wanted > 0 {
             let start = plain.len();
-            plain.resize(start + PLAIN_CHUNK, 0);
+            plain.resize(start + wanted.min(PLAIN_CHUNK), 0);
             match self.connection.reader().read(&mut plain[start..]) {
                 Ok(read) => {
                     plain.truncate(start + read);
                     if read == 0 {
                         return;
                     }
+                    wanted -= read.min(wanted);
                 }
                 Err(_) => {
                     // WouldBlock: no more plaintext for now.

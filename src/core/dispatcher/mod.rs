@@ -138,10 +138,10 @@ pub(crate) struct Dispatcher {
     /// Failed `U` lines per client address, shared by the cores: a
     /// failure's delay grows with its address's (see `AuthFailures`).
     auth_failures: Option<Arc<AuthFailures>>,
-    /// The last `S` reply's JSON, kept with the millisecond, role and epoch
-    /// it was built for: every `S` of the same millisecond shares it, so
-    /// that a flood of `S` costs a copy each rather than a walk over every
-    /// core's counters each.
+    /// The last `S` reply's JSON, kept with the turn, role and epoch it was
+    /// built for: every `S` of the same turn shares it (the counters it
+    /// shows are published once a turn), so that a flood of `S` costs a
+    /// copy each rather than a walk over every core's counters each.
     stats: Option<StatsJson>,
     /// The number of this turn (see [`Dispatcher::set_now`]).
     turn: u64,
@@ -149,7 +149,7 @@ pub(crate) struct Dispatcher {
 
 /// A built `S` reply body and what it was built for.
 pub(crate) struct StatsJson {
-    at_ms: u64,
+    turn: u64,
     role: Role,
     epoch: u64,
     pub(crate) json: String,
@@ -674,12 +674,12 @@ impl Dispatcher {
     }
 
     /// The `S` body for `role` at `epoch`: the one built earlier in this
-    /// millisecond if there is one, else a new one. The caller puts it back
-    /// in [`Dispatcher::stats`].
+    /// turn if there is one, else a new one. The caller puts it back in
+    /// [`Dispatcher::stats`].
     fn stats_json(&mut self, role: Role, epoch: u64) -> StatsJson {
         match self.stats.take() {
-            Some(built) if built.at_ms == self.now_ms && built.role == role && built.epoch == epoch => built,
-            _ => StatsJson { at_ms: self.now_ms, role, epoch, json: self.view.stats_json(role, epoch) },
+            Some(built) if built.turn == self.turn && built.role == role && built.epoch == epoch => built,
+            _ => StatsJson { turn: self.turn, role, epoch, json: self.view.stats_json(role, epoch) },
         }
     }
 

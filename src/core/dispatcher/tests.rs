@@ -304,7 +304,7 @@ impl NodeView for CountingView {
 }
 
 #[test]
-fn stats_replies_of_one_millisecond_share_one_body_and_the_next_millisecond_builds_anew() {
+fn stats_replies_of_one_turn_share_one_body_and_the_next_turn_builds_anew() {
     let built = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let shard = Shard::new(ShardConfig { hash_seed: 7, ..ShardConfig::default() }, 0);
     let settings = Settings { core: 0, cores: 1, lease_ms_max: 86_400_000, limits: Limits::DEFAULT };
@@ -320,9 +320,9 @@ fn stats_replies_of_one_millisecond_share_one_body_and_the_next_millisecond_buil
     core.feed(second, b"S\n");
     assert_eq!(core.sent_output(first), "S {\"built\":1}\nS {\"built\":1}\n");
     assert_eq!(core.sent_output(second), "S {\"built\":1}\n");
-    core.dispatcher.set_now(6);
+    core.dispatcher.set_now(5);
     core.feed(second, b"S\n");
-    assert_eq!(core.sent_output(second), "S {\"built\":2}\n");
+    assert_eq!(core.sent_output(second), "S {\"built\":2}\n", "a new turn, even in the same millisecond");
 }
 
 #[test]
