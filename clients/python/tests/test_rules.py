@@ -276,6 +276,8 @@ def test_shutting_down_is_retried_within_the_limit_except_by_a_try_once_acquire(
     assert acquire.shutting_down
     error = NoConnectionError(waited=5.0, shutting_down=True)
     assert str(error) == "no usable connection after 5.0 s (the server was shutting down)"
+    copy = pickle.loads(pickle.dumps(error))
+    assert copy.shutting_down and str(copy) == str(error)
     try_once = operation(wait_ms=1, try_once=True, now=start)
     what, value = try_once.on_reply(reply(b"E A k shutting-down"), POLICY, start)
     assert what == DONE and isinstance(value, ShuttingDownError)

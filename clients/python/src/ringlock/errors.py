@@ -291,7 +291,16 @@ class NoConnectionError(NoActiveNodeError, ConnectionError):
     def __reduce__(self) -> tuple[object, ...]:
         return (
             _rebuild_no_connection,
-            (type(self), self.code, self.op, self.key, str(self), self.waited, tuple(self.failures)),
+            (
+                type(self),
+                self.code,
+                self.op,
+                self.key,
+                str(self),
+                self.waited,
+                tuple(self.failures),
+                self.shutting_down,
+            ),
         )
 
 
@@ -303,9 +312,12 @@ def _rebuild_no_connection(
     message: str,
     waited: float,
     failures: tuple[ConnectionFailure, ...],
+    shutting_down: bool = False,
 ) -> NoConnectionError:
     """Unpickles a :class:`NoConnectionError` or a subclass (:class:`TLSError`)."""
-    return cls(code, op, key, message, waited=waited, failures=failures)
+    error = cls(code, op, key, message, waited=waited, failures=failures)
+    error.shutting_down = shutting_down
+    return error
 
 
 class TLSError(NoConnectionError):
