@@ -141,7 +141,7 @@ fn an_acquire_with_no_connection_fails_after_its_wait_naming_the_address_and_its
     let error = client.acquire("nowhere", LONG_LEASE, Some(Duration::from_millis(600))).unwrap_err();
     let waited_for = started.elapsed();
     assert!(waited_for >= Duration::from_millis(600), "the acquire waited its whole wait: {waited_for:?}");
-    let Error::NoConnection { waited, addresses } = &error else { panic!("{error:?}") };
+    let Error::NoConnection { waited, addresses, .. } = &error else { panic!("{error:?}") };
     // Counted from the first failed connect, not from the call: at most
     // the call's time, and no lower bound that a slow connect could break.
     assert!(*waited <= waited_for, "{waited:?} waited, within a call of {waited_for:?}");

@@ -217,7 +217,7 @@ fn no_connection_left() {
     // Generous bounds: only failing at once, or hanging, breaks them.
     assert!(elapsed >= Duration::from_millis(900), "it waited for a connection within its wait: {elapsed:?}");
     assert!(elapsed < Duration::from_secs(10), "not a hang: {elapsed:?}");
-    let Error::NoConnection { waited, addresses } = &error else { panic!("{error:?}") };
+    let Error::NoConnection { waited, addresses, .. } = &error else { panic!("{error:?}") };
     assert!(*waited <= elapsed, "{waited:?}");
     assert_eq!(addresses.len(), 1);
     assert_eq!(addresses[0].address, address.to_string());
@@ -247,6 +247,26 @@ fn restart_within_wait() {
     let (lock, _restarted) = lock;
     let lock = lock.expect("no error").expect("granted within the wait");
     assert!(lock.token() > before, "a new epoch's token: {} after {before}", lock.token());
+    assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
+}
+
+#[test]
+fn shutting_down_retried() {
+    let mut server = Server::start(&[]);
+    let listen = server.addr.to_string();
+    let mut holder = server.connect();
+    holder.acquire("stopping", "60", "0");
+    let client = client_of(&[server.addr]);
+    let (lock, _restarted) = thread::scope(|scope| {
+        let acquiring = scope.spawn(|| client.acquire("stopping", LEASE, Some(Duration::from_secs(20))));
+        common::wait_until("the acquire to be queued", || holder.call("I stopping").rsplit(' ').next() == Some("1"));
+        // The stopping server answers the queued acquire `shutting-down`,
+        // which had no effect: the client sends it again to the next server.
+        assert!(server.stop("TERM").success());
+        let restarted = Server::start_in(server.data_dir(), &["--listen", &listen]);
+        (acquiring.join().unwrap(), restarted)
+    });
+    let lock = lock.expect("no error").expect("granted by the restarted server within the wait");
     assert_eq!(lock.release(), Ok(ReleaseOutcome::Released));
 }
 

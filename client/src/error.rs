@@ -43,6 +43,10 @@ pub enum Error {
         /// Every address the client tried, each with the failure of its
         /// last attempt, in the order the client was given them.
         addresses: Vec<ConnectionFailure>,
+        /// A server answered the request `shutting-down` (it was stopping,
+        /// and the request had no effect) and no server took it again
+        /// within its limit.
+        shutting_down: bool,
     },
     /// No node could be found to serve the request: the nodes answered `M`
     /// with no active known for as long as releases are retried
@@ -93,8 +97,11 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::NoConnection { waited, addresses } => {
+            Error::NoConnection { waited, addresses, shutting_down } => {
                 write!(f, "no usable connection after {:.1} s", waited.as_secs_f64())?;
+                if *shutting_down {
+                    f.write_str(" (the server was shutting down)")?;
+                }
                 for (index, failure) in addresses.iter().enumerate() {
                     f.write_str(if index == 0 { ": " } else { ", " })?;
                     write!(f, "{failure}")?;
@@ -138,6 +145,7 @@ impl std::error::Error for Error {
 /// let error = Error::NoConnection {
 ///     waited: Duration::from_secs(10),
 ///     addresses: vec![ConnectionFailure::from_io("127.0.0.1:7700", &refused)],
+///     shutting_down: false,
 /// };
 /// assert_eq!(error.to_string(), "no usable connection after 10.0 s: 127.0.0.1:7700 (connection refused)");
 /// if let Error::NoConnection { addresses, .. } = &error {
@@ -376,6 +384,7 @@ mod tests {
                 ConnectionFailure::from_io("127.0.0.1:7701", &timed_out),
                 ConnectionFailure::closed("127.0.0.1:7702"),
             ],
+            shutting_down: false,
         };
         assert_eq!(
             error.to_string(),
@@ -386,6 +395,20 @@ mod tests {
         assert_eq!(addresses[0].kind, io::ErrorKind::ConnectionRefused);
         assert_eq!(addresses[0].os_error, Some(libc_econnrefused()));
         assert_eq!(addresses[1].os_error, None);
+    }
+
+    #[test]
+    fn no_connection_says_when_the_server_was_shutting_down() {
+        let refused = io::Error::from_raw_os_error(libc_econnrefused());
+        let error = Error::NoConnection {
+            waited: Duration::from_millis(5_000),
+            addresses: vec![ConnectionFailure::from_io("127.0.0.1:7700", &refused)],
+            shutting_down: true,
+        };
+        assert_eq!(
+            error.to_string(),
+            "no usable connection after 5.0 s (the server was shutting down): 127.0.0.1:7700 (connection refused)"
+        );
     }
 
     /// ECONNREFUSED on Linux.
@@ -409,7 +432,7 @@ mod tests {
         use std::error::Error as _;
         let error = Error::Protocol(ProtocolError::Malformed(ReplyError::BadRole));
         assert_eq!(error.source().map(|source| source.to_string()), Some(ReplyError::BadRole.to_string()));
-        let no_connection = Error::NoConnection { waited: Duration::ZERO, addresses: Vec::new() };
+        let no_connection = Error::NoConnection { waited: Duration::ZERO, addresses: Vec::new(), shutting_down: false };
         assert!(no_connection.source().is_none());
     }
 }

@@ -450,8 +450,10 @@ impl Lock {
     /// # Errors
     ///
     /// [`Error::NoConnection`] if no try got through within the retry
-    /// period: the lease frees the key later. [`Error::Server`] for another
-    /// refusal (for example `shutting-down`).
+    /// period: the lease frees the key later. A `shutting-down` answer (a
+    /// stopping server) is tried again within that period like a broken
+    /// connection. [`Error::Server`] for another refusal (for example
+    /// `forbidden`).
     ///
     /// # Examples
     ///

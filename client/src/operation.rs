@@ -7,6 +7,7 @@
 //! the event and `now` that return a [`Step`]. There is no I/O here: the
 //! router and the connections carry the steps out.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,8 +72,11 @@ pub(crate) enum Outcome {
     Failed(Error),
     /// No usable connection within the request's limit, after waiting this
     /// long; the router names the addresses and their errors.
+    /// `shutting_down`: a server answered the request `shutting-down` on
+    /// the way, so the error says the server was stopping.
     NoConnection {
         waited: Duration,
+        shutting_down: bool,
     },
 }
 
@@ -96,9 +100,10 @@ pub(crate) enum Cut {
 impl Cut {
     /// What a request that cannot move on after this cut reports, having
     /// waited `waited`.
-    fn to_outcome(&self, waited: Duration) -> Outcome {
+    fn to_outcome(&self, waited: Duration, shutting_down: bool) -> Outcome {
         match self {
-            Cut::Io | Cut::Silent(_) => Outcome::NoConnection { waited },
+            Cut::Io | Cut::Silent(_) => Outcome::NoConnection { waited, shutting_down },
+            Cut::Refused(ErrorCode::ShuttingDown) => Outcome::NoConnection { waited, shutting_down: true },
             Cut::Refused(code) => Outcome::Failed(Error::Server(*code)),
             Cut::Protocol(violation) => Outcome::Failed(Error::Protocol(violation.clone())),
         }
@@ -151,7 +156,9 @@ pub(crate) struct Operation {
     /// usable connection, in milliseconds, when the caller sets it (an
     /// extend: until the end of the lease). Milliseconds in a `u32` (49
     /// days) keep the request small: it is moved on every hop.
-    connection_deadline_ms: Option<u32>,
+    /// Never zero (a deadline at the start is 1 ms after it), so that the
+    /// `Option` costs no space beside the `shutting_down` flag.
+    connection_deadline_ms: Option<NonZeroU32>,
     /// Since when the request has been waiting for a usable connection;
     /// `None` while it is in flight or has another reason to wait.
     pub(crate) waiting_since: Option<Instant>,
@@ -161,6 +168,10 @@ pub(crate) struct Operation {
     /// start its wait over, so the connect limit still ends the call; one
     /// that has answered does (see [`connection_answered`](Self::connection_answered)).
     waited_before_ms: u32,
+    /// A server answered it `shutting-down` (or refused a connection it was
+    /// on with that code): it had no effect and is sent again within its
+    /// limit, and if that runs out the error says the server was stopping.
+    shutting_down: bool,
     /// Who waits for the outcome; `None` for a release in the background.
     pub(crate) completion: Option<Arc<Completion>>,
 }
@@ -189,6 +200,7 @@ impl Operation {
             connection_deadline_ms: None,
             waiting_since: None,
             waited_before_ms: 0,
+            shutting_down: false,
             completion,
         }
     }
@@ -197,7 +209,7 @@ impl Operation {
     /// most, instead of the limit its kind implies.
     pub(crate) fn with_connection_deadline(mut self, deadline: Instant) -> Operation {
         let after_ms = deadline.saturating_duration_since(self.started).as_millis();
-        self.connection_deadline_ms = Some(u32::try_from(after_ms).unwrap_or(u32::MAX));
+        self.connection_deadline_ms = NonZeroU32::new(u32::try_from(after_ms).unwrap_or(u32::MAX).max(1));
         self
     }
 
@@ -206,7 +218,7 @@ impl Operation {
     /// lease, a release's retry period, else the client's connect limit.
     fn connection_deadline(&self, since: Instant, policy: &Policy) -> Instant {
         if let Some(after_ms) = self.connection_deadline_ms {
-            return self.started + Duration::from_millis(u64::from(after_ms));
+            return self.started + Duration::from_millis(u64::from(after_ms.get()));
         }
         match self.kind {
             Kind::Acquire { wait_ms, try_once: false, .. } if wait_ms > 0 => {
@@ -253,7 +265,7 @@ impl Operation {
     /// timed out, as it would have on the server.
     pub(crate) fn expired_outcome(&self, now: Instant) -> Outcome {
         match self.waiting_since {
-            Some(_) => Outcome::NoConnection { waited: self.waited(now) },
+            Some(_) => Outcome::NoConnection { waited: self.waited(now), shutting_down: self.shutting_down },
             None => Outcome::TimedOut,
         }
     }
@@ -340,6 +352,20 @@ impl Operation {
                 return Step::Redirect;
             }
             (_, Reply::Moved { active: None, .. }) => return self.retry_later(now, policy, Error::NoActive),
+            // A stopping server answers what it will not serve
+            // `shutting-down`: the request had no effect, and the next
+            // server (a restart, or a cluster's new active) is usually there
+            // well within the request's limit, so it waits for a connection
+            // as if this one had broken. Only an acquire that tries once
+            // has no wait to spend and reports it at once.
+            (
+                Kind::Acquire { try_once: false, .. } | Kind::Release { .. } | Kind::Extend { .. },
+                Reply::Error { code: ErrorCode::ShuttingDown, .. },
+            ) => {
+                self.shutting_down = true;
+                self.waiting_since.get_or_insert(now);
+                return self.wait_for_connection(now, policy);
+            }
             (Kind::Acquire { .. }, Reply::Acquired { token, .. }) => Outcome::Acquired(token),
             (Kind::Acquire { .. }, Reply::TimedOut { .. }) => Outcome::TimedOut,
             (Kind::Release { .. }, Reply::Released { .. }) => Outcome::Released,
@@ -396,21 +422,27 @@ impl Operation {
             Cut::Silent(silence) => {
                 self.waiting_since.get_or_insert(now.checked_sub(*silence).unwrap_or(now));
             }
+            // A stopping server refusing a new connection: like a connection
+            // that broke, and the request remembers why.
+            Cut::Refused(ErrorCode::ShuttingDown) => {
+                self.shutting_down = true;
+                self.waiting_since.get_or_insert(now);
+            }
             Cut::Refused(_) | Cut::Protocol(_) => {}
         }
         if let Kind::Release { .. } = self.kind {
             // Send it again at once on another connection; the router falls
             // back to retrying every interval while none is usable.
             return match self.retry_until {
-                Some(until) if now > until => Step::Done(cut.to_outcome(waited)),
+                Some(until) if now > until => Step::Done(cut.to_outcome(waited, self.shutting_down)),
                 _ => Step::Resend,
             };
         }
         self.tries_left = self.tries_left.saturating_sub(1);
         match cut {
             _ if self.tries_left > 0 => Step::Resend,
-            Cut::Io | Cut::Silent(_) => self.wait_for_connection(now, policy),
-            other => Step::Done(other.to_outcome(waited)),
+            Cut::Io | Cut::Silent(_) | Cut::Refused(ErrorCode::ShuttingDown) => self.wait_for_connection(now, policy),
+            other => Step::Done(other.to_outcome(waited, self.shutting_down)),
         }
     }
 
@@ -436,7 +468,7 @@ impl Operation {
         let since = *self.waiting_since.get_or_insert(now);
         let deadline = self.connection_deadline(since, policy);
         if now >= deadline {
-            return Step::Done(Outcome::NoConnection { waited: self.waited(now) });
+            return Step::Done(Outcome::NoConnection { waited: self.waited(now), shutting_down: self.shutting_down });
         }
         Step::RetryAt((now + policy.retry_interval).min(deadline))
     }
@@ -520,7 +552,7 @@ mod tests {
                     assert!(at > now && at <= now + POLICY.retry_interval, "polled every retry interval at most");
                     now = at;
                 }
-                Step::Done(Outcome::NoConnection { waited }) => {
+                Step::Done(Outcome::NoConnection { waited, .. }) => {
                     assert_eq!(waited, now - start);
                     return waited;
                 }
@@ -564,7 +596,7 @@ mod tests {
             step = ping.on_cut(&Cut::Io, now, &POLICY);
         };
         assert!(
-            matches!(outcome, Outcome::NoConnection { waited } if waited >= POLICY.connect_limit - Duration::from_secs(1))
+            matches!(outcome, Outcome::NoConnection { waited, .. } if waited >= POLICY.connect_limit - Duration::from_secs(1))
         );
         assert!(now - start < POLICY.connect_limit * 2, "ended within about its limit: {:?}", now - start);
 
@@ -597,7 +629,7 @@ mod tests {
         let later = now + Duration::from_secs(2);
         assert!(acquire.expired(later));
         let outcome = acquire.expired_outcome(later);
-        assert!(matches!(outcome, Outcome::NoConnection { waited } if waited == later - cut_at), "{outcome:?}");
+        assert!(matches!(outcome, Outcome::NoConnection { waited, .. } if waited == later - cut_at), "{outcome:?}");
     }
 
     #[test]
@@ -607,7 +639,9 @@ mod tests {
         let later = now + Duration::from_secs(2);
         assert!(matches!(acquire.expired_outcome(later), Outcome::TimedOut), "not waiting: the server's timeout");
         assert!(matches!(acquire.on_unsent(Unsent::NoConnection, now, &POLICY), Step::RetryAt(_)));
-        assert!(matches!(acquire.expired_outcome(later), Outcome::NoConnection { waited } if waited == later - now));
+        assert!(
+            matches!(acquire.expired_outcome(later), Outcome::NoConnection { waited, .. } if waited == later - now)
+        );
     }
 
     #[test]
@@ -665,6 +699,31 @@ mod tests {
     }
 
     #[test]
+    fn shutting_down_is_retried_within_the_limit_except_by_a_try_once_acquire() {
+        let start = Instant::now();
+        let shutting_down = |op| Reply::Error { op: Some(op), key: Some(b"k"), code: ErrorCode::ShuttingDown };
+        let mut acquire = operation(Kind::Acquire { lease_ms: 10_000, wait_ms: 5_000, try_once: false }, start, 2);
+        let step = acquire.on_reply(&shutting_down(Op::Acquire), start, &POLICY);
+        assert!(matches!(step, Step::RetryAt(at) if at == start + POLICY.retry_interval), "{step:?}");
+        let mut buffer = Vec::new();
+        acquire.encode(start + Duration::from_secs(2), &mut buffer);
+        assert_eq!(buffer, b"A k 10 3\n", "sent again with the wait it has left");
+        let late = start + Duration::from_secs(5);
+        let step = acquire.on_unsent(Unsent::NoConnection, late, &POLICY);
+        assert!(matches!(step, Step::Done(Outcome::NoConnection { shutting_down: true, .. })), "{step:?}");
+        let try_once = Kind::Acquire { lease_ms: 10_000, wait_ms: 1, try_once: true };
+        let step = operation(try_once, start, 2).on_reply(&shutting_down(Op::Acquire), start, &POLICY);
+        assert!(matches!(step, Step::Done(Outcome::Failed(Error::Server(ErrorCode::ShuttingDown)))), "{step:?}");
+        let mut release = operation(Kind::Release { token: 9 }, start, 2);
+        assert!(matches!(release.on_reply(&shutting_down(Op::Release), start, &POLICY), Step::RetryAt(_)));
+        let step = release.on_unsent(Unsent::NoConnection, start + POLICY.retry_for, &POLICY);
+        assert!(matches!(step, Step::Done(Outcome::NoConnection { shutting_down: true, .. })), "{step:?}");
+        let mut refused = operation(ACQUIRE, start, 1);
+        let step = refused.on_cut(&Cut::Refused(ErrorCode::ShuttingDown), start, &POLICY);
+        assert!(matches!(step, Step::RetryAt(_)), "a stopping server's refusal waits for a connection: {step:?}");
+    }
+
+    #[test]
     fn time_on_a_silent_connection_counts_against_the_connect_limit() {
         let start = Instant::now();
         let mut ping = Operation::new(Kind::Ping, Arc::from(&b""[..]), start, 1, &POLICY, None);
@@ -682,7 +741,10 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         };
-        assert!(matches!(outcome, Outcome::NoConnection { waited } if waited >= POLICY.connect_limit), "{outcome:?}");
+        assert!(
+            matches!(outcome, Outcome::NoConnection { waited, .. } if waited >= POLICY.connect_limit),
+            "{outcome:?}"
+        );
         assert_eq!(rounds, 5, "the connect limit of 10 s after five silences of 2 s");
     }
 

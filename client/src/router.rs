@@ -70,7 +70,7 @@ pub(crate) struct Router {
 /// limit: the secret's refusal if every address refused it (the request
 /// could not have gone anywhere with that secret), else the addresses and
 /// their failures, auth refusals among them.
-fn no_connection(waited: Duration, addresses: Vec<ConnectionFailure>) -> Error {
+fn no_connection(waited: Duration, shutting_down: bool, addresses: Vec<ConnectionFailure>) -> Error {
     match addresses.first() {
         Some(first) if addresses.iter().all(|failure| failure.auth.is_some()) => {
             Error::Auth { address: first.address.clone(), code: first.auth.expect("checked above") }
@@ -78,7 +78,7 @@ fn no_connection(waited: Duration, addresses: Vec<ConnectionFailure>) -> Error {
         Some(first) if addresses.iter().all(|failure| failure.tls) => {
             Error::Tls { address: first.address.clone(), message: first.message.clone() }
         }
-        _ => Error::NoConnection { waited, addresses },
+        _ => Error::NoConnection { waited, addresses, shutting_down },
     }
 }
 
@@ -205,7 +205,11 @@ impl Router {
             Step::Redirect => self.send_to_active(operation, wakes),
             Step::RetryAt(at) => {
                 if let Err(operation) = self.timer.schedule(at, operation) {
-                    self.finish(operation, Outcome::NoConnection { waited: Duration::ZERO }, wakes);
+                    self.finish(
+                        operation,
+                        Outcome::NoConnection { waited: Duration::ZERO, shutting_down: false },
+                        wakes,
+                    );
                 }
             }
         }
@@ -312,7 +316,9 @@ impl Router {
     fn finish(self: &Arc<Self>, operation: Operation, outcome: Outcome, wakes: &mut Wakes) {
         let Some(completion) = operation.completion else { return };
         let outcome = match outcome {
-            Outcome::NoConnection { waited } => Outcome::Failed(no_connection(waited, self.connection_failures())),
+            Outcome::NoConnection { waited, shutting_down } => {
+                Outcome::Failed(no_connection(waited, shutting_down, self.connection_failures()))
+            }
             other => other,
         };
         if let Err(Outcome::Acquired(token)) = completion.complete(outcome, wakes) {
@@ -346,7 +352,7 @@ impl Router {
     pub(crate) fn abort(self: &Arc<Self>, operations: Vec<Operation>) {
         let mut wakes = Wakes::default();
         for operation in operations {
-            self.finish(operation, Outcome::NoConnection { waited: Duration::ZERO }, &mut wakes);
+            self.finish(operation, Outcome::NoConnection { waited: Duration::ZERO, shutting_down: false }, &mut wakes);
         }
     }
 
@@ -458,11 +464,17 @@ mod tests {
     fn the_secret_s_refusal_is_the_error_only_when_every_address_refused_it() {
         let refused = |address| ConnectionFailure::auth(address, ErrorCode::AuthFailed);
         let waited = Duration::from_secs(1);
-        let all = no_connection(waited, vec![refused("a:1"), refused("b:1")]);
+        let all = no_connection(waited, false, vec![refused("a:1"), refused("b:1")]);
         assert_eq!(all, Error::Auth { address: "a:1".into(), code: ErrorCode::AuthFailed });
         let mixed = vec![refused("a:1"), ConnectionFailure::closed("b:1")];
-        assert_eq!(no_connection(waited, mixed.clone()), Error::NoConnection { waited, addresses: mixed });
-        assert_eq!(no_connection(waited, Vec::new()), Error::NoConnection { waited, addresses: Vec::new() });
+        assert_eq!(
+            no_connection(waited, false, mixed.clone()),
+            Error::NoConnection { waited, addresses: mixed, shutting_down: false }
+        );
+        assert_eq!(
+            no_connection(waited, false, Vec::new()),
+            Error::NoConnection { waited, addresses: Vec::new(), shutting_down: false }
+        );
     }
 
     fn topology(addresses: &[&str]) -> Topology {

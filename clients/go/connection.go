@@ -642,6 +642,12 @@ func (c *connection) readReplies(conn net.Conn) error {
 					// secret (refused then, if it was removed).
 					c.readError, stop = errRevoked, ErrNoConnection
 				}
+				if parsed.code == CodeShuttingDown {
+					// A stopping server refusing a new connection: a
+					// broken connection, whose requests wait for the next
+					// server within their limits.
+					c.readError, stop = errShuttingDownRefusal, errShuttingDownCut
+				}
 				break
 			}
 			o := c.inFlight.take(parsed.op, parsed.key)

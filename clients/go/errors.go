@@ -204,6 +204,15 @@ func (e *AuthError) Is(target error) bool {
 // errRevoked is a connection's error once a reload removed its name.
 var errRevoked = errors.New("the server revoked the secret's name")
 
+// errShuttingDownRefusal is a connection's error once a stopping server
+// refused it (E - - shutting-down).
+var errShuttingDownRefusal = errors.New("the server was shutting down")
+
+// errShuttingDownCut is what the requests of a connection a stopping server
+// refused are cut with: like a broken connection (it matches
+// ErrNoConnection), and they note that the server was stopping.
+var errShuttingDownCut = fmt.Errorf("%w: the server was shutting down", ErrNoConnection)
+
 // ServerError is an E reply: the server refused the request, which had no
 // effect. errors.Is(err, ErrNotHolder) and the other code sentinels match
 // any ServerError with the same Code.
@@ -258,6 +267,10 @@ type ConnectionError struct {
 	// Addresses holds every address the client tried, each with the error
 	// of its last attempt, in the order the client was given them.
 	Addresses []AddressError
+	// ShuttingDown is set when a server answered the request
+	// shutting-down (it was stopping; the request had no effect) and no
+	// server took it again within its limit.
+	ShuttingDown bool
 }
 
 // AddressError is the error of the last attempt to use one address: a
@@ -288,6 +301,9 @@ func (e AddressError) Unwrap() error {
 func (e *ConnectionError) Error() string {
 	var text strings.Builder
 	fmt.Fprintf(&text, "ringlock: no usable connection after %.1f s", e.Waited.Seconds())
+	if e.ShuttingDown {
+		text.WriteString(" (the server was shutting down)")
+	}
 	for index, address := range e.Addresses {
 		if index == 0 {
 			text.WriteString(": ")

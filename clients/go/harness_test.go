@@ -119,6 +119,50 @@ func (s *server) kill() {
 	_ = s.command.Wait()
 }
 
+// terminate sends SIGTERM (a graceful stop: queued acquires are answered
+// shutting-down) and waits for the process to exit; the data directory
+// stays, for restart.
+func (s *server) terminate(t *testing.T) {
+	t.Helper()
+	if err := s.command.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.command.Wait(); err != nil {
+		t.Fatalf("the server did not exit 0 on SIGTERM: %v", err)
+	}
+}
+
+// rawConnection is a plain protocol connection of its own: a holder that
+// is not the client under test.
+type rawConnection struct {
+	conn    net.Conn
+	replies *bufio.Reader
+}
+
+func newRawConnection(t *testing.T, address string) *rawConnection {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", address, patience)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &rawConnection{conn: conn, replies: bufio.NewReader(conn)}
+}
+
+// call sends line and returns the reply line.
+func (r *rawConnection) call(t *testing.T, line string) string {
+	t.Helper()
+	_ = r.conn.SetDeadline(time.Now().Add(patience))
+	if _, err := io.WriteString(r.conn, line+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	reply, err := r.replies.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimRight(reply, "\r\n")
+}
+
 // restart starts the server again on the same address and data directory,
 // and returns once it answers a real P round trip: a killed server's
 // io_uring listener may accept, and drop, connections for a few ms.

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -366,10 +365,13 @@ func errorKinds(t *testing.T) {
 	assertRefused(t, err, address)
 }
 
-// An acquire queued when the server stops gets ErrShuttingDown.
-func TestAnAcquireQueuedWhenTheServerStopsIsShuttingDown(t *testing.T) {
+// An acquire queued when the server stops is answered shutting-down, which
+// it waits out like a broken connection: with no server back within the
+// connect limit, it fails with a *ConnectionError that says the server was
+// shutting down.
+func TestAnAcquireQueuedWhenTheServerStopsWaitsForTheNextWithinItsLimit(t *testing.T) {
 	s := newServer(t)
-	client := dial(t, []string{s.addr})
+	client := dial(t, []string{s.addr}, ringlock.WithConnectLimit(time.Second))
 	ctx := testContext(t)
 	blocker := mustAcquire(t, client, "queued")
 	var wg sync.WaitGroup
@@ -384,12 +386,12 @@ func TestAnAcquireQueuedWhenTheServerStopsIsShuttingDown(t *testing.T) {
 		return err == nil && state.Waiters == 1
 	})
 	_ = blocker
-	if err := s.command.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
+	s.terminate(t)
 	wg.Wait()
-	if !errors.Is(queuedErr, ringlock.ErrShuttingDown) {
-		t.Errorf("queued acquire at shutdown: %v", queuedErr)
+	var failed *ringlock.ConnectionError
+	if !errors.As(queuedErr, &failed) || !failed.ShuttingDown ||
+		!strings.Contains(queuedErr.Error(), "(the server was shutting down)") {
+		t.Errorf("queued acquire at shutdown, no server back: %v", queuedErr)
 	}
 }
 

@@ -88,6 +88,9 @@ type step struct {
 	outcome outcome
 	at      time.Time
 	waited  time.Duration
+	// shuttingDown marks a stepNoConnection of a request a stopping
+	// server answered shutting-down on the way.
+	shuttingDown bool
 }
 
 func done(o outcome) step {
@@ -161,6 +164,11 @@ type operation struct {
 	// not start its wait over, so the connect limit still ends the call;
 	// one that has answered does (see connectionAnswered).
 	waitedBefore time.Duration
+	// shuttingDown is set once a server answered it shutting-down (or
+	// refused a connection it was on with that code): it had no effect and
+	// is sent again within its limit, and if that runs out the error says
+	// the server was stopping.
+	shuttingDown bool
 	// done receives the outcome (capacity 1, so finishing never blocks);
 	// nil when nobody waits, as for the release of an abandoned grant.
 	done chan outcome
@@ -286,6 +294,16 @@ func (o *operation) onReply(r *reply, now time.Time, p *policy) step {
 		return step{kind: stepRedirect}
 	case r.kind == 'M':
 		return o.retryLater(now, p, ErrNoActive)
+	case r.kind == 'E' && r.code == CodeShuttingDown && o.retriesShuttingDown():
+		// A stopping server answers what it will not serve shutting-down:
+		// the request had no effect, and the next server (a restart, or a
+		// cluster's new active) is usually there well within the request's
+		// limit, so it waits for a connection as if this one had broken.
+		if now.IsZero() {
+			now = time.Now()
+		}
+		o.shuttingDown = true
+		return o.waitForConnection(now, p)
 	case r.kind == 'E':
 		return failed(&ServerError{Code: r.code, Op: opName(o.op()), Key: o.key})
 	}
@@ -331,10 +349,26 @@ func (o *operation) onReply(r *reply, now time.Time, p *policy) step {
 	return failed(&ProtocolError{Reason: "a reply of the wrong kind for " + opName(o.op())})
 }
 
+// retriesShuttingDown reports whether a shutting-down answer sends the
+// request again within its limit: every acquire, release and extend but
+// an acquire that tries once, which has no wait to spend.
+func (o *operation) retriesShuttingDown() bool {
+	switch o.kind {
+	case kindAcquire:
+		return !o.tryOnce
+	case kindRelease, kindExtend:
+		return true
+	}
+	return false
+}
+
 // onCut is the next step after the connection carrying this request was
 // cut; cause is the error to report if it cannot move on. The server may or
 // may not have seen the request.
 func (o *operation) onCut(cause error, now time.Time, p *policy) step {
+	if cause == errShuttingDownCut {
+		o.shuttingDown = true
+	}
 	if o.waitingSince.IsZero() && errors.Is(cause, ErrNoConnection) {
 		// Off the wire for want of a connection from now on, until a
 		// connection takes it again.
@@ -348,7 +382,7 @@ func (o *operation) onCut(cause error, now time.Time, p *policy) step {
 		} else if now.After(o.retryUntil) {
 			if errors.Is(cause, ErrNoConnection) {
 				firstCut := o.retryUntil.Add(-p.retryFor)
-				return step{kind: stepNoConnection, waited: now.Sub(firstCut)}
+				return step{kind: stepNoConnection, waited: now.Sub(firstCut), shuttingDown: o.shuttingDown}
 			}
 			return failed(cause)
 		}
@@ -448,7 +482,7 @@ func (o *operation) waitForConnection(now time.Time, p *policy) step {
 	}
 	deadline := o.connectionDeadlineFrom(o.waitingSince, p)
 	if !now.Before(deadline) {
-		return step{kind: stepNoConnection, waited: o.waited(now)}
+		return step{kind: stepNoConnection, waited: o.waited(now), shuttingDown: o.shuttingDown}
 	}
 	at := now.Add(p.retryInterval)
 	if at.After(deadline) {

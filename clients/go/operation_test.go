@@ -322,6 +322,47 @@ func TestRepliesEndRequests(t *testing.T) {
 	}
 }
 
+func TestShuttingDownIsRetriedWithinTheLimitExceptByATryOnceAcquire(t *testing.T) {
+	start := time.Now()
+	onReply := func(o *operation, text string, now time.Time) step {
+		r, err := parseReply([]byte(text))
+		if err != nil {
+			t.Fatalf("%q: %v", text, err)
+		}
+		return o.onReply(&r, now, &testPolicy)
+	}
+	acquire := acquireOperation(5000, 2, start)
+	if s := onReply(acquire, "E A k shutting-down", start); s.kind != stepRetryAt || !s.at.Equal(start.Add(testPolicy.retryInterval)) {
+		t.Fatalf("an acquire answered shutting-down: %+v", s)
+	}
+	if got := line(acquire, start.Add(2*time.Second)); got != "A k 30 3\n" {
+		t.Errorf("sent again with the wait it has left: %q", got)
+	}
+	if s := acquire.onUnsent(unsentNoConnection, start.Add(5*time.Second), &testPolicy); s.kind != stepNoConnection || !s.shuttingDown {
+		t.Errorf("an acquire whose wait ran out after shutting-down: %+v", s)
+	}
+	tryOnce := acquireOperation(1, 2, start)
+	tryOnce.tryOnce = true
+	if s := onReply(tryOnce, "E A k shutting-down", start); !errors.Is(s.outcome.err, ErrShuttingDown) {
+		t.Errorf("a try-once acquire answered shutting-down: %+v", s)
+	}
+	release := newOperation(kindRelease, "k", 1, &testPolicy, false)
+	if s := onReply(release, "E R k shutting-down", start); s.kind != stepRetryAt {
+		t.Errorf("a release answered shutting-down: %+v", s)
+	}
+	if s := release.onUnsent(unsentNoConnection, start.Add(testPolicy.retryFor), &testPolicy); s.kind != stepNoConnection || !s.shuttingDown {
+		t.Errorf("a release whose retry window ran out after shutting-down: %+v", s)
+	}
+	refused := acquireOperation(5000, 1, start)
+	if s := refused.onCut(errShuttingDownCut, start, &testPolicy); s.kind != stepRetryAt || !refused.shuttingDown {
+		t.Errorf("an acquire on a connection a stopping server refused: %+v", s)
+	}
+	text := (&ConnectionError{Waited: 5 * time.Second, ShuttingDown: true}).Error()
+	if text != "ringlock: no usable connection after 5.0 s (the server was shutting down)" {
+		t.Errorf("%q", text)
+	}
+}
+
 func TestRedirectsAreFollowedUpToTheLimit(t *testing.T) {
 	now := time.Now()
 	acquire := acquireOperation(2000, 1, now)

@@ -198,7 +198,7 @@ func (r *router) handle(o *operation, s step) {
 	case stepRetryAt:
 		r.schedule(o, s.at)
 	case stepNoConnection:
-		r.finish(o, outcome{err: r.noConnection(s.waited)})
+		r.finish(o, outcome{err: r.noConnectionOf(s.waited, s.shuttingDown)})
 	}
 }
 
@@ -244,12 +244,22 @@ func (r *router) noConnection(waited time.Duration) error {
 	return first
 }
 
+// noConnectionOf is noConnection for a request that a stopping server may
+// have answered shutting-down on the way, which its error then says.
+func (r *router) noConnectionOf(waited time.Duration, shuttingDown bool) error {
+	err := r.noConnection(waited)
+	if failed, ok := err.(*ConnectionError); ok && shuttingDown {
+		failed.ShuttingDown = true
+	}
+	return err
+}
+
 // expire ends an acquire whose wait ran out before it could be (re)sent:
 // with no connection if it was waiting for one, else timed out, as it
 // would have on the server.
 func (r *router) expire(o *operation, at time.Time) {
 	if !o.waitingSince.IsZero() {
-		r.finish(o, outcome{err: r.noConnection(o.waited(at))})
+		r.finish(o, outcome{err: r.noConnectionOf(o.waited(at), o.shuttingDown)})
 		return
 	}
 	r.finish(o, outcome{err: ErrTimeout})

@@ -38,6 +38,7 @@ var scenarios = map[string]func(*testing.T){
 	"acquire-moves-on-cut":              acquireMovesOnCut,
 	"no-connection-left":                noConnectionLeft,
 	"restart-within-wait":               restartWithinWait,
+	"shutting-down-retried":             shuttingDownRetried,
 	"connect-backoff":                   connectBackoff,
 	"release-retried":                   releaseRetried,
 	"redirect-followed":                 redirectFollowed,
@@ -368,6 +369,39 @@ func restartWithinWait(t *testing.T) {
 		mustRelease(t, lock)
 	case err := <-failed:
 		t.Fatalf("the acquire started during the restart failed: %v", err)
+	}
+}
+
+func shuttingDownRetried(t *testing.T) {
+	s := newServer(t)
+	holder := newRawConnection(t, s.addr)
+	if reply := holder.call(t, "A stopping 60 0"); !strings.HasPrefix(reply, "A ") {
+		t.Fatalf("the holder's acquire: %q", reply)
+	}
+	client := dial(t, []string{s.addr})
+	acquired := make(chan *ringlock.Lock, 1)
+	failed := make(chan error, 1)
+	go func() {
+		lock, err := client.Acquire(testContext(t), "stopping", lease, 20*time.Second)
+		if err != nil {
+			failed <- err
+			return
+		}
+		acquired <- lock
+	}()
+	waitUntil(t, "the acquire to be queued", func() bool {
+		return strings.HasSuffix(holder.call(t, "I stopping"), " 1")
+	})
+	// The stopping server answers the queued acquire shutting-down, which
+	// had no effect: the client sends it again to the next server, within
+	// its wait.
+	s.terminate(t)
+	s.restart(t)
+	select {
+	case lock := <-acquired:
+		mustRelease(t, lock)
+	case err := <-failed:
+		t.Fatalf("the acquire answered shutting-down failed: %v", err)
 	}
 }
 

@@ -132,6 +132,12 @@ class Request {
   /** Fires at the request's limit, wherever it is then. */
   limitTimer: NodeJS.Timeout | null = null;
   waiting = false;
+  /** An acquire that tries once: a shutting-down answer ends it at once,
+   * as it has no wait to spend. */
+  tryOnce = false;
+  /** A stopping server answered it shutting-down: it had no effect and is
+   * sent again within its limit; if that runs out, the error says so. */
+  shuttingDown = false;
   readonly startedAt = performance.now();
 
   constructor(
@@ -657,6 +663,7 @@ export class Client {
           reject(error);
         },
       );
+      request.tryOnce = wait === 0;
       signal?.addEventListener("abort", onAbort, { once: true });
       this.dispatch(request);
     });
@@ -857,23 +864,23 @@ export class Client {
       return;
     }
     const waited = now - (request.noConnSince ?? request.startedAt);
-    this.finish(request, this.connectionError(waited));
+    this.finish(request, this.connectionError(waited, request.shuttingDown));
   }
 
-  private connectionError(waitedMs: number): ConnectionError {
+  private connectionError(waitedMs: number, shuttingDown = false): ConnectionError {
     const nodes = this.active === null ? this.nodes : this.nodes.filter((node) => node.address === this.active);
     const failures = nodes.map(
       (node) => node.failure ?? { address: node.address, kind: "connect" as const, reason: "still connecting" },
     );
     const list = failures.map((failure) => `${failure.address} (${failure.reason})`).join(", ");
-    const after = `after ${(waitedMs / 1000).toFixed(1)} s`;
+    const after = `after ${(waitedMs / 1000).toFixed(1)} s${shuttingDown ? " (the server was shutting down)" : ""}`;
     if (failures.every((failure) => failure.kind === "auth")) {
       return new AuthenticationError(`authentication failed ${after}: ${list}`, failures, waitedMs);
     }
     if (failures.every((failure) => failure.kind === "tls")) {
       return new TLSError(`no TLS connection ${after}: ${list}`, failures, waitedMs);
     }
-    return new NoConnectionError(`no usable connection ${after}: ${list}`, failures, waitedMs);
+    return new NoConnectionError(`no usable connection ${after}: ${list}`, failures, waitedMs, shuttingDown);
   }
 
   /** @internal Ends a request with an error (or, if it is in flight,
@@ -933,6 +940,10 @@ export class Client {
       }, RETRY_MS);
       return;
     }
+    if (reply.kind === "E" && reply.code === "shutting-down" && "ARX".includes(request.op) && !request.tryOnce) {
+      this.waitAfterShuttingDown(request);
+      return;
+    }
     if (reply.kind === "E") {
       this.finish(request, serverError(reply.code, reply.op, request.keyText, conn.node.address));
       return;
@@ -940,6 +951,33 @@ export class Client {
     request.done = true;
     this.unwait(request);
     request.resolve(reply, conn);
+  }
+
+  /** A stopping server answered an acquire, release or extend
+   * shutting-down: the request had no effect, and the next server (a
+   * restart, or a cluster's new active) is usually there well within the
+   * request's limit, so it waits for a connection as if this one had broken:
+   * sent again when a connection comes up or after the retry interval. */
+  private waitAfterShuttingDown(request: Request): void {
+    const now = performance.now();
+    request.shuttingDown = true;
+    if (request.noConnSince === null) request.noConnSince = now;
+    const limit = this.limitOf(request);
+    if (now >= limit) {
+      this.expire(request, now);
+      return;
+    }
+    request.waiting = true;
+    this.waiting.add(request);
+    request.timer = setTimeout(
+      () => {
+        request.timer = null;
+        request.waiting = false;
+        this.waiting.delete(request);
+        this.dispatch(request);
+      },
+      Math.min(RETRY_MS, limit - now),
+    );
   }
 
   /** An M named `address` as the active node: send there from now on. */

@@ -43,6 +43,9 @@ export class ConnectionError extends RinglockError {
     message: string,
     readonly failures: AddressFailure[],
     readonly waitedMs: number,
+    /** A stopping server answered the call shutting-down (it had no effect)
+     * and no server took it again within its limit. */
+    readonly shuttingDown = false,
   ) {
     super(message, { cause: failures.find((failure) => failure.cause !== undefined)?.cause });
   }

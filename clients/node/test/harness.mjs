@@ -105,6 +105,13 @@ export class Server {
     }
   }
 
+  /** SIGTERM (a graceful stop: queued acquires are answered shutting-down);
+   * resolves to the exit code. The data directory stays, for restart. */
+  async terminate() {
+    this.process.kill("SIGTERM");
+    return await this.exited;
+  }
+
   async stop() {
     await this.kill();
     rmSync(this.data, { recursive: true, force: true });
@@ -251,6 +258,46 @@ export async function freePort() {
 
 /** One request line on a connection of its own; the reply line, or null if
  * none came within `timeoutMs`. */
+/** A plain protocol connection kept open: a holder that is not the client
+ * under test. `call` sends a line and resolves to the reply line. */
+export class RawConnection {
+  static open(address) {
+    const [host, port] = address.split(":");
+    return new Promise((done, fail) => {
+      const socket = net.connect({ host, port: Number(port) });
+      socket.once("connect", () => done(new RawConnection(socket)));
+      socket.once("error", fail);
+    });
+  }
+
+  constructor(socket) {
+    this.socket = socket;
+    this.text = "";
+    this.waiting = [];
+    socket.on("data", (chunk) => {
+      this.text += chunk;
+      let index;
+      while ((index = this.text.indexOf("\n")) >= 0) {
+        const line = this.text.slice(0, index).replace(/\r$/, "");
+        this.text = this.text.slice(index + 1);
+        this.waiting.shift()?.(line);
+      }
+    });
+    socket.on("error", () => {});
+  }
+
+  call(line) {
+    return new Promise((done) => {
+      this.waiting.push(done);
+      this.socket.write(`${line}\n`);
+    });
+  }
+
+  close() {
+    this.socket.destroy();
+  }
+}
+
 export function rawLine(address, line, timeoutMs = 20000) {
   const [host, port] = address.split(":");
   return new Promise((done) => {

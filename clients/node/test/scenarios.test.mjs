@@ -28,6 +28,7 @@ import {
   AuthFile,
   BETA_SECRET,
   Cluster,
+  RawConnection,
   SCENARIOS,
   Server,
   Testkit,
@@ -266,6 +267,27 @@ const scenarios = {
       const lock = await pending;
       assert.ok(lock.token > before.token);
       await lock.release();
+    }),
+
+  "shutting-down-retried": () =>
+    using(async (own) => {
+      const s = await server(own);
+      const holder = await RawConnection.open(s.address);
+      try {
+        assert.match(await holder.call("A stopping 60 0"), /^A /);
+        const c = client(own, s.address);
+        const pending = c.acquire("stopping", { wait: 20 });
+        await until(async () => (await rawLine(s.address, "I stopping"))?.endsWith(" 1"), "the acquire to be queued");
+        // The stopping server answers the queued acquire shutting-down, which
+        // had no effect: the client sends it again to the next server, within
+        // its wait.
+        assert.equal(await s.terminate(), 0);
+        await s.restart();
+        const lock = await pending;
+        await lock.release();
+      } finally {
+        holder.close();
+      }
     }),
 
   "connect-backoff": () =>

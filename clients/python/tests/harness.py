@@ -51,6 +51,13 @@ class Server:
             self.process.kill()
         self.process.wait()
 
+    def terminate(self) -> int:
+        """SIGTERM (a graceful stop: queued acquires are answered
+        ``shutting-down``), and waits for the process to exit; its exit code.
+        The data directory stays, for :meth:`restart`."""
+        self.process.terminate()
+        return self.process.wait(20)
+
     def restart(self) -> None:
         """Starts the server again on the same address and data directory;
         returns once it answers a real ``P`` round trip (a killed server's
@@ -408,6 +415,25 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+class RawConnection:
+    """A plain protocol connection of its own, kept open: a holder that is
+    not one of the clients under test."""
+
+    def __init__(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self._stream = socket.create_connection((host, int(port)), timeout=20)
+        self._replies = self._stream.makefile("rb")
+
+    def call(self, line: str) -> str:
+        """Sends ``line``; the reply line."""
+        self._stream.sendall(line.encode() + b"\n")
+        return self._replies.readline().decode().rstrip("\r\n")
+
+    def close(self) -> None:
+        self._replies.close()
+        self._stream.close()
 
 
 def raw_line(address: str, line: str) -> str:

@@ -8,7 +8,6 @@ queued at shutdown."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 from collections.abc import Callable
 
@@ -105,12 +104,13 @@ async def test_unanswered_extends_lose_the_lock_at_the_lease_end_aio(
 # Error kinds.
 
 
-def test_an_acquire_queued_when_the_server_stops_is_shutting_down(
+def test_an_acquire_queued_when_the_server_stops_waits_for_the_next_within_its_limit(
     fresh_server: Server, key: Callable[[str], str]
 ) -> None:
-    """The shutting-down kind of the error table (the other kinds are the
-    error-kinds scenario's)."""
-    with ringlock.Client(fresh_server.address) as client:
+    """An acquire answered shutting-down waits for the next server like one
+    whose connection broke; with none back within the connect limit, it
+    raises NoConnectionError saying the server was shutting down."""
+    with ringlock.Client(fresh_server.address, connect_limit=1.0) as client:
         blocker = client.lock(key("queued"))
         assert blocker.acquire()
         failure: list[BaseException] = []
@@ -124,7 +124,8 @@ def test_an_acquire_queued_when_the_server_stops_is_shutting_down(
         waiter = threading.Thread(target=queued)
         waiter.start()
         wait_until(lambda: client.inspect(key("queued")).waiters == 1, "the acquire queued")
-        fresh_server.signal(signal.SIGTERM)
+        assert fresh_server.terminate() == 0
         waiter.join(20)
-        assert len(failure) == 1 and isinstance(failure[0], ringlock.ShuttingDownError)
+        assert len(failure) == 1 and isinstance(failure[0], ringlock.NoConnectionError), failure
+        assert failure[0].shutting_down and "(the server was shutting down)" in str(failure[0])
         fresh_server.kill()

@@ -20,6 +20,7 @@ from ringlock import (
     Pong,
     ProtocolError,
     RinglockError,
+    ShuttingDownError,
 )
 from ringlock._backoff import reconnect_delay
 from ringlock._operation import (
@@ -263,6 +264,29 @@ def test_a_release_is_retried_every_interval_for_the_retry_period() -> None:
         retries += 1
     assert retries == 25, "5 s every 200 ms"
     assert release.on_cut(CUT_IO, now + 0.001, POLICY)[0] == NO_CONNECTION
+
+
+def test_shutting_down_is_retried_within_the_limit_except_by_a_try_once_acquire() -> None:
+    start = 100.0
+    acquire = operation(wait_ms=5_000, tries=2, now=start)
+    what, at = acquire.on_reply(reply(b"E A k shutting-down"), POLICY, start)
+    assert what == RETRY_AT and at == pytest.approx(start + 0.2)
+    assert acquire.encode(start + 2.0) == b"A k 30 3\n", "sent again with the wait it has left"
+    assert acquire.on_unsent(UNSENT_NO_CONNECTION, start + 5.0, POLICY)[0] == NO_CONNECTION
+    assert acquire.shutting_down
+    error = NoConnectionError(waited=5.0, shutting_down=True)
+    assert str(error) == "no usable connection after 5.0 s (the server was shutting down)"
+    copy = pickle.loads(pickle.dumps(error))
+    assert copy.shutting_down and str(copy) == str(error)
+    try_once = operation(wait_ms=1, try_once=True, now=start)
+    what, value = try_once.on_reply(reply(b"E A k shutting-down"), POLICY, start)
+    assert what == DONE and isinstance(value, ShuttingDownError)
+    release = operation(RELEASE, token=5, now=start)
+    assert release.on_reply(reply(b"E R k shutting-down"), POLICY, start)[0] == RETRY_AT
+    assert release.on_unsent(UNSENT_NO_CONNECTION, start + 5.0, POLICY)[0] == NO_CONNECTION
+    refused = operation(wait_ms=5_000, now=start)
+    assert refused.on_cut(error_for("shutting-down"), start, POLICY)[0] == RETRY_AT
+    assert refused.shutting_down
 
 
 def test_the_reconnect_schedule_goes_at_once_then_doubles_up_to_the_cap() -> None:

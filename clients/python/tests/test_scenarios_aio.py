@@ -26,6 +26,7 @@ from harness import (
     Certs,
     Cluster,
     Recorder,
+    RawConnection,
     Server,
     Testkit,
     assert_backoff_shape,
@@ -191,6 +192,31 @@ async def test_restart_within_wait(fresh_server: Server, key: Callable[[str], st
         assert await asyncio.wait_for(granted, 20) is True
         assert lock.token is not None and lock.token > before.token, "a new epoch's token"
         assert await lock.release() is True
+
+
+@scenario("shutting-down-retried")
+async def test_shutting_down_retried(fresh_server: Server, key: Callable[[str], str]) -> None:
+    name = key("stopping")
+    holder = RawConnection(fresh_server.address)
+    try:
+        assert holder.call(f"A {name} 60 0").startswith("A ")
+        async with ringlock.aio.Client(fresh_server.address) as client:
+            lock = client.lock(name, lease=30, wait=20)
+            granted = asyncio.create_task(lock.acquire())
+            # Waited for in a thread, as the loop must keep serving the
+            # client meanwhile.
+            await asyncio.to_thread(
+                wait_until, lambda: holder.call(f"I {name}").split()[-1] == "1", "the acquire to be queued"
+            )
+            # The stopping server answers the queued acquire shutting-down,
+            # which had no effect: the client sends it again to the next
+            # server, within its wait.
+            assert await asyncio.to_thread(fresh_server.terminate) == 0
+            await asyncio.to_thread(fresh_server.restart)
+            assert await asyncio.wait_for(granted, 20) is True
+            assert await lock.release() is True
+    finally:
+        holder.close()
 
 
 @scenario("connect-backoff")

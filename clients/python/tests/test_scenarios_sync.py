@@ -22,6 +22,7 @@ from harness import (
     Certs,
     Cluster,
     Recorder,
+    RawConnection,
     Server,
     Testkit,
     assert_backoff_shape,
@@ -188,6 +189,28 @@ def test_restart_within_wait(fresh_server: Server, key: Callable[[str], str]) ->
             assert granted.result(20) is True
         assert lock.token is not None and lock.token > before.token, "a new epoch's token"
         assert lock.release() is True
+
+
+@scenario("shutting-down-retried")
+def test_shutting_down_retried(fresh_server: Server, key: Callable[[str], str]) -> None:
+    name = key("stopping")
+    holder = RawConnection(fresh_server.address)
+    try:
+        assert holder.call(f"A {name} 60 0").startswith("A ")
+        with ringlock.Client(fresh_server.address) as client:
+            lock = client.lock(name, lease=30, wait=20)
+            with ThreadPoolExecutor(1) as pool:
+                granted = pool.submit(lock.acquire)
+                wait_until(lambda: holder.call(f"I {name}").split()[-1] == "1", "the acquire to be queued")
+                # The stopping server answers the queued acquire
+                # shutting-down, which had no effect: the client sends it
+                # again to the next server, within its wait.
+                assert fresh_server.terminate() == 0
+                fresh_server.restart()
+                assert granted.result(20) is True
+            assert lock.release() is True
+    finally:
+        holder.close()
 
 
 @scenario("connect-backoff")

@@ -95,6 +95,7 @@ class Operation:
         "op",
         "redirects_left",
         "retry_until",
+        "shutting_down",
         "started",
         "token",
         "tries_left",
@@ -148,6 +149,11 @@ class Operation:
         # its wait over, so the connect limit still ends the call; one that
         # has answered does (see connection_answered).
         self.waited_before = 0.0
+        # A server answered it shutting-down (or refused a connection it
+        # was on with that code): it had no effect and is sent again within
+        # its limit, and if that runs out the error says the server was
+        # stopping.
+        self.shutting_down = False
 
     def abandoned(self) -> bool:
         """Whether nobody waits for it any more, so sending it again is
@@ -242,6 +248,14 @@ class Operation:
                 # Already released, expired or handed on: nothing is left
                 # to release, which is what the caller wanted.
                 return (DONE, False)
+            if code == "shutting-down" and self.retries_shutting_down():
+                # A stopping server answers what it will not serve
+                # shutting-down: the request had no effect, and the next
+                # server (a restart, or a cluster's new active) is usually
+                # there well within the request's limit, so it waits for a
+                # connection as if this one had broken.
+                self.shutting_down = True
+                return self.wait_for_connection(now, policy)
             return (DONE, self.error(code))
         if kind == b"M":
             if fields[3] == b"-":
@@ -272,6 +286,14 @@ class Operation:
         # Pairing by (op, key) leaves nothing else but a broken server.
         return (DONE, self.error("protocol", f"unexpected reply {b' '.join(fields)!r}"))
 
+    def retries_shutting_down(self) -> bool:
+        """Whether a ``shutting-down`` answer sends it again within its
+        limit: every acquire, release and extend but an acquire that tries
+        once, which has no wait to spend."""
+        if self.kind == ACQUIRE:
+            return not self.try_once
+        return self.kind in (RELEASE, EXTEND)
+
     def on_cut(self, error: RinglockError, now: float, policy: Policy) -> Step:
         """The next step after the connection carrying this request was cut
         (``error`` says how). The server may or may not have seen it.
@@ -281,6 +303,10 @@ class Operation:
         failover) takes every connection to it down at once, so the request
         waits for a connection to come back, within its limit."""
         broken = error.code == "no-connection"
+        if error.code == "shutting-down":
+            # A stopping server refused a connection it was on: like a
+            # connection that broke, and it remembers why.
+            self.shutting_down = broken = True
         if broken and self.waiting_since is None:
             # Off the wire for want of a connection from now on, until a
             # connection takes it again.

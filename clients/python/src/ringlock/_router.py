@@ -166,7 +166,9 @@ class Router:
             return AuthenticationError(first.auth or "auth-failed", op, key, address=first.address)
         if failures and all(failure.tls is not None for failure in failures):
             return TLSError(op=op, key=key, waited=waited, failures=failures)
-        return NoConnectionError(op=op, key=key, waited=waited, failures=failures)
+        return NoConnectionError(
+            op=op, key=key, waited=waited, failures=failures, shutting_down=operation.shutting_down
+        )
 
     def connection_failures(self) -> list[ConnectionFailure]:
         """Every node's address with the failure of its last attempt (the

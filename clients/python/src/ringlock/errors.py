@@ -242,7 +242,10 @@ class NoConnectionError(NoActiveNodeError, ConnectionError):
     - ``addresses``: the addresses alone;
     - ``errno``: the first OS error number among the failures (``None`` if
       none came from the OS, as for a connection the server closed);
-    - ``address``: the address that ``errno`` is of (else the first address).
+    - ``address``: the address that ``errno`` is of (else the first address);
+    - ``shutting_down``: a server answered the request ``shutting-down`` (it
+      was stopping; the request had no effect) and no server took it again
+      within its limit; the message then says so.
 
     Example::
 
@@ -262,12 +265,16 @@ class NoConnectionError(NoActiveNodeError, ConnectionError):
         *,
         waited: float = 0.0,
         failures: tuple[ConnectionFailure, ...] | list[ConnectionFailure] = (),
+        shutting_down: bool = False,
     ) -> None:
         self.waited = waited
         self.failures = list(failures)
         self.addresses = [failure.address for failure in self.failures]
+        self.shutting_down = shutting_down
         if message is None:
             message = f"no usable connection after {waited:.1f} s"
+            if shutting_down:
+                message += " (the server was shutting down)"
             if self.failures:
                 message += ": " + ", ".join(str(failure) for failure in self.failures)
             # The request is in ``op`` and ``key``, not in the message, which
@@ -284,7 +291,16 @@ class NoConnectionError(NoActiveNodeError, ConnectionError):
     def __reduce__(self) -> tuple[object, ...]:
         return (
             _rebuild_no_connection,
-            (type(self), self.code, self.op, self.key, str(self), self.waited, tuple(self.failures)),
+            (
+                type(self),
+                self.code,
+                self.op,
+                self.key,
+                str(self),
+                self.waited,
+                tuple(self.failures),
+                self.shutting_down,
+            ),
         )
 
 
@@ -296,9 +312,12 @@ def _rebuild_no_connection(
     message: str,
     waited: float,
     failures: tuple[ConnectionFailure, ...],
+    shutting_down: bool = False,
 ) -> NoConnectionError:
     """Unpickles a :class:`NoConnectionError` or a subclass (:class:`TLSError`)."""
-    return cls(code, op, key, message, waited=waited, failures=failures)
+    error = cls(code, op, key, message, waited=waited, failures=failures)
+    error.shutting_down = shutting_down
+    return error
 
 
 class TLSError(NoConnectionError):
