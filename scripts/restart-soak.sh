@@ -122,7 +122,7 @@ server_start() {
     "$BIN/ringlock" --listen "127.0.0.1:$PORT" --data-dir "$1" --shards 1 --no-pin 2>"$2" 3>&- &
     SERVER_PID=$!
     for _ in $(seq 1 2000); do
-        grep -q 'listening on' "$2" && return 0
+        grep -qs 'listening on' "$2" && return 0
         kill -0 "$SERVER_PID" 2>/dev/null || { cat "$2" >&2; echo "restart-soak.sh: the server exited" >&2; exit 1; }
         sleep 0.005
     done
