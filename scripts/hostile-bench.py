@@ -13,6 +13,10 @@ in a loop, while each attack runs from 127.0.0.1:
   half-handshakes   HALF connections that send half a ClientHello and stop
   bad-u-flood       new TLS connections in a loop, each sending a wrong `U`
   p-flood           the same shape with `P` instead (the yardstick)
+  big-hellos        connections sending a ClientHello of 10 000 extensions
+  long-u-lines      TLS connections sending a `U` line of 1 MiB
+  slow-readers      authenticated clients that send `S` and never read
+  key-fill          authenticated clients taking new keys with long leases
 
 For each it prints the bystander's p50/p99 of acquire and release round
 trips, their ratio to idle, and the server's RSS before, during and after.
@@ -299,6 +303,52 @@ def slow_readers(attack, address, context, count):
     attack.spawn(run)
 
 
+def big_hellos(attack, address, threads):
+    """Connections that each send a hand-built ClientHello of 10 000 empty
+    extensions (split into records of 16 KiB) and wait for the server to
+    close them, in a loop."""
+    body = b"\x03\x03" + b"\x5a" * 32 + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00"
+    extensions = b"".join((0x4000 + index).to_bytes(2, "big") + b"\x00\x00" for index in range(10_000))
+    body += len(extensions).to_bytes(2, "big") + extensions
+    handshake = b"\x01" + len(body).to_bytes(3, "big") + body
+    hello = b"".join(b"\x16\x03\x01" + len(chunk).to_bytes(2, "big") + chunk
+                     for chunk in (handshake[i:i + 16384] for i in range(0, len(handshake), 16384)))
+
+    def run():
+        while not attack.stopping.is_set():
+            try:
+                with socket.create_connection(address, timeout=15) as conn:
+                    conn.sendall(hello)
+                    while conn.recv(4096):
+                        pass
+            except OSError:
+                pass
+    for _ in range(threads):
+        attack.spawn(run)
+
+
+def long_u_lines(attack, address, context, threads):
+    """TLS connections that each send a `U` line of 1 MiB, in a loop (each
+    is answered `line-too-long` and closed)."""
+    line = b"U " + b"x" * (1 << 20) + b"\n"
+
+    def run():
+        while not attack.stopping.is_set():
+            try:
+                with socket.create_connection(address, timeout=15) as raw:
+                    with context.wrap_socket(raw, server_hostname="localhost") as conn:
+                        try:
+                            conn.sendall(line)
+                        except (OSError, ssl.SSLError):
+                            pass
+                        while conn.recv(4096):
+                            pass
+            except (OSError, ssl.SSLError):
+                pass
+    for _ in range(threads):
+        attack.spawn(run)
+
+
 def key_fill(attack, address, context, processes, totals):
     """Authenticated clients that take new 200-byte keys with 24-hour leases
     as fast as the server grants them, pipelined 1000 at a time (they read
@@ -373,6 +423,8 @@ def main():
             (f"half-handshakes ({HALF})", lambda attack: half_handshakes(attack, address, hello, HALF)),
             ("bad-u-flood", lambda attack: flood(attack, address, context, b"U wrong-secret\n", FLOOD_THREADS)),
             ("p-flood", lambda attack: flood(attack, address, context, b"P\n", FLOOD_THREADS)),
+            ("big-hellos", lambda attack: big_hellos(attack, address, FLOOD_THREADS)),
+            ("long-u-lines", lambda attack: long_u_lines(attack, address, context, FLOOD_THREADS)),
             (f"slow-readers ({SLOW_READERS})", lambda attack: slow_readers(attack, address, context, SLOW_READERS)),
             # Last: the keys it takes stay held for the rest of the run.
             (f"key-fill ({FILL_PROCESSES})", lambda attack: key_fill(attack, address, context, FILL_PROCESSES, fill)),

@@ -2,9 +2,10 @@
 # What hostile clients cost a bystander on a TLS node with an auth file:
 # the bystander's p50/p99 acquire and release round trips, idle and during
 # each attack (slowloris, garbage, half handshakes, a flood of wrong `U`
-# lines, a flood of `P`, authenticated clients that ask for `S` and never
-# read), as ratios to idle, and the server's RSS before,
-# during and after each. The attacks and the bystander are in
+# lines, a flood of `P`, ClientHellos of 10 000 extensions, `U` lines of
+# 1 MiB, authenticated clients that ask for `S` and never read, a fill of
+# the key table), as ratios to idle, and the server's RSS before, during
+# and after each. The attacks and the bystander are in
 # scripts/hostile-bench.py; certificates are made with openssl in a
 # temporary directory and removed at exit (no key is kept).
 #
@@ -19,8 +20,8 @@
 #     200-byte keys with 24-hour leases, pipelined 1000 at a time), run last
 #   HANDSHAKE_MS [10000]: the server's --handshake-ms
 #   ATTACKS [all]: a comma-separated list of attacks to run after idle
-#     (slowloris, garbage, half-handshakes, bad-u-flood, p-flood, slow-readers,
-#     key-fill)
+#     (slowloris, garbage, half-handshakes, bad-u-flood, p-flood, big-hellos,
+#     long-u-lines, slow-readers, key-fill)
 #   SETTLE [2]: seconds between an attack's start and the measurement
 #     (0 measures the attack's ramp-up too)
 #   SERVER_FLAGS []: more flags for the server, e.g. "--send-buffer-kib 0"
