@@ -148,7 +148,9 @@ fn sighup_rotates_the_certificate_for_new_connections_and_a_broken_file_keeps_th
     certificates.replace("server.pem", &new_cert);
     server.signal("HUP");
     wait_until("the reload", || scrape(metrics).get("ringlock_tls_reloads_total{result=\"ok\"}") == Some(&1.0));
-    assert!(server.log().contains("TLS certificate, key and client CA reloaded"), "{}", server.log());
+    wait_until("the log to say the files were reloaded", || {
+        server.log().contains("TLS certificate, key and client CA reloaded")
+    });
     let new_ca = client_config(&new_authority.der(), None);
     let mut fresh = TlsConn::connect(&server, new_ca.clone());
     assert!(fresh.call("P").starts_with("P active "), "a client of the new CA connects");
@@ -162,7 +164,8 @@ fn sighup_rotates_the_certificate_for_new_connections_and_a_broken_file_keeps_th
     wait_until("the failed reload", || {
         scrape(metrics).get("ringlock_tls_reloads_total{result=\"failed\"}") == Some(&1.0)
     });
-    assert!(server.log().contains("the TLS settings in force stay"), "{}", server.log());
+    // The log line follows the count, through the log's pipe.
+    wait_until("the log to say the files in force stay", || server.log().contains("the TLS settings in force stay"));
     let mut after = TlsConn::connect(&server, new_ca);
     assert!(after.call("P").starts_with("P active "), "still the new certificate");
     assert!(live.call("P").starts_with("P active "));
