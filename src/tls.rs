@@ -66,11 +66,45 @@ pub struct SharedTls {
     cert: PathBuf,
     key: PathBuf,
     client_ca: Option<PathBuf>,
-    config: Mutex<Arc<ServerConfig>>,
+    /// The configuration new connections take, and its reload counts.
+    pub config: Reloadable<Arc<ServerConfig>>,
     /// Connections closed because their handshake did not end within `--handshake-ms`.
     pub handshake_timeouts: AtomicU64,
+}
+
+/// Settings read from files that SIGHUP may replace, shared by the node's
+/// threads, with the counts of reloads taken and refused for `/metrics`.
+pub struct Reloadable<T> {
+    value: Mutex<T>,
     pub reloads: AtomicU64,
     pub reload_failures: AtomicU64,
+}
+
+impl<T: Clone> Reloadable<T> {
+    pub fn new(value: T) -> Reloadable<T> {
+        Reloadable { value: Mutex::new(value), reloads: AtomicU64::new(0), reload_failures: AtomicU64::new(0) }
+    }
+
+    /// The settings in force.
+    pub fn current(&self) -> T {
+        self.value.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Puts `read` in force if the files were read, and counts the outcome;
+    /// on a refusal the settings in force stay and the reason is returned.
+    pub fn replace(&self, read: Result<T, String>) -> Result<(), String> {
+        match read {
+            Ok(value) => {
+                *self.value.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = value;
+                self.reloads.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(error) => {
+                self.reload_failures.fetch_add(1, Ordering::Relaxed);
+                Err(error)
+            }
+        }
+    }
 }
 
 impl SharedTls {
@@ -81,34 +115,22 @@ impl SharedTls {
             cert: cert.to_path_buf(),
             key: key.to_path_buf(),
             client_ca: client_ca.map(Path::to_path_buf),
-            config: Mutex::new(config),
+            config: Reloadable::new(config),
             handshake_timeouts: AtomicU64::new(0),
-            reloads: AtomicU64::new(0),
-            reload_failures: AtomicU64::new(0),
         })
     }
 
     /// The configuration a new connection starts with. Connections keep
     /// the one they started with for their whole life.
     pub fn current(&self) -> Arc<ServerConfig> {
-        self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.config.current()
     }
 
     /// Reads `--tls-cert`, `--tls-key` and `--tls-client-ca` again: new
     /// connections use what they hold from now on, or, if any of them is
     /// refused, the configuration in force stays. Returns why on refusal.
     pub fn reload(&self) -> Result<(), String> {
-        match server_config(&self.cert, &self.key, self.client_ca.as_deref()) {
-            Ok(config) => {
-                *self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = config;
-                self.reloads.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(error) => {
-                self.reload_failures.fetch_add(1, Ordering::Relaxed);
-                Err(error)
-            }
-        }
+        self.config.replace(server_config(&self.cert, &self.key, self.client_ca.as_deref()))
     }
 
     pub fn cert_path(&self) -> &Path {

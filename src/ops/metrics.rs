@@ -420,7 +420,7 @@ fn render_tls(out: &mut String, cores: &[CoreStats], tls: &crate::tls::SharedTls
         "Reloads of --tls-cert, --tls-key and --tls-client-ca (SIGHUP), by result: ok, or failed (the settings in \
          force stay).",
     );
-    for (result, count) in [("ok", &tls.reloads), ("failed", &tls.reload_failures)] {
+    for (result, count) in [("ok", &tls.config.reloads), ("failed", &tls.config.reload_failures)] {
         let _ = writeln!(out, "ringlock_tls_reloads_total{{result=\"{result}\"}} {}", count.load(Ordering::Relaxed));
     }
 }
@@ -449,7 +449,7 @@ fn render_peer_tls(out: &mut String, peer_tls: &crate::replication::PeerTls) {
         "Reloads of --peer-tls-cert, --peer-tls-key and --peer-tls-ca (SIGHUP), by result: ok, or failed (the \
          settings in force stay).",
     );
-    for (result, count) in [("ok", &peer_tls.reloads), ("failed", &peer_tls.reload_failures)] {
+    for (result, count) in [("ok", &peer_tls.configs.reloads), ("failed", &peer_tls.configs.reload_failures)] {
         let _ =
             writeln!(out, "ringlock_peer_tls_reloads_total{{result=\"{result}\"}} {}", count.load(Ordering::Relaxed));
     }

@@ -10,8 +10,8 @@
 //! runs this code, so nothing older is needed.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use rustls::client::Resumption;
 use rustls::pki_types::pem::PemObject;
@@ -115,52 +115,39 @@ pub struct PeerTls {
     cert: PathBuf,
     key: PathBuf,
     ca: PathBuf,
-    configs: Mutex<PeerTlsConfigs>,
+    /// The settings new connections take, and their reload counts.
+    pub configs: crate::tls::Reloadable<PeerTlsConfigs>,
     /// Peer connections refused for TLS (a failed handshake, or a
     /// certificate that does not name the peer's host), by direction:
     /// accepted by this node, or opened by it.
     pub errors_inbound: AtomicU64,
     pub errors_outbound: AtomicU64,
-    pub reloads: AtomicU64,
-    pub reload_failures: AtomicU64,
 }
 
 impl PeerTls {
     /// Reads the files; an error stops the start.
     pub fn load(cert: &Path, key: &Path, ca: &Path) -> Result<PeerTls, String> {
         Ok(PeerTls {
-            configs: Mutex::new(configs(cert, key, ca)?),
+            configs: crate::tls::Reloadable::new(configs(cert, key, ca)?),
             cert: cert.to_path_buf(),
             key: key.to_path_buf(),
             ca: ca.to_path_buf(),
             errors_inbound: AtomicU64::new(0),
             errors_outbound: AtomicU64::new(0),
-            reloads: AtomicU64::new(0),
-            reload_failures: AtomicU64::new(0),
         })
     }
 
     /// The settings a new connection starts with; open connections keep
     /// theirs.
     pub fn current(&self) -> PeerTlsConfigs {
-        self.configs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.configs.current()
     }
 
     /// Reads the three files again: new peer connections use them from now
     /// on, or, if any is refused, the settings in force stay. Returns why
     /// on refusal.
     pub fn reload(&self) -> Result<(), String> {
-        match configs(&self.cert, &self.key, &self.ca) {
-            Ok(configs) => {
-                *self.configs.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = configs;
-                self.reloads.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(error) => {
-                self.reload_failures.fetch_add(1, Ordering::Relaxed);
-                Err(error)
-            }
-        }
+        self.configs.replace(configs(&self.cert, &self.key, &self.ca))
     }
 
     pub fn cert_path(&self) -> &Path {
