@@ -11,8 +11,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::certs::shared_peer_certificate;
 use common::netns::Network;
-use common::{Conn, DataDir, Server, free_addrs, wait_until};
+use common::{Conn, DataDir, Server, free_addrs, token_of, wait_until};
 
 /// `count` different free ports on 127.0.0.1.
 fn ports_free(count: usize) -> Vec<u16> {
@@ -170,4 +171,74 @@ fn nodes_known_only_by_name_fail_over_and_find_a_node_that_came_back_with_a_new_
 
     // The lock outlived the failover, and is released through the moved node.
     cli(&network, 2, &["release", "names/held", &token]);
+}
+
+/// The Kubernetes manifest's peer TLS: every pod shows one certificate that
+/// names all of them (`ringlock-N.ringlock-peers`), since a StatefulSet's
+/// pods share one Secret. Three nodes known only by those names, in their
+/// own network namespaces, form a cluster over mutual TLS, and a standby
+/// takes over when the active is killed.
+#[test]
+fn nodes_sharing_one_peer_certificate_that_names_them_all_form_a_cluster_and_fail_over() {
+    let Some(network) = Network::create(3) else { return };
+    let name = |index: usize| format!("ringlock-{index}.ringlock-peers");
+    let hosts = (0..3).map(|index| format!("{} {}\n", network.address(index), name(index))).collect::<String>()
+        + "127.0.0.1 localhost\n";
+    for index in 0..3 {
+        network.write_hosts(index, &hosts);
+    }
+    let names: Vec<String> = (0..3).map(name).collect();
+    let certificates = shared_peer_certificate(&names.iter().map(String::as_str).collect::<Vec<_>>());
+    let file = |stem: &str| certificates.0.join(stem).to_str().unwrap().to_string();
+    let (cert, key, ca) = (file("peer-set.pem"), file("peer-set.key"), file("peer-ca.pem"));
+    let peers = names.iter().map(|name| format!("{name}:7700")).collect::<Vec<_>>().join(",");
+    let mut nodes: Vec<Server> = (0..3)
+        .map(|index| {
+            let command = network.command(index, env!("CARGO_BIN_EXE_ringlock"));
+            let node = index.to_string();
+            let mut args = vec!["--peers", &peers, "--node", &node, "--listen", "0.0.0.0:7700"];
+            args.extend_from_slice(&["--cluster-listen", "0.0.0.0:17700"]);
+            args.extend_from_slice(&["--peer-tls-cert", &cert, "--peer-tls-key", &key, "--peer-tls-ca", &ca]);
+            args.extend_from_slice(&TIMINGS);
+            Server::start_command(command, Arc::new(DataDir::new()), &args)
+        })
+        .collect();
+    let ping = |index: usize| {
+        let mut conn = Conn::from_stream(network.connect(index, SocketAddr::new(network.address(index), 7700)));
+        conn.call("P")
+    };
+    let call = |index: usize, line: &str| {
+        let mut conn = Conn::from_stream(network.connect(index, SocketAddr::new(network.address(index), 7700)));
+        conn.call(line)
+    };
+    let active_0 = format!(" {}:7700", names[0]);
+    wait_until("both standbys follow ringlock-0 over peer TLS", || {
+        ping(1).ends_with(&active_0) && ping(2).ends_with(&active_0)
+    });
+    // The table's version on ringlock-1 (the `S` reply's `"table"` field)
+    // moves past its idle value once the grant has come across.
+    let version = |index: usize| -> u64 {
+        let reply = call(index, "S");
+        let field = reply.split("\"table\":").nth(1).expect("a table in S");
+        let version = field.split("\"version\":").nth(1).unwrap();
+        version[..version.find('}').unwrap()].parse().unwrap()
+    };
+    let idle = version(1);
+    let token = token_of(&call(0, "A names/tls 60000 0"), "names/tls");
+    wait_until("ringlock-1 holds the grant", || version(1) > idle);
+
+    nodes[0].kill9();
+    let active_1 = format!(" {}:7700", names[1]);
+    wait_until("ringlock-1 takes over", || {
+        let reply = ping(1);
+        reply.starts_with("P active ") && reply.ends_with(&active_1)
+    });
+    // The lock came across over the encrypted stream: the new active knows
+    // its holder's token.
+    assert_eq!(call(1, &format!("R names/tls {token}")), "R names/tls");
+    for node in &nodes[1..] {
+        let log = node.log();
+        let refusals = log.lines().filter(|line| line.contains("WARN") && line.contains("certificate"));
+        assert_eq!(refusals.count(), 0, "no peer certificate refused:\n{log}");
+    }
 }

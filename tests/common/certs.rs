@@ -89,3 +89,20 @@ impl Certificates {
         self.server_args_with("server.pem", "server.key")
     }
 }
+
+/// One peer certificate for a whole set of nodes, as a Kubernetes
+/// StatefulSet's pods share one Secret: `peer-ca.pem`, and `peer-set.pem`/
+/// `peer-set.key` of that CA naming every host of `names`, written into a
+/// directory of their own (removed with the returned value).
+pub fn shared_peer_certificate(names: &[&str]) -> DataDir {
+    let dir = DataDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let (ca, ca_key) = new_ca("ringlock peer set test CA");
+    let key = KeyPair::generate().unwrap();
+    let params = CertificateParams::new(names.iter().map(ToString::to_string).collect::<Vec<_>>()).unwrap();
+    let certificate = params.signed_by(&key, &ca, &ca_key).unwrap();
+    std::fs::write(dir.0.join("peer-ca.pem"), ca.pem()).unwrap();
+    std::fs::write(dir.0.join("peer-set.pem"), certificate.pem()).unwrap();
+    std::fs::write(dir.0.join("peer-set.key"), key.serialize_pem()).unwrap();
+    dir
+}
