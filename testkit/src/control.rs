@@ -26,6 +26,26 @@ pub struct Kit {
     next_id: Arc<AtomicU32>,
 }
 
+/// A command line's parts: the command, the text after it, and its fields.
+struct Args<'a> {
+    command: &'a str,
+    rest: &'a str,
+    fields: std::vec::IntoIter<&'a str>,
+}
+
+impl<'a> Args<'a> {
+    /// The next field, or an error naming what the command needs there.
+    fn next(&mut self, what: &str) -> Result<&'a str, String> {
+        self.fields.next().ok_or_else(|| format!("{} needs {what}", self.command))
+    }
+}
+
+/// A list's reply: how many, then each.
+fn counted(items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.collect();
+    format!("{} {}", items.len(), items.join(" ")).trim_end().to_string()
+}
+
 impl Kit {
     /// Serves control connections from `listener` for as long as it lasts.
     pub fn serve(&self, listener: &TcpListener) {
@@ -53,131 +73,124 @@ impl Kit {
     /// Carries out one command line; the reply's fields after `ok`, or why not.
     pub fn execute(&self, line: &str) -> Result<String, String> {
         let (command, rest) = line.split_once(' ').unwrap_or((line, ""));
-        let mut fields = rest.split(' ').filter(|field| !field.is_empty());
-        let mut next = |what: &str| fields.next().ok_or_else(|| format!("{command} needs {what}"));
+        let fields: Vec<&str> = rest.split(' ').filter(|field| !field.is_empty()).collect();
+        let mut args = Args { command, rest, fields: fields.into_iter() };
         match command {
             "ping" => Ok(String::new()),
+            "proxy" | "fake" | "fake-active" | "target" | "close" => self.manage(&mut args),
+            "accepted" | "refused" | "attempts" | "redirected" | "open" | "blackholed" => self.observe(&mut args),
+            "wait-attempts" | "wait-open" | "wait-accepted" | "wait-upstream" => self.wait(&mut args),
+            "cut" | "refuse" | "stall" | "stall-replies" | "resume" | "delay" | "reorder" | "blackhole" => {
+                self.fault(&mut args)
+            }
+            "" => Err("empty command".to_string()),
+            other => Err(format!("unknown command {other:?}")),
+        }
+    }
+
+    /// Starts, re-points and closes proxies and fakes.
+    fn manage(&self, args: &mut Args) -> Result<String, String> {
+        match args.command {
             "proxy" => {
-                let target = address(next("a target address")?)?;
+                let target = address(args.next("a target address")?)?;
                 let proxy = Proxy::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), target)
                     .map_err(|error| format!("cannot start a proxy: {error}"))?;
                 let addr = proxy.addr;
                 Ok(format!("{} {addr}", self.add(Item::Proxy(Arc::new(proxy)))))
             }
             "fake" => {
-                let names = names(next("an active address or -")?)?;
+                let names = names(args.next("an active address or -")?)?;
                 let fake = FakeStandby::try_start(names).map_err(|error| format!("cannot start a fake: {error}"))?;
                 let addr = fake.addr;
                 Ok(format!("{} {addr}", self.add(Item::Fake(Arc::new(fake)))))
             }
             "fake-active" => {
-                let fake = self.fake(next("an id")?)?;
-                fake.set_names(names(next("an active address or -")?)?);
+                let fake = self.fake(args.next("an id")?)?;
+                fake.set_names(names(args.next("an active address or -")?)?);
                 Ok(String::new())
             }
             "target" => {
-                let proxy = self.proxy(next("an id")?)?;
-                proxy.set_target(address(next("a target address")?)?);
+                let proxy = self.proxy(args.next("an id")?)?;
+                proxy.set_target(address(args.next("a target address")?)?);
                 Ok(String::new())
             }
-            "accepted" => match self.item(next("an id")?)? {
+            _ => {
+                let id = number(args.next("an id")?)? as u32;
+                self.items.lock().unwrap().remove(&id).map(|_| String::new()).ok_or_else(|| format!("no item {id}"))
+            }
+        }
+    }
+
+    /// Counts and lists what a proxy or a fake has seen.
+    fn observe(&self, args: &mut Args) -> Result<String, String> {
+        let id = args.next("an id")?;
+        match args.command {
+            "accepted" => match self.item(id)? {
                 Item::Proxy(proxy) => Ok(proxy.accepted().to_string()),
                 Item::Fake(fake) => Ok(fake.accepted().to_string()),
             },
-            "refused" => Ok(self.proxy(next("an id")?)?.refused().to_string()),
+            "refused" => Ok(self.proxy(id)?.refused().to_string()),
             "attempts" => {
-                let times = self.proxy(next("an id")?)?.attempt_times();
-                let listed: Vec<String> =
-                    times.iter().map(|time| format!("{:.3}", time.as_secs_f64() * 1000.0)).collect();
-                Ok(format!("{} {}", times.len(), listed.join(" ")).trim_end().to_string())
+                let times = self.proxy(id)?.attempt_times();
+                Ok(counted(times.iter().map(|time| format!("{:.3}", time.as_secs_f64() * 1000.0))))
             }
-            "wait-attempts" => {
-                let proxy = self.proxy(next("an id")?)?;
-                let count = number(next("a count")?)?;
-                proxy.try_wait_until(&format!("{count} connection attempts"), |proxy| {
-                    proxy.attempt_times().len() >= count
-                })?;
-                Ok(String::new())
-            }
-            "redirected" => Ok(self.fake(next("an id")?)?.redirected().to_string()),
-            "open" => {
-                let ids = self.proxy(next("an id")?)?.open_ids();
-                let listed: Vec<String> = ids.iter().map(ToString::to_string).collect();
-                Ok(format!("{} {}", ids.len(), listed.join(" ")).trim_end().to_string())
-            }
+            "redirected" => Ok(self.fake(id)?.redirected().to_string()),
+            "open" => Ok(counted(self.proxy(id)?.open_ids().iter().map(ToString::to_string))),
+            _ => Ok(counted(self.proxy(id)?.blackholed_ids().iter().map(ToString::to_string))),
+        }
+    }
+
+    /// Waits until a proxy has seen something, or fails after the kit's patience.
+    fn wait(&self, args: &mut Args) -> Result<String, String> {
+        let proxy = self.proxy(args.next("an id")?)?;
+        if args.command == "wait-upstream" {
+            let except: Vec<usize> = match args.next("connections to pass over, or -")? {
+                "-" => Vec::new(),
+                list => list.split(',').map(number).collect::<Result<_, _>>()?,
+            };
+            // The text is the rest of the line, spaces included.
+            let text = args.rest.splitn(3, ' ').nth(2).filter(|text| !text.is_empty());
+            let text = text.ok_or_else(|| "wait-upstream needs a text".to_string())?;
+            return Ok(proxy.try_wait_upstream(text.as_bytes(), &except)?.to_string());
+        }
+        let count = number(args.next("a count")?)?;
+        match args.command {
+            "wait-attempts" => proxy.try_wait_until(&format!("{count} connection attempts"), |proxy| {
+                proxy.attempt_times().len() >= count
+            })?,
             "wait-open" => {
-                let proxy = self.proxy(next("an id")?)?;
-                let count = number(next("a count")?)?;
-                proxy.try_wait_until(&format!("{count} open connections"), |proxy| proxy.open_count() == count)?;
-                Ok(String::new())
+                proxy.try_wait_until(&format!("{count} open connections"), |proxy| proxy.open_count() == count)?
             }
-            "wait-accepted" => {
-                let proxy = self.proxy(next("an id")?)?;
-                let count = number(next("a count")?)?;
-                proxy.try_wait_until(&format!("{count} accepted connections"), |proxy| proxy.accepted() >= count)?;
-                Ok(String::new())
-            }
-            "wait-upstream" => {
-                let proxy = self.proxy(next("an id")?)?;
-                let except = next("connections to pass over, or -")?;
-                let except: Vec<usize> = match except {
-                    "-" => Vec::new(),
-                    list => list.split(',').map(number).collect::<Result<_, _>>()?,
-                };
-                // The text is the rest of the line, spaces included.
-                let text = rest.splitn(3, ' ').nth(2).filter(|text| !text.is_empty());
-                let text = text.ok_or_else(|| "wait-upstream needs a text".to_string())?;
-                Ok(proxy.try_wait_upstream(text.as_bytes(), &except)?.to_string())
-            }
-            "cut" => {
-                let proxy = self.proxy(next("an id")?)?;
-                match fields.next() {
-                    Some(connection) => proxy.cut(number(connection)?),
-                    None => proxy.cut_all(),
-                }
-                Ok(String::new())
-            }
-            "refuse" => {
-                let proxy = self.proxy(next("an id")?)?;
-                proxy.set_refusing(on_off(next("on or off")?)?);
-                Ok(String::new())
-            }
-            "stall" => self.proxy(next("an id")?).map(|proxy| proxy.stall()).map(|()| String::new()),
-            "stall-replies" => self.proxy(next("an id")?).map(|proxy| proxy.stall_replies()).map(|()| String::new()),
-            "resume" => self.proxy(next("an id")?).map(|proxy| proxy.resume()).map(|()| String::new()),
-            "delay" => {
-                let proxy = self.proxy(next("an id")?)?;
-                proxy.delay_replies(Duration::from_millis(number(next("milliseconds")?)? as u64));
-                Ok(String::new())
-            }
-            "reorder" => {
-                let proxy = self.proxy(next("an id")?)?;
-                proxy.set_reordering(on_off(next("on or off")?)?);
-                Ok(String::new())
-            }
-            "blackhole" => {
-                let proxy = self.proxy(next("an id")?)?;
-                let on = on_off(next("on or off")?)?;
-                match (on, fields.next().map(number).transpose()?) {
+            _ => proxy.try_wait_until(&format!("{count} accepted connections"), |proxy| proxy.accepted() >= count)?,
+        }
+        Ok(String::new())
+    }
+
+    /// Turns a proxy's faults on and off.
+    fn fault(&self, args: &mut Args) -> Result<String, String> {
+        let proxy = self.proxy(args.next("an id")?)?;
+        match args.command {
+            "cut" => match args.fields.next() {
+                Some(connection) => proxy.cut(number(connection)?),
+                None => proxy.cut_all(),
+            },
+            "refuse" => proxy.set_refusing(on_off(args.next("on or off")?)?),
+            "stall" => proxy.stall(),
+            "stall-replies" => proxy.stall_replies(),
+            "resume" => proxy.resume(),
+            "delay" => proxy.delay_replies(Duration::from_millis(number(args.next("milliseconds")?)? as u64)),
+            "reorder" => proxy.set_reordering(on_off(args.next("on or off")?)?),
+            _ => {
+                let on = on_off(args.next("on or off")?)?;
+                match (on, args.fields.next().map(number).transpose()?) {
                     (true, None) => proxy.blackhole(),
                     (true, Some(connection)) => proxy.blackhole_one(connection),
                     (false, None) => proxy.lift_blackhole(),
                     (false, Some(connection)) => proxy.lift_blackhole_one(connection),
                 }
-                Ok(String::new())
             }
-            "blackholed" => {
-                let ids = self.proxy(next("an id")?)?.blackholed_ids();
-                let listed: Vec<String> = ids.iter().map(ToString::to_string).collect();
-                Ok(format!("{} {}", ids.len(), listed.join(" ")).trim_end().to_string())
-            }
-            "close" => {
-                let id = number(next("an id")?)? as u32;
-                self.items.lock().unwrap().remove(&id).map(|_| String::new()).ok_or_else(|| format!("no item {id}"))
-            }
-            "" => Err("empty command".to_string()),
-            other => Err(format!("unknown command {other:?}")),
         }
+        Ok(String::new())
     }
 
     fn add(&self, item: Item) -> u32 {
@@ -259,5 +272,34 @@ mod tests {
         assert!(kit.execute("launch").unwrap_err().contains("unknown command"));
         assert_eq!(kit.execute("close 0"), Ok(String::new()));
         assert!(kit.execute("close 0").is_err());
+    }
+
+    #[test]
+    fn every_fault_and_count_command_answers_and_checks_its_item_kind() {
+        let kit = Kit::default();
+        let target = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = target.local_addr().unwrap();
+        kit.execute(&format!("proxy {target}")).unwrap();
+        for command in ["refuse 0 on", "refuse 0 off", "stall 0", "stall-replies 0", "resume 0", "delay 0 5"] {
+            assert_eq!(kit.execute(command), Ok(String::new()), "{command}");
+        }
+        for command in ["reorder 0 on", "reorder 0 off", "blackhole 0 on", "blackhole 0 off", "blackhole 0 on 3"] {
+            assert_eq!(kit.execute(command), Ok(String::new()), "{command}");
+        }
+        assert_eq!(kit.execute("blackhole 0 off 3"), Ok(String::new()));
+        assert_eq!(kit.execute("blackholed 0"), Ok("0".to_string()));
+        assert_eq!(kit.execute(&format!("target 0 {target}")), Ok(String::new()));
+        assert_eq!(kit.execute("accepted 0"), Ok("0".to_string()));
+        assert_eq!(kit.execute("refused 0"), Ok("0".to_string()));
+        assert!(kit.execute("delay 0").unwrap_err().contains("delay needs milliseconds"));
+
+        let started = kit.execute("fake -").unwrap();
+        let (id, _) = started.split_once(' ').unwrap();
+        assert_eq!(id, "1");
+        assert_eq!(kit.execute(&format!("fake-active 1 {target}")), Ok(String::new()));
+        assert_eq!(kit.execute("accepted 1"), Ok("0".to_string()));
+        assert_eq!(kit.execute("redirected 1"), Ok("0".to_string()));
+        assert!(kit.execute("cut 1").unwrap_err().contains("not a proxy"));
+        assert!(kit.execute("fake-active 0 -").unwrap_err().contains("not a fake"));
     }
 }
