@@ -466,6 +466,31 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
     let comparisons: Vec<Comparison> = labels.iter().map(|label| Comparison::of(label, &runs)).collect();
 
     let mut out = String::new();
+    let rounds = comparisons.iter().map(|comparison| comparison.ringlock_vs_echo_by_round.len()).max().unwrap_or(0);
+    write_uncontended(&mut out, &comparisons, rounds);
+    write_latency(&mut out, &runs, rounds);
+    write_contended(&mut out, &runs);
+    write_hold(&mut out, &runs);
+
+    if let Some(path) = &args.out {
+        let summary = Summary {
+            command: args.command.clone(),
+            generated_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |elapsed| elapsed.as_secs()),
+            host: host_facts(),
+            comparisons,
+            hold_bytes_per_lock_goal: HOLD_BYTES_PER_LOCK_GOAL,
+            runs,
+        };
+        let json = serde_json::to_string_pretty(&summary).map_err(|error| error.to_string())?;
+        std::fs::write(path, json + "\n").map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    }
+    Ok(out)
+}
+
+/// The uncontended table: each target's ops/s and the ratios to their goals.
+fn write_uncontended(out: &mut String, comparisons: &[Comparison], rounds: usize) {
     let ratio_text = |ratio: Option<f64>, goal: Option<f64>| match (ratio, goal) {
         (Some(ratio), Some(goal)) => format!("{ratio:.3} ({} {goal})", if ratio >= goal { ">=" } else { "< goal" }),
         (Some(ratio), None) => format!("{ratio:.3}"),
@@ -473,7 +498,6 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
     };
     let ops_text = |ops: Option<f64>| ops.map_or("-".into(), thousands);
     let rounds_text = |ratios: &[f64]| ratios.iter().map(|ratio| format!("{ratio:.3}")).collect::<Vec<_>>().join(", ");
-    let rounds = comparisons.iter().map(|comparison| comparison.ringlock_vs_echo_by_round.len()).max().unwrap_or(0);
     out.push_str("Uncontended acquire+release, lock ops/s (acquires + releases per second)");
     if rounds > 1 {
         out.push_str(": medians of the rounds, each ratio the median of the rounds' ratios");
@@ -483,7 +507,7 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
         "| run | echo ceiling | ringlock | redis | ringlock/echo | ringlock/redis | ringlock/echo by round |\n\
          |---|---:|---:|---:|---:|---:|---|\n",
     );
-    for comparison in &comparisons {
+    for comparison in comparisons {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} |",
@@ -496,7 +520,10 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
             rounds_text(&comparison.ringlock_vs_echo_by_round),
         );
     }
+}
 
+/// Latency percentiles and CPU of the runs shown (the median round's).
+fn write_latency(out: &mut String, runs: &[RunReport], rounds: usize) {
     out.push_str("\nLatency (us) and CPU");
     if rounds > 1 {
         out.push_str(": of the uncontended rounds, the one with the median ops/s");
@@ -506,7 +533,7 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
         "| run | target | acquire p50 | p90 | p99 | p99.9 | max | release p50 | p99 | p99.9 | server cpu | bench cpu | cpu pressure | cpu steal | errors, timeouts |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
-    for run in runs.iter().filter(|run| is_shown(run, &runs)) {
+    for run in runs.iter().filter(|run| is_shown(run, runs)) {
         let (a, r) = (&run.acquire_latency_us, &run.release_latency_us);
         let cpu = |cpu: Option<f64>| cpu.map_or("-".into(), |cpu| format!("{cpu:.0}%"));
         let mut problems: Vec<String> = run.errors.iter().map(|(kind, count)| format!("{kind} {count}")).collect();
@@ -531,80 +558,70 @@ pub fn report(args: &ReportArgs) -> Result<String, String> {
             if problems.is_empty() { "none".into() } else { problems.join(", ") }
         );
     }
+}
 
+/// The contended runs: grants, hand-offs and waits on a few hot keys.
+fn write_contended(out: &mut String, runs: &[RunReport]) {
     let contended: Vec<&RunReport> = runs.iter().filter(|run| run.workload == Workload::Contended).collect();
-    if !contended.is_empty() {
-        out.push_str("\nContended: every lane cycles on a few hot keys\n\n");
-        out.push_str(
-            "| run | target | hot keys | lanes | grants/s | hand-offs/s (server) | wait p50 us | wait p99 us | wait p99.9 us | busy retries |\n\
-             |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-        );
-        for run in contended {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} |",
-                run.label,
-                run.target.name(),
-                run.hot_keys,
-                run.connections * run.depth,
-                thousands(run.acquires_per_s),
-                run.server_handoffs_per_s.map_or("-".into(), thousands),
-                run.acquire_latency_us.p50,
-                run.acquire_latency_us.p99,
-                run.acquire_latency_us.p999,
-                run.errors.get("busy").copied().unwrap_or(0)
-            );
-        }
+    if contended.is_empty() {
+        return;
     }
+    out.push_str("\nContended: every lane cycles on a few hot keys\n\n");
+    out.push_str(
+        "| run | target | hot keys | lanes | grants/s | hand-offs/s (server) | wait p50 us | wait p99 us | wait p99.9 us | busy retries |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for run in contended {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} |",
+            run.label,
+            run.target.name(),
+            run.hot_keys,
+            run.connections * run.depth,
+            thousands(run.acquires_per_s),
+            run.server_handoffs_per_s.map_or("-".into(), thousands),
+            run.acquire_latency_us.p50,
+            run.acquire_latency_us.p99,
+            run.acquire_latency_us.p999,
+            run.errors.get("busy").copied().unwrap_or(0)
+        );
+    }
+}
 
+/// The hold runs: memory per held lock.
+fn write_hold(out: &mut String, runs: &[RunReport]) {
     let held: Vec<&RunReport> = runs.iter().filter(|run| run.hold.is_some()).collect();
-    if !held.is_empty() {
-        out.push_str("\nHold: acquire distinct keys and keep them\n\n");
-        out.push_str(
-            "| target | keys held | key bytes | fill s | acquires/s | server RSS before | after | bytes per held lock |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|\n",
+    if held.is_empty() {
+        return;
+    }
+    out.push_str("\nHold: acquire distinct keys and keep them\n\n");
+    out.push_str(
+        "| target | keys held | key bytes | fill s | acquires/s | server RSS before | after | bytes per held lock |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for run in held {
+        let hold = run.hold.as_ref().expect("filtered");
+        let (before, after) =
+            run.server.as_ref().map_or(("-".into(), "-".into()), |s| (mib(s.rss_before_bytes), mib(s.rss_after_bytes)));
+        let per_lock = hold.bytes_per_lock.map_or("-".into(), |bytes| {
+            if run.target == Target::Ringlock {
+                let verdict = if bytes <= HOLD_BYTES_PER_LOCK_GOAL { "<=" } else { "> goal" };
+                format!("{bytes:.1} ({verdict} {HOLD_BYTES_PER_LOCK_GOAL})")
+            } else {
+                format!("{bytes:.1}")
+            }
+        });
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.2} | {} | {before} | {after} | {per_lock} |",
+            run.target.name(),
+            thousands(hold.keys_held as f64),
+            run.key_len,
+            hold.fill_s,
+            thousands(run.acquires_per_s)
         );
-        for run in held {
-            let hold = run.hold.as_ref().expect("filtered");
-            let (before, after) = run
-                .server
-                .as_ref()
-                .map_or(("-".into(), "-".into()), |s| (mib(s.rss_before_bytes), mib(s.rss_after_bytes)));
-            let per_lock = hold.bytes_per_lock.map_or("-".into(), |bytes| {
-                if run.target == Target::Ringlock {
-                    let verdict = if bytes <= HOLD_BYTES_PER_LOCK_GOAL { "<=" } else { "> goal" };
-                    format!("{bytes:.1} ({verdict} {HOLD_BYTES_PER_LOCK_GOAL})")
-                } else {
-                    format!("{bytes:.1}")
-                }
-            });
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {:.2} | {} | {before} | {after} | {per_lock} |",
-                run.target.name(),
-                thousands(hold.keys_held as f64),
-                run.key_len,
-                hold.fill_s,
-                thousands(run.acquires_per_s)
-            );
-        }
     }
-
-    if let Some(path) = &args.out {
-        let summary = Summary {
-            command: args.command.clone(),
-            generated_unix_s: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |elapsed| elapsed.as_secs()),
-            host: host_facts(),
-            comparisons,
-            hold_bytes_per_lock_goal: HOLD_BYTES_PER_LOCK_GOAL,
-            runs,
-        };
-        let json = serde_json::to_string_pretty(&summary).map_err(|error| error.to_string())?;
-        std::fs::write(path, json + "\n").map_err(|error| format!("cannot write {}: {error}", path.display()))?;
-    }
-    Ok(out)
 }
 
 fn read_run(path: &Path) -> Result<RunReport, String> {
