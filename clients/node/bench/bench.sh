@@ -6,7 +6,11 @@
 # SET NX PX and a compare-and-delete script) at 1 and 64 loops.
 #
 # Servers (ringlock with one shard core, redis-server) pinned to SERVER_CPU,
-# the loads to CLIENT_CPU, one after the other, in one run.
+# the loads to CLIENT_CPU, one after the other, in one run. Each Node line
+# also gives the Node process's and the server's CPU time per cycle
+# (node_cpu_us, server_cpu_us), and bench/roundtrip.mjs the floor of one
+# unpipelined round trip from Node on a bare socket (P to ringlock, PING to
+# Redis): at 1 loop a cycle is two round trips for both.
 #
 # With --before DIR (another checkout's clients/node, its dist/ built, e.g.
 # from `git worktree add`), each ringlock client line is run first with
@@ -29,7 +33,7 @@ while (($# > 0)); do
     case "$1" in
         --seconds) SECONDS_PER_RUN="$2"; shift 2 ;;
         --before) BEFORE="$(cd "$2" && pwd)"; shift 2 ;;
-        -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -70,10 +74,12 @@ run() { on_client node "$HERE/bench.mjs" "$@"; }
 client() {
     if [[ -n "$BEFORE" ]]; then
         echo -n "before: "
-        on_client node "$BEFORE/bench/bench.mjs" ringlock "$ADDR" "$@"
+        SERVER_PID="$SERVER_PID" on_client node "$BEFORE/bench/bench.mjs" ringlock "$ADDR" "$@"
     fi
-    run ringlock "$ADDR" "$@"
+    SERVER_PID="$SERVER_PID" run ringlock "$ADDR" "$@"
 }
+SERVER_PID="$SERVER_PID" on_client node "$HERE/roundtrip.mjs" ringlock "$ADDR" "$SECONDS_PER_RUN"
+SERVER_PID="$REDIS_PID" on_client node "$HERE/roundtrip.mjs" redis "$REDIS_PORT" "$SECONDS_PER_RUN"
 client 1 "$SECONDS_PER_RUN"
 client 64 "$SECONDS_PER_RUN"
 client 64 "$SECONDS_PER_RUN" 1
@@ -81,6 +87,6 @@ echo "ringlock-bench loops=64 cycles/s=$(on_client "$BENCH" run --target ringloc
     -c 1 -d 64 --duration "$SECONDS_PER_RUN" --warmup 1 --json |
     node -e 'let t="";process.stdin.on("data",d=>t+=d).on("end",()=>console.log(Math.round(JSON.parse(t).cycles_per_s)))')"
 for target in redlock ioredis; do
-    run "$target" "$REDIS_PORT" 1 "$SECONDS_PER_RUN"
-    run "$target" "$REDIS_PORT" 64 "$SECONDS_PER_RUN"
+    SERVER_PID="$REDIS_PID" run "$target" "$REDIS_PORT" 1 "$SECONDS_PER_RUN"
+    SERVER_PID="$REDIS_PID" run "$target" "$REDIS_PORT" 64 "$SECONDS_PER_RUN"
 done
