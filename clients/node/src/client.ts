@@ -117,8 +117,10 @@ type Op = "A" | "R" | "X" | "I" | "P" | "S";
 /** One request, from its call to its reply, over as many connections as it
  * takes. It is also the state its promise settles from (promiseOf gives it
  * the promise's resolve and reject, with no closure per call) and, for an
- * acquire given a signal, the signal's abort listener (handleEvent): a call
- * allocates its line, this record and its promise, and a grant its Lock. */
+ * acquire given a signal, the signal's abort listener (handleEvent). An
+ * acquire or a Lock's release allocates this record and its promise (its
+ * line is written straight into the connection's outbox), a grant its Lock
+ * and token; other calls their line too. */
 class Request {
   conn: Connection | null = null;
   done = false;
@@ -159,8 +161,9 @@ class Request {
     readonly client: Client,
     readonly op: Op,
     readonly key: Buffer | null,
-    /** The line to send; null for an acquire, which builds its line at each
-     * send with the wait it has left. */
+    /** The line to send; null for an acquire, whose line is written at
+     * each send with the wait it has left, and a Lock's release, written
+     * from the lock's key and token (see writeTo). */
     readonly line: Buffer | null,
     /** A fixed end for waiting (a bounded acquire, a release's retry window,
      * an extend's lease), or null for the client's connect limit. */
@@ -172,15 +175,24 @@ class Request {
     return this.key === null ? "-" : this.key.toString("utf8");
   }
 
-  /** The line to send now; null for an acquire whose wait has run out. */
-  build(now: number): Buffer | null {
-    if (this.line !== null) return this.line;
-    const key = this.key as Buffer;
+  /** An acquire's wait field to send now, in ms (0 for "forever", 1 for
+   * "once", else what is left of the wait); 0 for other requests; -1 once
+   * the wait has run out. */
+  waitToSend(now: number): number {
     const wait = this.waitMs;
-    if (wait === null) return encode.acquire(key, this.leaseMs, 0);
-    if (wait === 0) return encode.acquire(key, this.leaseMs, 1);
+    if (this.op !== "A" || wait === null) return 0;
+    if (wait === 0) return 1;
     const left = Math.ceil(this.startedAt + wait - now);
-    return left < 1 ? null : encode.acquire(key, this.leaseMs, left);
+    return left < 1 ? -1 : left;
+  }
+
+  /** Writes the request's line into `outbox`: an acquire's and a Lock's
+   * release are written in place from the request's fields (no line of
+   * their own); others copy the line they were given. */
+  writeTo(outbox: Outbox, now: number): void {
+    if (this.op === "A") outbox.pushAcquire(this.key as Buffer, this.leaseMs, this.waitToSend(now));
+    else if (this.line !== null) outbox.push(this.line);
+    else outbox.pushRelease(this.key as Buffer, (this.lock as Lock).token);
   }
 
   /** The acquire's signal was aborted (this is its listener). */
@@ -434,10 +446,9 @@ class Connection {
       this.pingedAt = now;
       // Nobody waits for it (done from the start): its reply is only a sign
       // of life, and a cut does not move it elsewhere.
-      const line = encode.ping();
-      const probe = new Request(this.client, "P", null, line, null, now);
+      const probe = new Request(this.client, "P", null, encode.ping(), null, now);
       probe.done = true;
-      this.send(probe, line);
+      this.send(probe, now);
     }
   }
 
@@ -453,12 +464,12 @@ class Connection {
    * promise reactions are done, or at once when the outbox holds a full
    * batch (OUTBOX_BATCH_BYTES), so that the server works on the first
    * lines of a busy tick while the client is still making the rest. */
-  send(request: Request, line: Buffer, now = performance.now()): void {
+  send(request: Request, now: number): void {
     request.conn = this;
     request.sentAt = now;
     if (this.pairing.size === 0) this.busySince = now;
     this.pairing.add(request.op.charCodeAt(0), request.key, request);
-    this.outbox.push(line);
+    request.writeTo(this.outbox, now);
     if (this.outbox.full) this.write();
     if (!this.flushScheduled) {
       this.flushScheduled = true;
@@ -776,8 +787,7 @@ export class Client {
       return Promise.reject(new ClientClosedError());
     }
     const now = performance.now();
-    const key = lock.keyBytes;
-    const request = new Request(this, "R", key, encode.release(key, lock.token), now + RELEASE_RETRY_MS, now);
+    const request = new Request(this, "R", lock.keyBytes, null, now + RELEASE_RETRY_MS, now);
     request.lock = lock;
     const promise = promiseOf<void>(request);
     this.dispatch(request);
@@ -828,13 +838,12 @@ export class Client {
     const conn = this.pick(request.toActive);
     request.toActive = false;
     if (conn !== null) {
-      const line = request.build(now);
-      if (line === null) {
+      if (request.waitToSend(now) < 0) {
         this.finish(request, new LockTimeoutError(request.keyText));
         return;
       }
       this.unwait(request);
-      conn.send(request, line, now);
+      conn.send(request, now);
       if (!conn.hasAnswered) this.armLimit(request, now);
       return;
     }

@@ -177,25 +177,49 @@ function writeToken(out: Buffer, at: number, digits: number | string): number {
   return typeof digits === "number" ? writeNumber(out, at, digits) : at + out.write(digits, at, "latin1");
 }
 
+/** The size of an acquire's line. */
+function acquireSize(key: Buffer, leaseMs: number, waitMs: number): number {
+  return 2 + key.length + 1 + secondsLength(leaseMs) + 1 + secondsLength(waitMs) + 1;
+}
+
+/** Writes `A <key> <lease> <wait>\n` at `at`; returns the offset after it. */
+function writeAcquire(out: Buffer, at: number, key: Buffer, leaseMs: number, waitMs: number): number {
+  out[at] = 0x41;
+  out[at + 1] = 0x20;
+  out.set(key, at + 2);
+  let end = at + 2 + key.length;
+  out[end] = 0x20;
+  end = writeSeconds(out, end + 1, leaseMs);
+  out[end] = 0x20;
+  end = writeSeconds(out, end + 1, waitMs);
+  out[end] = 0x0a;
+  return end + 1;
+}
+
+/** Writes `R <key> <token>\n` at `at` (`digits` from tokenDigits); returns
+ * the offset after it. */
+function writeRelease(out: Buffer, at: number, key: Buffer, digits: number | string): number {
+  out[at] = 0x52;
+  out[at + 1] = 0x20;
+  out.set(key, at + 2);
+  const space = at + 2 + key.length;
+  out[space] = 0x20;
+  const end = writeToken(out, space + 1, digits);
+  out[end] = 0x0a;
+  return end + 1;
+}
+
 /** Request lines, each one Buffer written in place (no strings in between). */
 export const encode = {
   acquire: (key: Buffer, leaseMs: number, waitMs: number): Buffer => {
-    const size = 2 + key.length + 1 + secondsLength(leaseMs) + 1 + secondsLength(waitMs) + 1;
-    const out = keyedLine(0x41, key, size);
-    let at = 2 + key.length;
-    out[at] = 0x20;
-    at = writeSeconds(out, at + 1, leaseMs);
-    out[at] = 0x20;
-    at = writeSeconds(out, at + 1, waitMs);
-    out[at] = 0x0a;
+    const out = Buffer.allocUnsafe(acquireSize(key, leaseMs, waitMs));
+    writeAcquire(out, 0, key, leaseMs, waitMs);
     return out;
   },
   release: (key: Buffer, token: bigint): Buffer => {
     const digits = tokenDigits(token);
-    const out = keyedLine(0x52, key, 2 + key.length + 1 + tokenLength(digits) + 1);
-    const at = writeToken(out, 2 + key.length + 1, digits);
-    out[2 + key.length] = 0x20;
-    out[at] = 0x0a;
+    const out = Buffer.allocUnsafe(2 + key.length + 1 + tokenLength(digits) + 1);
+    writeRelease(out, 0, key, digits);
     return out;
   },
   extend: (key: Buffer, token: bigint, leaseMs: number): Buffer => {
@@ -661,6 +685,22 @@ export class Outbox {
     if (this.end + line.length > this.slab.length) this.renew(line.length);
     this.slab.set(line, this.end);
     this.end += line.length;
+  }
+
+  /** Writes an acquire's line in place (as encode.acquire makes it, with no
+   * Buffer of its own). */
+  pushAcquire(key: Buffer, leaseMs: number, waitMs: number): void {
+    const size = acquireSize(key, leaseMs, waitMs);
+    if (this.end + size > this.slab.length) this.renew(size);
+    this.end = writeAcquire(this.slab, this.end, key, leaseMs, waitMs);
+  }
+
+  /** Writes a release's line in place (as encode.release makes it). */
+  pushRelease(key: Buffer, token: bigint): void {
+    const digits = tokenDigits(token);
+    const size = 2 + key.length + 1 + tokenLength(digits) + 1;
+    if (this.end + size > this.slab.length) this.renew(size);
+    this.end = writeRelease(this.slab, this.end, key, digits);
   }
 
   /** The lines pushed since the last take, as one Buffer; null if none. */

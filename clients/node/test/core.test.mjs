@@ -232,6 +232,31 @@ test("the outbox hands out one tick's lines as one Buffer and never writes over 
   assert.equal(outbox.take(), null);
 });
 
+test("the outbox writes acquire and release lines in place, byte for byte as encode makes them, across slabs", () => {
+  const outbox = new Outbox();
+  const expected = [];
+  const tokens = [0n, 7n, 9007199254740991n, 9007199254740993n, 18446744073709551615n];
+  // Enough lines (of keys up to 250 bytes) to fill several slabs, taken in
+  // batches of varying size.
+  for (let index = 0; index < 2000; index += 1) {
+    const key = Buffer.from(`key-${index}-${"x".repeat(index % 251 === 0 ? 240 : index % 13)}`);
+    if (index % 2 === 0) {
+      const lease = 1 + ((index * 37) % 86400000);
+      const wait = index % 3 === 0 ? 0 : (index * 11) % 100000;
+      outbox.pushAcquire(key, lease, wait);
+      expected.push(encode.acquire(key, lease, wait));
+    } else {
+      const token = tokens[index % tokens.length];
+      outbox.pushRelease(key, token);
+      expected.push(encode.release(key, token));
+    }
+    if (index % 97 === 0) {
+      assert.deepEqual(outbox.take(), Buffer.concat(expected.splice(0)));
+    }
+  }
+  assert.deepEqual(outbox.take(), Buffer.concat(expected));
+});
+
 test("reconnect schedule: at once, then doubling within [d/2, d] up to the cap", () => {
   assert.equal(reconnectDelay(0, 50, 3000, 0.7), 0);
   assert.equal(reconnectDelay(1, 50, 3000, 0), 25);
