@@ -3,7 +3,7 @@
 //   node bench.mjs ringlock ADDR LOOPS SECONDS [CONNECTIONS]
 //   node bench.mjs redlock  REDIS_PORT LOOPS SECONDS
 //   node bench.mjs ioredis  REDIS_PORT LOOPS SECONDS
-// prints one line: "<target> loops=<n> cycles/s=<x> p99_ms=<y> node_cpu_us=<z>"
+// prints one line: "<target> loops=<n> [connections=<c>] cycles/s=<x> p99_ms=<y> node_cpu_us=<z>"
 // (this process's CPU time per cycle), with "server_cpu_us=<w>" (the server
 // process's) when the environment names its pid in SERVER_PID.
 // bench.sh beside it runs them all next to ringlock-bench.
@@ -100,8 +100,9 @@ const serverAfter = serverCpuUs();
 times.sort((a, b) => a - b);
 const p99 = times[Math.min(times.length - 1, Math.floor(times.length * 0.99))];
 const server = serverBefore === null ? "" : ` server_cpu_us=${((serverAfter - serverBefore) / count).toFixed(1)}`;
+const connections = target === "ringlock" ? ` connections=${connectionsText ?? 2}` : "";
 console.log(
-  `${target} loops=${loops} cycles/s=${Math.round(count / elapsed)} p99_ms=${p99.toFixed(3)} ` +
+  `${target} loops=${loops}${connections} cycles/s=${Math.round(count / elapsed)} p99_ms=${p99.toFixed(3)} ` +
     `node_cpu_us=${((cpu.user + cpu.system) / count).toFixed(1)}${server}`,
 );
 close();
