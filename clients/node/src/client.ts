@@ -741,7 +741,7 @@ export class Client {
       request.signal = signal;
       signal.addEventListener("abort", request, { once: true });
     }
-    this.dispatch(request);
+    this.dispatch(request, start);
     return promise;
   }
 
@@ -790,7 +790,7 @@ export class Client {
     const request = new Request(this, "R", lock.keyBytes, null, now + RELEASE_RETRY_MS, now);
     request.lock = lock;
     const promise = promiseOf<void>(request);
-    this.dispatch(request);
+    this.dispatch(request, now);
     return promise;
   }
 
@@ -824,13 +824,12 @@ export class Client {
 
   /** @internal Sends a request, or has it wait for a connection within its
    * limit. */
-  dispatch(request: Request): void {
+  dispatch(request: Request, now = performance.now()): void {
     if (request.done) return;
     if (this.closed) {
       this.finish(request, new ClientClosedError());
       return;
     }
-    const now = performance.now();
     if (request.noConnSince !== null && now >= this.limitOf(request)) {
       this.expire(request, now);
       return;

@@ -116,21 +116,39 @@ function latin1(bytes: Buffer, start: number, end: number): string {
  * own decimal text is used). */
 const SAFE_TOKEN = BigInt(Number.MAX_SAFE_INTEGER);
 
+/** 10^0 to 10^15: a whole number up to 2^53 - 1 has at most 16 digits. */
+const POWERS_OF_TEN = Array.from({ length: 16 }, (_, power) => 10 ** power);
+
 /** How many decimal digits a whole number (0 to 2^53 - 1) takes. */
 function digitCount(value: number): number {
   let count = 1;
-  for (let rest = value; rest >= 10; rest = Math.floor(rest / 10)) count += 1;
+  while (count < POWERS_OF_TEN.length && value >= POWERS_OF_TEN[count]) count += 1;
   return count;
 }
 
 /** Writes a whole number (0 to 2^53 - 1) in decimal at `at`; returns the
- * offset after it. */
+ * offset after it. Digits come from 8-digit parts small enough for integer
+ * arithmetic (a token is 16 digits). */
 function writeNumber(out: Buffer, at: number, value: number): number {
   const stop = at + digitCount(value);
+  let index = stop - 1;
   let rest = value;
-  for (let index = stop - 1; index >= at; index -= 1) {
-    out[index] = 0x30 + (rest % 10);
-    rest = Math.floor(rest / 10);
+  while (rest >= 1e8) {
+    const high = Math.floor(rest / 1e8);
+    let low = rest - high * 1e8;
+    for (let digit = 0; digit < 8; digit += 1) {
+      const tenth = (low / 10) | 0;
+      out[index] = 0x30 + low - tenth * 10;
+      index -= 1;
+      low = tenth;
+    }
+    rest = high;
+  }
+  let small = rest | 0;
+  for (; index >= at; index -= 1) {
+    const tenth = (small / 10) | 0;
+    out[index] = 0x30 + small - tenth * 10;
+    small = tenth;
   }
   return stop;
 }
@@ -277,8 +295,9 @@ export class ProtocolError extends Error {}
 export const REPLY_LINE_MAX = 1 << 20;
 /** Fields of a reply line whose places are kept (I has the most: 5). */
 const FIELDS_MAX = 8;
-/** Digits read with number arithmetic before a token's text is used. */
-const EXACT_DIGITS_MAX = 15;
+/** Digits read with number arithmetic (exact below 2^53) before a token's
+ * text is used. */
+const EXACT_DIGITS_MAX = 16;
 
 /**
  * Reads replies from a byte stream: `feed` a chunk, then `next()` until it
@@ -467,6 +486,9 @@ export class ReplyReader {
     if (length > EXACT_DIGITS_MAX) return BigInt(latin1(bytes, from, from + length));
     let value = 0;
     for (let index = from; index < from + length; index += 1) value = value * 10 + (bytes[index] - 0x30);
+    // 16 digits are exact up to 2^53 - 1 (a value beyond rounds to 2^53 or
+    // more, and is read from its text).
+    if (value > Number.MAX_SAFE_INTEGER) return BigInt(latin1(bytes, from, from + length));
     return BigInt(value);
   }
 

@@ -100,6 +100,14 @@ test("replies parse from bytes, with the slot of the request they answer", () =>
   assert.equal(parseReply(Buffer.from("A k 7")).token, 7n);
   assert.equal(parseReply(Buffer.from("A k 123456789012345")).token, 123456789012345n);
   assert.equal(parseReply(Buffer.from("A k 1234567890123456")).token, 1234567890123456n);
+  // 16 digits on both sides of 2^53 (read with number arithmetic below it).
+  for (const token of [4503599627370497n, 9007199254740991n, 9007199254740992n, 9007199254740993n, 9999999999999999n]) {
+    assert.equal(parseReply(Buffer.from(`A k ${token}`)).token, token);
+    assert.equal(encode.release(Buffer.from("k"), token).toString(), `R k ${token}\n`);
+  }
+  for (const token of [0n, 9n, 10n, 99999999n, 100000000n, 100000001n, 1234567890123456n]) {
+    assert.equal(encode.release(Buffer.from("k"), token).toString(), `R k ${token}\n`);
+  }
   assert.deepEqual(slotOfLine("T k"), { reply: { kind: "T" }, slot: "A k" });
   assert.deepEqual(slotOfLine("R k"), { reply: { kind: "R" }, slot: "R k" });
   assert.deepEqual(slotOfLine("X k 9"), { reply: { kind: "X" }, slot: "X k" });
