@@ -93,6 +93,11 @@ test("keys are held on the cluster the hash names, and only there", async () => 
     assert.equal(lock.address, address[name]);
   }
   assert.ok(counts.a > 0 && counts.b > 0, `both clusters get keys: ${JSON.stringify(counts)}`);
+  // Bad input is refused before sending, as by a Client.
+  assert.throws(() => clusters.acquire("a key", { wait: 1 }), InvalidArgumentError);
+  assert.throws(() => clusters.acquire("k".repeat(251), { wait: 1 }), InvalidArgumentError);
+  assert.throws(() => clusters.acquire("k", { lease: -1 }), InvalidArgumentError);
+  assert.throws(() => clusters.inspect(Buffer.from("a\0b")), InvalidArgumentError);
   // A Lock rebuilt from (key, token) goes to its key's cluster too.
   const first = locks[0];
   await clusters.lock(first.key, first.token).release();
