@@ -3,10 +3,24 @@
 //   node bench.mjs ringlock ADDR LOOPS SECONDS [CONNECTIONS]
 //   node bench.mjs redlock  REDIS_PORT LOOPS SECONDS
 //   node bench.mjs ioredis  REDIS_PORT LOOPS SECONDS
-// prints one line: "<target> loops=<n> cycles/s=<x> p99_ms=<y>".
+// prints one line: "<target> loops=<n> [connections=<c>] cycles/s=<x> p99_ms=<y> node_cpu_us=<z>"
+// (this process's CPU time per cycle), with "server_cpu_us=<w>" (the server
+// process's) when the environment names its pid in SERVER_PID.
 // bench.sh beside it runs them all next to ringlock-bench.
 
+import { readFileSync } from "node:fs";
 import { performance } from "node:perf_hooks";
+
+/** The CPU time (user + system, in µs) the process SERVER_PID has used, from
+ * /proc (clock ticks of 10 ms); null without SERVER_PID. */
+function serverCpuUs() {
+  const pid = process.env.SERVER_PID;
+  if (!pid) return null;
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return ((Number(fields[11]) + Number(fields[12])) * 1e6) / TICKS_PER_S;
+}
+const TICKS_PER_S = 100;
 
 const [target, where, loopsText, secondsText, connectionsText] = process.argv.slice(2);
 const loops = Number(loopsText);
@@ -76,10 +90,19 @@ const run = async (until, times) => {
 };
 await run(performance.now() + 1000, null); // warm-up
 const times = [];
+const cpuBefore = process.cpuUsage();
+const serverBefore = serverCpuUs();
 const start = performance.now();
 const count = await run(start + seconds * 1000, times);
 const elapsed = (performance.now() - start) / 1000;
+const cpu = process.cpuUsage(cpuBefore);
+const serverAfter = serverCpuUs();
 times.sort((a, b) => a - b);
 const p99 = times[Math.min(times.length - 1, Math.floor(times.length * 0.99))];
-console.log(`${target} loops=${loops} cycles/s=${Math.round(count / elapsed)} p99_ms=${p99.toFixed(3)}`);
+const server = serverBefore === null ? "" : ` server_cpu_us=${((serverAfter - serverBefore) / count).toFixed(1)}`;
+const connections = target === "ringlock" ? ` connections=${connectionsText ?? 2}` : "";
+console.log(
+  `${target} loops=${loops}${connections} cycles/s=${Math.round(count / elapsed)} p99_ms=${p99.toFixed(3)} ` +
+    `node_cpu_us=${((cpu.user + cpu.system) / count).toFixed(1)}${server}`,
+);
 close();

@@ -115,7 +115,12 @@ const KEEPALIVE_IDLE_MS = 5000;
 type Op = "A" | "R" | "X" | "I" | "P" | "S";
 
 /** One request, from its call to its reply, over as many connections as it
- * takes. */
+ * takes. It is also the state its promise settles from (promiseOf gives it
+ * the promise's resolve and reject, with no closure per call) and, for an
+ * acquire given a signal, the signal's abort listener (handleEvent). An
+ * acquire or a Lock's release allocates this record and its promise (its
+ * line is written straight into the connection's outbox), a grant its Lock
+ * and token; other calls their line too. */
 class Request {
   conn: Connection | null = null;
   done = false;
@@ -138,24 +143,120 @@ class Request {
   /** A stopping server answered it shutting-down: it had no effect and is
    * sent again within its limit; if that runs out, the error says so. */
   shuttingDown = false;
-  readonly startedAt = performance.now();
+  /** The promise's settling functions; null for a request nobody awaits (a
+   * ping probe, the release of a grant that raced its caller's abort). */
+  resolve: ((value: unknown) => void) | null = null;
+  reject: ((error: unknown) => void) | null = null;
+  /** An acquire's lease and wait in ms (wait: null for "forever", 0 for
+   * "once"), its signal and whether its Lock auto-extends. */
+  leaseMs = 0;
+  waitMs: number | null = null;
+  signal: AbortSignal | null = null;
+  autoExtend = false;
+  /** The Lock a release frees: its signal is aborted once the release
+   * settles, either way. */
+  lock: Lock | null = null;
 
   constructor(
+    readonly client: Client,
     readonly op: Op,
     readonly key: Buffer | null,
-    /** The line to send, built at each send (an acquire sends the wait it has
-     * left). */
-    readonly build: (now: number) => Buffer | null,
+    /** The line to send; null for an acquire, whose line is written at
+     * each send with the wait it has left, and a Lock's release, written
+     * from the lock's key and token (see writeTo). */
+    readonly line: Buffer | null,
     /** A fixed end for waiting (a bounded acquire, a release's retry window,
      * an extend's lease), or null for the client's connect limit. */
     readonly limitAt: number | null,
-    readonly resolve: (reply: Reply, conn: Connection) => void,
-    readonly reject: (error: unknown) => void,
+    readonly startedAt: number,
   ) {}
 
   get keyText(): string {
     return this.key === null ? "-" : this.key.toString("utf8");
   }
+
+  /** An acquire's wait field to send now, in ms (0 for "forever", 1 for
+   * "once", else what is left of the wait); 0 for other requests; -1 once
+   * the wait has run out. */
+  waitToSend(now: number): number {
+    const wait = this.waitMs;
+    if (this.op !== "A" || wait === null) return 0;
+    if (wait === 0) return 1;
+    const left = Math.ceil(this.startedAt + wait - now);
+    return left < 1 ? -1 : left;
+  }
+
+  /** Writes the request's line into `outbox`: an acquire's and a Lock's
+   * release are written in place from the request's fields (no line of
+   * their own); others copy the line they were given. */
+  writeTo(outbox: Outbox, now: number): void {
+    if (this.op === "A") outbox.pushAcquire(this.key as Buffer, this.leaseMs, this.waitToSend(now));
+    else if (this.line !== null) outbox.push(this.line);
+    else outbox.pushRelease(this.key as Buffer, (this.lock as Lock).token);
+  }
+
+  /** The acquire's signal was aborted (this is its listener). */
+  handleEvent(): void {
+    if (!this.done && this.signal !== null) this.client.finish(this, this.signal.reason);
+  }
+
+  /** Settles the promise with the reply. */
+  succeed(reply: Reply, conn: Connection): void {
+    this.unlisten();
+    const resolve = this.resolve;
+    const reject = this.reject;
+    if (resolve === null || reject === null) return;
+    if (this.op === "A") {
+      if (reply.kind === "A") {
+        const key = this.key as Buffer;
+        const lock = new Lock(this.client, key, reply.token, this.sentAt + this.leaseMs, conn.node.address);
+        if (this.autoExtend) lock.autoExtend(this.leaseMs);
+        resolve(lock);
+      } else if (reply.kind === "T") {
+        reject(new LockTimeoutError(this.keyText));
+      } else {
+        reject(new ProtocolError(`unexpected reply to an acquire: ${reply.kind}`));
+      }
+    } else if (this.lock !== null) {
+      this.lock.releaseSettled();
+      if (reply.kind === "R") resolve(undefined);
+      else reject(new ProtocolError("unexpected reply to a release"));
+    } else {
+      resolve(reply);
+    }
+  }
+
+  /** Settles the promise with an error. */
+  fail(error: unknown): void {
+    this.unlisten();
+    this.lock?.releaseSettled();
+    this.reject?.(error);
+  }
+
+  private unlisten(): void {
+    if (this.signal !== null) {
+      this.signal.removeEventListener("abort", this);
+      this.signal = null;
+    }
+  }
+}
+
+/** The request promiseOf is making a promise for (the executor below reads
+ * it: one shared function instead of a closure per call). */
+let adopting: Request | null = null;
+
+function adopt(resolve: (value: never) => void, reject: (error: unknown) => void): void {
+  const request = adopting as Request;
+  request.resolve = resolve as (value: unknown) => void;
+  request.reject = reject;
+}
+
+/** A promise settled by `request` (Request.succeed and fail). */
+function promiseOf<T>(request: Request): Promise<T> {
+  adopting = request;
+  const promise = new Promise<T>(adopt);
+  adopting = null;
+  return promise;
 }
 
 class Node {
@@ -345,9 +446,9 @@ class Connection {
       this.pingedAt = now;
       // Nobody waits for it (done from the start): its reply is only a sign
       // of life, and a cut does not move it elsewhere.
-      const probe = new Request("P", null, () => encode.ping(), null, () => {}, () => {});
+      const probe = new Request(this.client, "P", null, encode.ping(), null, now);
       probe.done = true;
-      this.send(probe, encode.ping());
+      this.send(probe, now);
     }
   }
 
@@ -363,12 +464,12 @@ class Connection {
    * promise reactions are done, or at once when the outbox holds a full
    * batch (OUTBOX_BATCH_BYTES), so that the server works on the first
    * lines of a busy tick while the client is still making the rest. */
-  send(request: Request, line: Buffer, now = performance.now()): void {
+  send(request: Request, now: number): void {
     request.conn = this;
     request.sentAt = now;
     if (this.pairing.size === 0) this.busySince = now;
     this.pairing.add(request.op.charCodeAt(0), request.key, request);
-    this.outbox.push(line);
+    request.writeTo(this.outbox, now);
     if (this.outbox.full) this.write();
     if (!this.flushScheduled) {
       this.flushScheduled = true;
@@ -630,43 +731,18 @@ export class Client {
     if (this.closed) return Promise.reject(new ClientClosedError());
     if (signal?.aborted) return Promise.reject(signal.reason);
     const start = performance.now();
-    return new Promise<Lock>((resolve, reject) => {
-      const build = (now: number): Buffer | null => {
-        if (wait === null) return encode.acquire(bytes, lease, 0);
-        if (wait === 0) return encode.acquire(bytes, lease, 1);
-        const left = Math.ceil(start + wait - now);
-        return left < 1 ? null : encode.acquire(bytes, lease, left);
-      };
-      const onAbort = () => {
-        if (request.done) return;
-        this.finish(request, signal!.reason);
-      };
-      const request: Request = new Request(
-        "A",
-        bytes,
-        build,
-        wait !== null && wait > 0 ? start + wait : null,
-        (reply, conn) => {
-          signal?.removeEventListener("abort", onAbort);
-          if (reply.kind === "A") {
-            const lock = new Lock(this, bytes, reply.token, request.sentAt + lease, conn.node.address);
-            if (options.autoExtend) lock.autoExtend(lease);
-            resolve(lock);
-          } else if (reply.kind === "T") {
-            reject(new LockTimeoutError(bytes.toString("utf8")));
-          } else {
-            reject(new ProtocolError(`unexpected reply to an acquire: ${reply.kind}`));
-          }
-        },
-        (error) => {
-          signal?.removeEventListener("abort", onAbort);
-          reject(error);
-        },
-      );
-      request.tryOnce = wait === 0;
-      signal?.addEventListener("abort", onAbort, { once: true });
-      this.dispatch(request);
-    });
+    const request = new Request(this, "A", bytes, null, wait !== null && wait > 0 ? start + wait : null, start);
+    request.leaseMs = lease;
+    request.waitMs = wait;
+    request.tryOnce = wait === 0;
+    request.autoExtend = options.autoExtend === true;
+    const promise = promiseOf<Lock>(request);
+    if (signal !== undefined) {
+      request.signal = signal;
+      signal.addEventListener("abort", request, { once: true });
+    }
+    this.dispatch(request, start);
+    return promise;
   }
 
   /** A lock from its key and token, taken by this or another process: it
@@ -680,7 +756,7 @@ export class Client {
 
   /** Sends `P` to a node: its role, epoch and the active node it names. */
   ping(): Promise<PingReply> {
-    return this.simple("P", null, encode.ping()).then((reply) => {
+    return this.call("P", null, encode.ping()).then((reply) => {
       if (reply.kind !== "P") throw new ProtocolError("unexpected reply to a ping");
       return { role: reply.role, epoch: reply.epoch, active: reply.address };
     });
@@ -688,7 +764,7 @@ export class Client {
 
   /** Sends `S`: the node's statistics, parsed. */
   stats(): Promise<Record<string, unknown>> {
-    return this.simple("S", null, encode.stats()).then((reply) => {
+    return this.call("S", null, encode.stats()).then((reply) => {
       if (reply.kind !== "S") throw new ProtocolError("unexpected reply to stats");
       return JSON.parse(reply.json) as Record<string, unknown>;
     });
@@ -697,37 +773,35 @@ export class Client {
   /** Sends `I key`: who holds the key, without changing anything. */
   inspect(key: Key): Promise<InspectReply> {
     const bytes = keyBytes(key);
-    return this.simple("I", bytes, encode.inspect(bytes)).then((reply) => {
+    return this.call("I", bytes, encode.inspect(bytes)).then((reply) => {
       if (reply.kind !== "I") throw new ProtocolError("unexpected reply to inspect");
       return { token: reply.token, leaseLeftMs: reply.leaseLeftMs, waiters: reply.waiters };
     });
   }
 
-  /** @internal A release or extend of (key, token), within `limitAt`. */
-  keyed(op: "R" | "X", key: Buffer, line: Buffer, limitAt: number): Promise<{ reply: Reply; retried: boolean }> {
-    if (this.closed) return Promise.reject(new ClientClosedError());
-    return new Promise((resolve, reject) => {
-      let sends = 0;
-      const request = new Request(
-        op,
-        key,
-        () => {
-          sends += 1;
-          return line;
-        },
-        limitAt,
-        (reply) => resolve({ reply, retried: sends > 1 }),
-        reject,
-      );
-      this.dispatch(request);
-    });
+  /** @internal Releases a lock: retried within 5 s; its signal is aborted
+   * once the release settles. */
+  releaseLock(lock: Lock): Promise<void> {
+    if (this.closed) {
+      lock.releaseSettled();
+      return Promise.reject(new ClientClosedError());
+    }
+    const now = performance.now();
+    const request = new Request(this, "R", lock.keyBytes, null, now + RELEASE_RETRY_MS, now);
+    request.lock = lock;
+    const promise = promiseOf<void>(request);
+    this.dispatch(request, now);
+    return promise;
   }
 
-  private simple(op: Op, key: Buffer | null, line: Buffer): Promise<Reply> {
+  /** @internal Sends a request; resolves to its reply (an E reply rejects
+   * with its ServerError). `limitAt`: see Request. */
+  call(op: Op, key: Buffer | null, line: Buffer, limitAt: number | null = null): Promise<Reply> {
     if (this.closed) return Promise.reject(new ClientClosedError());
-    return new Promise((resolve, reject) => {
-      this.dispatch(new Request(op, key, () => line, null, resolve, reject));
-    });
+    const request = new Request(this, op, key, line, limitAt, performance.now());
+    const promise = promiseOf<Reply>(request);
+    this.dispatch(request);
+    return promise;
   }
 
   /** The next usable connection, round-robin, the active node's first if
@@ -750,13 +824,12 @@ export class Client {
 
   /** @internal Sends a request, or has it wait for a connection within its
    * limit. */
-  dispatch(request: Request): void {
+  dispatch(request: Request, now = performance.now()): void {
     if (request.done) return;
     if (this.closed) {
       this.finish(request, new ClientClosedError());
       return;
     }
-    const now = performance.now();
     if (request.noConnSince !== null && now >= this.limitOf(request)) {
       this.expire(request, now);
       return;
@@ -764,13 +837,12 @@ export class Client {
     const conn = this.pick(request.toActive);
     request.toActive = false;
     if (conn !== null) {
-      const line = request.build(now);
-      if (line === null) {
+      if (request.waitToSend(now) < 0) {
         this.finish(request, new LockTimeoutError(request.keyText));
         return;
       }
       this.unwait(request);
-      conn.send(request, line, now);
+      conn.send(request, now);
       if (!conn.hasAnswered) this.armLimit(request, now);
       return;
     }
@@ -893,7 +965,7 @@ export class Client {
       request.conn.forget(request);
       request.conn = null;
     }
-    request.reject(error);
+    request.fail(error);
   }
 
   /** @internal A reply paired with its request. */
@@ -901,9 +973,10 @@ export class Client {
     if (request.done) {
       // Its caller gave up while it was in flight: a grant nobody takes is
       // handed back at once.
-      if (reply.kind === "A" && request.key !== null) {
-        void this.keyed("R", request.key, encode.release(request.key, reply.token), performance.now() + RELEASE_RETRY_MS)
-          .catch(() => {});
+      if (reply.kind === "A" && request.key !== null && !this.closed) {
+        const now = performance.now();
+        const line = encode.release(request.key, reply.token);
+        this.dispatch(new Request(this, "R", request.key, line, now + RELEASE_RETRY_MS, now));
       }
       return;
     }
@@ -950,7 +1023,7 @@ export class Client {
     }
     request.done = true;
     this.unwait(request);
-    request.resolve(reply, conn);
+    request.succeed(reply, conn);
   }
 
   /** A stopping server answered an acquire, release or extend
@@ -1039,12 +1112,30 @@ export class Lock extends EventEmitter {
     this.keyBytes = key;
     this.token = token;
     this.leaseEnd = leaseEnd;
-    // The lease's timer is armed only once someone can learn of a loss (a
-    // "lost" listener, the signal, auto-extend): a plain acquire/release
-    // costs no timer.
-    this.on("newListener", (event: string | symbol) => {
-      if (event === "lost") this.watch();
-    });
+  }
+
+  // The lease's timer is armed only once someone can learn of a loss (a
+  // "lost" listener, the signal, auto-extend): a plain acquire/release costs
+  // no timer, and no listener of its own (these overrides see every way a
+  // listener is added; once() adds through on()).
+  override on(event: string | symbol, listener: (...args: any[]) => void): this {
+    if (event === "lost") this.watch();
+    return super.on(event, listener);
+  }
+
+  override addListener(event: string | symbol, listener: (...args: any[]) => void): this {
+    if (event === "lost") this.watch();
+    return super.addListener(event, listener);
+  }
+
+  override prependListener(event: string | symbol, listener: (...args: any[]) => void): this {
+    if (event === "lost") this.watch();
+    return super.prependListener(event, listener);
+  }
+
+  override prependOnceListener(event: string | symbol, listener: (...args: any[]) => void): this {
+    if (event === "lost") this.watch();
+    return super.prependOnceListener(event, listener);
   }
 
   private watching = false;
@@ -1090,22 +1181,18 @@ export class Lock extends EventEmitter {
   }
 
   /** Releases the lock; retried over other connections for 5 s after a cut.
-   * Rejects with NotHolderError if the token no longer held the key (unless
-   * an earlier send of this release may have freed it). */
-  async release(): Promise<void> {
+   * Rejects with NotHolderError if the token no longer holds the key (its
+   * lease ran out, or a retry after a cut finds that the first send freed
+   * it). `signal` is aborted once the release is answered. */
+  release(): Promise<void> {
     this.stop();
     this.released = true;
-    try {
-      const { reply } = await this.client.keyed(
-        "R",
-        this.keyBytes,
-        encode.release(this.keyBytes, this.token),
-        performance.now() + RELEASE_RETRY_MS,
-      );
-      if (reply.kind !== "R") throw new ProtocolError("unexpected reply to a release");
-    } finally {
-      this.controller?.abort(new LockLostError("released"));
-    }
+    return this.client.releaseLock(this);
+  }
+
+  /** @internal The release was answered (or failed). */
+  releaseSettled(): void {
+    this.controller?.abort(new LockLostError("released"));
   }
 
   /** Sets the lease to end `lease` seconds from now (default: 30). */
@@ -1114,12 +1201,7 @@ export class Lock extends EventEmitter {
     const sent = performance.now();
     const limit = Number.isFinite(this.leaseEnd) ? this.leaseEnd : sent + RELEASE_RETRY_MS;
     try {
-      const { reply } = await this.client.keyed(
-        "X",
-        this.keyBytes,
-        encode.extend(this.keyBytes, this.token, ms),
-        limit,
-      );
+      const reply = await this.client.call("X", this.keyBytes, encode.extend(this.keyBytes, this.token, ms), limit);
       if (reply.kind !== "X") throw new ProtocolError("unexpected reply to an extend");
     } catch (error) {
       if (error instanceof NotHolderError) this.lose(new LockLostError("the server no longer holds this token", { cause: error }));

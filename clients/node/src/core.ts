@@ -116,21 +116,39 @@ function latin1(bytes: Buffer, start: number, end: number): string {
  * own decimal text is used). */
 const SAFE_TOKEN = BigInt(Number.MAX_SAFE_INTEGER);
 
+/** 10^0 to 10^15: a whole number up to 2^53 - 1 has at most 16 digits. */
+const POWERS_OF_TEN = Array.from({ length: 16 }, (_, power) => 10 ** power);
+
 /** How many decimal digits a whole number (0 to 2^53 - 1) takes. */
 function digitCount(value: number): number {
   let count = 1;
-  for (let rest = value; rest >= 10; rest = Math.floor(rest / 10)) count += 1;
+  while (count < POWERS_OF_TEN.length && value >= POWERS_OF_TEN[count]) count += 1;
   return count;
 }
 
 /** Writes a whole number (0 to 2^53 - 1) in decimal at `at`; returns the
- * offset after it. */
+ * offset after it. Digits come from 8-digit parts small enough for integer
+ * arithmetic (a token is 16 digits). */
 function writeNumber(out: Buffer, at: number, value: number): number {
   const stop = at + digitCount(value);
+  let index = stop - 1;
   let rest = value;
-  for (let index = stop - 1; index >= at; index -= 1) {
-    out[index] = 0x30 + (rest % 10);
-    rest = Math.floor(rest / 10);
+  while (rest >= 1e8) {
+    const high = Math.floor(rest / 1e8);
+    let low = rest - high * 1e8;
+    for (let digit = 0; digit < 8; digit += 1) {
+      const tenth = (low / 10) | 0;
+      out[index] = 0x30 + low - tenth * 10;
+      index -= 1;
+      low = tenth;
+    }
+    rest = high;
+  }
+  let small = rest | 0;
+  for (; index >= at; index -= 1) {
+    const tenth = (small / 10) | 0;
+    out[index] = 0x30 + small - tenth * 10;
+    small = tenth;
   }
   return stop;
 }
@@ -177,25 +195,49 @@ function writeToken(out: Buffer, at: number, digits: number | string): number {
   return typeof digits === "number" ? writeNumber(out, at, digits) : at + out.write(digits, at, "latin1");
 }
 
+/** The size of an acquire's line. */
+function acquireSize(key: Buffer, leaseMs: number, waitMs: number): number {
+  return 2 + key.length + 1 + secondsLength(leaseMs) + 1 + secondsLength(waitMs) + 1;
+}
+
+/** Writes `A <key> <lease> <wait>\n` at `at`; returns the offset after it. */
+function writeAcquire(out: Buffer, at: number, key: Buffer, leaseMs: number, waitMs: number): number {
+  out[at] = 0x41;
+  out[at + 1] = 0x20;
+  out.set(key, at + 2);
+  let end = at + 2 + key.length;
+  out[end] = 0x20;
+  end = writeSeconds(out, end + 1, leaseMs);
+  out[end] = 0x20;
+  end = writeSeconds(out, end + 1, waitMs);
+  out[end] = 0x0a;
+  return end + 1;
+}
+
+/** Writes `R <key> <token>\n` at `at` (`digits` from tokenDigits); returns
+ * the offset after it. */
+function writeRelease(out: Buffer, at: number, key: Buffer, digits: number | string): number {
+  out[at] = 0x52;
+  out[at + 1] = 0x20;
+  out.set(key, at + 2);
+  const space = at + 2 + key.length;
+  out[space] = 0x20;
+  const end = writeToken(out, space + 1, digits);
+  out[end] = 0x0a;
+  return end + 1;
+}
+
 /** Request lines, each one Buffer written in place (no strings in between). */
 export const encode = {
   acquire: (key: Buffer, leaseMs: number, waitMs: number): Buffer => {
-    const size = 2 + key.length + 1 + secondsLength(leaseMs) + 1 + secondsLength(waitMs) + 1;
-    const out = keyedLine(0x41, key, size);
-    let at = 2 + key.length;
-    out[at] = 0x20;
-    at = writeSeconds(out, at + 1, leaseMs);
-    out[at] = 0x20;
-    at = writeSeconds(out, at + 1, waitMs);
-    out[at] = 0x0a;
+    const out = Buffer.allocUnsafe(acquireSize(key, leaseMs, waitMs));
+    writeAcquire(out, 0, key, leaseMs, waitMs);
     return out;
   },
   release: (key: Buffer, token: bigint): Buffer => {
     const digits = tokenDigits(token);
-    const out = keyedLine(0x52, key, 2 + key.length + 1 + tokenLength(digits) + 1);
-    const at = writeToken(out, 2 + key.length + 1, digits);
-    out[2 + key.length] = 0x20;
-    out[at] = 0x0a;
+    const out = Buffer.allocUnsafe(2 + key.length + 1 + tokenLength(digits) + 1);
+    writeRelease(out, 0, key, digits);
     return out;
   },
   extend: (key: Buffer, token: bigint, leaseMs: number): Buffer => {
@@ -253,8 +295,9 @@ export class ProtocolError extends Error {}
 export const REPLY_LINE_MAX = 1 << 20;
 /** Fields of a reply line whose places are kept (I has the most: 5). */
 const FIELDS_MAX = 8;
-/** Digits read with number arithmetic before a token's text is used. */
-const EXACT_DIGITS_MAX = 15;
+/** Digits read with number arithmetic (exact below 2^53) before a token's
+ * text is used. */
+const EXACT_DIGITS_MAX = 16;
 
 /**
  * Reads replies from a byte stream: `feed` a chunk, then `next()` until it
@@ -443,6 +486,9 @@ export class ReplyReader {
     if (length > EXACT_DIGITS_MAX) return BigInt(latin1(bytes, from, from + length));
     let value = 0;
     for (let index = from; index < from + length; index += 1) value = value * 10 + (bytes[index] - 0x30);
+    // 16 digits are exact up to 2^53 - 1 (a value beyond rounds to 2^53 or
+    // more, and is read from its text).
+    if (value > Number.MAX_SAFE_INTEGER) return BigInt(latin1(bytes, from, from + length));
     return BigInt(value);
   }
 
@@ -661,6 +707,22 @@ export class Outbox {
     if (this.end + line.length > this.slab.length) this.renew(line.length);
     this.slab.set(line, this.end);
     this.end += line.length;
+  }
+
+  /** Writes an acquire's line in place (as encode.acquire makes it, with no
+   * Buffer of its own). */
+  pushAcquire(key: Buffer, leaseMs: number, waitMs: number): void {
+    const size = acquireSize(key, leaseMs, waitMs);
+    if (this.end + size > this.slab.length) this.renew(size);
+    this.end = writeAcquire(this.slab, this.end, key, leaseMs, waitMs);
+  }
+
+  /** Writes a release's line in place (as encode.release makes it). */
+  pushRelease(key: Buffer, token: bigint): void {
+    const digits = tokenDigits(token);
+    const size = 2 + key.length + 1 + tokenLength(digits) + 1;
+    if (this.end + size > this.slab.length) this.renew(size);
+    this.end = writeRelease(this.slab, this.end, key, digits);
   }
 
   /** The lines pushed since the last take, as one Buffer; null if none. */

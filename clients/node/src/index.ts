@@ -4,3 +4,4 @@ export type { AcquireOptions, ClientOptions, InspectReply, PingReply } from "./c
 export type { Key, Wait } from "./core.js";
 export { ProtocolError } from "./core.js";
 export * from "./errors.js";
+export { Clusters, clusterFor, clusterScore } from "./clusters.js";

@@ -5,7 +5,11 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { once } from "node:events";
+import { getEventListeners, once } from "node:events";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
 import { after, before, test } from "node:test";
 
 import * as net from "node:net";
@@ -19,7 +23,7 @@ import {
   NoConnectionError,
   NotHolderError,
 } from "../dist/index.js";
-import { Server, sleep } from "./harness.mjs";
+import { Server, rawLine, sleep } from "./harness.mjs";
 
 let server;
 const clients = [];
@@ -120,6 +124,97 @@ test("Symbol.asyncDispose releases the lock", async () => {
   assert.equal((await c.inspect("dispose")).token, null);
   assert.ok(lock.signal.aborted);
   await lock[Symbol.asyncDispose](); // twice is no error
+});
+
+test("a signal's abort listener is added for the acquire and removed once it settles", async () => {
+  const c = client();
+  const controller = new AbortController();
+  const lock = await c.acquire("listener", { wait: 5, signal: controller.signal });
+  assert.equal(getEventListeners(controller.signal, "abort").length, 0, "after a grant");
+  const pending = c.acquire("listener", { wait: 5, signal: controller.signal });
+  assert.equal(getEventListeners(controller.signal, "abort").length, 1, "while waiting");
+  const timedOut = c.acquire("listener", { wait: 0.05, signal: controller.signal });
+  assert.ok((await rejection(timedOut)) instanceof LockTimeoutError);
+  await lock.release();
+  await (await pending).release();
+  assert.equal(getEventListeners(controller.signal, "abort").length, 0, "after a timeout and a grant");
+  controller.abort();
+});
+
+/** The token holding `key` on the test server, asked on a connection of its
+ * own (null: free). */
+async function holderOnServer(key) {
+  const line = await rawLine(server.address, `I ${key}`);
+  const fields = line?.split(" ") ?? [];
+  assert.equal(fields[0], "I", `I ${key} answered ${line}`);
+  return fields[2] === "-" ? null : BigInt(fields[2]);
+}
+
+// `await using` in a module of its own: as written where the runtime parses
+// it (Node 24 and later), else as TypeScript compiles it for Node 20
+// (target ES2022: its helpers call the lock's Symbol.asyncDispose at the end
+// of the scope, as the runtime would).
+const SCOPED = `
+export async function scoped(client, key, inside) {
+  await using lock = await client.acquire(key, { lease: 30, wait: 5 });
+  await inside(lock);
+}
+`;
+
+async function scopedModule() {
+  let native = true;
+  try {
+    new (async () => {}).constructor("await using x = null;");
+  } catch {
+    native = false;
+  }
+  let code = SCOPED;
+  if (!native) {
+    const { default: ts } = await import("typescript");
+    code = ts.transpileModule(SCOPED, {
+      compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ES2022 },
+    }).outputText;
+    assert.match(code, /__disposeResources/, "TypeScript lowered the await using");
+  }
+  const dir = mkdtempSync(join(tmpdir(), "ringlock-node-using-"));
+  try {
+    const file = join(dir, "scoped.mjs");
+    writeFileSync(file, code);
+    return { native, ...(await import(pathToFileURL(file).href)) };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+test("await using releases the lock at the end of its scope, also when the scope throws", async (t) => {
+  const { native, scoped } = await scopedModule();
+  t.diagnostic(native ? "await using run natively" : "await using lowered by TypeScript (this Node cannot parse it)");
+  const c = client();
+  const rival = client();
+  let token = null;
+  await scoped(c, "scoped", async (lock) => {
+    token = lock.token;
+    assert.equal(await holderOnServer("scoped"), lock.token, "held inside the scope");
+  });
+  assert.notEqual(token, null);
+  // Asked of the server on a connection of its own, then taken by a rival
+  // client without waiting.
+  assert.equal(await holderOnServer("scoped"), null, "free after the scope");
+  const taken = await rival.acquire("scoped", { wait: "once" });
+  await taken.release();
+
+  const failure = new Error("the work failed");
+  let inner = null;
+  const error = await rejection(
+    scoped(c, "scoped", async (lock) => {
+      inner = lock;
+      throw failure;
+    }),
+  );
+  assert.equal(error, failure);
+  assert.ok(inner.signal.aborted);
+  assert.equal(await holderOnServer("scoped"), null, "free after a scope that threw");
+  await (await rival.acquire("scoped", { wait: "once" })).release();
 });
 
 test("held() asks the server; a lock from (key, token) releases another client's lock", async () => {

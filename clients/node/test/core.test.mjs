@@ -100,6 +100,14 @@ test("replies parse from bytes, with the slot of the request they answer", () =>
   assert.equal(parseReply(Buffer.from("A k 7")).token, 7n);
   assert.equal(parseReply(Buffer.from("A k 123456789012345")).token, 123456789012345n);
   assert.equal(parseReply(Buffer.from("A k 1234567890123456")).token, 1234567890123456n);
+  // 16 digits on both sides of 2^53 (read with number arithmetic below it).
+  for (const token of [4503599627370497n, 9007199254740991n, 9007199254740992n, 9007199254740993n, 9999999999999999n]) {
+    assert.equal(parseReply(Buffer.from(`A k ${token}`)).token, token);
+    assert.equal(encode.release(Buffer.from("k"), token).toString(), `R k ${token}\n`);
+  }
+  for (const token of [0n, 9n, 10n, 99999999n, 100000000n, 100000001n, 1234567890123456n]) {
+    assert.equal(encode.release(Buffer.from("k"), token).toString(), `R k ${token}\n`);
+  }
   assert.deepEqual(slotOfLine("T k"), { reply: { kind: "T" }, slot: "A k" });
   assert.deepEqual(slotOfLine("R k"), { reply: { kind: "R" }, slot: "R k" });
   assert.deepEqual(slotOfLine("X k 9"), { reply: { kind: "X" }, slot: "X k" });
@@ -230,6 +238,31 @@ test("the outbox hands out one tick's lines as one Buffer and never writes over 
   outbox.clear();
   assert.equal(outbox.size, 0);
   assert.equal(outbox.take(), null);
+});
+
+test("the outbox writes acquire and release lines in place, byte for byte as encode makes them, across slabs", () => {
+  const outbox = new Outbox();
+  const expected = [];
+  const tokens = [0n, 7n, 9007199254740991n, 9007199254740993n, 18446744073709551615n];
+  // Enough lines (of keys up to 250 bytes) to fill several slabs, taken in
+  // batches of varying size.
+  for (let index = 0; index < 2000; index += 1) {
+    const key = Buffer.from(`key-${index}-${"x".repeat(index % 251 === 0 ? 240 : index % 13)}`);
+    if (index % 2 === 0) {
+      const lease = 1 + ((index * 37) % 86400000);
+      const wait = index % 3 === 0 ? 0 : (index * 11) % 100000;
+      outbox.pushAcquire(key, lease, wait);
+      expected.push(encode.acquire(key, lease, wait));
+    } else {
+      const token = tokens[index % tokens.length];
+      outbox.pushRelease(key, token);
+      expected.push(encode.release(key, token));
+    }
+    if (index % 97 === 0) {
+      assert.deepEqual(outbox.take(), Buffer.concat(expected.splice(0)));
+    }
+  }
+  assert.deepEqual(outbox.take(), Buffer.concat(expected));
 });
 
 test("reconnect schedule: at once, then doubling within [d/2, d] up to the cap", () => {

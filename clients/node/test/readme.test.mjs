@@ -1,7 +1,8 @@
 // The README's examples: every ```js block of README.md runs as a program of
 // its own (importing "ringlock" as an application would, through the
 // package's own name) against a real server, with the examples' address
-// (127.0.0.1:7700) replaced by the server's. A block is skipped only if the
+// (127.0.0.1:7700) replaced by the server's, and a second server for the
+// second cluster of the "Several clusters" example (127.0.0.1:7800). A block is skipped only if the
 // line before its fence is a `<!-- not run: reason -->` mark.
 
 import assert from "node:assert/strict";
@@ -41,13 +42,14 @@ function blocks(text) {
 }
 
 let server;
+let second;
 before(async () => {
-  server = await Server.start();
+  [server, second] = await Promise.all([Server.start(), Server.start()]);
   mkdirSync(SCRATCH, { recursive: true });
 });
 after(async () => {
   rmSync(SCRATCH, { recursive: true, force: true });
-  await server.stop();
+  await Promise.all([server?.stop(), second?.stop()]);
 });
 
 test("the README has a first example that runs", () => {
@@ -59,7 +61,7 @@ test("the README has a first example that runs", () => {
 for (const block of blocks(README)) {
   test(`README.md block at line ${block.line}`, { skip: block.notRun ?? false }, async () => {
     const file = join(SCRATCH, `block-${block.line}.mjs`);
-    writeFileSync(file, block.code.replaceAll("127.0.0.1:7700", server.address));
+    writeFileSync(file, block.code.replaceAll("127.0.0.1:7700", server.address).replaceAll("127.0.0.1:7800", second.address));
     const child = spawn(process.execPath, [file], { cwd: HERE, stdio: ["ignore", "pipe", "pipe"] });
     let output = "";
     child.stdout.on("data", (chunk) => (output += chunk));
