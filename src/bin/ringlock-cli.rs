@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use ringlock_client::proto::parse_seconds_ms;
 use ringlock_client::{Client, ClientBuilder, Error, Lock, ReleaseOutcome, cluster_for};
 
@@ -54,8 +55,8 @@ struct Cli {
     /// every ringlock client chooses it (docs/protocol.md §4, "Several
     /// clusters"), so give the same names as the applications do; ping and
     /// stats ask every node of every cluster, each line labelled with its
-    /// cluster's name.
-    #[arg(long = "cluster", value_name = "NAME=HOST:PORT[,HOST:PORT...]", value_parser = cluster, global = true, conflicts_with = "servers")]
+    /// cluster's name. RINGLOCK_SERVERS is ignored with --cluster.
+    #[arg(long = "cluster", value_name = "NAME=HOST:PORT[,HOST:PORT...]", value_parser = cluster, global = true)]
     clusters: Vec<NamedCluster>,
 
     /// How long, in seconds, a request with no limit of its own (ping,
@@ -267,7 +268,14 @@ fn seconds(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    // --servers from the environment gives way to --cluster; both on the
+    // command line is a mistake.
+    if !cli.clusters.is_empty() && matches.value_source("servers") == Some(ValueSource::CommandLine) {
+        eprintln!("ringlock-cli: --cluster cannot be used with --servers: give each cluster's nodes in its --cluster");
+        return ExitCode::from(EXIT_ERROR);
+    }
     match run(cli) {
         Ok(code) => code,
         Err(error) => {
