@@ -175,6 +175,18 @@ fn cli_sends_each_key_to_its_cluster_and_asks_every_node_of_every_cluster() {
 }
 
 #[test]
+fn cli_names_the_cluster_of_a_node_it_cannot_reach() {
+    let server = Server::start(&[]);
+    let nobody = common::RefusingPort::new();
+    let (up, down) = (format!("up={}", server.addr), format!("down={}", nobody.addr));
+    let ping = cli().args(["--cluster", &up, "--cluster", &down, "--connect-limit", "0.3", "ping"]).output().unwrap();
+    assert!(ping.status.success(), "one node answered: {ping:?}");
+    assert!(String::from_utf8(ping.stdout).unwrap().starts_with(&format!("up {} active ", server.addr)));
+    let said = String::from_utf8(ping.stderr).unwrap();
+    assert!(said.contains(&format!("is ringlock running at --cluster {down}?")), "{said}");
+}
+
+#[test]
 fn cli_refuses_a_bad_cluster_flag_and_one_given_with_servers() {
     for (flags, said) in [
         (vec!["--cluster", "a"], "NAME=HOST:PORT"),

@@ -236,19 +236,38 @@ impl Place {
         }
     }
 
-    /// Every node, each with the label its lines start with: its address,
-    /// after its cluster's name with several clusters.
-    fn nodes(&self) -> Vec<(String, String)> {
+    /// Every node, each with the label its lines start with (its address,
+    /// after its cluster's name with several clusters) and how to name it
+    /// in an error.
+    fn nodes(&self) -> Vec<Node> {
         match self {
-            Place::Servers(servers) => servers.iter().map(|address| (address.clone(), address.clone())).collect(),
+            Place::Servers(servers) => servers
+                .iter()
+                .map(|address| Node {
+                    label: address.clone(),
+                    address: address.clone(),
+                    named: format!("--servers {address}"),
+                })
+                .collect(),
             Place::Clusters(clusters) => clusters
                 .iter()
                 .flat_map(|cluster| {
-                    cluster.servers.iter().map(|address| (format!("{} {address}", cluster.name), address.clone()))
+                    cluster.servers.iter().map(|address| Node {
+                        label: format!("{} {address}", cluster.name),
+                        address: address.clone(),
+                        named: format!("--cluster {}={address}", cluster.name),
+                    })
                 })
                 .collect(),
         }
     }
+}
+
+/// One node that `ping` and `stats` ask on its own.
+struct Node {
+    label: String,
+    address: String,
+    named: String,
 }
 
 /// What every client the tool makes is built with.
@@ -404,16 +423,15 @@ fn acquire(client: &Client, key: &str, lease: Duration, wait: Option<Duration>) 
 /// for itself (a client of several nodes would ask any one of them). Each
 /// node comes with the label its lines start with.
 fn per_node(
-    nodes: &[(String, String)],
+    nodes: &[Node],
     limit: &Settings,
     action: impl Fn(&str, &Client) -> Result<(), Error>,
 ) -> Result<ExitCode, String> {
     let mut failed = 0;
-    for (label, address) in nodes {
-        let named = format!("--servers {address}");
-        let client = connect(std::slice::from_ref(address), limit, &named)?;
+    for Node { label, address, named } in nodes {
+        let client = connect(std::slice::from_ref(address), limit, named)?;
         if let Err(error) = action(label, &client) {
-            eprintln!("ringlock-cli: {label}: {}", explain(&named, error));
+            eprintln!("ringlock-cli: {label}: {}", explain(named, error));
             failed += 1;
         }
     }
