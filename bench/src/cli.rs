@@ -88,6 +88,17 @@ pub struct RunArgs {
     #[arg(long, default_value = "127.0.0.1:7700")]
     pub addr: SocketAddr,
 
+    /// One of several independent clusters, as NAME=HOST:PORT: its name and
+    /// the address of the node to drive (its active: the load generator
+    /// follows no `M` redirect); repeat it for each cluster, instead of
+    /// --addr. Each key's requests go to its cluster, chosen from the names
+    /// as every ringlock client chooses it (docs/protocol.md §4, "Several
+    /// clusters"): connection i goes to the i-th cluster (cycling, in the
+    /// order given) and draws only keys of that cluster, so every request
+    /// slot still has keys of its own.
+    #[arg(long = "cluster", value_name = "NAME=HOST:PORT", value_parser = parse_cluster, conflicts_with = "addr")]
+    pub clusters: Vec<ClusterArg>,
+
     /// Workload: `uncontended` (acquire then release random keys of
     /// --key-space), `contended` (--hot-keys keys shared by every lane:
     /// FIFO hand-offs and wait latency), `hold` (acquire --hold-keys
@@ -281,6 +292,28 @@ pub struct ReportArgs {
     /// The command that produced the runs, recorded in --out.
     #[arg(long)]
     pub command: Option<String>,
+}
+
+/// A `--cluster`: its name and the address driven.
+#[derive(Clone, Debug)]
+pub struct ClusterArg {
+    pub name: String,
+    pub addr: SocketAddr,
+}
+
+fn parse_cluster(text: &str) -> Result<ClusterArg, String> {
+    let shape = || format!("expected NAME=HOST:PORT, not {text:?}");
+    let (name, addr) = text.split_once('=').ok_or_else(shape)?;
+    if name.is_empty() {
+        return Err(shape());
+    }
+    if addr.contains(',') {
+        return Err(format!(
+            "{text:?}: the load generator drives one node per cluster (it follows no M redirect): give its active's address"
+        ));
+    }
+    let addr = addr.parse().map_err(|error| format!("{text:?}: {addr:?} is not an IP address and port: {error}"))?;
+    Ok(ClusterArg { name: name.to_string(), addr })
 }
 
 fn parse_decimal(text: &str) -> Result<f64, String> {

@@ -138,6 +138,10 @@ pub struct RunReport {
     /// request's intended send time.
     #[serde(default)]
     pub open_loop: Option<OpenLoopReport>,
+    /// Several clusters (`--cluster`): their names with the address driven,
+    /// `name=host:port`, in the order given; empty for one server.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<String>,
 }
 
 impl RunReport {
@@ -193,6 +197,7 @@ impl RunReport {
             hot_keys: args.hot_keys,
             lease_s: args.lease,
             wait_s: args.wait,
+            clusters: args.clusters.iter().map(|cluster| format!("{}={}", cluster.name, cluster.addr)).collect(),
             acquires: stats.acquires,
             releases: stats.releases,
             cycles: stats.releases,
@@ -230,6 +235,9 @@ impl RunReport {
             self.threads,
             self.duration_s
         );
+        if !self.clusters.is_empty() {
+            let _ = writeln!(out, "  clusters: {}", self.clusters.join(" "));
+        }
         let _ = writeln!(
             out,
             "  ops/s {}   acquires/s {}   releases/s {}   cycles/s {}",
@@ -683,6 +691,7 @@ mod tests {
             cpu_pressure_percent: None,
             cpu_steal_percent: 0.0,
             open_loop: None,
+            clusters: Vec::new(),
         }
     }
 

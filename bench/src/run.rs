@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use crate::cli::{RedisReleaseArg, RunArgs, Target};
-use crate::keys::KeyFormat;
+use crate::keys::{KEY_LEN_MAX, KeyFormat};
 use crate::pending::KEY_ID_MAX;
 use crate::proc_sample;
 use crate::report::{HoldReport, RunReport, ServerReport};
@@ -16,9 +16,10 @@ use crate::resp::{self, RespValue};
 use crate::tls::{self, Security};
 use crate::wire::{REDIS_RELEASE_SCRIPT, RedisRelease, Wire};
 use crate::worker::{
-    ConnectionPlan, Control, OpenLoop, PHASE_DRAIN, PHASE_MEASURE, PHASE_WARMUP, Settings, Worker, WorkerStats,
-    Workload,
+    ConnectionPlan, Control, OpenLoop, PHASE_DRAIN, PHASE_MEASURE, PHASE_WARMUP, Routing, Settings, Worker,
+    WorkerStats, Workload,
 };
+use ringlock_proto::cluster_index;
 
 /// Most connections one run opens.
 const CONNECTIONS_MAX: usize = 65_536;
@@ -53,13 +54,25 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
         return Err("the workload needs at least one key (--key-space, --hot-keys or --hold-keys)".into());
     }
     let keys = KeyFormat::new(args.key_len, key_count)?;
+    let routing = routing(args, &keys)?;
     let plans = plan_connections(args)?;
+    if let Some(routing) = &routing {
+        check_slices(args, &plans, routing, &keys)?;
+    }
     let lease_ms = (args.lease * 1000.0).round() as u64;
     if lease_ms == 0 {
         return Err("--lease must be above 0".into());
     }
-    let security = args.security.security(args.addr)?;
-    if security.secret.is_some() && args.target != Target::Ringlock {
+    let addrs: Vec<SocketAddr> = if args.clusters.is_empty() {
+        vec![args.addr]
+    } else {
+        args.clusters.iter().map(|cluster| cluster.addr).collect()
+    };
+    let servers = addrs
+        .iter()
+        .map(|&addr| args.security.security(addr).map(|security| (addr, security)))
+        .collect::<Result<Vec<_>, String>>()?;
+    if servers[0].1.secret.is_some() && args.target != Target::Ringlock {
         return Err("--secret (or RINGLOCK_SECRET) is for the ringlock target only".into());
     }
     let wire = match args.target {
@@ -67,14 +80,20 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
         Target::Echo => Wire::Echo,
         Target::Redis => Wire::Redis(match args.redis_release {
             RedisReleaseArg::Evalsha => {
-                RedisRelease::CompareAndDelete { sha: redis_script_load(args.addr, &security)? }
+                // Each server gets the script; its SHA-1 is the same everywhere.
+                let mut sha = None;
+                for (addr, security) in &servers {
+                    sha = Some(redis_script_load(*addr, security)?);
+                }
+                RedisRelease::CompareAndDelete { sha: sha.expect("at least one server") }
             }
             RedisReleaseArg::Del => RedisRelease::Delete,
         }),
     };
     let wait_ms = (args.wait * 1000.0).round() as u64;
     let settings = Settings {
-        addr: args.addr,
+        servers: servers.clone(),
+        routing,
         acquire_line: wire.acquire_line(&keys, lease_ms, wait_ms),
         wire,
         workload: args.workload,
@@ -92,7 +111,6 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
             connections: args.connections as u64,
             lag_tolerance: Duration::from_micros(args.lag_tolerance_us),
         }),
-        security: security.clone(),
     };
 
     let server_pid = args.server_pid.map(|pid| pid.to_string());
@@ -134,8 +152,12 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
     }
     control.connected.wait();
 
-    let handoffs =
-        |target: Target| (target == Target::Ringlock).then(|| ringlock_handoffs(args.addr, &security)).flatten();
+    // Over every cluster: the sum of their `S` counts.
+    let handoffs = |target: Target| {
+        (target == Target::Ringlock)
+            .then(|| servers.iter().map(|(addr, security)| ringlock_handoffs(*addr, security)).sum::<Option<u64>>())
+            .flatten()
+    };
     let (measure_start, machine_before, server_before, self_before, handoffs_before);
     if hold {
         (measure_start, server_before, self_before) =
@@ -234,9 +256,81 @@ fn plan_connections(args: &RunArgs) -> Result<Vec<ConnectionPlan>, String> {
                 (first, share.min(args.hold_keys - first))
             }
         };
-        plans.push(ConnectionPlan { index, key_first, key_count });
+        plans.push(ConnectionPlan { index, server: 0, key_first, key_count });
+    }
+    if args.clusters.len() > 1 {
+        let clusters = args.clusters.len();
+        if args.connections < clusters {
+            return Err(format!("--connections {} is fewer than the {clusters} clusters", args.connections));
+        }
+        for plan in &mut plans {
+            plan.server = plan.index as usize % clusters;
+        }
+        if args.workload == Workload::Hold {
+            // Each cluster's connections split every key between them and
+            // hold those of their cluster, so that each key is held once.
+            for cluster in 0..clusters {
+                let mine: Vec<&mut ConnectionPlan> = plans.iter_mut().filter(|plan| plan.server == cluster).collect();
+                let share = args.hold_keys.div_ceil(mine.len() as u64);
+                for (position, plan) in mine.into_iter().enumerate() {
+                    plan.key_first = (position as u64 * share).min(args.hold_keys);
+                    plan.key_count = share.min(args.hold_keys - plan.key_first);
+                }
+            }
+        }
     }
     Ok(plans)
+}
+
+/// With several `--cluster`s: their names, and the hot keys of each.
+fn routing(args: &RunArgs, keys: &KeyFormat) -> Result<Option<Arc<Routing>>, String> {
+    if args.clusters.len() < 2 {
+        return Ok(None);
+    }
+    let mut names: Vec<&str> = args.clusters.iter().map(|cluster| cluster.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+        return Err(format!("the cluster {:?} is given twice; each --cluster needs a name of its own", pair[0]));
+    }
+    let mut routing = Routing {
+        names: args.clusters.iter().map(|cluster| cluster.name.clone()).collect(),
+        hot_keys: vec![Vec::new(); args.clusters.len()],
+    };
+    if args.workload == Workload::Contended {
+        let mut buffer = [0u8; KEY_LEN_MAX];
+        for key in 0..args.hot_keys {
+            let cluster = cluster_index(&routing.names, keys.write(key, &mut buffer)).expect("two clusters or more");
+            routing.hot_keys[cluster].push(key);
+        }
+        if let Some(cluster) = routing.hot_keys.iter().position(Vec::is_empty) {
+            return Err(format!(
+                "none of the {} --hot-keys goes to the cluster {:?}; raise --hot-keys",
+                args.hot_keys, routing.names[cluster]
+            ));
+        }
+    }
+    Ok(Some(Arc::new(routing)))
+}
+
+/// Uncontended with several clusters: every lane's slice of keys must hold
+/// a key of its connection's cluster, or the lane could draw none.
+fn check_slices(args: &RunArgs, plans: &[ConnectionPlan], routing: &Routing, keys: &KeyFormat) -> Result<(), String> {
+    if args.workload != Workload::Uncontended {
+        return Ok(());
+    }
+    for plan in plans {
+        let span = plan.key_count / args.depth as u64;
+        for lane in 0..args.depth as u64 {
+            let first = plan.key_first + lane * span;
+            if !(first..first + span).any(|key| routing.owns(plan.server, key, keys)) {
+                return Err(format!(
+                    "a slice of {span} keys holds none of the cluster {:?}: raise --key-space",
+                    routing.names[plan.server]
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Loads the compare-and-delete script and returns its SHA-1.

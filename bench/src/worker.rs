@@ -23,8 +23,8 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -89,7 +89,11 @@ pub enum Workload {
 /// What every worker of a run does.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    pub addr: SocketAddr,
+    /// The servers driven, each with its TLS settings: one, or one per
+    /// cluster (`--cluster`), in the order of `routing`'s names.
+    pub servers: Vec<(SocketAddr, Security)>,
+    /// With several clusters: which keys each connection may draw.
+    pub routing: Option<Arc<Routing>>,
     /// Acquire lines to patch (ringlock and echo); Redis encodes each.
     pub acquire_line: Option<AcquireLine>,
     pub wire: Wire,
@@ -105,8 +109,24 @@ pub struct Settings {
     pub poll: Duration,
     /// `run --rate`: send on a timetable instead of as replies come back.
     pub open_loop: Option<OpenLoop>,
-    /// TLS and the secret every connection is opened with.
-    pub security: Security,
+}
+
+/// Several clusters: each connection draws only keys of its cluster, the
+/// one the clients' hash chooses for the key (docs/protocol.md §4).
+#[derive(Debug)]
+pub struct Routing {
+    /// The clusters' names, in the order of `Settings::servers`.
+    pub names: Vec<String>,
+    /// Contended: the hot keys of each cluster.
+    pub hot_keys: Vec<Vec<u64>>,
+}
+
+impl Routing {
+    /// Whether key number `key` goes to cluster `cluster`.
+    pub fn owns(&self, cluster: usize, key: u64, keys: &KeyFormat) -> bool {
+        let mut buffer = [0u8; KEY_LEN_MAX];
+        ringlock_proto::cluster_index(&self.names, keys.write(key, &mut buffer)) == Some(cluster)
+    }
 }
 
 /// The timetable of an open-loop run.
@@ -125,6 +145,9 @@ pub struct OpenLoop {
 pub struct ConnectionPlan {
     /// Index among all connections of the run.
     pub index: u64,
+    /// Its server in `Settings::servers` (with several clusters, its
+    /// cluster, whose keys alone it draws).
+    pub server: usize,
     /// Uncontended: the keys it draws from; hold: the keys it acquires.
     pub key_first: u64,
     pub key_count: u64,
@@ -306,10 +329,9 @@ impl Worker {
         let lanes = settings.lanes_per_connection;
         let mut connections = Vec::with_capacity(plans.len());
         for plan in plans {
-            let Opened { stream, tls } =
-                crate::tls::open(settings.addr, &settings.security, OPEN_TIMEOUT).map_err(|error| {
-                    io::Error::new(error.kind(), format!("cannot connect to {}: {error}", settings.addr))
-                })?;
+            let (addr, security) = &settings.servers[plan.server];
+            let Opened { stream, tls } = crate::tls::open(*addr, security, OPEN_TIMEOUT)
+                .map_err(|error| io::Error::new(error.kind(), format!("cannot connect to {addr}: {error}")))?;
             let fd = stream.as_raw_fd();
             let idle =
                 Lane { state: LaneState::Idle, op: PendingOp::Acquire, key: 0, token: 0, sent_ns: 0, first_ns: 0 };
@@ -705,19 +727,43 @@ impl Clients {
             Workload::Uncontended => {
                 // Each lane draws from its own slice of the connection's
                 // keys, so no two requests in flight ever share a key.
-                let (key_first, lane_span) =
-                    (self.connections[index].plan.key_first, self.connections[index].lane_span);
-                key_first + u64::from(lane) * lane_span + self.below(lane_span)
+                let (key_first, lane_span, cluster) = {
+                    let connection = &self.connections[index];
+                    (connection.plan.key_first, connection.lane_span, connection.plan.server)
+                };
+                loop {
+                    let key = key_first + u64::from(lane) * lane_span + self.below(lane_span);
+                    // With several clusters, draw again until the key is
+                    // the connection's cluster's (every slice holds some:
+                    // run.rs checks).
+                    match &self.settings.routing {
+                        Some(routing) if !routing.owns(cluster, key, &self.settings.keys) => {}
+                        _ => break key,
+                    }
+                }
             }
-            Workload::Contended => self.below(self.settings.hot_keys),
-            Workload::Hold => {
+            Workload::Contended => {
+                let cluster = self.connections[index].plan.server;
+                match self.settings.routing.as_ref().map(|routing| routing.hot_keys[cluster].len()) {
+                    None => self.below(self.settings.hot_keys),
+                    Some(count) => {
+                        let pick = self.below(count as u64) as usize;
+                        self.settings.routing.as_ref().expect("checked above").hot_keys[cluster][pick]
+                    }
+                }
+            }
+            Workload::Hold => loop {
                 let connection = &mut self.connections[index];
                 if connection.hold_next >= connection.plan.key_first + connection.plan.key_count {
                     return self.idle(index, lane);
                 }
                 connection.hold_next += 1;
-                connection.hold_next - 1
-            }
+                let (key, cluster) = (connection.hold_next - 1, connection.plan.server);
+                match &self.settings.routing {
+                    Some(routing) if !routing.owns(cluster, key, &self.settings.keys) => {}
+                    _ => break key,
+                }
+            },
         };
         self.connections[index].lanes[lane as usize].first_ns = first_ns;
         self.send_acquire(index, lane, key);

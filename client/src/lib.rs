@@ -182,6 +182,7 @@
 
 mod backoff;
 mod client;
+mod clusters;
 mod completion;
 mod config;
 mod connection;
@@ -206,6 +207,7 @@ struct ReadmeExamples;
 pub use ringlock_proto as proto;
 
 pub use client::{Client, Inspection, Pong};
+pub use clusters::{CLUSTERS_MAX, Clusters, cluster_for};
 pub use config::{ClientBuilder, NODES_MAX, SECRET_ENV};
 pub use error::{BadArgument, ConnectionFailure, Error, ProtocolError};
 pub use lock::{Lock, Lost, ReleaseOutcome};

@@ -27,3 +27,7 @@ func RequestsWaitingForConnection(c *Client) int {
 	}
 	return waiting
 }
+
+// ClusterScore is the score of key on the cluster called name, checked
+// against clients/cluster-hash-vectors.json.
+var ClusterScore = clusterScore

@@ -36,6 +36,8 @@
 //! - `number.rs`: decimal `u64` and decimal seconds, parsed and written by
 //!   hand ([`parse_u64`], [`write_u64`], [`eight_digits_ascii`],
 //!   [`parse_seconds_ms`], [`write_seconds`]).
+//! - `clusters.rs`: which of several clusters a key goes to
+//!   ([`cluster_score`], [`cluster_index`]).
 //! - `key.rs`: what a key and an address may hold ([`is_valid_key`],
 //!   [`is_valid_address`]).
 //! - `request.rs`: [`Request`], [`RequestError`], [`decode_request`],
@@ -47,12 +49,14 @@
 
 use std::fmt;
 
+mod clusters;
 mod key;
 mod line;
 mod number;
 mod reply;
 mod request;
 
+pub use clusters::{cluster_index, cluster_score};
 pub use key::{copy_short, is_valid_address, is_valid_key};
 pub use line::Decoded;
 pub use number::{eight_digits_ascii, parse_seconds_ms, parse_u64, write_seconds, write_u64};

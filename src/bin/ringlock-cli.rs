@@ -6,6 +6,11 @@
 //! the lease, passes the fencing token to the command in `RINGLOCK_TOKEN`,
 //! stops the command if the lock is lost, releases when the command ends
 //! (however it ends) and exits with the command's status.
+//!
+//! With several clusters (`--cluster NAME=HOST:PORT,...`, repeated), each
+//! key command goes to the key's cluster, chosen as every client chooses it
+//! (docs/protocol.md §4, "Several clusters"), and `ping` and `stats` ask
+//! every node of every cluster.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -13,9 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use ringlock_client::proto::parse_seconds_ms;
-use ringlock_client::{Client, ClientBuilder, Error, Lock, ReleaseOutcome};
+use ringlock_client::{Client, ClientBuilder, Error, Lock, ReleaseOutcome, cluster_for};
 
 /// Exit status when the lock was not obtained within `--wait` (sysexits'
 /// EX_TEMPFAIL: "try again later", which cron wrappers know).
@@ -41,6 +47,17 @@ struct Cli {
     /// clients: requests go to the active, found through `M` replies).
     #[arg(long, env = "RINGLOCK_SERVERS", default_value = "127.0.0.1:7700", value_delimiter = ',', global = true)]
     servers: Vec<String>,
+
+    /// One of several independent clusters, as NAME=HOST:PORT[,HOST:PORT...]
+    /// (its name, then its nodes' client addresses); repeat it for each
+    /// cluster, instead of --servers. A key command (inspect, acquire,
+    /// release, run) goes to the key's cluster, chosen from the names as
+    /// every ringlock client chooses it (docs/protocol.md §4, "Several
+    /// clusters"), so give the same names as the applications do; ping and
+    /// stats ask every node of every cluster, each line labelled with its
+    /// cluster's name. RINGLOCK_SERVERS is ignored with --cluster.
+    #[arg(long = "cluster", value_name = "NAME=HOST:PORT[,HOST:PORT...]", value_parser = cluster, global = true)]
+    clusters: Vec<NamedCluster>,
 
     /// How long, in seconds, a request with no limit of its own (ping,
     /// stats, inspect, an acquire without --wait or with --wait 0) waits for
@@ -74,7 +91,7 @@ struct Cli {
     tls_key: Option<PathBuf>,
 
     /// The name the servers' certificates must carry. Default: the host
-    /// part of each address of --servers (an IP address is checked against
+    /// part of each address of --servers or --cluster (an IP address is checked against
     /// the certificate's IP addresses).
     #[arg(long, env = "RINGLOCK_TLS_SERVER_NAME", global = true)]
     tls_server_name: Option<String>,
@@ -170,6 +187,89 @@ fn secret(text: &str) -> Result<Secret, String> {
     Ok(Secret(text.to_string()))
 }
 
+/// A `--cluster`: its name and its nodes' addresses.
+#[derive(Clone, Debug)]
+struct NamedCluster {
+    name: String,
+    servers: Vec<String>,
+}
+
+fn cluster(text: &str) -> Result<NamedCluster, String> {
+    let shape = || format!("expected NAME=HOST:PORT[,HOST:PORT...], not {text:?}");
+    let (name, servers) = text.split_once('=').ok_or_else(shape)?;
+    let servers: Vec<String> = servers.split(',').map(str::to_string).collect();
+    if name.is_empty() || servers.iter().any(String::is_empty) {
+        return Err(shape());
+    }
+    Ok(NamedCluster { name: name.to_string(), servers })
+}
+
+/// Where requests go: the nodes of one cluster, or several named clusters.
+enum Place {
+    Servers(Vec<String>),
+    Clusters(Vec<NamedCluster>),
+}
+
+impl Place {
+    fn new(servers: Vec<String>, clusters: Vec<NamedCluster>) -> Result<Place, String> {
+        if clusters.is_empty() {
+            return Ok(Place::Servers(servers));
+        }
+        let mut names: Vec<&str> = clusters.iter().map(|cluster| cluster.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(format!("the cluster {:?} is given twice; each --cluster needs a name of its own", pair[0]));
+        }
+        Ok(Place::Clusters(clusters))
+    }
+
+    /// The nodes `key`'s requests go to, and how to name them in an error.
+    fn for_key(&self, key: &str) -> (Vec<String>, String) {
+        match self {
+            Place::Servers(servers) => (servers.clone(), format!("--servers {}", servers.join(","))),
+            Place::Clusters(clusters) => {
+                let names: Vec<&str> = clusters.iter().map(|cluster| cluster.name.as_str()).collect();
+                let name = cluster_for(&names, key).expect("at least one --cluster");
+                let chosen = clusters.iter().find(|cluster| cluster.name == name).expect("a name of the list");
+                (chosen.servers.clone(), format!("--cluster {name}={}", chosen.servers.join(",")))
+            }
+        }
+    }
+
+    /// Every node, each with the label its lines start with (its address,
+    /// after its cluster's name with several clusters) and how to name it
+    /// in an error.
+    fn nodes(&self) -> Vec<Node> {
+        match self {
+            Place::Servers(servers) => servers
+                .iter()
+                .map(|address| Node {
+                    label: address.clone(),
+                    address: address.clone(),
+                    named: format!("--servers {address}"),
+                })
+                .collect(),
+            Place::Clusters(clusters) => clusters
+                .iter()
+                .flat_map(|cluster| {
+                    cluster.servers.iter().map(|address| Node {
+                        label: format!("{} {address}", cluster.name),
+                        address: address.clone(),
+                        named: format!("--cluster {}={address}", cluster.name),
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One node that `ping` and `stats` ask on its own.
+struct Node {
+    label: String,
+    address: String,
+    named: String,
+}
+
 /// What every client the tool makes is built with.
 struct Settings {
     connect_limit: Duration,
@@ -187,7 +287,14 @@ fn seconds(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    // --servers from the environment gives way to --cluster; both on the
+    // command line is a mistake.
+    if !cli.clusters.is_empty() && matches.value_source("servers") == Some(ValueSource::CommandLine) {
+        eprintln!("ringlock-cli: --cluster cannot be used with --servers: give each cluster's nodes in its --cluster");
+        return ExitCode::from(EXIT_ERROR);
+    }
     match run(cli) {
         Ok(code) => code,
         Err(error) => {
@@ -197,7 +304,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn connect(servers: &[String], settings: &Settings) -> Result<Client, String> {
+fn connect(servers: &[String], settings: &Settings, place: &str) -> Result<Client, String> {
     let mut builder = ClientBuilder::new(servers.iter().map(String::as_str)).connect_limit(settings.connect_limit);
     if let Some(Secret(secret)) = &settings.secret {
         builder = builder.secret(secret.as_str());
@@ -211,14 +318,14 @@ fn connect(servers: &[String], settings: &Settings) -> Result<Client, String> {
     if let Some(name) = &settings.tls_server_name {
         builder = builder.tls_server_name(name);
     }
-    builder.connect().map_err(|error| format!("cannot use --servers {}: {error}", servers.join(",")))
+    builder.connect().map_err(|error| format!("cannot use {place}: {error}"))
 }
 
 /// What an error of the client means for the operator.
-fn explain(servers: &[String], error: Error) -> String {
+fn explain(place: &str, error: Error) -> String {
     match error {
         error @ Error::NoConnection { .. } => {
-            format!("{error}; is ringlock running at --servers {}?", servers.join(","))
+            format!("{error}; is ringlock running at {place}?")
         }
         error @ Error::Auth { .. } => {
             format!("{error}; check --secret or RINGLOCK_SECRET against the server's auth file")
@@ -236,7 +343,8 @@ fn explain(servers: &[String], error: Error) -> String {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
-    let servers = cli.servers;
+    let place = Place::new(cli.servers, cli.clusters)?;
+    let nodes = place.nodes();
     let limit = &Settings {
         connect_limit: cli.connect_limit,
         secret: cli.secret,
@@ -246,23 +354,24 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         tls_server_name: cli.tls_server_name,
     };
     match cli.command {
-        Action::Ping => per_node(&servers, limit, |address, client| {
+        Action::Ping => per_node(&nodes, limit, |label, client| {
             let pong = client.ping()?;
-            println!("{address} {} {} {}", pong.role, pong.epoch, pong.active.as_deref().unwrap_or("-"));
+            println!("{label} {} {} {}", pong.role, pong.epoch, pong.active.as_deref().unwrap_or("-"));
             Ok(())
         }),
-        Action::Stats { raw } => per_node(&servers, limit, |address, client| {
+        Action::Stats { raw } => per_node(&nodes, limit, |label, client| {
             let json = client.stats()?;
-            if servers.len() > 1 {
-                println!("# {address}");
+            if nodes.len() > 1 || matches!(place, Place::Clusters(_)) {
+                println!("# {label}");
             }
             println!("{}", if raw { json } else { indent_json(&json) });
             Ok(())
         }),
         Action::Reload { data_dir, metrics } => reload(&data_dir, metrics.as_deref()),
         Action::Inspect { key } => {
-            let client = connect(&servers, limit)?;
-            let state = client.inspect(&key).map_err(|error| explain(&servers, error))?;
+            let (servers, named) = place.for_key(&key);
+            let client = connect(&servers, limit, &named)?;
+            let state = client.inspect(&key).map_err(|error| explain(&named, error))?;
             match state.token {
                 Some(token) => println!(
                     "{key} held token={token} lease_left={:.3}s waiters={}",
@@ -274,8 +383,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Action::Acquire { key, lease, wait } => {
-            let client = connect(&servers, limit)?;
-            match acquire(&client, &key, lease, wait).map_err(|error| explain(&servers, error))? {
+            let (servers, named) = place.for_key(&key);
+            let client = connect(&servers, limit, &named)?;
+            match acquire(&client, &key, lease, wait).map_err(|error| explain(&named, error))? {
                 Some(lock) => {
                     println!("{}", lock.detach());
                     Ok(ExitCode::SUCCESS)
@@ -287,8 +397,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             }
         }
         Action::Release { key, token } => {
-            let client = connect(&servers, limit)?;
-            match client.release(&key, token).map_err(|error| explain(&servers, error))? {
+            let (servers, named) = place.for_key(&key);
+            let client = connect(&servers, limit, &named)?;
+            match client.release(&key, token).map_err(|error| explain(&named, error))? {
                 ReleaseOutcome::Released => Ok(ExitCode::SUCCESS),
                 ReleaseOutcome::NotHeld => {
                     eprintln!("ringlock-cli: {key} was not held by token {token} (released, expired or handed on)");
@@ -296,7 +407,10 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 }
             }
         }
-        Action::Run { key, lease, wait, command } => run_holding(&servers, limit, &key, lease, wait, &command),
+        Action::Run { key, lease, wait, command } => {
+            let (servers, named) = place.for_key(&key);
+            run_holding(&servers, &named, limit, &key, lease, wait, &command)
+        }
     }
 }
 
@@ -306,21 +420,22 @@ fn acquire(client: &Client, key: &str, lease: Duration, wait: Option<Duration>) 
 }
 
 /// Runs `action` against each node on its own, so that every node answers
-/// for itself (a client of several nodes would ask any one of them).
+/// for itself (a client of several nodes would ask any one of them). Each
+/// node comes with the label its lines start with.
 fn per_node(
-    servers: &[String],
+    nodes: &[Node],
     limit: &Settings,
     action: impl Fn(&str, &Client) -> Result<(), Error>,
 ) -> Result<ExitCode, String> {
     let mut failed = 0;
-    for address in servers {
-        let client = connect(std::slice::from_ref(address), limit)?;
-        if let Err(error) = action(address, &client) {
-            eprintln!("ringlock-cli: {address}: {}", explain(std::slice::from_ref(address), error));
+    for Node { label, address, named } in nodes {
+        let client = connect(std::slice::from_ref(address), limit, named)?;
+        if let Err(error) = action(label, &client) {
+            eprintln!("ringlock-cli: {label}: {}", explain(named, error));
             failed += 1;
         }
     }
-    if failed == servers.len() { Ok(ExitCode::from(EXIT_ERROR)) } else { Ok(ExitCode::SUCCESS) }
+    if failed == nodes.len() { Ok(ExitCode::from(EXIT_ERROR)) } else { Ok(ExitCode::SUCCESS) }
 }
 
 /// `run`: see [`Action::Run`].
@@ -409,6 +524,7 @@ fn reload(data_dir: &std::path::Path, metrics: Option<&str>) -> Result<ExitCode,
 
 fn run_holding(
     servers: &[String],
+    named: &str,
     limit: &Settings,
     key: &str,
     lease: Duration,
@@ -419,8 +535,8 @@ fn run_holding(
     // SIGTERM from cron goes to the command, and this process stays to
     // release the lock once the command has ended.
     let signals = block_stop_signals();
-    let client = connect(servers, limit)?;
-    let Some(lock) = acquire(&client, key, lease, wait).map_err(|error| explain(servers, error))? else {
+    let client = connect(servers, limit, named)?;
+    let Some(lock) = acquire(&client, key, lease, wait).map_err(|error| explain(named, error))? else {
         eprintln!("ringlock-cli: {key} was not granted within --wait; {} not run", command[0]);
         return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
     };
