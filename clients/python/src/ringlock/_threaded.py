@@ -38,7 +38,8 @@ from ._operation import CUT_IO, Operation, cut_protocol
 from ._pairing import Pairing
 from ._protocol import AUTH_REFUSED_CODES, REPLY_LINE_LEN_MAX, auth_answer, auth_line, split_reply
 from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
-from ._tls import TlsSession, TlsSettings
+from ._settings import Settings
+from ._tls import TlsSession
 from .errors import ConnectionFailure, RinglockError, error_for
 
 # Where a connection is in its life.
@@ -58,25 +59,9 @@ connect timeout: the server answers a wrong secret only after 200 ms."""
 class ThreadRuntime:
     """Connections on threads, and the retry timer (see :class:`~ringlock._router.Runtime`)."""
 
-    def __init__(
-        self,
-        connect_timeout: float,
-        reconnect_delay_first: float,
-        reconnect_delay_max: float,
-        in_flight_max: int,
-        secret: bytes | None = None,
-        tls: TlsSettings | None = None,
-        suspect_after: float = 1.0,
-        ping_timeout: float = 1.0,
-    ) -> None:
-        self.connect_timeout = connect_timeout
-        self.suspect_after = suspect_after
-        self.ping_timeout = ping_timeout
-        self.secret = secret
-        self.tls = tls
-        self.reconnect_delay_first = reconnect_delay_first
-        self.reconnect_delay_max = reconnect_delay_max
-        self.in_flight_max = in_flight_max
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.secret = settings.secret.value if settings.secret is not None else None
         self.closed = threading.Event()
         self.connections: list[ThreadConnection] = []
         self._timer = Timer()
@@ -166,12 +151,13 @@ class ThreadConnection:
         self._sealed = bytearray()
         self._writing = False
         self._pairing: Pairing[Operation] = Pairing()
+        self._in_flight_max = runtime.settings.in_flight_per_connection_max
         self._reader_done = threading.Event()
         self.last_failure: tuple[float, ConnectionFailure] | None = None
         # Set by the reader while it reads one socket.
         self._replied = False
         self._read_error: OSError | None = None
-        self._liveness = Liveness(runtime.suspect_after, runtime.ping_timeout)
+        self._liveness = Liveness(runtime.settings.suspect_after, runtime.settings.ping_timeout)
         self._ticking = False
         self._reader = threading.Thread(target=self._run_reader, name=f"ringlock-read {address}", daemon=True)
         self._writer = threading.Thread(target=self._run_writer, name=f"ringlock-write {address}", daemon=True)
@@ -196,7 +182,7 @@ class ThreadConnection:
             phase = self._phase
             if phase != _UP and phase != _CONNECTING:
                 return REFUSED_UNUSABLE
-            if len(self._pairing) >= self._runtime.in_flight_max:
+            if len(self._pairing) >= self._in_flight_max:
                 return REFUSED_FULL
             if not self._pairing:
                 self._liveness.busy_since = now
@@ -355,13 +341,13 @@ class ThreadConnection:
             while not runtime.closed.is_set() or self._queued():
                 started = time.monotonic()
                 try:
-                    sock = socket.create_connection((self._host, self._port), timeout=runtime.connect_timeout)
+                    sock = socket.create_connection((self._host, self._port), timeout=runtime.settings.connect_timeout)
                 except OSError as failure:
                     self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
                     router.cut(self._take_down(), CUT_IO, False)
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    tune_socket(sock, runtime.suspect_after, runtime.ping_timeout)
+                    tune_socket(sock, runtime.settings.suspect_after, runtime.settings.ping_timeout)
                     tls, carried, refused = self._open(sock, started)
                     if refused is not None:
                         # A failed handshake or a refused secret fails the
@@ -372,7 +358,10 @@ class ThreadConnection:
                         self.last_failure = (time.monotonic(), refused)
                         router.cut(self._take_down(), CUT_IO, False)
                         pause = reconnect_delay(
-                            attempt, runtime.reconnect_delay_first, runtime.reconnect_delay_max, random.random()
+                            attempt,
+                            runtime.settings.reconnect_delay_first,
+                            runtime.settings.reconnect_delay_max,
+                            random.random(),
                         )
                         attempt += 1
                         if runtime.closed.wait(pause):
@@ -397,10 +386,13 @@ class ThreadConnection:
                     # One closed at once after its connect (a server refusing
                     # connections, a listener of a killed process) did not,
                     # or the client would reconnect to it in a tight loop.
-                    if self._replied or time.monotonic() - opened >= runtime.reconnect_delay_max:
+                    if self._replied or time.monotonic() - opened >= runtime.settings.reconnect_delay_max:
                         attempt = 0
                 pause = reconnect_delay(
-                    attempt, runtime.reconnect_delay_first, runtime.reconnect_delay_max, random.random()
+                    attempt,
+                    runtime.settings.reconnect_delay_first,
+                    runtime.settings.reconnect_delay_max,
+                    random.random(),
                 )
                 attempt += 1
                 if runtime.closed.wait(pause):
@@ -416,10 +408,10 @@ class ThreadConnection:
         and why the connection cannot be used (``None`` if it can)."""
         runtime = self._runtime
         tls = None
-        if runtime.tls is not None:
-            tls = runtime.tls.session(self._host)
+        if runtime.settings.tls is not None:
+            tls = runtime.settings.tls.session(self._host)
             try:
-                tls.handshake(sock, started + runtime.connect_timeout)
+                tls.handshake(sock, started + runtime.settings.connect_timeout)
             except OSError as failure:  # ssl.SSLError among them
                 return None, b"", ConnectionFailure.from_os_error(self.address, failure)
         if runtime.secret is None:
@@ -434,7 +426,7 @@ class ThreadConnection:
         Nothing else is in flight yet, so the answer is the first line and
         is read here rather than paired (``U`` replies carry no key)."""
         assert self._runtime.secret is not None
-        sock.settimeout(self._runtime.connect_timeout + AUTH_REPLY_MARGIN_S)
+        sock.settimeout(self._runtime.settings.connect_timeout + AUTH_REPLY_MARGIN_S)
         line = b""
         carried = b""
         try:

@@ -26,9 +26,8 @@ import asyncio
 import dataclasses
 import math
 import random
-import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -45,13 +44,12 @@ from ._protocol import (
     auth_answer,
     auth_line,
     key_bytes,
-    lease_ms,
     split_reply,
 )
 from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
 from ._settings import Settings
 from ._threaded import AUTH_REPLY_MARGIN_S
-from .errors import ConnectionFailure, LockLostError, LockNotOwnedError, LockTimeoutError, RinglockError, error_for
+from .errors import ConnectionFailure, LockLostError, RinglockError, error_for
 
 __all__ = ["Client", "Lock"]
 
@@ -496,48 +494,8 @@ class Client(ClientBase):
                     await lock.release()
     """
 
-    def __init__(
-        self,
-        addresses: str | Sequence[str],
-        *,
-        connections_per_node: int | None = None,
-        reconnect_delay_first: float = 0.05,
-        reconnect_delay_max: float = 3.0,
-        connect_limit: float = 10.0,
-        connect_timeout: float = 1.0,
-        release_retry_interval: float = 0.2,
-        release_retry_for: float = 5.0,
-        redirect_limit: int = 16,
-        in_flight_per_connection_max: int = 65536,
-        secret: str | bytes | None = None,
-        tls_ca: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-        tls_server_name: str | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        suspect_after: float = 1.0,
-        ping_timeout: float = 1.0,
-    ) -> None:
-        self.settings = Settings.build(
-            addresses,
-            connections_per_node,
-            reconnect_delay_first,
-            reconnect_delay_max,
-            connect_limit,
-            connect_timeout,
-            release_retry_interval,
-            release_retry_for,
-            redirect_limit,
-            in_flight_per_connection_max,
-            secret,
-            tls_ca,
-            tls_cert,
-            tls_key,
-            tls_server_name,
-            ssl_context,
-            suspect_after,
-            ping_timeout,
-        )
+    def _set_up(self) -> None:
+        # The loop is known only once the client is used (_start).
         self._runtime: _Runtime | None = None
         self._router: Router | None = None
         self._closed = False
@@ -709,28 +667,18 @@ class Lock(LockBase):
             if await lock.acquire(timeout=0.5):
                 await lock.release()
         """
-        if self._token is not None:
-            raise RuntimeError(f"this Lock already holds {self._key!r}; locks are not re-entrant")
-        wait, try_once = self._acquire_wait(blocking, timeout)
-        token = await self._client._request(
-            ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=try_once
-        )
+        fields = self._acquire_fields(blocking, timeout)
+        token = await self._client._request(ACQUIRE, self._key_bytes, **fields)
         if token is None:
             return False
-        # The lease is counted from the grant's arrival (the acquire may have
-        # waited in the key's queue, or for a connection, longer than the
-        # lease); an extend waits for a usable connection until it ends.
-        lease_ends = time.monotonic() + self.lease
-        self._granted(token, lease_ends)
+        lease_ends = self._acquired(token)
         if self.auto_extend:
             self._extender = asyncio.get_running_loop().create_task(self._extend_in_background(token, lease_ends))
         return True
 
     def _adopt(self, token: int) -> None:
         """Holds the grant of ``token``, taken elsewhere (:meth:`Client.lock_from`)."""
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 1 << 64:
-            raise ValueError(f"a token is a decimal u64: {token!r}")
-        self._granted(token, math.inf)
+        self._adopted(token)
         if self.auto_extend:
             self._extender = asyncio.get_running_loop().create_task(self._extend_in_background(token, math.inf))
 
@@ -760,10 +708,7 @@ class Lock(LockBase):
             await lock.acquire()
             assert await lock.release()
         """
-        token = self._token
-        if token is None:
-            raise LockNotOwnedError("not-owned", "R", _text(self._key), f"this Lock does not hold {self._key!r}")
-        self._token = None
+        token = self._release_token()
         self._stop_extender()
         return await self._client._request(RELEASE, self._key_bytes, token=token)  # type: ignore[no-any-return]
 
@@ -781,39 +726,25 @@ class Lock(LockBase):
                     await process(chunk)
                     await lock.extend(10)
         """
-        token = self._token
-        if token is None:
-            raise LockNotOwnedError("not-owned", "X", _text(self._key), f"this Lock does not hold {self._key!r}")
+        fields = self._extend_fields(lease)
         sent_at = time.monotonic()
         try:
-            await self._client._request(
-                EXTEND,
-                self._key_bytes,
-                token=token,
-                lease_ms=lease_ms(lease),
-                connection_deadline=self._connection_deadline(),
-            )
+            await self._client._request(EXTEND, self._key_bytes, **fields)
         except LockLostError as error:
-            self._mark_lost(token, error)
+            self._mark_lost(fields["token"], error)
             raise
-        if self._token == token:
-            self._lease_ends = sent_at + lease
+        self._extended(fields["token"], sent_at, lease)
 
     async def __aenter__(self) -> Lock:
         if not await self.acquire():
-            raise LockTimeoutError("timeout", "A", _text(self._key), f"{self._key!r} was not granted within the wait")
+            raise self._not_granted()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        lost = self._lost
-        if self._token is not None:
-            released = await self.release()
-            if not released and lost is None:
-                lost = LockLostError(
-                    "lost", "R", _text(self._key), f"{self._key!r} was no longer held at the end of the block"
-                )
+        released = await self.release() if self._token is not None else None
+        lost = self._block_error(released)
         if lost is not None and exc_type is None:
             raise lost
 
@@ -832,11 +763,10 @@ class Lock(LockBase):
                 return
             sent_at = time.monotonic()
             try:
-                deadline = None if math.isinf(lease_ends) else lease_ends
-                request = self._client._request(
-                    EXTEND, self._key_bytes, token=token, lease_ms=self._lease_ms, connection_deadline=deadline
-                )
+                fields = self._auto_extend_fields(token, lease_ends)
+                request = self._client._request(EXTEND, self._key_bytes, **fields)
                 # No answer is worth waiting for once the lease has ended.
+                deadline = fields["connection_deadline"]
                 await asyncio.wait_for(request, None if deadline is None else max(0.0, deadline - time.monotonic()))
             except (RinglockError, asyncio.TimeoutError) as error:
                 if not self._extend_failed(token, error, lease_ends, retry_interval):
@@ -846,7 +776,3 @@ class Lock(LockBase):
             lease_ends = sent_at + self.lease
             self._lease_ends = lease_ends
             delay = self.lease * AUTO_EXTEND_FRACTION
-
-
-def _text(key: str | bytes) -> str:
-    return key if isinstance(key, str) else key.decode(errors="replace")
