@@ -31,32 +31,18 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from ._backoff import reconnect_delay
+from ._backoff import Reconnects
 from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
-from ._liveness import CUT, PROBE, SEND_PING, Liveness, probe, tune_socket
-from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation, cut_protocol
-from ._pairing import Pairing
-from ._protocol import (
-    AUTH_REFUSED_CODES,
-    REPLY_LINE_LEN_MAX,
-    KeyState,
-    Pong,
-    auth_answer,
-    auth_line,
-    key_bytes,
-    split_reply,
-)
-from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
+from ._connection import AUTH_REPLY_MARGIN_S, CLOSED, UP, ConnectionCore, auth_outcome, deliver
+from ._liveness import CUT, SEND_PING, probe, tune_socket
+from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation
+from ._protocol import REPLY_LINE_LEN_MAX, KeyState, Pong, auth_line, key_bytes
+from ._router import Router, split_address
 from ._settings import Settings
-from ._threaded import AUTH_REPLY_MARGIN_S
-from .errors import ConnectionFailure, LockLostError, RinglockError, error_for
+from .errors import ConnectionFailure, LockLostError, RinglockError
 
 __all__ = ["Client", "Lock"]
 
-_CONNECTING = 0
-_UP = 1
-_DOWN = 2
-_CLOSED = 3
 _CLOSE_LINGER_S = 1.0
 
 
@@ -146,18 +132,11 @@ class _Connection(asyncio.Protocol):
         self._router = router
         self._runtime = runtime
         self._loop = runtime.loop
-        self._phase = _CONNECTING
+        self._core = ConnectionCore(address, node, runtime.settings)
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
-        self._pairing: Pairing[Operation] = Pairing()
-        self._pending = b""
         self._lost: asyncio.Future[RinglockError] | None = None
-        self.last_failure: tuple[float, ConnectionFailure] | None = None
-        # Set while one socket is read: a reply was paired, and the OS error
-        # that ended it, if one did.
-        self._replied = False
-        self._lost_error: Exception | None = None
         # While the answer to U is awaited: the socket, not yet the
         # connection's (requests wait), and the future the answer line (or
         # None, if the socket closed first) goes to.
@@ -167,23 +146,21 @@ class _Connection(asyncio.Protocol):
         # closes once every request in flight is answered.
         self._close_when_answered = False
         # The silence check (see _liveness), on one periodic tick while up.
-        self._liveness = Liveness(runtime.settings.suspect_after, runtime.settings.ping_timeout)
         self._tick_handle: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = self._loop.create_task(self._run())
 
     @property
     def usable(self) -> bool:
-        return self._phase == _UP
+        return self._core.phase == UP
+
+    @property
+    def last_failure(self) -> tuple[float, ConnectionFailure] | None:
+        return self._core.last_failure
 
     def try_send(self, operation: Operation, now: float) -> int:
-        phase = self._phase
-        if phase != _UP and phase != _CONNECTING:
-            return REFUSED_UNUSABLE
-        if len(self._pairing) >= self._runtime.settings.in_flight_per_connection_max:
-            return REFUSED_FULL
-        if not self._pairing:
-            self._liveness.busy_since = now
-        self._pairing.push(operation.op, operation.key, operation)
+        refusal = self._core.admit(operation, now)
+        if refusal:
+            return refusal
         self._out.append(operation.encode(now))
         # Everything queued in this pass of the loop goes out in one write.
         if self._transport is not None and not self._flush_scheduled:
@@ -200,13 +177,13 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         """Starts closing: sends what is queued and says it is done; the
         server answers what it was sent and closes."""
-        self._phase = _CLOSED
+        self._core.phase = CLOSED
         transport = self._transport
         if transport is not None:
             self._flush()
             if transport.can_write_eof():
                 transport.write_eof()
-            elif len(self._pairing) == 0:
+            elif len(self._core.pairing) == 0:
                 # TLS: close() sends close_notify, after which the loop's
                 # TLS transport reads nothing more; so only once the
                 # answers are in.
@@ -219,93 +196,81 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
     def _take_down(self) -> list[Operation]:
-        if self._phase != _CLOSED:
-            self._phase = _DOWN
         self._transport = None
         self._out.clear()
-        self._pending = b""
         self._close_when_answered = False
-        # The connection's own pings go nowhere else.
-        return [operation for operation in self._pairing.drain() if operation.waiter is not PROBE]
+        return self._core.take_down()
 
-    def _watch(self) -> None:
-        """A socket became the connection's: its silence check starts."""
-        self._liveness.reset(time.monotonic())
+    def _go_up(self, transport: asyncio.Transport) -> None:
+        """A socket, connected (and authenticated), becomes the
+        connection's: the requests queued meanwhile go out. If the client
+        closed meanwhile with requests queued (the release of a grant
+        nobody waits for, say), they go out on it, and it closes as
+        close() closes a live one."""
+        self._transport = transport
+        if self._core.phase == CLOSED:
+            self.close()
+            return
+        self._core.phase = UP
+        # Its silence check starts.
+        self._core.opened(time.monotonic(), self._core.pending)
         if self._tick_handle is None:
-            self._tick_handle = self._loop.call_later(self._liveness.tick, self._tick)
+            self._tick_handle = self._loop.call_later(self._core.liveness.tick, self._tick)
+        self._flush()
 
     def _tick(self) -> None:
         """Pings the connection if its replies are overdue, cuts it if its
         ping went unanswered; runs while a socket is up."""
         self._tick_handle = None
-        if self._transport is None or self._phase != _UP:
+        if self._transport is None or self._core.phase != UP:
             return
         now = time.monotonic()
-        action = self._liveness.check(now, bool(self._pairing))
+        action = self._core.tick(now)
         if action == SEND_PING:
             self.try_send(probe(now, self._router.policy), now)
         elif action == CUT:
-            self._lost_error = self._liveness.silence(now)
             return self._stop(CUT_IO)
-        self._tick_handle = self._loop.call_later(self._liveness.tick, self._tick)
+        self._tick_handle = self._loop.call_later(self._core.liveness.tick, self._tick)
 
     async def _run(self) -> None:
         router = self._router
         runtime = self._runtime
         settings = runtime.settings
-        # Reconnect attempts since a connection last worked; the first goes
-        # at once, the others after growing pauses.
-        attempt = 0
+        core = self._core
+        reconnects = Reconnects(settings.reconnect_delay_first, settings.reconnect_delay_max)
         try:
             # A client closed before this first connect still makes it if
             # requests were queued for it (see connection_made).
             while not runtime.closed.is_set() or self._out:
                 self._lost = self._loop.create_future()
-                self._replied = False
-                self._lost_error = None
+                core.replied = False
+                core.read_error = None
                 try:
                     # With TLS, the handshake is part of the connect, within
                     # the same timeout.
                     await asyncio.wait_for(self._connect(), settings.connect_timeout)
                 except (OSError, asyncio.TimeoutError) as failure:
-                    self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
+                    core.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
                     router.cut(self._take_down(), CUT_IO, False)
                 else:
                     refused = await self._authenticate() if settings.secret is not None else None
                     if refused is not None:
                         # A refused secret fails the connection like a failed
-                        # connect: its requests move on or wait, and the
-                        # attempt count is not reset, so a wrong secret is
-                        # retried with growing pauses. The socket's
+                        # connect: its requests move on or wait, and a wrong
+                        # secret is retried with growing pauses. The socket's
                         # connection_lost comes first, so that it cannot
                         # resolve the next socket's future.
                         await self._lost
-                        self.last_failure = (time.monotonic(), refused)
+                        core.last_failure = (time.monotonic(), refused)
                         router.cut(self._take_down(), CUT_IO, False)
-                        pause = reconnect_delay(
-                            attempt, settings.reconnect_delay_first, settings.reconnect_delay_max, random.random()
-                        )
-                        attempt += 1
-                        if await runtime.sleep(pause):
-                            break
-                        continue
-                    router.connection_up()
-                    opened = time.monotonic()
-                    error = await self._lost
-                    self.last_failure = (time.monotonic(), self._ended(error))
-                    router.cut(self._take_down(), error, self._replied)
-                    # A connection that answered, or stayed open for as long
-                    # as the longest pause, worked: the schedule starts over.
-                    # One closed at once after its connect (a server refusing
-                    # connections, a listener of a killed process) did not,
-                    # or the client would reconnect to it in a tight loop.
-                    if self._replied or time.monotonic() - opened >= settings.reconnect_delay_max:
-                        attempt = 0
-                pause = reconnect_delay(
-                    attempt, settings.reconnect_delay_first, settings.reconnect_delay_max, random.random()
-                )
-                attempt += 1
-                if await runtime.sleep(pause):
+                    else:
+                        router.connection_up()
+                        opened = time.monotonic()
+                        error = await self._lost
+                        core.last_failure = (time.monotonic(), core.ended(error))
+                        router.cut(self._take_down(), error, core.replied)
+                        reconnects.session_ended(core.replied, time.monotonic() - opened)
+                if await runtime.sleep(reconnects.pause(random.random())):
                     break
         finally:
             router.abort(self._take_down())
@@ -335,79 +300,44 @@ class _Connection(asyncio.Protocol):
             line = await asyncio.wait_for(asyncio.shield(reply), timeout)
         except asyncio.TimeoutError:
             line = None
-            failure = ConnectionFailure.from_os_error(self.address, TimeoutError())
+            failure: ConnectionFailure | None = ConnectionFailure.from_os_error(self.address, TimeoutError())
         else:
             failure = ConnectionFailure(self.address, "closed by the server")
         self._handshake = None
         self._auth_reply = None
         if line is not None:
-            name, code = auth_answer(line)
+            name, failure = auth_outcome(self.address, line)
             if name is not None:
                 self._router.authenticated_name = name
-                if self._phase == _CLOSED:
-                    # Closed meanwhile with requests queued (see
-                    # connection_made): they go out, then it closes.
-                    self._transport = transport
-                    self.close()
-                    return None
-                self._phase = _UP
-                self._transport = transport
-                self._watch()
-                self._flush()
+                self._go_up(transport)
                 return None
-            if code in AUTH_REFUSED_CODES:
-                failure = ConnectionFailure.secret_refused(self.address, code)
-            elif code == "protocol":
-                failure = ConnectionFailure(self.address, f"dropped: unexpected answer to U {line[:100]!r}")
-            else:
-                failure = ConnectionFailure(self.address, f"the server refused the connection: {code}")
         transport.abort()
         return failure
-
-    def _ended(self, error: RinglockError) -> ConnectionFailure:
-        """How the last socket's reading ended, as this address's failure."""
-        if self._lost_error is not None:
-            return ConnectionFailure.from_os_error(self.address, self._lost_error)
-        if error.code == "no-connection":
-            return ConnectionFailure(self.address, "closed by the server")
-        return ConnectionFailure(self.address, f"dropped: {error}")
 
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        if self._phase == _CLOSED and not self._out:
+        if self._core.phase == CLOSED and not self._out:
             transport.abort()
             return
         sock = transport.get_extra_info("socket")
+        settings = self._runtime.settings
         if sock is not None:
-            settings = self._runtime.settings
             tune_socket(sock, settings.suspect_after, settings.ping_timeout)
-        secret = self._runtime.settings.secret
-        if secret is not None:
+        if settings.secret is not None:
             # Requests wait until the server has answered U (_authenticate).
             self._handshake = transport
             self._auth_reply = self._loop.create_future()
-            transport.write(auth_line(secret.value))
+            transport.write(auth_line(settings.secret.value))
             return
-        if self._phase == _CLOSED:
-            # The client closed while this first connect was under way, with
-            # requests queued (the release of a grant nobody waits for, say):
-            # they go out on it, and it closes as close() closes a live one.
-            self._transport = transport
-            self.close()
-            return
-        self._phase = _UP
-        self._transport = transport
-        self._watch()
-        # Requests queued while connecting go out now.
-        self._flush()
+        self._go_up(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._auth_reply is not None and not self._auth_reply.done():
             self._auth_reply.set_result(None)
         if self._lost is not None and not self._lost.done():
-            self._lost_error = exc
+            self._core.read_error = exc
             self._lost.set_result(CUT_IO)
 
     def _stop(self, error: RinglockError) -> None:
@@ -418,61 +348,29 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        self._liveness.last_read = time.monotonic()
-        if self._pending:
-            data = self._pending + data
+        core = self._core
+        now = time.monotonic()
+        core.liveness.last_read = now
         if self._handshake is not None:
             # The answer to U: the first line, before any request was sent.
+            if core.pending:
+                data = core.pending + data
             line, newline, rest = data.partition(b"\n")
             if not newline:
                 if len(data) > REPLY_LINE_LEN_MAX:
                     self._handshake.abort()
-                self._pending = data
+                core.pending = data
                 return
-            self._pending = rest
+            core.pending = rest
             if self._auth_reply is not None and not self._auth_reply.done():
                 self._auth_reply.set_result(line.rstrip(b"\r"))
             return
-        if b"\n" not in data:
-            if len(data) > REPLY_LINE_LEN_MAX:
-                self._stop(cut_protocol("reply line too long"))
-            self._pending = data
-            return
-        lines = data.split(b"\n")
-        self._pending = lines.pop()
-        router = self._router
-        policy = router.policy
-        take = self._pairing.take
-        now = time.monotonic()
-        for line in lines:
-            if line[-1:] == b"\r":
-                line = line[:-1]
-            try:
-                op, key, fields = split_reply(line)
-            except ValueError:
-                return self._stop(cut_protocol(f"malformed reply {line[:100]!r}"))
-            if op == b"-":
-                code = fields[3].decode(errors="replace")
-                if code == "auth-revoked":
-                    # A reload removed the secret's name: a broken connection
-                    # like any other, reconnected with the secret (refused
-                    # then, if it was removed).
-                    self._lost_error = ConnectionAbortedError("the server revoked the secret's name")
-                    return self._stop(CUT_IO)
-                return self._stop(error_for(code, message=f"the server refused the connection: {code}"))
-            operation = take(op, key)
-            if operation is None:
-                return self._stop(cut_protocol(f"reply {line[:100]!r} answers no request in flight"))
-            try:
-                step = operation.on_reply(fields, policy, now)
-            except ValueError:
-                self._pairing.push(operation.op, operation.key, operation)
-                return self._stop(cut_protocol(f"malformed reply {line[:100]!r}"))
-            self._replied = True
-            if fields[0] == b"M":
-                router.note_moved(self.node, fields[3])
-            router.handle(operation, step)
-        if self._close_when_answered and len(self._pairing) == 0 and self._transport is not None:
+        replies, stop = core.read(data, now)
+        if replies:
+            deliver(self._router, self.node, replies)
+        if stop is not None:
+            return self._stop(stop)
+        if self._close_when_answered and len(core.pairing) == 0 and self._transport is not None:
             self._transport.close()
 
 

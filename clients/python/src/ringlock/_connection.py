@@ -1,0 +1,206 @@
+"""One connection's state and rules, without its I/O: shared by the sync
+client's thread connections and the asyncio client's protocol connections.
+
+:class:`ConnectionCore` keeps what a connection knows (where it is in its
+life, the requests in flight paired by (op, key), its silence watch, the
+bytes of a reply line not complete yet, how its last socket ended) and
+decides: whether it takes a request, what the bytes read mean (which
+request each reply answers and its next step, or why the connection must
+be dropped), what its periodic tick asks, what failure a socket's end is.
+It reads, writes, sleeps and waits for nothing: the fronts feed it bytes
+and ``now`` under their own locking, and carry out what it returns
+(:func:`deliver` hands the replies' steps to the router).
+"""
+
+from __future__ import annotations
+
+from ._liveness import CUT, PROBE, Liveness
+from ._operation import CUT_IO, Operation, Step, cut_protocol
+from ._pairing import Pairing
+from ._protocol import AUTH_REFUSED_CODES, REPLY_LINE_LEN_MAX, auth_answer, split_reply
+from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router
+from ._settings import Settings
+from .errors import ConnectionFailure, RinglockError, error_for
+
+# Where a connection is in its life.
+CONNECTING = 0
+"""The first connect is under way: it takes requests, sent once up."""
+UP = 1
+DOWN = 2
+"""Broken: left out until it is connected again."""
+CLOSED = 3
+
+AUTH_REPLY_MARGIN_S = 1.0
+"""How long a connection waits for the answer to its ``U`` line beyond the
+connect timeout: the server answers a wrong secret only after 200 ms."""
+
+Reply = tuple[Operation, Step, bytes | None]
+"""A paired reply: its request, the request's next step, and the active an
+``M`` reply named (``None`` for any other reply)."""
+
+
+class ConnectionCore:
+    """One connection to one node, as data and rules (see the module)."""
+
+    __slots__ = (
+        "address",
+        "in_flight_max",
+        "last_failure",
+        "liveness",
+        "node",
+        "pairing",
+        "pending",
+        "phase",
+        "policy",
+        "read_error",
+        "replied",
+    )
+
+    def __init__(self, address: str, node: int, settings: Settings) -> None:
+        self.address = address
+        self.node = node
+        self.phase = CONNECTING
+        self.in_flight_max = settings.in_flight_per_connection_max
+        self.policy = settings.policy
+        self.pairing: Pairing[Operation] = Pairing()
+        self.liveness = Liveness(settings.suspect_after, settings.ping_timeout)
+        # The start of a reply line not read whole yet.
+        self.pending = b""
+        # While one socket is read: whether a reply was paired, and the OS
+        # error (or the silence, or the revocation) that ended it, if one did.
+        self.replied = False
+        self.read_error: Exception | None = None
+        self.last_failure: tuple[float, ConnectionFailure] | None = None
+        """How the last connect failed or the last socket broke, and when (monotonic)."""
+
+    @property
+    def usable(self) -> bool:
+        return self.phase == UP
+
+    def admit(self, operation: Operation, now: float) -> int:
+        """Records ``operation`` as in flight, sent after every request here;
+        0 if taken, else why not (``REFUSED_*``): the connection is broken
+        or closed, or has as many requests in flight as it may."""
+        phase = self.phase
+        if phase != UP and phase != CONNECTING:
+            return REFUSED_UNUSABLE
+        pairing = self.pairing
+        if len(pairing) >= self.in_flight_max:
+            return REFUSED_FULL
+        if not pairing:
+            self.liveness.busy_since = now
+        pairing.push(operation.op, operation.key, operation)
+        return 0
+
+    def opened(self, now: float, carried: bytes = b"") -> None:
+        """A fresh socket is the connection's; ``carried`` is what was read
+        on it already, past the answer to ``U``."""
+        self.liveness.reset(now)
+        self.pending = carried
+        self.replied = False
+        self.read_error = None
+
+    def take_down(self) -> list[Operation]:
+        """Marks the connection broken (unless closed); takes back every
+        request in flight but its own pings, which go nowhere else."""
+        if self.phase != CLOSED:
+            self.phase = DOWN
+        self.pending = b""
+        return [operation for operation in self.pairing.drain() if operation.waiter is not PROBE]
+
+    def tick(self, now: float) -> int:
+        """The periodic silence check: ``QUIET``, ``SEND_PING`` (the front
+        sends a probe) or ``CUT`` (the front drops the socket, whose
+        failure is then the silence)."""
+        action = self.liveness.check(now, bool(self.pairing))
+        if action == CUT:
+            self.read_error = self.liveness.silence(now)
+        return action
+
+    def read(self, data: bytes, now: float) -> tuple[list[Reply], RinglockError | None]:
+        """Bytes read (plaintext): the replies they complete, each paired
+        with its request and that request's next step, in the order read;
+        and why the connection must be dropped, if it must (the server broke
+        the protocol or refused the connection). Lines after a bad one are
+        not taken: their requests stay in flight, for the cut to move on."""
+        if self.pending:
+            data = self.pending + data
+        if b"\n" not in data:
+            self.pending = data
+            if len(data) > REPLY_LINE_LEN_MAX:
+                return [], cut_protocol("reply line too long")
+            return [], None
+        lines = data.split(b"\n")
+        self.pending = lines.pop()
+        replies: list[Reply] = []
+        pairing = self.pairing
+        take = pairing.take
+        policy = self.policy
+        for line in lines:
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            try:
+                op, key, fields = split_reply(line)
+            except ValueError:
+                return replies, cut_protocol(f"malformed reply {line[:100]!r}")
+            if op == b"-":
+                # E - - <code>: the server could not read a line, or
+                # refuses the connection; it closes it.
+                code = fields[3].decode(errors="replace")
+                if code == "auth-revoked":
+                    # A reload removed the secret's name: a broken connection
+                    # like any other, reconnected with the secret (refused
+                    # then, if it was removed).
+                    self.read_error = ConnectionAbortedError("the server revoked the secret's name")
+                    return replies, CUT_IO
+                return replies, error_for(code, message=f"the server refused the connection: {code}")
+            operation = take(op, key)
+            if operation is None:
+                return replies, cut_protocol(f"reply {line[:100]!r} answers no request in flight")
+            try:
+                step = operation.on_reply(fields, policy, now)
+            except ValueError:
+                pairing.push(operation.op, operation.key, operation)
+                return replies, cut_protocol(f"malformed reply {line[:100]!r}")
+            self.replied = True
+            replies.append((operation, step, fields[3] if fields[0] == b"M" else None))
+        return replies, None
+
+    def ended(self, error: RinglockError) -> ConnectionFailure:
+        """How the last socket's reading ended (``error``), as this address's failure."""
+        if self.read_error is not None:
+            return ConnectionFailure.from_os_error(self.address, self.read_error)
+        if error.code == "no-connection":
+            return ConnectionFailure(self.address, "closed by the server")
+        return ConnectionFailure(self.address, f"dropped: {error}")
+
+
+def deliver(router: Router, node: int, replies: list[Reply]) -> None:
+    """Carries out the replies' steps, in order, learning from ``M`` replies
+    (read from ``node``) which node is active."""
+    for operation, step, moved in replies:
+        if moved is not None:
+            router.note_moved(node, moved)
+        router.handle(operation, step)
+
+
+def auth_outcome(address: str, line: bytes) -> tuple[str | None, ConnectionFailure | None]:
+    """What the answer to ``U`` (``line``, without its line ending) means
+    for the connection to ``address``: ``(name, None)`` once authenticated,
+    else ``(None, why it cannot be used)``.
+
+    Example::
+
+        >>> auth_outcome("127.0.0.1:7700", b"U billing")
+        ('billing', None)
+        >>> auth_outcome("127.0.0.1:7700", b"E U - auth-failed")[1].auth
+        'auth-failed'
+    """
+    name, code = auth_answer(line)
+    if name is not None:
+        return name, None
+    if code in AUTH_REFUSED_CODES:
+        return None, ConnectionFailure.secret_refused(address, code)
+    if code == "protocol":
+        return None, ConnectionFailure(address, f"dropped: unexpected answer to U {line[:100]!r}")
+    return None, ConnectionFailure(address, f"the server refused the connection: {code}")
