@@ -175,6 +175,24 @@ class ConnectionCore:
         return ConnectionFailure(self.address, f"dropped: {error}")
 
 
+class CoreConnection:
+    """What the router reads of a connection (see
+    :class:`~ringlock._router.Connection`), from its core; the fronts'
+    connections add their I/O."""
+
+    node: int
+    _core: ConnectionCore
+
+    @property
+    def usable(self) -> bool:
+        return self._core.phase == UP
+
+    @property
+    def last_failure(self) -> tuple[float, ConnectionFailure] | None:
+        """How the last connect failed or the last socket broke, and when (monotonic)."""
+        return self._core.last_failure
+
+
 def deliver(router: Router, node: int, replies: list[Reply]) -> None:
     """Carries out the replies' steps, in order, learning from ``M`` replies
     (read from ``node``) which node is active."""

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 
 from ._backoff import Reconnects
-from ._connection import AUTH_REPLY_MARGIN_S, CLOSED, UP, ConnectionCore, auth_outcome, deliver
+from ._connection import AUTH_REPLY_MARGIN_S, CLOSED, UP, ConnectionCore, CoreConnection, auth_outcome, deliver
 from ._liveness import CUT, QUIET, SEND_PING, probe, tune_socket
 from ._operation import CUT_IO, Operation
 from ._protocol import REPLY_LINE_LEN_MAX, auth_line
@@ -119,7 +119,7 @@ class Timer:
             callback()
 
 
-class ThreadConnection:
+class ThreadConnection(CoreConnection):
     """One persistent connection to one node, and its two threads."""
 
     def __init__(self, router: Router, runtime: ThreadRuntime, address: str, node: int) -> None:
@@ -154,14 +154,6 @@ class ThreadConnection:
         deadline = time.monotonic() + timeout
         for thread in (self._reader, self._writer):
             thread.join(max(0.0, deadline - time.monotonic()))
-
-    @property
-    def usable(self) -> bool:
-        return self._core.phase == UP
-
-    @property
-    def last_failure(self) -> tuple[float, ConnectionFailure] | None:
-        return self._core.last_failure
 
     def try_send(self, operation: Operation, now: float) -> int:
         line = operation.encode(now)

@@ -33,7 +33,7 @@ from typing import Any
 
 from ._backoff import Reconnects
 from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
-from ._connection import AUTH_REPLY_MARGIN_S, CLOSED, UP, ConnectionCore, auth_outcome, deliver
+from ._connection import AUTH_REPLY_MARGIN_S, CLOSED, UP, ConnectionCore, CoreConnection, auth_outcome, deliver
 from ._liveness import CUT, SEND_PING, probe, tune_socket
 from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation
 from ._protocol import REPLY_LINE_LEN_MAX, KeyState, Pong, auth_line, key_bytes
@@ -122,7 +122,7 @@ class _Runtime:
             await asyncio.gather(*late, return_exceptions=True)
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(CoreConnection, asyncio.Protocol):
     """One persistent connection to one node, reconnected by its task."""
 
     def __init__(self, router: Router, runtime: _Runtime, address: str, node: int) -> None:
@@ -148,14 +148,6 @@ class _Connection(asyncio.Protocol):
         # The silence check (see _liveness), on one periodic tick while up.
         self._tick_handle: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = self._loop.create_task(self._run())
-
-    @property
-    def usable(self) -> bool:
-        return self._core.phase == UP
-
-    @property
-    def last_failure(self) -> tuple[float, ConnectionFailure] | None:
-        return self._core.last_failure
 
     def try_send(self, operation: Operation, now: float) -> int:
         refusal = self._core.admit(operation, now)
