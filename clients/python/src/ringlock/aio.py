@@ -1,5 +1,6 @@
-"""The asyncio client: ``ringlock.aio.Client`` and ``ringlock.aio.Lock``,
-with the names of the sync client, their calls awaited.
+"""The asyncio client: ``ringlock.aio.Client``, ``ringlock.aio.Lock`` and
+``ringlock.aio.Clusters``, with the names of the sync client, their calls
+awaited.
 
 Everything runs on the event loop: each connection is an
 :class:`asyncio.Protocol` whose reconnect loop is a task, and the requests
@@ -27,11 +28,12 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
 from ._backoff import Reconnects
+from ._clusters import ClustersBase, cluster_for
 from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
 from ._connection import AUTH_REPLY_MARGIN_S, CLOSED, UP, ConnectionCore, CoreConnection, auth_outcome, deliver
 from ._liveness import CUT, SEND_PING, probe, tune_socket
@@ -41,7 +43,7 @@ from ._router import Router, split_address
 from ._settings import Settings
 from .errors import ConnectionFailure, LockLostError, RinglockError
 
-__all__ = ["Client", "Lock"]
+__all__ = ["Client", "Clusters", "Lock", "cluster_for"]
 
 _CLOSE_LINGER_S = 1.0
 
@@ -666,3 +668,98 @@ class Lock(LockBase):
             lease_ends = sent_at + self.lease
             self._lease_ends = lease_ends
             delay = self.lease * AUTO_EXTEND_FRACTION
+
+
+class Clusters(ClustersBase[Client]):
+    """Several clusters, each a :class:`Client` (asyncio) under a name, as
+    :class:`ringlock.Clusters`: every key goes to the cluster
+    :func:`ringlock.cluster_for` names, and its calls to that cluster's
+    client, awaited where the client's are.
+
+    Example::
+
+        import ringlock.aio
+
+        async with ringlock.aio.Clusters({
+            "a": ringlock.aio.Client("10.0.0.1:7700"),
+            "b": ringlock.aio.Client("10.0.1.1:7700"),
+        }) as clusters:
+            async with clusters.lock("orders/42", lease=30, wait=5) as lock:
+                print(clusters.name_for("orders/42"), lock.token)
+    """
+
+    def __init__(self, clients: Mapping[str, Client]) -> None:
+        super().__init__(clients, Client, "ringlock.aio.Client")
+
+    async def __aenter__(self) -> Clusters:
+        for client in self._clients.values():
+            client._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def lock(
+        self,
+        key: str | bytes,
+        lease: float = 30.0,
+        wait: float | None = None,
+        *,
+        auto_extend: bool = False,
+        on_lost: Callable[[Lock, LockLostError], None] | None = None,
+    ) -> Lock:
+        """:meth:`Client.lock` on the client of ``key``'s cluster.
+
+        Example::
+
+            lock = clusters.lock("jobs/7", lease=10)
+            if await lock.acquire(timeout=0.5):
+                await lock.release()
+        """
+        return self.client_for(key).lock(key, lease, wait, auto_extend=auto_extend, on_lost=on_lost)
+
+    def lock_from(
+        self,
+        key: str | bytes,
+        token: int,
+        lease: float = 30.0,
+        *,
+        auto_extend: bool = False,
+        on_lost: Callable[[Lock, LockLostError], None] | None = None,
+    ) -> Lock:
+        """:meth:`Client.lock_from` on the client of ``key``'s cluster.
+
+        Example::
+
+            await clusters.lock_from("deploy", token).release()
+        """
+        return self.client_for(key).lock_from(key, token, lease, auto_extend=auto_extend, on_lost=on_lost)
+
+    async def inspect(self, key: str | bytes) -> KeyState:
+        """:meth:`Client.inspect` on the client of ``key``'s cluster.
+
+        Example::
+
+            print((await clusters.inspect("orders/42")).held)
+        """
+        return await self.client_for(key).inspect(key)
+
+    async def stats(self) -> dict[str, dict[str, Any]]:
+        """Each cluster's ``S`` reply, by name, asked of all at once.
+
+        Example::
+
+            print((await clusters.stats())["b"]["total"]["held_keys"])
+        """
+        names = list(self._clients)
+        replies = await asyncio.gather(*(self._clients[name].stats() for name in names))
+        return dict(zip(names, replies))
+
+    async def close(self) -> None:
+        """Closes every cluster's client, all at once.
+
+        Example::
+
+            await clusters.close()
+        """
+        await asyncio.gather(*(client.close() for client in self._clients.values()))

@@ -1,4 +1,5 @@
-"""The sync client: :class:`Client` and :class:`Lock`.
+"""The sync client: :class:`Client` and :class:`Lock`, and
+:class:`Clusters` for several clusters.
 
 Background threads own the connections (see ``_threaded``), so any number
 of user threads can share one client and their requests are pipelined over
@@ -11,10 +12,11 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from ._clusters import ClustersBase
 from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
 from ._operation import ACQUIRE, EXTEND, INSPECT, PING, RELEASE, STATS
 from ._protocol import KeyState, Pong, key_bytes
@@ -22,7 +24,7 @@ from ._router import Router
 from ._threaded import ThreadRuntime
 from .errors import LockLostError, RinglockError
 
-__all__ = ["Client", "Lock"]
+__all__ = ["Client", "Clusters", "Lock"]
 
 
 class _Waiter:
@@ -495,3 +497,107 @@ class Lock(LockBase):
             self._client._call_at(time.monotonic() + retry_interval, lambda: self._extend_now(grant, lease_ends))
 
         self._client._background(EXTEND, self._key_bytes, done, **self._auto_extend_fields(token, lease_ends))
+
+
+class Clusters(ClustersBase[Client]):
+    """Several independent clusters, each a :class:`Client` under a name:
+    every key goes to one of them, chosen by :func:`ringlock.cluster_for`
+    (rendezvous hashing over the names, the same in every official client),
+    so adding a cluster moves only about 1/N of the keys.
+
+    ``clients`` maps each cluster's name (a non-empty ``str``, unique) to
+    its client. The calls that take a key go to the chosen cluster's
+    client, with the same arguments; a :class:`Lock` belongs to its
+    cluster's client, so its release and extends go there. Tokens come from
+    each key's own cluster: tokens of keys in different clusters are not
+    comparable. To take a cluster out, drain it first (docs/protocol.md
+    §4, "Several clusters").
+
+    Raises :class:`ValueError` for no cluster or a bad name, and
+    :class:`TypeError` if a value is not a :class:`Client`.
+
+    Example::
+
+        import ringlock
+
+        with ringlock.Clusters({
+            "a": ringlock.Client(["10.0.0.1:7700", "10.0.0.2:7700"]),
+            "b": ringlock.Client(["10.0.1.1:7700", "10.0.1.2:7700"]),
+        }) as clusters:
+            with clusters.lock("orders/42", lease=30, wait=5) as lock:
+                print(clusters.name_for("orders/42"), lock.token)
+    """
+
+    def __init__(self, clients: Mapping[str, Client]) -> None:
+        super().__init__(clients, Client, "ringlock.Client")
+
+    def __enter__(self) -> Clusters:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def lock(
+        self,
+        key: str | bytes,
+        lease: float = 30.0,
+        wait: float | None = None,
+        *,
+        auto_extend: bool = False,
+        on_lost: Callable[[Lock, LockLostError], None] | None = None,
+    ) -> Lock:
+        """:meth:`Client.lock` on the client of ``key``'s cluster.
+
+        Example::
+
+            lock = clusters.lock("jobs/7", lease=10)
+            if lock.acquire(timeout=0.5):
+                lock.release()
+        """
+        return self.client_for(key).lock(key, lease, wait, auto_extend=auto_extend, on_lost=on_lost)
+
+    def lock_from(
+        self,
+        key: str | bytes,
+        token: int,
+        lease: float = 30.0,
+        *,
+        auto_extend: bool = False,
+        on_lost: Callable[[Lock, LockLostError], None] | None = None,
+    ) -> Lock:
+        """:meth:`Client.lock_from` on the client of ``key``'s cluster.
+
+        Example::
+
+            clusters.lock_from("deploy", token).release()
+        """
+        return self.client_for(key).lock_from(key, token, lease, auto_extend=auto_extend, on_lost=on_lost)
+
+    def inspect(self, key: str | bytes) -> KeyState:
+        """:meth:`Client.inspect` on the client of ``key``'s cluster.
+
+        Example::
+
+            print(clusters.inspect("orders/42").held)
+        """
+        return self.client_for(key).inspect(key)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Each cluster's ``S`` reply (:meth:`Client.stats`), by name: to
+        see, say, that a cluster being drained holds no key any more.
+
+        Example::
+
+            print(clusters.stats()["b"]["total"]["held_keys"])
+        """
+        return {name: client.stats() for name, client in self._clients.items()}
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Closes every cluster's client (:meth:`Client.close`).
+
+        Example::
+
+            clusters.close()
+        """
+        for client in self._clients.values():
+            client.close(timeout)
