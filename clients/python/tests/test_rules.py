@@ -502,3 +502,27 @@ def test_the_reconnect_schedule_starts_over_only_once_a_connection_worked() -> N
     schedule.pause(0.0)
     schedule.session_ended(replied=True, open_for=0.0)
     assert schedule.pause(0.0) == 0.0, "answered: reset"
+
+
+def test_the_set_up_of_a_connection_is_data_both_clients_follow() -> None:
+    import ssl
+
+    from ringlock._connection import SetUp
+
+    plain = SetUp.of("db.example:7700", Settings.build("db.example:7700", None, 0.05, 3.0, 10.0, 1.5, 0.2, 5.0, 16, 64))
+    assert (plain.host, plain.port, plain.connect_timeout, plain.tls_context, plain.hello) == (
+        "db.example",
+        7700,
+        1.5,
+        None,
+        None,
+    )
+    context = ssl.create_default_context()
+    tls = Settings.build("[::1]:7700", None, 0.05, 3.0, 10.0, 1.0, 0.2, 5.0, 16, 64, ssl_context=context)
+    assert SetUp.of("[::1]:7700", tls).tls_context is context
+    assert SetUp.of("[::1]:7700", tls).server_name == "::1", "the host of the address by default"
+    named = Settings.build(
+        "[::1]:7700", None, 0.05, 3.0, 10.0, 1.0, 0.2, 5.0, 16, 64, "s", ssl_context=context, tls_server_name="lock"
+    )
+    setup = SetUp.of("[::1]:7700", named)
+    assert (setup.server_name, setup.hello, setup.hello_timeout) == ("lock", b"U s\n", 2.0)

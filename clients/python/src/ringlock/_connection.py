@@ -14,11 +14,14 @@ and ``now`` under their own locking, and carry out what it returns
 
 from __future__ import annotations
 
+import ssl
+from dataclasses import dataclass
+
 from ._liveness import CUT, PROBE, Liveness
 from ._operation import CUT_IO, Operation, Step, cut_protocol
 from ._pairing import Pairing
-from ._protocol import AUTH_REFUSED_CODES, REPLY_LINE_LEN_MAX, auth_answer, split_reply
-from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router
+from ._protocol import AUTH_REFUSED_CODES, REPLY_LINE_LEN_MAX, auth_answer, auth_line, split_reply
+from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
 from ._settings import Settings
 from .errors import ConnectionFailure, RinglockError, error_for
 
@@ -37,6 +40,50 @@ connect timeout: the server answers a wrong secret only after 200 ms."""
 Reply = tuple[Operation, Step, bytes | None]
 """A paired reply: its request, the request's next step, and the active an
 ``M`` reply named (``None`` for any other reply)."""
+
+
+@dataclass(frozen=True)
+class SetUp:
+    """What a fresh socket to one address goes through before it carries
+    requests, as data: the connect within ``connect_timeout``; with TLS the
+    handshake, within the same timeout, checking the certificate against
+    ``server_name``; with a secret the ``hello`` line (``U <secret>``), whose
+    answer (:func:`auth_outcome`) must come within ``hello_timeout``.
+
+    Example::
+
+        >>> from ringlock._settings import Settings
+        >>> settings = Settings.build("[::1]:7700", None, 0.05, 3.0, 10.0, 1.0, 0.2, 5.0, 16, 64, secret="s3cret")
+        >>> setup = SetUp.of("[::1]:7700", settings)
+        >>> setup.host, setup.port, setup.tls_context, setup.hello, setup.hello_timeout
+        ('::1', 7700, None, b'U s3cret\\n', 2.0)
+    """
+
+    host: str
+    port: int
+    connect_timeout: float
+    tls_context: ssl.SSLContext | None
+    """``None`` for plain TCP."""
+    server_name: str
+    """The name the server's certificate must hold, with TLS."""
+    hello: bytes | None = None
+    """The first line sent, before any request; ``None`` without a secret."""
+    hello_timeout: float = 0.0
+
+    @staticmethod
+    def of(address: str, settings: Settings) -> SetUp:
+        host, port = split_address(address)
+        tls = settings.tls
+        secret = settings.secret
+        return SetUp(
+            host,
+            port,
+            settings.connect_timeout,
+            None if tls is None else tls.context,
+            host if tls is None else tls.server_name_for(host),
+            None if secret is None else auth_line(secret.value),
+            settings.connect_timeout + AUTH_REPLY_MARGIN_S,
+        )
 
 
 class ConnectionCore:

@@ -33,11 +33,11 @@ import time
 from collections.abc import Callable
 
 from ._backoff import Reconnects
-from ._connection import AUTH_REPLY_MARGIN_S, CLOSED, UP, ConnectionCore, CoreConnection, auth_outcome, deliver
+from ._connection import CLOSED, UP, ConnectionCore, CoreConnection, SetUp, auth_outcome, deliver
 from ._liveness import CUT, QUIET, SEND_PING, probe, tune_socket
 from ._operation import CUT_IO, Operation
-from ._protocol import REPLY_LINE_LEN_MAX, auth_line
-from ._router import Router, split_address
+from ._protocol import REPLY_LINE_LEN_MAX
+from ._router import Router
 from ._settings import Settings
 from ._tls import TlsSession
 from .errors import ConnectionFailure, RinglockError
@@ -52,7 +52,6 @@ class ThreadRuntime:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.secret = settings.secret.value if settings.secret is not None else None
         self.closed = threading.Event()
         self.connections: list[ThreadConnection] = []
         self._timer = Timer()
@@ -125,7 +124,7 @@ class ThreadConnection(CoreConnection):
     def __init__(self, router: Router, runtime: ThreadRuntime, address: str, node: int) -> None:
         self.address = address
         self.node = node
-        self._host, self._port = split_address(address)
+        self._setup = SetUp.of(address, runtime.settings)
         self._router = router
         self._runtime = runtime
         self._mutex = threading.Lock()
@@ -306,6 +305,7 @@ class ThreadConnection(CoreConnection):
         runtime = self._runtime
         settings = runtime.settings
         core = self._core
+        setup = self._setup
         reconnects = Reconnects(settings.reconnect_delay_first, settings.reconnect_delay_max)
         try:
             # A client closed before this first connect still makes it if
@@ -313,7 +313,7 @@ class ThreadConnection(CoreConnection):
             while not runtime.closed.is_set() or self._queued():
                 started = time.monotonic()
                 try:
-                    sock = socket.create_connection((self._host, self._port), timeout=settings.connect_timeout)
+                    sock = socket.create_connection((setup.host, setup.port), timeout=setup.connect_timeout)
                 except OSError as failure:
                     core.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
                     router.cut(self._take_down(), CUT_IO, False)
@@ -353,32 +353,33 @@ class ThreadConnection(CoreConnection):
         the connect timeout counted from ``started``, then ``U <secret>``.
         Returns the TLS state, the plaintext read past the answer to ``U``,
         and why the connection cannot be used (``None`` if it can)."""
-        runtime = self._runtime
+        setup = self._setup
         tls = None
-        if runtime.settings.tls is not None:
-            tls = runtime.settings.tls.session(self._host)
+        if setup.tls_context is not None:
+            tls = TlsSession(setup.tls_context, setup.server_name)
             try:
-                tls.handshake(sock, started + runtime.settings.connect_timeout)
+                tls.handshake(sock, started + setup.connect_timeout)
             except OSError as failure:  # ssl.SSLError among them
                 return None, b"", ConnectionFailure.from_os_error(self.address, failure)
-        if runtime.secret is None:
+        if setup.hello is None:
             return tls, b"", None
-        refused, carried = self._authenticate(sock, tls)
+        refused, carried = self._authenticate(sock, tls, setup.hello)
         return tls, carried, refused
 
-    def _authenticate(self, sock: socket.socket, tls: TlsSession | None) -> tuple[ConnectionFailure | None, bytes]:
+    def _authenticate(
+        self, sock: socket.socket, tls: TlsSession | None, hello: bytes
+    ) -> tuple[ConnectionFailure | None, bytes]:
         """Sends ``U <secret>`` on a fresh socket, before any request, and
         reads the answer; ``None`` once authenticated, else why the
         connection cannot be used, and the plaintext read past the answer.
         Nothing else is in flight yet, so the answer is the first line and
         is read here rather than paired (``U`` replies carry no key)."""
-        assert self._runtime.secret is not None
-        sock.settimeout(self._runtime.settings.connect_timeout + AUTH_REPLY_MARGIN_S)
+        sock.settimeout(self._setup.hello_timeout)
         line = b""
         carried = b""
         try:
             if tls is None:
-                sock.sendall(auth_line(self._runtime.secret))
+                sock.sendall(hello)
                 # Byte by byte, so that nothing after the answer is taken
                 # from the reader; this happens once per connection.
                 while not line.endswith(b"\n"):
@@ -391,7 +392,7 @@ class ThreadConnection(CoreConnection):
             else:
                 # Records cannot be read byte by byte: what comes after the
                 # answer is carried to the reader.
-                sock.sendall(tls.seal(auth_line(self._runtime.secret)))
+                sock.sendall(tls.seal(hello))
                 while b"\n" not in line:
                     if len(line) > REPLY_LINE_LEN_MAX:
                         return ConnectionFailure(self.address, "dropped: reply line too long"), b""

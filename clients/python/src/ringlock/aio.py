@@ -35,11 +35,11 @@ from typing import Any
 from ._backoff import Reconnects
 from ._clusters import ClustersBase, cluster_for
 from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
-from ._connection import AUTH_REPLY_MARGIN_S, CLOSED, UP, ConnectionCore, CoreConnection, auth_outcome, deliver
+from ._connection import CLOSED, UP, ConnectionCore, CoreConnection, SetUp, auth_outcome, deliver
 from ._liveness import CUT, SEND_PING, probe, tune_socket
 from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation
-from ._protocol import REPLY_LINE_LEN_MAX, KeyState, Pong, auth_line, key_bytes
-from ._router import Router, split_address
+from ._protocol import REPLY_LINE_LEN_MAX, KeyState, Pong, key_bytes
+from ._router import Router
 from ._settings import Settings
 from .errors import ConnectionFailure, LockLostError, RinglockError
 
@@ -130,7 +130,7 @@ class _Connection(CoreConnection, asyncio.Protocol):
     def __init__(self, router: Router, runtime: _Runtime, address: str, node: int) -> None:
         self.address = address
         self.node = node
-        self._host, self._port = split_address(address)
+        self._setup = SetUp.of(address, runtime.settings)
         self._router = router
         self._runtime = runtime
         self._loop = runtime.loop
@@ -247,7 +247,7 @@ class _Connection(CoreConnection, asyncio.Protocol):
                     core.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
                     router.cut(self._take_down(), CUT_IO, False)
                 else:
-                    refused = await self._authenticate() if settings.secret is not None else None
+                    refused = await self._authenticate() if self._setup.hello is not None else None
                     if refused is not None:
                         # A refused secret fails the connection like a failed
                         # connect: its requests move on or wait, and a wrong
@@ -270,17 +270,17 @@ class _Connection(CoreConnection, asyncio.Protocol):
             router.abort(self._take_down())
 
     async def _connect(self) -> None:
-        tls = self._runtime.settings.tls
-        if tls is None:
-            await self._loop.create_connection(lambda: self, self._host, self._port)
+        setup = self._setup
+        if setup.tls_context is None:
+            await self._loop.create_connection(lambda: self, setup.host, setup.port)
             return
         await self._loop.create_connection(
             lambda: self,
-            self._host,
-            self._port,
-            ssl=tls.context,
-            server_hostname=tls.server_name_for(self._host),
-            ssl_handshake_timeout=self._runtime.settings.connect_timeout,
+            setup.host,
+            setup.port,
+            ssl=setup.tls_context,
+            server_hostname=setup.server_name,
+            ssl_handshake_timeout=setup.connect_timeout,
         )
 
     async def _authenticate(self) -> ConnectionFailure | None:
@@ -289,9 +289,8 @@ class _Connection(CoreConnection, asyncio.Protocol):
         else why the connection cannot be used (the socket is closed)."""
         transport, reply = self._handshake, self._auth_reply
         assert transport is not None and reply is not None
-        timeout = self._runtime.settings.connect_timeout + AUTH_REPLY_MARGIN_S
         try:
-            line = await asyncio.wait_for(asyncio.shield(reply), timeout)
+            line = await asyncio.wait_for(asyncio.shield(reply), self._setup.hello_timeout)
         except asyncio.TimeoutError:
             line = None
             failure: ConnectionFailure | None = ConnectionFailure.from_os_error(self.address, TimeoutError())
@@ -319,11 +318,11 @@ class _Connection(CoreConnection, asyncio.Protocol):
         settings = self._runtime.settings
         if sock is not None:
             tune_socket(sock, settings.suspect_after, settings.ping_timeout)
-        if settings.secret is not None:
+        if self._setup.hello is not None:
             # Requests wait until the server has answered U (_authenticate).
             self._handshake = transport
             self._auth_reply = self._loop.create_future()
-            transport.write(auth_line(settings.secret.value))
+            transport.write(self._setup.hello)
             return
         self._go_up(transport)
 
