@@ -6,6 +6,7 @@ event loop).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import ssl
 import time
@@ -175,6 +176,11 @@ class ClientBase:
         return router.addresses[router.active]
 
 
+def inspected(state: KeyState, key: str | bytes) -> KeyState:
+    """An ``inspect`` answer naming the key as the caller gave it."""
+    return dataclasses.replace(state, key=key)
+
+
 class LockBase:
     """A lock's settings and grant, checked and kept as both clients do."""
 
@@ -246,22 +252,36 @@ class LockBase:
         if self.on_lost is not None:
             self.on_lost(self, error)
 
-    def _extend_failed(self, token: int, error: object, lease_ends: float, retry_interval: float) -> bool:
+    @property
+    def _extend_period(self) -> float:
+        """Auto-extend's pause from a grant, or a confirmed extend, to the next extend."""
+        return self.lease * AUTO_EXTEND_FRACTION
+
+    def _auto_extended(self, token: int, sent_at: float) -> float:
+        """Auto-extend's extend of ``token``'s grant, sent at ``sent_at``,
+        was confirmed; returns when the lease now ends."""
+        lease_ends = sent_at + self.lease
+        if self._token == token:
+            self._lease_ends = lease_ends
+        return lease_ends
+
+    def _auto_extend_retry(self, token: int, error: object, lease_ends: float) -> float | None:
         """Auto-extend's rule after an extend of ``token``'s grant failed
-        with ``error``: ``True`` to try again after ``retry_interval``
-        (another connection may carry it), else the lock is lost, and
-        marked so: the server answered ``not-holder``, or the lease (ending
-        at ``lease_ends``) runs out before the next try."""
+        with ``error``: the pause before trying again (another connection
+        may carry it), or ``None`` if the lock is lost, and marked so: the
+        server answered ``not-holder``, or the lease (ending at
+        ``lease_ends``) runs out before the next try."""
+        retry_interval: float = self._client.settings.release_retry_interval
         if isinstance(error, LockLostError):
             self._mark_lost(token, error)
-            return False
+            return None
         if time.monotonic() + retry_interval < lease_ends:
-            return True
+            return retry_interval
         self._mark_lost(
             token,
             LockLostError("lost", "X", key_text(self._key), f"the lease ran out without a confirmed extend: {error}"),
         )
-        return False
+        return None
 
     def _lease_ran_out(self, token: int) -> None:
         """Auto-extend's watch at the end of the lease it knew of: if no

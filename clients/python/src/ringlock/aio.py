@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import random
 import time
@@ -34,7 +33,7 @@ from typing import Any
 
 from ._backoff import Reconnects
 from ._clusters import ClustersBase, cluster_for
-from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
+from ._common import ClientBase, LockBase, inspected
 from ._connection import CLOSED, UP, ConnectionCore, CoreConnection, SetUp, auth_outcome, deliver
 from ._liveness import CUT, SEND_PING, probe, tune_socket
 from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation
@@ -501,7 +500,7 @@ class Client(ClientBase):
         """
         raw = key_bytes(key)
         state: KeyState = await self._request(INSPECT, raw)
-        return dataclasses.replace(state, key=key)
+        return inspected(state, key)
 
     async def _request(self, kind: int, key: bytes, **fields: Any) -> Any:
         router = self._start()
@@ -646,8 +645,7 @@ class Lock(LockBase):
 
     async def _extend_in_background(self, token: int, lease_ends: float) -> None:
         """Extends the lease at a third of it while ``token`` is held."""
-        retry_interval = self._client.settings.release_retry_interval
-        delay = self.lease * AUTO_EXTEND_FRACTION
+        delay = self._extend_period
         while True:
             await asyncio.sleep(delay)
             if self._token != token:
@@ -660,13 +658,13 @@ class Lock(LockBase):
                 deadline = fields["connection_deadline"]
                 await asyncio.wait_for(request, None if deadline is None else max(0.0, deadline - time.monotonic()))
             except (RinglockError, asyncio.TimeoutError) as error:
-                if not self._extend_failed(token, error, lease_ends, retry_interval):
+                retry = self._auto_extend_retry(token, error, lease_ends)
+                if retry is None:
                     return
-                delay = retry_interval
+                delay = retry
                 continue
-            lease_ends = sent_at + self.lease
-            self._lease_ends = lease_ends
-            delay = self.lease * AUTO_EXTEND_FRACTION
+            lease_ends = self._auto_extended(token, sent_at)
+            delay = self._extend_period
 
 
 class Clusters(ClustersBase[Client]):

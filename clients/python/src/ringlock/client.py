@@ -8,7 +8,6 @@ its connections.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import time
@@ -17,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from ._clusters import ClustersBase
-from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
+from ._common import ClientBase, LockBase, inspected
 from ._operation import ACQUIRE, EXTEND, INSPECT, PING, RELEASE, STATS
 from ._protocol import KeyState, Pong, key_bytes
 from ._router import Router
@@ -297,7 +296,7 @@ class Client(ClientBase):
         """
         raw = key_bytes(key)
         state: KeyState = self._request(INSPECT, raw)  # type: ignore[assignment]
-        return dataclasses.replace(state, key=key)
+        return inspected(state, key)
 
     def _request(self, kind: int, key: bytes, **fields: Any) -> object:
         waiter = _Waiter()
@@ -471,8 +470,7 @@ class Lock(LockBase):
     def _schedule_extend(self, grant: int, lease_ends: float) -> None:
         """Extends the lease at a third of it, while this grant lasts, and
         watches for the lease to run out without a confirmed extend."""
-        period = self.lease * AUTO_EXTEND_FRACTION
-        self._client._call_at(time.monotonic() + period, lambda: self._extend_now(grant, lease_ends))
+        self._client._call_at(time.monotonic() + self._extend_period, lambda: self._extend_now(grant, lease_ends))
         token = self._token
         if token is not None and not math.isinf(lease_ends):
             self._client._call_at(lease_ends, lambda: grant == self._grant and self._lease_ran_out(token))
@@ -487,14 +485,12 @@ class Lock(LockBase):
             if grant != self._grant or self._token is None:
                 return
             if value is True:
-                self._lease_ends = sent_at + self.lease
-                self._schedule_extend(grant, sent_at + self.lease)
+                self._schedule_extend(grant, self._auto_extended(token, sent_at))
                 return
-            retry_interval = self._client.settings.release_retry_interval
-            if not self._extend_failed(token, value, lease_ends, retry_interval):
-                return
-            # No connection for now: try again while the lease lasts.
-            self._client._call_at(time.monotonic() + retry_interval, lambda: self._extend_now(grant, lease_ends))
+            retry = self._auto_extend_retry(token, value, lease_ends)
+            if retry is not None:
+                # No connection for now: try again while the lease lasts.
+                self._client._call_at(time.monotonic() + retry, lambda: self._extend_now(grant, lease_ends))
 
         self._client._background(EXTEND, self._key_bytes, done, **self._auto_extend_fields(token, lease_ends))
 
