@@ -1,9 +1,14 @@
 """The sync client's I/O: background threads that own the connections.
 
-Each connection has a **reader** thread that connects, reads and pairs
-replies, completes the callers' requests, and on a cut hands every request
-in flight back to the router and connects again: at once, then after the
-growing pauses of ``_backoff``. Callers write their own request lines, under the connection's mutex
+What a connection knows and decides is its
+:class:`~ringlock._connection.ConnectionCore`, shared with the asyncio
+client; the threads here only carry bytes and wait. Each connection has a
+**reader** thread that connects (the steps of its
+:class:`~ringlock._connection.SetUp`), reads and hands what it read to the
+core, which pairs the replies, carries out their steps (completing the
+callers' requests), and on a cut hands every request in flight back to the
+router and connects again: at once, then after the growing pauses of
+``_backoff``. Callers write their own request lines, under the connection's mutex
 and without blocking (``MSG_DONTWAIT``), so that a request costs no thread
 switch on the way out; the table's order for an (op, key) is then the
 wire's order. Only what the socket did not take at once goes to the

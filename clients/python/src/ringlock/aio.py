@@ -3,10 +3,11 @@
 awaited.
 
 Everything runs on the event loop: each connection is an
-:class:`asyncio.Protocol` whose reconnect loop is a task, and the requests
-queued in one pass of the loop go out in one write (with TLS, the loop's
-own TLS transport seals each write into one record per 16 KiB). Use a
-client from the loop it was first used on.
+:class:`asyncio.Protocol` whose reconnect loop is a task; what it knows
+and decides is the :class:`~ringlock._connection.ConnectionCore` the sync
+client uses too. The requests queued in one pass of the loop go out in one
+write (with TLS, the loop's own TLS transport seals each write into one
+record per 16 KiB). Use a client from the loop it was first used on.
 
 Example::
 
