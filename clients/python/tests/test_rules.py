@@ -526,3 +526,21 @@ def test_the_set_up_of_a_connection_is_data_both_clients_follow() -> None:
     )
     setup = SetUp.of("[::1]:7700", named)
     assert (setup.server_name, setup.hello, setup.hello_timeout) == ("lock", b"U s\n", 2.0)
+
+
+def test_a_socket_that_answered_starts_the_reconnect_schedule_over_and_a_failed_attempt_does_not() -> None:
+    connection = core()
+    refused = ConnectionFailure.secret_refused("127.0.0.1:7700", "auth-failed")
+    assert connection.attempt_failed(refused, 100.0) == (CUT_IO, False)
+    assert connection.last_failure == (100.0, refused)
+    assert [connection.reconnects.pause(1.0) for _ in range(3)] == [0.0, 0.05, 0.1]
+    connection.opened(101.0)
+    assert connection.socket_ended(CUT_IO, 101.5) == (CUT_IO, False), "answered nothing"
+    assert connection.last_failure == (101.5, ConnectionFailure("127.0.0.1:7700", "closed by the server"))
+    assert connection.reconnects.pause(1.0) == 0.2, "closed at once: the schedule goes on"
+    connection.opened(102.0)
+    acquire = operation(ACQUIRE)
+    connection.admit(acquire, 102.0)
+    connection.read(b"A k 9\n", 102.1)
+    assert connection.socket_ended(CUT_IO, 102.2) == (CUT_IO, True)
+    assert connection.reconnects.pause(1.0) == 0.0, "it answered: the schedule starts over"

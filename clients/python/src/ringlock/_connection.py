@@ -17,6 +17,7 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 
+from ._backoff import Reconnects
 from ._liveness import CUT, PROBE, Liveness
 from ._operation import CUT_IO, Operation, Step, cut_protocol
 from ._pairing import Pairing
@@ -95,11 +96,13 @@ class ConnectionCore:
         "last_failure",
         "liveness",
         "node",
+        "opened_at",
         "pairing",
         "pending",
         "phase",
         "policy",
         "read_error",
+        "reconnects",
         "replied",
     )
 
@@ -119,6 +122,9 @@ class ConnectionCore:
         self.read_error: Exception | None = None
         self.last_failure: tuple[float, ConnectionFailure] | None = None
         """How the last connect failed or the last socket broke, and when (monotonic)."""
+        self.reconnects = Reconnects(settings.reconnect_delay_first, settings.reconnect_delay_max)
+        # When the current socket became the connection's.
+        self.opened_at = 0.0
 
     @property
     def usable(self) -> bool:
@@ -143,9 +149,30 @@ class ConnectionCore:
         """A fresh socket is the connection's; ``carried`` is what was read
         on it already, past the answer to ``U``."""
         self.liveness.reset(now)
+        self.opened_at = now
         self.pending = carried
         self.replied = False
         self.read_error = None
+
+    def attempt_failed(self, failure: ConnectionFailure, now: float) -> tuple[RinglockError, bool]:
+        """A connect, a TLS handshake or the answer to ``U`` failed (a
+        refused secret too): ``failure`` is this address's last. Returns how
+        the router cuts the requests in flight (as on a broken connection
+        that answered nothing). Called before the connection is taken down,
+        so that a request that finds it down names this failure. The reconnect schedule is not reset, so a
+        wrong CA or secret is retried with growing pauses."""
+        self.last_failure = (now, failure)
+        return CUT_IO, False
+
+    def socket_ended(self, error: RinglockError, now: float) -> tuple[RinglockError, bool]:
+        """The socket that was the connection's ended (``error`` says how);
+        returns how the router cuts the requests in flight, and whether the
+        socket answered anything. A socket that answered, or stayed open for
+        the longest pause, starts the reconnect schedule over. Called before
+        the connection is taken down, as :meth:`attempt_failed`."""
+        self.last_failure = (now, self.ended(error))
+        self.reconnects.session_ended(self.replied, now - self.opened_at)
+        return error, self.replied
 
     def take_down(self) -> list[Operation]:
         """Marks the connection broken (unless closed); takes back every

@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._backoff import Reconnects
 from ._connection import CLOSED, UP, ConnectionCore, CoreConnection, SetUp, auth_outcome, deliver
 from ._liveness import CUT, QUIET, SEND_PING, probe, tune_socket
 from ._operation import CUT_IO, Operation
@@ -311,7 +310,6 @@ class ThreadConnection(CoreConnection):
         settings = runtime.settings
         core = self._core
         setup = self._setup
-        reconnects = Reconnects(settings.reconnect_delay_first, settings.reconnect_delay_max)
         try:
             # A client closed before this first connect still makes it if
             # requests were queued for it (see _install).
@@ -320,34 +318,31 @@ class ThreadConnection(CoreConnection):
                 try:
                     sock = socket.create_connection((setup.host, setup.port), timeout=setup.connect_timeout)
                 except OSError as failure:
-                    core.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
-                    router.cut(self._take_down(), CUT_IO, False)
+                    failed = ConnectionFailure.from_os_error(self.address, failure)
+                    how = core.attempt_failed(failed, time.monotonic())
+                    router.cut(self._take_down(), *how)
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     tune_socket(sock, settings.suspect_after, settings.ping_timeout)
                     tls, carried, refused = self._open(sock, started)
                     if refused is not None:
                         # A failed handshake or a refused secret fails the
-                        # connection like a failed connect: its requests move
-                        # on or wait, and a wrong CA or secret is retried
-                        # with growing pauses.
+                        # connection like a failed connect.
                         sock.close()
-                        core.last_failure = (time.monotonic(), refused)
-                        router.cut(self._take_down(), CUT_IO, False)
+                        how = core.attempt_failed(refused, time.monotonic())
+                        router.cut(self._take_down(), *how)
                     else:
                         sock.settimeout(None)
                         if not self._install(sock, tls, carried):
                             sock.close()
                             break
                         router.connection_up()
-                        opened = time.monotonic()
                         error = self._read(sock, tls)
                         _shutdown(sock, socket.SHUT_RDWR)
-                        core.last_failure = (time.monotonic(), core.ended(error))
-                        router.cut(self._take_down(), error, core.replied)
+                        how = core.socket_ended(error, time.monotonic())
+                        router.cut(self._take_down(), *how)
                         sock.close()
-                        reconnects.session_ended(core.replied, time.monotonic() - opened)
-                if runtime.closed.wait(reconnects.pause(random.random())):
+                if runtime.closed.wait(core.reconnects.pause(random.random())):
                     break
         finally:
             self._reader_done.set()

@@ -32,7 +32,6 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from ._backoff import Reconnects
 from ._clusters import ClustersBase, cluster_for
 from ._common import ClientBase, LockBase, inspected
 from ._connection import CLOSED, UP, ConnectionCore, CoreConnection, SetUp, auth_outcome, deliver
@@ -231,7 +230,6 @@ class _Connection(CoreConnection, asyncio.Protocol):
         runtime = self._runtime
         settings = runtime.settings
         core = self._core
-        reconnects = Reconnects(settings.reconnect_delay_first, settings.reconnect_delay_max)
         try:
             # A client closed before this first connect still makes it if
             # requests were queued for it (see connection_made).
@@ -244,27 +242,24 @@ class _Connection(CoreConnection, asyncio.Protocol):
                     # the same timeout.
                     await asyncio.wait_for(self._connect(), settings.connect_timeout)
                 except (OSError, asyncio.TimeoutError) as failure:
-                    core.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
-                    router.cut(self._take_down(), CUT_IO, False)
+                    failed = ConnectionFailure.from_os_error(self.address, failure)
+                    how = core.attempt_failed(failed, time.monotonic())
+                    router.cut(self._take_down(), *how)
                 else:
                     refused = await self._authenticate() if self._setup.hello is not None else None
                     if refused is not None:
                         # A refused secret fails the connection like a failed
-                        # connect: its requests move on or wait, and a wrong
-                        # secret is retried with growing pauses. The socket's
-                        # connection_lost comes first, so that it cannot
-                        # resolve the next socket's future.
+                        # connect. The socket's connection_lost comes first,
+                        # so that it cannot resolve the next socket's future.
                         await self._lost
-                        core.last_failure = (time.monotonic(), refused)
-                        router.cut(self._take_down(), CUT_IO, False)
+                        how = core.attempt_failed(refused, time.monotonic())
+                        router.cut(self._take_down(), *how)
                     else:
                         router.connection_up()
-                        opened = time.monotonic()
                         error = await self._lost
-                        core.last_failure = (time.monotonic(), core.ended(error))
-                        router.cut(self._take_down(), error, core.replied)
-                        reconnects.session_ended(core.replied, time.monotonic() - opened)
-                if await runtime.sleep(reconnects.pause(random.random())):
+                        how = core.socket_ended(error, time.monotonic())
+                        router.cut(self._take_down(), *how)
+                if await runtime.sleep(core.reconnects.pause(random.random())):
                     break
         finally:
             router.abort(self._take_down())
