@@ -10,8 +10,10 @@ same key and names (``clients/cluster-hash-vectors.json``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, Protocol, TypeVar, cast
+
+from .errors import LockLostError
 
 _MASK = (1 << 64) - 1
 _FNV_OFFSET = 0xCBF29CE484222325
@@ -20,7 +22,30 @@ _SEPARATOR = 0xFF
 """The byte between name and key: never in UTF-8, so no two (name, key)
 pairs hash the same bytes."""
 
-C = TypeVar("C")
+L = TypeVar("L")
+"""A front's lock class."""
+
+
+class _LockMaker(Protocol):
+    """What ``Clusters`` asks of a front's client."""
+
+    def lock(
+        self,
+        key: str | bytes,
+        lease: float = ...,
+        wait: float | None = ...,
+        *,
+        auto_extend: bool = ...,
+        on_lost: Any = ...,
+    ) -> Any: ...
+
+    def lock_from(
+        self, key: str | bytes, token: int, lease: float = ..., *, auto_extend: bool = ..., on_lost: Any = ...
+    ) -> Any: ...
+
+
+C = TypeVar("C", bound=_LockMaker)
+"""A front's client class."""
 
 
 def _fnv1a64(value: int, data: bytes) -> int:
@@ -142,9 +167,10 @@ def _key_bytes(key: str | bytes) -> bytes:
     raise TypeError(f"a key is str or bytes: {key!r}")
 
 
-class ClustersBase(Generic[C]):
-    """The clients of several clusters by name, and the choice of one for a
-    key; each front's ``Clusters`` adds the calls."""
+class ClustersBase(Generic[C, L]):
+    """The clients of several clusters by name, the choice of one for a
+    key, and the calls that make locks (the same in both fronts); each
+    front's ``Clusters`` adds the calls that talk to the servers."""
 
     def __init__(self, clients: Mapping[str, C], client_type: type, front: str) -> None:
         if not isinstance(clients, Mapping):
@@ -194,6 +220,44 @@ class ClustersBase(Generic[C]):
             client = clusters.client_for("orders/42")
         """
         return self._clients[self._chooser.choose(_key_bytes(key))]
+
+    def lock(
+        self,
+        key: str | bytes,
+        lease: float = 30.0,
+        wait: float | None = None,
+        *,
+        auto_extend: bool = False,
+        on_lost: Callable[[L, LockLostError], None] | None = None,
+    ) -> L:
+        """The client's ``lock`` on the client of ``key``'s cluster, with
+        the same arguments: a lock of that client, so that its acquire,
+        release, extends and ``held`` go there.
+
+        Example::
+
+            lock = clusters.lock("jobs/7", lease=10)
+            if lock.acquire(timeout=0.5):  # awaited with ringlock.aio
+                lock.release()
+        """
+        return cast(L, self.client_for(key).lock(key, lease, wait, auto_extend=auto_extend, on_lost=on_lost))
+
+    def lock_from(
+        self,
+        key: str | bytes,
+        token: int,
+        lease: float = 30.0,
+        *,
+        auto_extend: bool = False,
+        on_lost: Callable[[L, LockLostError], None] | None = None,
+    ) -> L:
+        """The client's ``lock_from`` on the client of ``key``'s cluster.
+
+        Example::
+
+            clusters.lock_from("deploy", token).release()  # awaited with ringlock.aio
+        """
+        return cast(L, self.client_for(key).lock_from(key, token, lease, auto_extend=auto_extend, on_lost=on_lost))
 
     def __repr__(self) -> str:
         return f"<{type(self).__module__}.Clusters {self.names!r}>"

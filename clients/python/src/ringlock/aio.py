@@ -663,7 +663,7 @@ class Lock(LockBase):
             delay = self._extend_period
 
 
-class Clusters(ClustersBase[Client]):
+class Clusters(ClustersBase[Client, Lock]):
     """Several clusters, each a :class:`Client` (asyncio) under a name, as
     :class:`ringlock.Clusters`: every key goes to the cluster
     :func:`ringlock.cluster_for` names, and its calls to that cluster's
@@ -691,42 +691,6 @@ class Clusters(ClustersBase[Client]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def lock(
-        self,
-        key: str | bytes,
-        lease: float = 30.0,
-        wait: float | None = None,
-        *,
-        auto_extend: bool = False,
-        on_lost: Callable[[Lock, LockLostError], None] | None = None,
-    ) -> Lock:
-        """:meth:`Client.lock` on the client of ``key``'s cluster.
-
-        Example::
-
-            lock = clusters.lock("jobs/7", lease=10)
-            if await lock.acquire(timeout=0.5):
-                await lock.release()
-        """
-        return self.client_for(key).lock(key, lease, wait, auto_extend=auto_extend, on_lost=on_lost)
-
-    def lock_from(
-        self,
-        key: str | bytes,
-        token: int,
-        lease: float = 30.0,
-        *,
-        auto_extend: bool = False,
-        on_lost: Callable[[Lock, LockLostError], None] | None = None,
-    ) -> Lock:
-        """:meth:`Client.lock_from` on the client of ``key``'s cluster.
-
-        Example::
-
-            await clusters.lock_from("deploy", token).release()
-        """
-        return self.client_for(key).lock_from(key, token, lease, auto_extend=auto_extend, on_lost=on_lost)
 
     async def inspect(self, key: str | bytes) -> KeyState:
         """:meth:`Client.inspect` on the client of ``key``'s cluster.

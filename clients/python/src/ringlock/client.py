@@ -495,7 +495,7 @@ class Lock(LockBase):
         self._client._background(EXTEND, self._key_bytes, done, **self._auto_extend_fields(token, lease_ends))
 
 
-class Clusters(ClustersBase[Client]):
+class Clusters(ClustersBase[Client, Lock]):
     """Several independent clusters, each a :class:`Client` under a name:
     every key goes to one of them, chosen by :func:`ringlock.cluster_for`
     (rendezvous hashing over the names, the same in every official client),
@@ -532,42 +532,6 @@ class Clusters(ClustersBase[Client]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def lock(
-        self,
-        key: str | bytes,
-        lease: float = 30.0,
-        wait: float | None = None,
-        *,
-        auto_extend: bool = False,
-        on_lost: Callable[[Lock, LockLostError], None] | None = None,
-    ) -> Lock:
-        """:meth:`Client.lock` on the client of ``key``'s cluster.
-
-        Example::
-
-            lock = clusters.lock("jobs/7", lease=10)
-            if lock.acquire(timeout=0.5):
-                lock.release()
-        """
-        return self.client_for(key).lock(key, lease, wait, auto_extend=auto_extend, on_lost=on_lost)
-
-    def lock_from(
-        self,
-        key: str | bytes,
-        token: int,
-        lease: float = 30.0,
-        *,
-        auto_extend: bool = False,
-        on_lost: Callable[[Lock, LockLostError], None] | None = None,
-    ) -> Lock:
-        """:meth:`Client.lock_from` on the client of ``key``'s cluster.
-
-        Example::
-
-            clusters.lock_from("deploy", token).release()
-        """
-        return self.client_for(key).lock_from(key, token, lease, auto_extend=auto_extend, on_lost=on_lost)
 
     def inspect(self, key: str | bytes) -> KeyState:
         """:meth:`Client.inspect` on the client of ``key``'s cluster.
