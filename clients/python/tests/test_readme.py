@@ -12,7 +12,9 @@ A block marked ``<!-- run with: tls-auth -->`` runs against a server with
 TLS, mutual TLS and an auth file instead: its working directory holds
 ``ca.pem``, ``client.pem`` and ``client-key.pem`` from ``ringlock-testkit
 certs``, and ``RINGLOCK_SECRET`` is the secret of the name ``alpha``, who
-may lock ``alpha/*``."""
+may lock ``alpha/*``. A block marked ``<!-- run with: two-clusters -->``
+runs against two servers, a cluster each: the second one's address
+replaces 127.0.0.1:7701."""
 
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 EXAMPLE_ADDRESS = "127.0.0.1:7700"
 """The address the examples connect to."""
 NOT_RUN = re.compile(r"^<!--\s*not run\s*:\s*(.*?)\s*-->$")
-RUN_WITH = re.compile(r"^<!--\s*run with\s*:\s*(tls-auth)\s*-->$")
+RUN_WITH = re.compile(r"^<!--\s*run with\s*:\s*(tls-auth|two-clusters)\s*-->$")
+SECOND_ADDRESS = "127.0.0.1:7701"
+"""The address of the second cluster in ``two-clusters`` examples."""
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*([^`\s]*)")
 PYTHON = {"python", "python3", "py"}
 TIMEOUT = 60.0
@@ -96,10 +100,13 @@ def python_blocks(text: str) -> tuple[list[Block], list[int]]:
 BLOCKS, STRAY_MARKS = python_blocks(README.read_text(encoding="utf-8"))
 
 
-def program(block: Block, address: str) -> str:
-    """The block as a program for the server at ``address``: an ``async def
-    main`` that the block does not run itself is run with ``asyncio.run``."""
+def program(block: Block, address: str, second: str | None = None) -> str:
+    """The block as a program for the server at ``address`` (and the second
+    one at ``second``): an ``async def main`` that the block does not run
+    itself is run with ``asyncio.run``."""
     code = block.code.replace(EXAMPLE_ADDRESS, address)
+    if second is not None:
+        code = code.replace(SECOND_ADDRESS, second)
     defines_main = re.search(r"^async def main\(", code, re.MULTILINE)
     calls_main = re.search(r"(?<!def )\bmain\(", code)
     if defines_main and not calls_main:
@@ -134,6 +141,10 @@ def test_readme_example_runs(block: Block, tmp_path: Path) -> None:
     environment = dict(os.environ)
     environment.pop("RINGLOCK_SECRET", None)
     cleanups = []
+    second: Server | None = None
+    if block.run_with == "two-clusters":
+        second = Server()
+        cleanups.append(second.stop)
     if block.run_with == "tls-auth":
         certs = Certs()
         auth = AuthFile({"alpha": ALPHA_SECRET})
@@ -145,21 +156,23 @@ def test_readme_example_runs(block: Block, tmp_path: Path) -> None:
     else:
         server = Server()
     try:
-        run_block(block, server, tmp_path, environment)
+        run_block(block, server, tmp_path, environment, None if second is None else second.address)
     finally:
         server.stop()
         for cleanup in cleanups:
             cleanup()
 
 
-def run_block(block: Block, fresh_server: Server, tmp_path: Path, environment: dict[str, str]) -> None:
+def run_block(
+    block: Block, fresh_server: Server, tmp_path: Path, environment: dict[str, str], second: str | None = None
+) -> None:
     if "Client(" in block.code:
         assert EXAMPLE_ADDRESS in block.code, (
             f"the block on line {block.line} makes a client but not for {EXAMPLE_ADDRESS}, the address"
             " this test replaces with its server's (or mark it `<!-- not run: reason -->`)"
         )
     source = tmp_path / f"readme_line_{block.line}.py"
-    source.write_text(program(block, fresh_server.address), encoding="utf-8")
+    source.write_text(program(block, fresh_server.address, second), encoding="utf-8")
     try:
         ran = subprocess.run(
             [sys.executable, str(source)],

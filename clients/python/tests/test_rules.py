@@ -22,7 +22,9 @@ from ringlock import (
     RinglockError,
     ShuttingDownError,
 )
-from ringlock._backoff import reconnect_delay
+from ringlock._backoff import Reconnects, reconnect_delay
+from ringlock._connection import CLOSED, CONNECTING, DOWN, UP, ConnectionCore, auth_outcome
+from ringlock._liveness import CUT, PROBE, QUIET, SEND_PING, probe
 from ringlock._operation import (
     ACQUIRE,
     CUT_IO,
@@ -346,9 +348,9 @@ def test_no_active_known_is_retried_for_the_retry_period() -> None:
 def test_docstring_examples() -> None:
     import doctest
 
-    from ringlock import _backoff, _pairing, _protocol, _router, errors
+    from ringlock import _backoff, _common, _connection, _pairing, _protocol, _router, errors
 
-    for module in (_protocol, _pairing, _router, errors, _backoff):
+    for module in (_protocol, _pairing, _router, errors, _backoff, _common, _connection):
         failed, _ = doctest.testmod(module)
         assert failed == 0, module.__name__
 
@@ -410,3 +412,135 @@ def test_a_tls_error_names_its_tls_failure_and_survives_pickling() -> None:
     assert type(copy) is TLSError and str(copy) == str(error) and copy.address == error.address
     plain = pickle.loads(pickle.dumps(NoConnectionError(waited=2.0, failures=[refused])))
     assert type(plain) is NoConnectionError and plain.address == "127.0.0.1:7700"
+
+
+def core(in_flight_max: int = 65536) -> ConnectionCore:
+    settings = Settings.build("127.0.0.1:7700", None, 0.05, 3.0, 10.0, 1.0, 0.2, 5.0, 16, in_flight_max)
+    return ConnectionCore("127.0.0.1:7700", 0, settings)
+
+
+def test_the_connection_core_pairs_replies_split_across_reads_with_their_requests() -> None:
+    connection = core()
+    first, second, release = operation(ACQUIRE), operation(ACQUIRE), operation(RELEASE, token=7)
+    for request in (first, second, release):
+        assert connection.admit(request, 100.0) == 0
+    assert connection.read(b"R k\nA k ", 100.1) == ([(release, (DONE, True), None)], None)
+    replies, stop = connection.read(b"5\r\nT k\n", 100.2)
+    assert stop is None and replies == [(first, (DONE, 5), None), (second, (DONE, None), None)]
+    assert connection.replied and len(connection.pairing) == 0
+
+
+def test_the_connection_core_names_the_active_of_an_m_reply() -> None:
+    connection = core()
+    acquire = operation(ACQUIRE)
+    connection.admit(acquire, 100.0)
+    ((paired, step, moved),), stop = connection.read(b"M A k 127.0.0.1:7701\n", 100.1)
+    assert paired is acquire and step[0] == REDIRECT and moved == b"127.0.0.1:7701" and stop is None
+
+
+def test_the_connection_core_drops_a_connection_whose_server_breaks_the_protocol() -> None:
+    connection = core()
+    connection.admit(operation(ACQUIRE), 100.0)
+    assert connection.read(b"A other 5\n", 100.1)[1].code == "protocol", "a reply nobody asked for"
+    kept = core()
+    acquire = operation(ACQUIRE)
+    kept.admit(acquire, 100.0)
+    replies, stop = kept.read(b"A k notanumber\nA k 5\n", 100.1)
+    assert replies == [] and stop is not None and stop.code == "protocol"
+    assert kept.take_down() == [acquire], "a request whose reply was malformed stays in flight, for the cut"
+    assert core().read(b"x" * 70_001, 100.0)[1].code == "protocol", "a reply line too long"
+    assert core().read(b"E - - too-many-connections\n", 100.0)[1].code == "too-many-connections"
+    revoked = core()
+    assert revoked.read(b"E - - auth-revoked\n", 100.0)[1] is CUT_IO
+    assert "revoked" in revoked.ended(CUT_IO).message
+
+
+def test_the_connection_core_takes_requests_only_while_it_may() -> None:
+    connection = core(in_flight_max=1)
+    assert connection.phase == CONNECTING and not connection.usable
+    assert connection.admit(operation(ACQUIRE), 100.0) == 0, "queued during the first connect"
+    assert connection.admit(operation(ACQUIRE), 100.0) != 0, "one in flight at most"
+    connection.phase = UP
+    assert connection.usable
+    assert len(connection.take_down()) == 1 and connection.phase == DOWN
+    assert connection.admit(operation(ACQUIRE), 100.0) != 0, "broken: left out"
+    connection.phase = CLOSED
+    assert connection.take_down() == [] and connection.phase == CLOSED
+
+
+def test_the_connection_core_pings_a_silent_connection_then_cuts_it() -> None:
+    connection = core()
+    connection.phase = UP
+    connection.opened(100.0)
+    assert connection.tick(101.5) == QUIET, "nothing in flight: silence is fine"
+    connection.admit(operation(ACQUIRE), 102.0)
+    assert connection.tick(102.5) == QUIET
+    assert connection.tick(103.0) == SEND_PING, "1 s without a reply"
+    connection.admit(probe(103.0, POLICY), 103.0)
+    assert connection.tick(104.0) == CUT, "the ping went unanswered for 1 s"
+    assert connection.ended(CUT_IO).message == "timed out" and connection.ended(CUT_IO).errno == errno.ETIMEDOUT
+    assert all(request.waiter is not PROBE for request in connection.take_down()), "its own ping goes nowhere"
+
+
+def test_the_answer_to_u_decides_the_connection() -> None:
+    assert auth_outcome("a:1", b"U billing") == ("billing", None)
+    name, failure = auth_outcome("a:1", b"E U - auth-disabled")
+    assert name is None and failure is not None and failure.auth == "auth-disabled"
+    assert "unexpected answer" in auth_outcome("a:1", b"P active 1 -")[1].message  # type: ignore[union-attr]
+    assert "refused the connection: too-many-connections" in (
+        auth_outcome("a:1", b"E - - too-many-connections")[1].message  # type: ignore[union-attr]
+    )
+
+
+def test_the_reconnect_schedule_starts_over_only_once_a_connection_worked() -> None:
+    schedule = Reconnects(0.05, 3.0)
+    assert [schedule.pause(1.0) for _ in range(4)] == [0.0, 0.05, 0.1, 0.2]
+    schedule.session_ended(replied=False, open_for=0.1)
+    assert schedule.pause(1.0) == 0.4, "closed at once: not reset"
+    schedule.session_ended(replied=False, open_for=3.0)
+    assert schedule.pause(0.0) == 0.0, "open for the longest pause: reset"
+    schedule.pause(0.0)
+    schedule.session_ended(replied=True, open_for=0.0)
+    assert schedule.pause(0.0) == 0.0, "answered: reset"
+
+
+def test_the_set_up_of_a_connection_is_data_both_clients_follow() -> None:
+    import ssl
+
+    from ringlock._connection import SetUp
+
+    plain = SetUp.of("db.example:7700", Settings.build("db.example:7700", None, 0.05, 3.0, 10.0, 1.5, 0.2, 5.0, 16, 64))
+    assert (plain.host, plain.port, plain.connect_timeout, plain.tls_context, plain.hello) == (
+        "db.example",
+        7700,
+        1.5,
+        None,
+        None,
+    )
+    context = ssl.create_default_context()
+    tls = Settings.build("[::1]:7700", None, 0.05, 3.0, 10.0, 1.0, 0.2, 5.0, 16, 64, ssl_context=context)
+    assert SetUp.of("[::1]:7700", tls).tls_context is context
+    assert SetUp.of("[::1]:7700", tls).server_name == "::1", "the host of the address by default"
+    named = Settings.build(
+        "[::1]:7700", None, 0.05, 3.0, 10.0, 1.0, 0.2, 5.0, 16, 64, "s", ssl_context=context, tls_server_name="lock"
+    )
+    setup = SetUp.of("[::1]:7700", named)
+    assert (setup.server_name, setup.hello, setup.hello_timeout) == ("lock", b"U s\n", 2.0)
+
+
+def test_a_socket_that_answered_starts_the_reconnect_schedule_over_and_a_failed_attempt_does_not() -> None:
+    connection = core()
+    refused = ConnectionFailure.secret_refused("127.0.0.1:7700", "auth-failed")
+    assert connection.attempt_failed(refused, 100.0) == (CUT_IO, False)
+    assert connection.last_failure == (100.0, refused)
+    assert [connection.reconnects.pause(1.0) for _ in range(3)] == [0.0, 0.05, 0.1]
+    connection.opened(101.0)
+    assert connection.socket_ended(CUT_IO, 101.5) == (CUT_IO, False), "answered nothing"
+    assert connection.last_failure == (101.5, ConnectionFailure("127.0.0.1:7700", "closed by the server"))
+    assert connection.reconnects.pause(1.0) == 0.2, "closed at once: the schedule goes on"
+    connection.opened(102.0)
+    acquire = operation(ACQUIRE)
+    connection.admit(acquire, 102.0)
+    connection.read(b"A k 9\n", 102.1)
+    assert connection.socket_ended(CUT_IO, 102.2) == (CUT_IO, True)
+    assert connection.reconnects.pause(1.0) == 0.0, "it answered: the schedule starts over"

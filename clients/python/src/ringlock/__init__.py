@@ -22,22 +22,28 @@ Waits come in three forms, the same in every official client: ``wait=5``
 
 # Layout
 
-- ``client``: the sync :class:`Client` and :class:`Lock`.
-- ``aio``: the asyncio ``Client`` and ``Lock``.
+- ``client``: the sync :class:`Client`, :class:`Lock` and :class:`Clusters`.
+- ``aio``: the asyncio ``Client`` and ``Lock``, and its connections (I/O only).
 - ``errors``: the exceptions.
 - ``_protocol``: request lines and reply fields (docs/protocol.md §3).
 - ``_pairing``: replies paired with requests by (op, key).
 - ``_operation``: one request's life and the rules of docs/protocol.md §4, without I/O.
 - ``_router``: round-robin, redirects, what happens after each step.
-- ``_backoff``: the reconnect schedule, a pure function.
-- ``_threaded``: the sync client's connection and timer threads.
+- ``_connection``: one connection's state and rules without its I/O (taking
+  requests, pairing the replies read, the silence check, the answer to ``U``).
+- ``_backoff``: the reconnect schedule, pure.
+- ``_clusters``: which cluster a key goes to (``cluster_for``), pure.
+- ``_common``: the settings' signature, and each lock call's bookkeeping.
+- ``_threaded``: the sync client's connection and timer threads (I/O only).
+- ``_liveness``: the silence check of a connection, pure.
 - ``_settings``: the settings both clients take.
 - ``_tls``: TLS settings, and the sync client's TLS layer over memory buffers.
 """
 
+from ._clusters import cluster_for
 from ._common import NO_LIMIT, TRY_ONCE
 from ._protocol import KeyState, Pong
-from .client import Client, Lock
+from .client import Client, Clusters, Lock
 from .errors import (
     AuthenticationError,
     CapacityError,
@@ -60,6 +66,7 @@ __all__ = [
     "AuthenticationError",
     "CapacityError",
     "Client",
+    "Clusters",
     "ConnectionFailure",
     "ForbiddenError",
     "KeyState",
@@ -74,6 +81,7 @@ __all__ = [
     "RinglockError",
     "ShuttingDownError",
     "TLSError",
+    "cluster_for",
 ]
 
 __version__ = "0.1.0"

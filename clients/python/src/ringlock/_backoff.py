@@ -39,3 +39,44 @@ def reconnect_delay(attempt: int, first: float, maximum: float, draw: float) -> 
         draw = 0.0
     draw = min(max(draw, 0.0), 1.0)
     return ceiling / 2 + ceiling / 2 * draw
+
+
+class Reconnects:
+    """One connection's place in the schedule: the attempts since it last
+    worked.
+
+    A connection that answered something, or stayed open for as long as the
+    longest pause, worked, and the schedule starts over. One closed at once
+    after its connect (a server refusing connections, a listener of a
+    killed process) did not, or the client would reconnect to it in a
+    tight loop; neither did a connect that failed, a TLS handshake that
+    failed or a refused secret.
+
+    Example::
+
+        >>> schedule = Reconnects(0.05, 3.0)
+        >>> schedule.pause(1.0), schedule.pause(1.0), schedule.pause(1.0)
+        (0.0, 0.05, 0.1)
+        >>> schedule.session_ended(replied=True, open_for=0.01)
+        >>> schedule.pause(1.0)
+        0.0
+    """
+
+    __slots__ = ("attempt", "first", "maximum")
+
+    def __init__(self, first: float, maximum: float) -> None:
+        self.first = first
+        self.maximum = maximum
+        self.attempt = 0
+
+    def pause(self, draw: float) -> float:
+        """The pause before the next attempt, ``draw`` in ``[0, 1)``; counts the attempt."""
+        pause = reconnect_delay(self.attempt, self.first, self.maximum, draw)
+        self.attempt += 1
+        return pause
+
+    def session_ended(self, replied: bool, open_for: float) -> None:
+        """A socket that was up for ``open_for`` seconds ended; ``replied``
+        if it answered anything."""
+        if replied or open_for >= self.maximum:
+            self.attempt = 0

@@ -6,14 +6,17 @@ event loop).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from ._protocol import KeyState, key_bytes, lease_ms, wait_ms
 from ._router import Router
-from .errors import LockLostError
+from ._settings import Settings
+from .errors import LockLostError, LockNotOwnedError, LockTimeoutError
 
 NO_LIMIT: Final = None
 """The wait of an acquire that waits in the key's queue for as long as it
@@ -48,10 +51,78 @@ def wait_form(wait: float | None) -> tuple[int, bool]:
     return wait_ms(wait), False
 
 
+def key_text(key: str | bytes) -> str:
+    """A key as errors name it: as given if text, else decoded leniently.
+
+    Example::
+
+        >>> key_text("orders/42"), key_text(b"jobs/7")
+        ('orders/42', 'jobs/7')
+    """
+    return key if isinstance(key, str) else key.decode(errors="replace")
+
+
+def check_token(token: int) -> int:
+    """A token given by the caller (``lock_from``), checked: a decimal ``u64``."""
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 1 << 64:
+        raise ValueError(f"a token is a decimal u64: {token!r}")
+    return token
+
+
 class ClientBase:
-    """The properties both clients show of their connection set."""
+    """What both clients share of a client: their settings (one signature,
+    checked once) and the properties of their connection set. Each front
+    adds its I/O in :meth:`_set_up`."""
 
     _router: Router | None
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        connections_per_node: int | None = None,
+        reconnect_delay_first: float = 0.05,
+        reconnect_delay_max: float = 3.0,
+        connect_limit: float = 10.0,
+        connect_timeout: float = 1.0,
+        release_retry_interval: float = 0.2,
+        release_retry_for: float = 5.0,
+        redirect_limit: int = 16,
+        in_flight_per_connection_max: int = 65536,
+        secret: str | bytes | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_server_name: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        suspect_after: float = 1.0,
+        ping_timeout: float = 1.0,
+    ) -> None:
+        self.settings = Settings.build(
+            addresses,
+            connections_per_node,
+            reconnect_delay_first,
+            reconnect_delay_max,
+            connect_limit,
+            connect_timeout,
+            release_retry_interval,
+            release_retry_for,
+            redirect_limit,
+            in_flight_per_connection_max,
+            secret,
+            tls_ca,
+            tls_cert,
+            tls_key,
+            tls_server_name,
+            ssl_context,
+            suspect_after,
+            ping_timeout,
+        )
+        self._set_up()
+
+    def _set_up(self) -> None:
+        """Makes the front's runtime (threads, or nothing until the loop runs)."""
+        raise NotImplementedError
 
     @property
     def connection_count(self) -> int:
@@ -105,6 +176,11 @@ class ClientBase:
         return router.addresses[router.active]
 
 
+def inspected(state: KeyState, key: str | bytes) -> KeyState:
+    """An ``inspect`` answer naming the key as the caller gave it."""
+    return dataclasses.replace(state, key=key)
+
+
 class LockBase:
     """A lock's settings and grant, checked and kept as both clients do."""
 
@@ -140,6 +216,9 @@ class LockBase:
         self._token: int | None = None
         self._lost: LockLostError | None = None
         self._lost_event: Any = None
+        # Tells apart the grants of this lock, so that an extension
+        # scheduled for one grant does nothing to the next.
+        self._grant = 0
 
     _EVENT: Any = None
     """The event class of :attr:`lost_event` (``threading.Event`` or ``asyncio.Event``)."""
@@ -173,30 +252,44 @@ class LockBase:
         if self.on_lost is not None:
             self.on_lost(self, error)
 
-    def _extend_failed(self, token: int, error: object, lease_ends: float, retry_interval: float) -> bool:
+    @property
+    def _extend_period(self) -> float:
+        """Auto-extend's pause from a grant, or a confirmed extend, to the next extend."""
+        return self.lease * AUTO_EXTEND_FRACTION
+
+    def _auto_extended(self, token: int, sent_at: float) -> float:
+        """Auto-extend's extend of ``token``'s grant, sent at ``sent_at``,
+        was confirmed; returns when the lease now ends."""
+        lease_ends = sent_at + self.lease
+        if self._token == token:
+            self._lease_ends = lease_ends
+        return lease_ends
+
+    def _auto_extend_retry(self, token: int, error: object, lease_ends: float) -> float | None:
         """Auto-extend's rule after an extend of ``token``'s grant failed
-        with ``error``: ``True`` to try again after ``retry_interval``
-        (another connection may carry it), else the lock is lost, and
-        marked so: the server answered ``not-holder``, or the lease (ending
-        at ``lease_ends``) runs out before the next try."""
+        with ``error``: the pause before trying again (another connection
+        may carry it), or ``None`` if the lock is lost, and marked so: the
+        server answered ``not-holder``, or the lease (ending at
+        ``lease_ends``) runs out before the next try."""
+        retry_interval: float = self._client.settings.release_retry_interval
         if isinstance(error, LockLostError):
             self._mark_lost(token, error)
-            return False
+            return None
         if time.monotonic() + retry_interval < lease_ends:
-            return True
-        text = self._key if isinstance(self._key, str) else self._key.decode(errors="replace")
+            return retry_interval
         self._mark_lost(
-            token, LockLostError("lost", "X", text, f"the lease ran out without a confirmed extend: {error}")
+            token,
+            LockLostError("lost", "X", key_text(self._key), f"the lease ran out without a confirmed extend: {error}"),
         )
-        return False
+        return None
 
     def _lease_ran_out(self, token: int) -> None:
         """Auto-extend's watch at the end of the lease it knew of: if no
         extend of ``token``'s grant was confirmed meanwhile (one may still
         wait for an answer), the lock is lost."""
         if self._token == token and time.monotonic() >= self._lease_ends:
-            text = self._key if isinstance(self._key, str) else self._key.decode(errors="replace")
-            self._mark_lost(token, LockLostError("lost", "X", text, "the lease ran out without a confirmed extend"))
+            error = LockLostError("lost", "X", key_text(self._key), "the lease ran out without a confirmed extend")
+            self._mark_lost(token, error)
 
     @property
     def lost_event(self) -> Any:
@@ -219,11 +312,80 @@ class LockBase:
 
     def _granted(self, token: int, lease_ends: float) -> None:
         """Records a new grant."""
+        self._grant += 1
         self._lost = None
         if self._lost_event is not None:
             self._lost_event.clear()
         self._token = token
         self._lease_ends = lease_ends
+
+    # The steps of each call, around the one request a front sends and
+    # waits for (with threads or awaited): what to send, and what the
+    # answer means for the lock.
+
+    def _acquire_fields(self, blocking: bool, timeout: float | None) -> dict[str, Any]:
+        """The fields of an acquire; :class:`RuntimeError` if this lock
+        holds its key already (locks are not re-entrant)."""
+        if self._token is not None:
+            raise RuntimeError(f"this Lock already holds {self._key!r}; locks are not re-entrant")
+        wait, try_once = self._acquire_wait(blocking, timeout)
+        return {"lease_ms": self._lease_ms, "wait_ms": wait, "try_once": try_once}
+
+    def _acquired(self, token: int) -> float:
+        """Records the grant of ``token``; returns when its lease ends. The
+        lease is counted from the grant's arrival (the acquire may have
+        waited in the key's queue, or for a connection, longer than the
+        lease); an extend waits for a usable connection until it ends."""
+        lease_ends = time.monotonic() + self.lease
+        self._granted(token, lease_ends)
+        return lease_ends
+
+    def _adopted(self, token: int) -> None:
+        """Records the grant of ``token``, taken elsewhere (``lock_from``):
+        its lease end is not known."""
+        self._granted(check_token(token), math.inf)
+
+    def _release_token(self) -> int:
+        """The token a release gives back, which this lock holds no more;
+        :class:`~ringlock.LockNotOwnedError` if it holds nothing."""
+        token = self._token
+        if token is None:
+            raise LockNotOwnedError("not-owned", "R", key_text(self._key), f"this Lock does not hold {self._key!r}")
+        self._token = None
+        return token
+
+    def _extend_fields(self, lease: float) -> dict[str, Any]:
+        """The fields of an extend to ``lease`` seconds;
+        :class:`~ringlock.LockNotOwnedError` if this lock holds nothing."""
+        token = self._token
+        if token is None:
+            raise LockNotOwnedError("not-owned", "X", key_text(self._key), f"this Lock does not hold {self._key!r}")
+        return {"token": token, "lease_ms": lease_ms(lease), "connection_deadline": self._connection_deadline()}
+
+    def _extended(self, token: int, sent_at: float, lease: float) -> None:
+        """An extend of ``token``'s grant sent at ``sent_at`` was confirmed."""
+        if self._token == token:
+            self._lease_ends = sent_at + lease
+
+    def _auto_extend_fields(self, token: int, lease_ends: float) -> dict[str, Any]:
+        """The fields of auto-extend's extend of ``token``'s grant, whose
+        lease ends at ``lease_ends`` (it may wait for a connection until then)."""
+        deadline = None if math.isinf(lease_ends) else lease_ends
+        return {"token": token, "lease_ms": self._lease_ms, "connection_deadline": deadline}
+
+    def _not_granted(self) -> LockTimeoutError:
+        """The error of a ``with`` block whose acquire was not granted."""
+        return LockTimeoutError("timeout", "A", key_text(self._key), f"{self._key!r} was not granted within the wait")
+
+    def _block_error(self, released: bool | None) -> LockLostError | None:
+        """What the end of a ``with`` block raises (unless the block is
+        failing already): the grant was lost, or the release at its end
+        (``released``, ``None`` if nothing was held) found nothing left."""
+        if self._lost is None and released is False:
+            return LockLostError(
+                "lost", "R", key_text(self._key), f"{self._key!r} was no longer held at the end of the block"
+            )
+        return self._lost
 
     @property
     def key(self) -> str | bytes:

@@ -44,8 +44,11 @@ class Connection(Protocol):
     """What the router needs of a connection."""
 
     node: int
-    last_failure: tuple[float, ConnectionFailure] | None
-    """How the last connect failed or the last socket broke, and when (monotonic)."""
+
+    @property
+    def last_failure(self) -> tuple[float, ConnectionFailure] | None:
+        """How the last connect failed or the last socket broke, and when (monotonic)."""
+        ...
 
     @property
     def usable(self) -> bool: ...

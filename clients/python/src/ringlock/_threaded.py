@@ -1,9 +1,14 @@
 """The sync client's I/O: background threads that own the connections.
 
-Each connection has a **reader** thread that connects, reads and pairs
-replies, completes the callers' requests, and on a cut hands every request
-in flight back to the router and connects again: at once, then after the
-growing pauses of ``_backoff``. Callers write their own request lines, under the connection's mutex
+What a connection knows and decides is its
+:class:`~ringlock._connection.ConnectionCore`, shared with the asyncio
+client; the threads here only carry bytes and wait. Each connection has a
+**reader** thread that connects (the steps of its
+:class:`~ringlock._connection.SetUp`), reads and hands what it read to the
+core, which pairs the replies, carries out their steps (completing the
+callers' requests), and on a cut hands every request in flight back to the
+router and connects again: at once, then after the growing pauses of
+``_backoff``. Callers write their own request lines, under the connection's mutex
 and without blocking (``MSG_DONTWAIT``), so that a request costs no thread
 switch on the way out; the table's order for an (op, key) is then the
 wire's order. Only what the socket did not take at once goes to the
@@ -32,51 +37,25 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._backoff import reconnect_delay
-from ._liveness import CUT, PROBE, SEND_PING, Liveness, probe, tune_socket
-from ._operation import CUT_IO, Operation, cut_protocol
-from ._pairing import Pairing
-from ._protocol import AUTH_REFUSED_CODES, REPLY_LINE_LEN_MAX, auth_answer, auth_line, split_reply
-from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
-from ._tls import TlsSession, TlsSettings
-from .errors import ConnectionFailure, RinglockError, error_for
-
-# Where a connection is in its life.
-_CONNECTING = 0  # first connect under way: takes requests, sent once up
-_UP = 1
-_DOWN = 2  # broken: left out until the reader reconnects it
-_CLOSED = 3
+from ._connection import CLOSED, UP, ConnectionCore, CoreConnection, SetUp, auth_outcome, deliver
+from ._liveness import CUT, QUIET, SEND_PING, probe, tune_socket
+from ._operation import CUT_IO, Operation
+from ._protocol import REPLY_LINE_LEN_MAX
+from ._router import Router
+from ._settings import Settings
+from ._tls import TlsSession
+from .errors import ConnectionFailure, RinglockError
 
 _READ_BYTES = 32 * 1024
 _CLOSE_LINGER_S = 1.0
 """How long a closing connection waits for the answers to what it sent."""
-AUTH_REPLY_MARGIN_S = 1.0
-"""How long a connection waits for the answer to its ``U`` line beyond the
-connect timeout: the server answers a wrong secret only after 200 ms."""
 
 
 class ThreadRuntime:
     """Connections on threads, and the retry timer (see :class:`~ringlock._router.Runtime`)."""
 
-    def __init__(
-        self,
-        connect_timeout: float,
-        reconnect_delay_first: float,
-        reconnect_delay_max: float,
-        in_flight_max: int,
-        secret: bytes | None = None,
-        tls: TlsSettings | None = None,
-        suspect_after: float = 1.0,
-        ping_timeout: float = 1.0,
-    ) -> None:
-        self.connect_timeout = connect_timeout
-        self.suspect_after = suspect_after
-        self.ping_timeout = ping_timeout
-        self.secret = secret
-        self.tls = tls
-        self.reconnect_delay_first = reconnect_delay_first
-        self.reconnect_delay_max = reconnect_delay_max
-        self.in_flight_max = in_flight_max
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self.closed = threading.Event()
         self.connections: list[ThreadConnection] = []
         self._timer = Timer()
@@ -143,18 +122,18 @@ class Timer:
             callback()
 
 
-class ThreadConnection:
+class ThreadConnection(CoreConnection):
     """One persistent connection to one node, and its two threads."""
 
     def __init__(self, router: Router, runtime: ThreadRuntime, address: str, node: int) -> None:
         self.address = address
         self.node = node
-        self._host, self._port = split_address(address)
+        self._setup = SetUp.of(address, runtime.settings)
         self._router = router
         self._runtime = runtime
         self._mutex = threading.Lock()
         self._writer_wake = threading.Condition(self._mutex)
-        self._phase = _CONNECTING
+        self._core = ConnectionCore(address, node, runtime.settings)
         self._sock: socket.socket | None = None
         # The socket's TLS state, with it; None for plain TCP.
         self._tls: TlsSession | None = None
@@ -165,13 +144,7 @@ class ThreadConnection:
         # whatever is sealed next.
         self._sealed = bytearray()
         self._writing = False
-        self._pairing: Pairing[Operation] = Pairing()
         self._reader_done = threading.Event()
-        self.last_failure: tuple[float, ConnectionFailure] | None = None
-        # Set by the reader while it reads one socket.
-        self._replied = False
-        self._read_error: OSError | None = None
-        self._liveness = Liveness(runtime.suspect_after, runtime.ping_timeout)
         self._ticking = False
         self._reader = threading.Thread(target=self._run_reader, name=f"ringlock-read {address}", daemon=True)
         self._writer = threading.Thread(target=self._run_writer, name=f"ringlock-write {address}", daemon=True)
@@ -185,22 +158,13 @@ class ThreadConnection:
         for thread in (self._reader, self._writer):
             thread.join(max(0.0, deadline - time.monotonic()))
 
-    @property
-    def usable(self) -> bool:
-        return self._phase == _UP
-
     def try_send(self, operation: Operation, now: float) -> int:
         line = operation.encode(now)
         mutex = self._mutex
         with mutex:
-            phase = self._phase
-            if phase != _UP and phase != _CONNECTING:
-                return REFUSED_UNUSABLE
-            if len(self._pairing) >= self._runtime.in_flight_max:
-                return REFUSED_FULL
-            if not self._pairing:
-                self._liveness.busy_since = now
-            self._pairing.push(operation.op, operation.key, operation)
+            refusal = self._core.admit(operation, now)
+            if refusal:
+                return refusal
             sock = self._sock
             if sock is None or self._writing:
                 # Whoever is sending takes it next, in order; before the
@@ -277,29 +241,30 @@ class ThreadConnection:
         """Starts closing: the writer flushes what is queued, then the
         socket is closed once the answers are in (or after a linger)."""
         with self._mutex:
-            self._phase = _CLOSED
+            self._core.phase = CLOSED
             self._writer_wake.notify()
 
-    def _install(self, sock: socket.socket, tls: TlsSession | None) -> bool:
+    def _install(self, sock: socket.socket, tls: TlsSession | None, carried: bytes) -> bool:
         """Makes a fresh socket the connection's; false if the client closed
         with nothing queued. Requests queued while the first connect was
         under way (the release of a grant nobody waits for, say) still go
         out on it before the writer closes it."""
+        core = self._core
         with self._mutex:
-            if self._phase == _CLOSED:
+            if core.phase == CLOSED:
                 if not self._backlog:
                     return False
             else:
-                self._phase = _UP
+                core.phase = UP
             self._sock = sock
             self._tls = tls
-            self._liveness.reset(time.monotonic())
+            core.opened(time.monotonic(), carried)
             # Requests queued while the first connect was under way go out now.
             self._writer_wake.notify()
             start_ticking = not self._ticking
             self._ticking = True
         if start_ticking:
-            self._runtime.call_at(time.monotonic() + self._liveness.tick, self._tick)
+            self._runtime.call_at(time.monotonic() + core.liveness.tick, self._tick)
         return True
 
     def _tick(self) -> None:
@@ -307,19 +272,18 @@ class ThreadConnection:
         connection whose replies are overdue, cuts one whose ping went
         unanswered; its reader then hands its requests back."""
         now = time.monotonic()
+        core = self._core
         with self._mutex:
-            if self._phase == _CLOSED:
+            if core.phase == CLOSED:
                 self._ticking = False
                 return
             sock = self._sock
-            action = self._liveness.check(now, bool(self._pairing)) if sock is not None else 0
-            if action == CUT:
-                self._read_error = self._liveness.silence(now)
+            action = core.tick(now) if sock is not None else QUIET
         if sock is not None and action == SEND_PING:
             self.try_send(probe(now, self._router.policy), now)
         elif sock is not None and action == CUT:
             _shutdown(sock, socket.SHUT_RDWR)
-        if not self._runtime.call_at(now + self._liveness.tick, self._tick):
+        if not self._runtime.call_at(now + core.liveness.tick, self._tick):
             with self._mutex:
                 self._ticking = False
 
@@ -331,8 +295,6 @@ class ThreadConnection:
     def _take_down(self) -> list[Operation]:
         """Marks the connection broken; takes back every request in flight."""
         with self._mutex:
-            if self._phase != _CLOSED:
-                self._phase = _DOWN
             self._sock = None
             self._tls = None
             self._backlog.clear()
@@ -340,70 +302,47 @@ class ThreadConnection:
             self._writing = False
             # A closing writer waiting for the first connect's outcome may go.
             self._writer_wake.notify()
-            # The connection's own pings go nowhere else.
-            return [operation for operation in self._pairing.drain() if operation.waiter is not PROBE]
+            return self._core.take_down()
 
     def _run_reader(self) -> None:
         router = self._router
         runtime = self._runtime
-        # Reconnect attempts since a connection last worked; the first goes
-        # at once, the others after growing pauses.
-        attempt = 0
+        settings = runtime.settings
+        core = self._core
+        setup = self._setup
         try:
             # A client closed before this first connect still makes it if
             # requests were queued for it (see _install).
             while not runtime.closed.is_set() or self._queued():
                 started = time.monotonic()
                 try:
-                    sock = socket.create_connection((self._host, self._port), timeout=runtime.connect_timeout)
+                    sock = socket.create_connection((setup.host, setup.port), timeout=setup.connect_timeout)
                 except OSError as failure:
-                    self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
-                    router.cut(self._take_down(), CUT_IO, False)
+                    failed = ConnectionFailure.from_os_error(self.address, failure)
+                    how = core.attempt_failed(failed, time.monotonic())
+                    router.cut(self._take_down(), *how)
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    tune_socket(sock, runtime.suspect_after, runtime.ping_timeout)
+                    tune_socket(sock, settings.suspect_after, settings.ping_timeout)
                     tls, carried, refused = self._open(sock, started)
                     if refused is not None:
                         # A failed handshake or a refused secret fails the
-                        # connection like a failed connect: its requests move
-                        # on or wait, and the attempt count is not reset, so
-                        # a wrong CA or secret is retried with growing pauses.
+                        # connection like a failed connect.
                         sock.close()
-                        self.last_failure = (time.monotonic(), refused)
-                        router.cut(self._take_down(), CUT_IO, False)
-                        pause = reconnect_delay(
-                            attempt, runtime.reconnect_delay_first, runtime.reconnect_delay_max, random.random()
-                        )
-                        attempt += 1
-                        if runtime.closed.wait(pause):
+                        how = core.attempt_failed(refused, time.monotonic())
+                        router.cut(self._take_down(), *how)
+                    else:
+                        sock.settimeout(None)
+                        if not self._install(sock, tls, carried):
+                            sock.close()
                             break
-                        continue
-                    sock.settimeout(None)
-                    if not self._install(sock, tls):
+                        router.connection_up()
+                        error = self._read(sock, tls)
+                        _shutdown(sock, socket.SHUT_RDWR)
+                        how = core.socket_ended(error, time.monotonic())
+                        router.cut(self._take_down(), *how)
                         sock.close()
-                        break
-                    router.connection_up()
-                    opened = time.monotonic()
-                    self._replied = False
-                    with self._mutex:
-                        self._read_error = None
-                    error = self._read(sock, tls, carried)
-                    _shutdown(sock, socket.SHUT_RDWR)
-                    self.last_failure = (time.monotonic(), _ended(self.address, error, self._read_error))
-                    router.cut(self._take_down(), error, self._replied)
-                    sock.close()
-                    # A connection that answered, or stayed open for as long
-                    # as the longest pause, worked: the schedule starts over.
-                    # One closed at once after its connect (a server refusing
-                    # connections, a listener of a killed process) did not,
-                    # or the client would reconnect to it in a tight loop.
-                    if self._replied or time.monotonic() - opened >= runtime.reconnect_delay_max:
-                        attempt = 0
-                pause = reconnect_delay(
-                    attempt, runtime.reconnect_delay_first, runtime.reconnect_delay_max, random.random()
-                )
-                attempt += 1
-                if runtime.closed.wait(pause):
+                if runtime.closed.wait(core.reconnects.pause(random.random())):
                     break
         finally:
             self._reader_done.set()
@@ -414,32 +353,33 @@ class ThreadConnection:
         the connect timeout counted from ``started``, then ``U <secret>``.
         Returns the TLS state, the plaintext read past the answer to ``U``,
         and why the connection cannot be used (``None`` if it can)."""
-        runtime = self._runtime
+        setup = self._setup
         tls = None
-        if runtime.tls is not None:
-            tls = runtime.tls.session(self._host)
+        if setup.tls_context is not None:
+            tls = TlsSession(setup.tls_context, setup.server_name)
             try:
-                tls.handshake(sock, started + runtime.connect_timeout)
+                tls.handshake(sock, started + setup.connect_timeout)
             except OSError as failure:  # ssl.SSLError among them
                 return None, b"", ConnectionFailure.from_os_error(self.address, failure)
-        if runtime.secret is None:
+        if setup.hello is None:
             return tls, b"", None
-        refused, carried = self._authenticate(sock, tls)
+        refused, carried = self._authenticate(sock, tls, setup.hello)
         return tls, carried, refused
 
-    def _authenticate(self, sock: socket.socket, tls: TlsSession | None) -> tuple[ConnectionFailure | None, bytes]:
+    def _authenticate(
+        self, sock: socket.socket, tls: TlsSession | None, hello: bytes
+    ) -> tuple[ConnectionFailure | None, bytes]:
         """Sends ``U <secret>`` on a fresh socket, before any request, and
         reads the answer; ``None`` once authenticated, else why the
         connection cannot be used, and the plaintext read past the answer.
         Nothing else is in flight yet, so the answer is the first line and
         is read here rather than paired (``U`` replies carry no key)."""
-        assert self._runtime.secret is not None
-        sock.settimeout(self._runtime.connect_timeout + AUTH_REPLY_MARGIN_S)
+        sock.settimeout(self._setup.hello_timeout)
         line = b""
         carried = b""
         try:
             if tls is None:
-                sock.sendall(auth_line(self._runtime.secret))
+                sock.sendall(hello)
                 # Byte by byte, so that nothing after the answer is taken
                 # from the reader; this happens once per connection.
                 while not line.endswith(b"\n"):
@@ -452,7 +392,7 @@ class ThreadConnection:
             else:
                 # Records cannot be read byte by byte: what comes after the
                 # answer is carried to the reader.
-                sock.sendall(tls.seal(auth_line(self._runtime.secret)))
+                sock.sendall(tls.seal(hello))
                 while b"\n" not in line:
                     if len(line) > REPLY_LINE_LEN_MAX:
                         return ConnectionFailure(self.address, "dropped: reply line too long"), b""
@@ -473,35 +413,31 @@ class ThreadConnection:
     def _authenticated(self, line: bytes) -> ConnectionFailure | None:
         """What the answer to ``U`` says: ``None`` once authenticated, else
         why the connection cannot be used."""
-        name, code = auth_answer(line.rstrip(b"\r\n"))
+        name, failure = auth_outcome(self.address, line.rstrip(b"\r\n"))
         if name is not None:
             self._router.authenticated_name = name
-            return None
-        if code in AUTH_REFUSED_CODES:
-            return ConnectionFailure.secret_refused(self.address, code)
-        if code == "protocol":
-            return ConnectionFailure(self.address, f"dropped: unexpected answer to U {line[:100]!r}")
-        return ConnectionFailure(self.address, f"the server refused the connection: {code}")
+        return failure
 
-    def _read(self, sock: socket.socket, tls: TlsSession | None, pending: bytes) -> RinglockError:
-        """Reads and pairs replies until the socket breaks or the server
-        breaks the protocol; returns why it stopped. ``pending`` is what was
-        read already (past the answer to ``U``)."""
+    def _read(self, sock: socket.socket, tls: TlsSession | None) -> RinglockError:
+        """Reads replies until the socket breaks or the server breaks the
+        protocol; returns why it stopped. The core pairs them under the
+        mutex; their steps are carried out with it unlocked, as moving a
+        request locks another connection."""
         router = self._router
-        policy = router.policy
         mutex = self._mutex
-        take = self._pairing.take
-        liveness = self._liveness
+        core = self._core
+        liveness = core.liveness
         while True:
             try:
                 data = sock.recv(_READ_BYTES)
             except OSError as failure:
-                if self._read_error is None:
-                    self._read_error = failure
+                if core.read_error is None:
+                    core.read_error = failure
                 return CUT_IO
             if not data:
                 return CUT_IO
-            liveness.last_read = time.monotonic()
+            now = time.monotonic()
+            liveness.last_read = now
             if tls is not None:
                 try:
                     with mutex:
@@ -513,67 +449,17 @@ class ThreadConnection:
                             self._sealed += output
                             self._writer_wake.notify()
                 except ssl.SSLError as failure:
-                    self._read_error = failure
+                    core.read_error = failure
                     return CUT_IO
                 if opened is None:
                     return CUT_IO
                 data = opened
                 if not data:
                     continue
-            if pending:
-                data = pending + data
-            if b"\n" not in data:
-                if len(data) > REPLY_LINE_LEN_MAX:
-                    return cut_protocol("reply line too long")
-                pending = data
-                continue
-            lines = data.split(b"\n")
-            pending = lines.pop()
-            paired: list[tuple[Operation, list[bytes]]] = []
-            stop: RinglockError | None = None
             with mutex:
-                for line in lines:
-                    if line[-1:] == b"\r":
-                        line = line[:-1]
-                    try:
-                        op, key, fields = split_reply(line)
-                    except ValueError:
-                        stop = cut_protocol(f"malformed reply {line[:100]!r}")
-                        break
-                    if op == b"-":
-                        # E - - <code>: the server could not read a line, or
-                        # refuses the connection; it closes it.
-                        code = fields[3].decode(errors="replace")
-                        if code == "auth-revoked":
-                            # A reload removed the secret's name: a broken
-                            # connection like any other, reconnected with the
-                            # secret (refused then, if it was removed).
-                            self._read_error = ConnectionAbortedError("the server revoked the secret's name")
-                            stop = CUT_IO
-                        else:
-                            stop = error_for(code, message=f"the server refused the connection: {code}")
-                        break
-                    operation = take(op, key)
-                    if operation is None:
-                        stop = cut_protocol(f"reply {line[:100]!r} answers no request in flight")
-                        break
-                    paired.append((operation, fields))
-            if paired:
-                self._replied = True
-            # Act with the connection unlocked, as moving a request locks
-            # another connection.
-            now = time.monotonic()
-            for operation, fields in paired:
-                try:
-                    step = operation.on_reply(fields, policy, now)
-                except ValueError:
-                    stop = cut_protocol(f"malformed reply {b' '.join(fields)[:100]!r}")
-                    with mutex:
-                        self._pairing.push(operation.op, operation.key, operation)
-                    continue
-                if fields[0] == b"M":
-                    router.note_moved(self.node, fields[3])
-                router.handle(operation, step)
+                replies, stop = core.read(data, now)
+            if replies:
+                deliver(router, self.node, replies)
             if stop is not None:
                 return stop
 
@@ -588,7 +474,7 @@ class ThreadConnection:
                     # Closing with requests queued but no socket: the first
                     # connect is under way, and either installs one or takes
                     # the requests back.
-                    if self._phase == _CLOSED and (self._sock is not None or not self._backlog):
+                    if self._core.phase == CLOSED and (self._sock is not None or not self._backlog):
                         break
                     wake.wait()
                 if self._sock is not None and (self._backlog or self._sealed) and not self._writing:
@@ -628,15 +514,6 @@ class ThreadConnection:
             _shutdown(sock, socket.SHUT_WR)
             self._reader_done.wait(_CLOSE_LINGER_S)
             _shutdown(sock, socket.SHUT_RDWR)
-
-
-def _ended(address: str, error: RinglockError, read_error: OSError | None) -> ConnectionFailure:
-    """How a socket's reading ended, as the failure of ``address``."""
-    if read_error is not None:
-        return ConnectionFailure.from_os_error(address, read_error)
-    if error.code == "no-connection":
-        return ConnectionFailure(address, "closed by the server")
-    return ConnectionFailure(address, f"dropped: {error}")
 
 
 def _shutdown(sock: socket.socket, how: int) -> None:

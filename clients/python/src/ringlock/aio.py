@@ -1,11 +1,13 @@
-"""The asyncio client: ``ringlock.aio.Client`` and ``ringlock.aio.Lock``,
-with the names of the sync client, their calls awaited.
+"""The asyncio client: ``ringlock.aio.Client``, ``ringlock.aio.Lock`` and
+``ringlock.aio.Clusters``, with the names of the sync client, their calls
+awaited.
 
 Everything runs on the event loop: each connection is an
-:class:`asyncio.Protocol` whose reconnect loop is a task, and the requests
-queued in one pass of the loop go out in one write (with TLS, the loop's
-own TLS transport seals each write into one record per 16 KiB). Use a
-client from the loop it was first used on.
+:class:`asyncio.Protocol` whose reconnect loop is a task; what it knows
+and decides is the :class:`~ringlock._connection.ConnectionCore` the sync
+client uses too. The requests queued in one pass of the loop go out in one
+write (with TLS, the loop's own TLS transport seals each write into one
+record per 16 KiB). Use a client from the loop it was first used on.
 
 Example::
 
@@ -23,42 +25,25 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import random
-import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from ._backoff import reconnect_delay
-from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
-from ._liveness import CUT, PROBE, SEND_PING, Liveness, probe, tune_socket
-from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation, cut_protocol
-from ._pairing import Pairing
-from ._protocol import (
-    AUTH_REFUSED_CODES,
-    REPLY_LINE_LEN_MAX,
-    KeyState,
-    Pong,
-    auth_answer,
-    auth_line,
-    key_bytes,
-    lease_ms,
-    split_reply,
-)
-from ._router import REFUSED_FULL, REFUSED_UNUSABLE, Router, split_address
+from ._clusters import ClustersBase, cluster_for
+from ._common import ClientBase, LockBase, inspected
+from ._connection import CLOSED, UP, ConnectionCore, CoreConnection, SetUp, auth_outcome, deliver
+from ._liveness import CUT, SEND_PING, probe, tune_socket
+from ._operation import ACQUIRE, CUT_IO, EXTEND, INSPECT, PING, RELEASE, STATS, Operation
+from ._protocol import REPLY_LINE_LEN_MAX, KeyState, Pong, key_bytes
+from ._router import Router
 from ._settings import Settings
-from ._threaded import AUTH_REPLY_MARGIN_S
-from .errors import ConnectionFailure, LockLostError, LockNotOwnedError, LockTimeoutError, RinglockError, error_for
+from .errors import ConnectionFailure, LockLostError, RinglockError
 
-__all__ = ["Client", "Lock"]
+__all__ = ["Client", "Clusters", "Lock", "cluster_for"]
 
-_CONNECTING = 0
-_UP = 1
-_DOWN = 2
-_CLOSED = 3
 _CLOSE_LINGER_S = 1.0
 
 
@@ -138,28 +123,21 @@ class _Runtime:
             await asyncio.gather(*late, return_exceptions=True)
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(CoreConnection, asyncio.Protocol):
     """One persistent connection to one node, reconnected by its task."""
 
     def __init__(self, router: Router, runtime: _Runtime, address: str, node: int) -> None:
         self.address = address
         self.node = node
-        self._host, self._port = split_address(address)
+        self._setup = SetUp.of(address, runtime.settings)
         self._router = router
         self._runtime = runtime
         self._loop = runtime.loop
-        self._phase = _CONNECTING
+        self._core = ConnectionCore(address, node, runtime.settings)
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
-        self._pairing: Pairing[Operation] = Pairing()
-        self._pending = b""
         self._lost: asyncio.Future[RinglockError] | None = None
-        self.last_failure: tuple[float, ConnectionFailure] | None = None
-        # Set while one socket is read: a reply was paired, and the OS error
-        # that ended it, if one did.
-        self._replied = False
-        self._lost_error: Exception | None = None
         # While the answer to U is awaited: the socket, not yet the
         # connection's (requests wait), and the future the answer line (or
         # None, if the socket closed first) goes to.
@@ -169,23 +147,13 @@ class _Connection(asyncio.Protocol):
         # closes once every request in flight is answered.
         self._close_when_answered = False
         # The silence check (see _liveness), on one periodic tick while up.
-        self._liveness = Liveness(runtime.settings.suspect_after, runtime.settings.ping_timeout)
         self._tick_handle: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = self._loop.create_task(self._run())
 
-    @property
-    def usable(self) -> bool:
-        return self._phase == _UP
-
     def try_send(self, operation: Operation, now: float) -> int:
-        phase = self._phase
-        if phase != _UP and phase != _CONNECTING:
-            return REFUSED_UNUSABLE
-        if len(self._pairing) >= self._runtime.settings.in_flight_per_connection_max:
-            return REFUSED_FULL
-        if not self._pairing:
-            self._liveness.busy_since = now
-        self._pairing.push(operation.op, operation.key, operation)
+        refusal = self._core.admit(operation, now)
+        if refusal:
+            return refusal
         self._out.append(operation.encode(now))
         # Everything queued in this pass of the loop goes out in one write.
         if self._transport is not None and not self._flush_scheduled:
@@ -202,13 +170,13 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         """Starts closing: sends what is queued and says it is done; the
         server answers what it was sent and closes."""
-        self._phase = _CLOSED
+        self._core.phase = CLOSED
         transport = self._transport
         if transport is not None:
             self._flush()
             if transport.can_write_eof():
                 transport.write_eof()
-            elif len(self._pairing) == 0:
+            elif len(self._core.pairing) == 0:
                 # TLS: close() sends close_notify, after which the loop's
                 # TLS transport reads nothing more; so only once the
                 # answers are in.
@@ -221,109 +189,93 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
     def _take_down(self) -> list[Operation]:
-        if self._phase != _CLOSED:
-            self._phase = _DOWN
         self._transport = None
         self._out.clear()
-        self._pending = b""
         self._close_when_answered = False
-        # The connection's own pings go nowhere else.
-        return [operation for operation in self._pairing.drain() if operation.waiter is not PROBE]
+        return self._core.take_down()
 
-    def _watch(self) -> None:
-        """A socket became the connection's: its silence check starts."""
-        self._liveness.reset(time.monotonic())
+    def _go_up(self, transport: asyncio.Transport) -> None:
+        """A socket, connected (and authenticated), becomes the
+        connection's: the requests queued meanwhile go out. If the client
+        closed meanwhile with requests queued (the release of a grant
+        nobody waits for, say), they go out on it, and it closes as
+        close() closes a live one."""
+        self._transport = transport
+        if self._core.phase == CLOSED:
+            self.close()
+            return
+        self._core.phase = UP
+        # Its silence check starts.
+        self._core.opened(time.monotonic(), self._core.pending)
         if self._tick_handle is None:
-            self._tick_handle = self._loop.call_later(self._liveness.tick, self._tick)
+            self._tick_handle = self._loop.call_later(self._core.liveness.tick, self._tick)
+        self._flush()
 
     def _tick(self) -> None:
         """Pings the connection if its replies are overdue, cuts it if its
         ping went unanswered; runs while a socket is up."""
         self._tick_handle = None
-        if self._transport is None or self._phase != _UP:
+        if self._transport is None or self._core.phase != UP:
             return
         now = time.monotonic()
-        action = self._liveness.check(now, bool(self._pairing))
+        action = self._core.tick(now)
         if action == SEND_PING:
             self.try_send(probe(now, self._router.policy), now)
         elif action == CUT:
-            self._lost_error = self._liveness.silence(now)
             return self._stop(CUT_IO)
-        self._tick_handle = self._loop.call_later(self._liveness.tick, self._tick)
+        self._tick_handle = self._loop.call_later(self._core.liveness.tick, self._tick)
 
     async def _run(self) -> None:
         router = self._router
         runtime = self._runtime
         settings = runtime.settings
-        # Reconnect attempts since a connection last worked; the first goes
-        # at once, the others after growing pauses.
-        attempt = 0
+        core = self._core
         try:
             # A client closed before this first connect still makes it if
             # requests were queued for it (see connection_made).
             while not runtime.closed.is_set() or self._out:
                 self._lost = self._loop.create_future()
-                self._replied = False
-                self._lost_error = None
+                core.replied = False
+                core.read_error = None
                 try:
                     # With TLS, the handshake is part of the connect, within
                     # the same timeout.
                     await asyncio.wait_for(self._connect(), settings.connect_timeout)
                 except (OSError, asyncio.TimeoutError) as failure:
-                    self.last_failure = (time.monotonic(), ConnectionFailure.from_os_error(self.address, failure))
-                    router.cut(self._take_down(), CUT_IO, False)
+                    failed = ConnectionFailure.from_os_error(self.address, failure)
+                    how = core.attempt_failed(failed, time.monotonic())
+                    router.cut(self._take_down(), *how)
                 else:
-                    refused = await self._authenticate() if settings.secret is not None else None
+                    refused = await self._authenticate() if self._setup.hello is not None else None
                     if refused is not None:
                         # A refused secret fails the connection like a failed
-                        # connect: its requests move on or wait, and the
-                        # attempt count is not reset, so a wrong secret is
-                        # retried with growing pauses. The socket's
-                        # connection_lost comes first, so that it cannot
-                        # resolve the next socket's future.
+                        # connect. The socket's connection_lost comes first,
+                        # so that it cannot resolve the next socket's future.
                         await self._lost
-                        self.last_failure = (time.monotonic(), refused)
-                        router.cut(self._take_down(), CUT_IO, False)
-                        pause = reconnect_delay(
-                            attempt, settings.reconnect_delay_first, settings.reconnect_delay_max, random.random()
-                        )
-                        attempt += 1
-                        if await runtime.sleep(pause):
-                            break
-                        continue
-                    router.connection_up()
-                    opened = time.monotonic()
-                    error = await self._lost
-                    self.last_failure = (time.monotonic(), self._ended(error))
-                    router.cut(self._take_down(), error, self._replied)
-                    # A connection that answered, or stayed open for as long
-                    # as the longest pause, worked: the schedule starts over.
-                    # One closed at once after its connect (a server refusing
-                    # connections, a listener of a killed process) did not,
-                    # or the client would reconnect to it in a tight loop.
-                    if self._replied or time.monotonic() - opened >= settings.reconnect_delay_max:
-                        attempt = 0
-                pause = reconnect_delay(
-                    attempt, settings.reconnect_delay_first, settings.reconnect_delay_max, random.random()
-                )
-                attempt += 1
-                if await runtime.sleep(pause):
+                        how = core.attempt_failed(refused, time.monotonic())
+                        router.cut(self._take_down(), *how)
+                    else:
+                        router.connection_up()
+                        error = await self._lost
+                        how = core.socket_ended(error, time.monotonic())
+                        router.cut(self._take_down(), *how)
+                if await runtime.sleep(core.reconnects.pause(random.random())):
                     break
         finally:
             router.abort(self._take_down())
 
     async def _connect(self) -> None:
-        tls = self._runtime.settings.tls
-        if tls is None:
-            await self._loop.create_connection(lambda: self, self._host, self._port)
+        setup = self._setup
+        if setup.tls_context is None:
+            await self._loop.create_connection(lambda: self, setup.host, setup.port)
             return
         await self._loop.create_connection(
             lambda: self,
-            self._host,
-            self._port,
-            ssl=tls.context,
-            server_hostname=tls.server_name_for(self._host),
-            ssl_handshake_timeout=self._runtime.settings.connect_timeout,
+            setup.host,
+            setup.port,
+            ssl=setup.tls_context,
+            server_hostname=setup.server_name,
+            ssl_handshake_timeout=setup.connect_timeout,
         )
 
     async def _authenticate(self) -> ConnectionFailure | None:
@@ -332,84 +284,48 @@ class _Connection(asyncio.Protocol):
         else why the connection cannot be used (the socket is closed)."""
         transport, reply = self._handshake, self._auth_reply
         assert transport is not None and reply is not None
-        timeout = self._runtime.settings.connect_timeout + AUTH_REPLY_MARGIN_S
         try:
-            line = await asyncio.wait_for(asyncio.shield(reply), timeout)
+            line = await asyncio.wait_for(asyncio.shield(reply), self._setup.hello_timeout)
         except asyncio.TimeoutError:
             line = None
-            failure = ConnectionFailure.from_os_error(self.address, TimeoutError())
+            failure: ConnectionFailure | None = ConnectionFailure.from_os_error(self.address, TimeoutError())
         else:
             failure = ConnectionFailure(self.address, "closed by the server")
         self._handshake = None
         self._auth_reply = None
         if line is not None:
-            name, code = auth_answer(line)
+            name, failure = auth_outcome(self.address, line)
             if name is not None:
                 self._router.authenticated_name = name
-                if self._phase == _CLOSED:
-                    # Closed meanwhile with requests queued (see
-                    # connection_made): they go out, then it closes.
-                    self._transport = transport
-                    self.close()
-                    return None
-                self._phase = _UP
-                self._transport = transport
-                self._watch()
-                self._flush()
+                self._go_up(transport)
                 return None
-            if code in AUTH_REFUSED_CODES:
-                failure = ConnectionFailure.secret_refused(self.address, code)
-            elif code == "protocol":
-                failure = ConnectionFailure(self.address, f"dropped: unexpected answer to U {line[:100]!r}")
-            else:
-                failure = ConnectionFailure(self.address, f"the server refused the connection: {code}")
         transport.abort()
         return failure
-
-    def _ended(self, error: RinglockError) -> ConnectionFailure:
-        """How the last socket's reading ended, as this address's failure."""
-        if self._lost_error is not None:
-            return ConnectionFailure.from_os_error(self.address, self._lost_error)
-        if error.code == "no-connection":
-            return ConnectionFailure(self.address, "closed by the server")
-        return ConnectionFailure(self.address, f"dropped: {error}")
 
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        if self._phase == _CLOSED and not self._out:
+        if self._core.phase == CLOSED and not self._out:
             transport.abort()
             return
         sock = transport.get_extra_info("socket")
+        settings = self._runtime.settings
         if sock is not None:
-            settings = self._runtime.settings
             tune_socket(sock, settings.suspect_after, settings.ping_timeout)
-        secret = self._runtime.settings.secret
-        if secret is not None:
+        if self._setup.hello is not None:
             # Requests wait until the server has answered U (_authenticate).
             self._handshake = transport
             self._auth_reply = self._loop.create_future()
-            transport.write(auth_line(secret.value))
+            transport.write(self._setup.hello)
             return
-        if self._phase == _CLOSED:
-            # The client closed while this first connect was under way, with
-            # requests queued (the release of a grant nobody waits for, say):
-            # they go out on it, and it closes as close() closes a live one.
-            self._transport = transport
-            self.close()
-            return
-        self._phase = _UP
-        self._transport = transport
-        self._watch()
-        # Requests queued while connecting go out now.
-        self._flush()
+        self._go_up(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._auth_reply is not None and not self._auth_reply.done():
             self._auth_reply.set_result(None)
         if self._lost is not None and not self._lost.done():
-            self._lost_error = exc
+            self._core.read_error = exc
             self._lost.set_result(CUT_IO)
 
     def _stop(self, error: RinglockError) -> None:
@@ -420,61 +336,29 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        self._liveness.last_read = time.monotonic()
-        if self._pending:
-            data = self._pending + data
+        core = self._core
+        now = time.monotonic()
+        core.liveness.last_read = now
         if self._handshake is not None:
             # The answer to U: the first line, before any request was sent.
+            if core.pending:
+                data = core.pending + data
             line, newline, rest = data.partition(b"\n")
             if not newline:
                 if len(data) > REPLY_LINE_LEN_MAX:
                     self._handshake.abort()
-                self._pending = data
+                core.pending = data
                 return
-            self._pending = rest
+            core.pending = rest
             if self._auth_reply is not None and not self._auth_reply.done():
                 self._auth_reply.set_result(line.rstrip(b"\r"))
             return
-        if b"\n" not in data:
-            if len(data) > REPLY_LINE_LEN_MAX:
-                self._stop(cut_protocol("reply line too long"))
-            self._pending = data
-            return
-        lines = data.split(b"\n")
-        self._pending = lines.pop()
-        router = self._router
-        policy = router.policy
-        take = self._pairing.take
-        now = time.monotonic()
-        for line in lines:
-            if line[-1:] == b"\r":
-                line = line[:-1]
-            try:
-                op, key, fields = split_reply(line)
-            except ValueError:
-                return self._stop(cut_protocol(f"malformed reply {line[:100]!r}"))
-            if op == b"-":
-                code = fields[3].decode(errors="replace")
-                if code == "auth-revoked":
-                    # A reload removed the secret's name: a broken connection
-                    # like any other, reconnected with the secret (refused
-                    # then, if it was removed).
-                    self._lost_error = ConnectionAbortedError("the server revoked the secret's name")
-                    return self._stop(CUT_IO)
-                return self._stop(error_for(code, message=f"the server refused the connection: {code}"))
-            operation = take(op, key)
-            if operation is None:
-                return self._stop(cut_protocol(f"reply {line[:100]!r} answers no request in flight"))
-            try:
-                step = operation.on_reply(fields, policy, now)
-            except ValueError:
-                self._pairing.push(operation.op, operation.key, operation)
-                return self._stop(cut_protocol(f"malformed reply {line[:100]!r}"))
-            self._replied = True
-            if fields[0] == b"M":
-                router.note_moved(self.node, fields[3])
-            router.handle(operation, step)
-        if self._close_when_answered and len(self._pairing) == 0 and self._transport is not None:
+        replies, stop = core.read(data, now)
+        if replies:
+            deliver(self._router, self.node, replies)
+        if stop is not None:
+            return self._stop(stop)
+        if self._close_when_answered and len(core.pairing) == 0 and self._transport is not None:
             self._transport.close()
 
 
@@ -496,48 +380,8 @@ class Client(ClientBase):
                     await lock.release()
     """
 
-    def __init__(
-        self,
-        addresses: str | Sequence[str],
-        *,
-        connections_per_node: int | None = None,
-        reconnect_delay_first: float = 0.05,
-        reconnect_delay_max: float = 3.0,
-        connect_limit: float = 10.0,
-        connect_timeout: float = 1.0,
-        release_retry_interval: float = 0.2,
-        release_retry_for: float = 5.0,
-        redirect_limit: int = 16,
-        in_flight_per_connection_max: int = 65536,
-        secret: str | bytes | None = None,
-        tls_ca: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-        tls_server_name: str | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        suspect_after: float = 1.0,
-        ping_timeout: float = 1.0,
-    ) -> None:
-        self.settings = Settings.build(
-            addresses,
-            connections_per_node,
-            reconnect_delay_first,
-            reconnect_delay_max,
-            connect_limit,
-            connect_timeout,
-            release_retry_interval,
-            release_retry_for,
-            redirect_limit,
-            in_flight_per_connection_max,
-            secret,
-            tls_ca,
-            tls_cert,
-            tls_key,
-            tls_server_name,
-            ssl_context,
-            suspect_after,
-            ping_timeout,
-        )
+    def _set_up(self) -> None:
+        # The loop is known only once the client is used (_start).
         self._runtime: _Runtime | None = None
         self._router: Router | None = None
         self._closed = False
@@ -652,7 +496,7 @@ class Client(ClientBase):
         """
         raw = key_bytes(key)
         state: KeyState = await self._request(INSPECT, raw)
-        return dataclasses.replace(state, key=key)
+        return inspected(state, key)
 
     async def _request(self, kind: int, key: bytes, **fields: Any) -> Any:
         router = self._start()
@@ -709,28 +553,18 @@ class Lock(LockBase):
             if await lock.acquire(timeout=0.5):
                 await lock.release()
         """
-        if self._token is not None:
-            raise RuntimeError(f"this Lock already holds {self._key!r}; locks are not re-entrant")
-        wait, try_once = self._acquire_wait(blocking, timeout)
-        token = await self._client._request(
-            ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=try_once
-        )
+        fields = self._acquire_fields(blocking, timeout)
+        token = await self._client._request(ACQUIRE, self._key_bytes, **fields)
         if token is None:
             return False
-        # The lease is counted from the grant's arrival (the acquire may have
-        # waited in the key's queue, or for a connection, longer than the
-        # lease); an extend waits for a usable connection until it ends.
-        lease_ends = time.monotonic() + self.lease
-        self._granted(token, lease_ends)
+        lease_ends = self._acquired(token)
         if self.auto_extend:
             self._extender = asyncio.get_running_loop().create_task(self._extend_in_background(token, lease_ends))
         return True
 
     def _adopt(self, token: int) -> None:
         """Holds the grant of ``token``, taken elsewhere (:meth:`Client.lock_from`)."""
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 1 << 64:
-            raise ValueError(f"a token is a decimal u64: {token!r}")
-        self._granted(token, math.inf)
+        self._adopted(token)
         if self.auto_extend:
             self._extender = asyncio.get_running_loop().create_task(self._extend_in_background(token, math.inf))
 
@@ -760,10 +594,7 @@ class Lock(LockBase):
             await lock.acquire()
             assert await lock.release()
         """
-        token = self._token
-        if token is None:
-            raise LockNotOwnedError("not-owned", "R", _text(self._key), f"this Lock does not hold {self._key!r}")
-        self._token = None
+        token = self._release_token()
         self._stop_extender()
         return await self._client._request(RELEASE, self._key_bytes, token=token)  # type: ignore[no-any-return]
 
@@ -781,39 +612,25 @@ class Lock(LockBase):
                     await process(chunk)
                     await lock.extend(10)
         """
-        token = self._token
-        if token is None:
-            raise LockNotOwnedError("not-owned", "X", _text(self._key), f"this Lock does not hold {self._key!r}")
+        fields = self._extend_fields(lease)
         sent_at = time.monotonic()
         try:
-            await self._client._request(
-                EXTEND,
-                self._key_bytes,
-                token=token,
-                lease_ms=lease_ms(lease),
-                connection_deadline=self._connection_deadline(),
-            )
+            await self._client._request(EXTEND, self._key_bytes, **fields)
         except LockLostError as error:
-            self._mark_lost(token, error)
+            self._mark_lost(fields["token"], error)
             raise
-        if self._token == token:
-            self._lease_ends = sent_at + lease
+        self._extended(fields["token"], sent_at, lease)
 
     async def __aenter__(self) -> Lock:
         if not await self.acquire():
-            raise LockTimeoutError("timeout", "A", _text(self._key), f"{self._key!r} was not granted within the wait")
+            raise self._not_granted()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        lost = self._lost
-        if self._token is not None:
-            released = await self.release()
-            if not released and lost is None:
-                lost = LockLostError(
-                    "lost", "R", _text(self._key), f"{self._key!r} was no longer held at the end of the block"
-                )
+        released = await self.release() if self._token is not None else None
+        lost = self._block_error(released)
         if lost is not None and exc_type is None:
             raise lost
 
@@ -824,29 +641,82 @@ class Lock(LockBase):
 
     async def _extend_in_background(self, token: int, lease_ends: float) -> None:
         """Extends the lease at a third of it while ``token`` is held."""
-        retry_interval = self._client.settings.release_retry_interval
-        delay = self.lease * AUTO_EXTEND_FRACTION
+        delay = self._extend_period
         while True:
             await asyncio.sleep(delay)
             if self._token != token:
                 return
             sent_at = time.monotonic()
             try:
-                deadline = None if math.isinf(lease_ends) else lease_ends
-                request = self._client._request(
-                    EXTEND, self._key_bytes, token=token, lease_ms=self._lease_ms, connection_deadline=deadline
-                )
+                fields = self._auto_extend_fields(token, lease_ends)
+                request = self._client._request(EXTEND, self._key_bytes, **fields)
                 # No answer is worth waiting for once the lease has ended.
+                deadline = fields["connection_deadline"]
                 await asyncio.wait_for(request, None if deadline is None else max(0.0, deadline - time.monotonic()))
             except (RinglockError, asyncio.TimeoutError) as error:
-                if not self._extend_failed(token, error, lease_ends, retry_interval):
+                retry = self._auto_extend_retry(token, error, lease_ends)
+                if retry is None:
                     return
-                delay = retry_interval
+                delay = retry
                 continue
-            lease_ends = sent_at + self.lease
-            self._lease_ends = lease_ends
-            delay = self.lease * AUTO_EXTEND_FRACTION
+            lease_ends = self._auto_extended(token, sent_at)
+            delay = self._extend_period
 
 
-def _text(key: str | bytes) -> str:
-    return key if isinstance(key, str) else key.decode(errors="replace")
+class Clusters(ClustersBase[Client, Lock]):
+    """Several clusters, each a :class:`Client` (asyncio) under a name, as
+    :class:`ringlock.Clusters`: every key goes to the cluster
+    :func:`ringlock.cluster_for` names, and its calls to that cluster's
+    client, awaited where the client's are.
+
+    Example::
+
+        import ringlock.aio
+
+        async with ringlock.aio.Clusters({
+            "a": ringlock.aio.Client("10.0.0.1:7700"),
+            "b": ringlock.aio.Client("10.0.1.1:7700"),
+        }) as clusters:
+            async with clusters.lock("orders/42", lease=30, wait=5) as lock:
+                print(clusters.name_for("orders/42"), lock.token)
+    """
+
+    def __init__(self, clients: Mapping[str, Client]) -> None:
+        super().__init__(clients, Client, "ringlock.aio.Client")
+
+    async def __aenter__(self) -> Clusters:
+        for client in self._clients.values():
+            client._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def inspect(self, key: str | bytes) -> KeyState:
+        """:meth:`Client.inspect` on the client of ``key``'s cluster.
+
+        Example::
+
+            print((await clusters.inspect("orders/42")).held)
+        """
+        return await self.client_for(key).inspect(key)
+
+    async def stats(self) -> dict[str, dict[str, Any]]:
+        """Each cluster's ``S`` reply, by name, asked of all at once.
+
+        Example::
+
+            print((await clusters.stats())["b"]["total"]["held_keys"])
+        """
+        names = list(self._clients)
+        replies = await asyncio.gather(*(self._clients[name].stats() for name in names))
+        return dict(zip(names, replies))
+
+    async def close(self) -> None:
+        """Closes every cluster's client, all at once.
+
+        Example::
+
+            await clusters.close()
+        """
+        await asyncio.gather(*(client.close() for client in self._clients.values()))

@@ -1,4 +1,5 @@
-"""The sync client: :class:`Client` and :class:`Lock`.
+"""The sync client: :class:`Client` and :class:`Lock`, and
+:class:`Clusters` for several clusters.
 
 Background threads own the connections (see ``_threaded``), so any number
 of user threads can share one client and their requests are pipelined over
@@ -7,24 +8,22 @@ its connections.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import ssl
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from ._common import AUTO_EXTEND_FRACTION, ClientBase, LockBase
+from ._clusters import ClustersBase
+from ._common import ClientBase, LockBase, inspected
 from ._operation import ACQUIRE, EXTEND, INSPECT, PING, RELEASE, STATS
-from ._protocol import KeyState, Pong, key_bytes, lease_ms
+from ._protocol import KeyState, Pong, key_bytes
 from ._router import Router
-from ._settings import Settings
 from ._threaded import ThreadRuntime
-from .errors import LockLostError, LockNotOwnedError, LockTimeoutError, RinglockError
+from .errors import LockLostError, RinglockError
 
-__all__ = ["Client", "Lock"]
+__all__ = ["Client", "Clusters", "Lock"]
 
 
 class _Waiter:
@@ -149,61 +148,12 @@ class Client(ClientBase):
             client.ping()  # over mutual TLS
     """
 
-    def __init__(
-        self,
-        addresses: str | Sequence[str],
-        *,
-        connections_per_node: int | None = None,
-        reconnect_delay_first: float = 0.05,
-        reconnect_delay_max: float = 3.0,
-        connect_limit: float = 10.0,
-        connect_timeout: float = 1.0,
-        release_retry_interval: float = 0.2,
-        release_retry_for: float = 5.0,
-        redirect_limit: int = 16,
-        in_flight_per_connection_max: int = 65536,
-        secret: str | bytes | None = None,
-        tls_ca: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-        tls_server_name: str | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        suspect_after: float = 1.0,
-        ping_timeout: float = 1.0,
-    ) -> None:
-        self.settings = Settings.build(
-            addresses,
-            connections_per_node,
-            reconnect_delay_first,
-            reconnect_delay_max,
-            connect_limit,
-            connect_timeout,
-            release_retry_interval,
-            release_retry_for,
-            redirect_limit,
-            in_flight_per_connection_max,
-            secret,
-            tls_ca,
-            tls_cert,
-            tls_key,
-            tls_server_name,
-            ssl_context,
-            suspect_after,
-            ping_timeout,
-        )
-        self._runtime = ThreadRuntime(
-            connect_timeout,
-            reconnect_delay_first,
-            reconnect_delay_max,
-            in_flight_per_connection_max,
-            self.settings.secret.value if self.settings.secret is not None else None,
-            self.settings.tls,
-            self.settings.suspect_after,
-            self.settings.ping_timeout,
-        )
-        self._router = Router(
-            self.settings.addresses, self.settings.connections_per_node, self.settings.policy, self._runtime
-        )
+    _router: Router
+
+    def _set_up(self) -> None:
+        self._runtime = ThreadRuntime(self.settings)
+        settings = self.settings
+        self._router = Router(settings.addresses, settings.connections_per_node, settings.policy, self._runtime)
 
     def __enter__(self) -> Client:
         return self
@@ -346,7 +296,7 @@ class Client(ClientBase):
         """
         raw = key_bytes(key)
         state: KeyState = self._request(INSPECT, raw)  # type: ignore[assignment]
-        return dataclasses.replace(state, key=key)
+        return inspected(state, key)
 
     def _request(self, kind: int, key: bytes, **fields: Any) -> object:
         waiter = _Waiter()
@@ -405,9 +355,6 @@ class Lock(LockBase):
     ) -> None:
         super().__init__(client, key, lease, wait, auto_extend, on_lost)
         self._client: Client = client
-        # Tells apart the grants of this lock, so that an extension
-        # scheduled for one grant does nothing to the next.
-        self._grant = 0
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Acquires the key; ``True`` once granted, ``False`` if the wait ran
@@ -429,30 +376,18 @@ class Lock(LockBase):
                 lock.release()
             assert lock.acquire(blocking=False) in (True, False)
         """
-        if self._token is not None:
-            raise RuntimeError(f"this Lock already holds {self._key!r}; locks are not re-entrant")
-        wait, try_once = self._acquire_wait(blocking, timeout)
-        token = self._client._request(
-            ACQUIRE, self._key_bytes, lease_ms=self._lease_ms, wait_ms=wait, try_once=try_once
-        )
+        fields = self._acquire_fields(blocking, timeout)
+        token = self._client._request(ACQUIRE, self._key_bytes, **fields)
         if token is None:
             return False
-        # The lease is counted from the grant's arrival (the acquire may have
-        # waited in the key's queue, or for a connection, longer than the
-        # lease); an extend waits for a usable connection until it ends.
-        lease_ends = time.monotonic() + self.lease
-        self._grant += 1
-        self._granted(token, lease_ends)  # type: ignore[arg-type]
+        lease_ends = self._acquired(token)  # type: ignore[arg-type]
         if self.auto_extend:
             self._schedule_extend(self._grant, lease_ends)
         return True
 
     def _adopt(self, token: int) -> None:
         """Holds the grant of ``token``, taken elsewhere (:meth:`Client.lock_from`)."""
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 1 << 64:
-            raise ValueError(f"a token is a decimal u64: {token!r}")
-        self._grant += 1
-        self._granted(token, math.inf)
+        self._adopted(token)
         if self.auto_extend:
             self._schedule_extend(self._grant, math.inf)
 
@@ -490,10 +425,7 @@ class Lock(LockBase):
             lock.acquire()
             assert lock.release() is True
         """
-        token = self._token
-        if token is None:
-            raise LockNotOwnedError("not-owned", "R", _text(self._key), f"this Lock does not hold {self._key!r}")
-        self._token = None
+        token = self._release_token()
         return self._client._request(RELEASE, self._key_bytes, token=token)  # type: ignore[return-value]
 
     def extend(self, lease: float) -> None:
@@ -511,49 +443,34 @@ class Lock(LockBase):
                     process(chunk)
                     lock.extend(10)
         """
-        token = self._token
-        if token is None:
-            raise LockNotOwnedError("not-owned", "X", _text(self._key), f"this Lock does not hold {self._key!r}")
+        fields = self._extend_fields(lease)
         sent_at = time.monotonic()
         try:
-            self._client._request(
-                EXTEND,
-                self._key_bytes,
-                token=token,
-                lease_ms=lease_ms(lease),
-                connection_deadline=self._connection_deadline(),
-            )
+            self._client._request(EXTEND, self._key_bytes, **fields)
         except LockLostError as error:
-            self._mark_lost(token, error)
+            self._mark_lost(fields["token"], error)
             raise
-        if self._token == token:
-            self._lease_ends = sent_at + lease
+        self._extended(fields["token"], sent_at, lease)
 
     def __enter__(self) -> Lock:
         if not self.acquire():
-            raise LockTimeoutError("timeout", "A", _text(self._key), f"{self._key!r} was not granted within the wait")
+            raise self._not_granted()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        lost = self._lost
-        if self._token is not None:
-            released = self.release()
-            if not released and lost is None:
-                lost = LockLostError(
-                    "lost", "R", _text(self._key), f"{self._key!r} was no longer held at the end of the block"
-                )
+        released = self.release() if self._token is not None else None
         # Tell the caller the block ran without the lock for a while,
         # unless it is already failing.
+        lost = self._block_error(released)
         if lost is not None and exc_type is None:
             raise lost
 
     def _schedule_extend(self, grant: int, lease_ends: float) -> None:
         """Extends the lease at a third of it, while this grant lasts, and
         watches for the lease to run out without a confirmed extend."""
-        period = self.lease * AUTO_EXTEND_FRACTION
-        self._client._call_at(time.monotonic() + period, lambda: self._extend_now(grant, lease_ends))
+        self._client._call_at(time.monotonic() + self._extend_period, lambda: self._extend_now(grant, lease_ends))
         token = self._token
         if token is not None and not math.isinf(lease_ends):
             self._client._call_at(lease_ends, lambda: grant == self._grant and self._lease_ran_out(token))
@@ -568,20 +485,79 @@ class Lock(LockBase):
             if grant != self._grant or self._token is None:
                 return
             if value is True:
-                self._lease_ends = sent_at + self.lease
-                self._schedule_extend(grant, sent_at + self.lease)
+                self._schedule_extend(grant, self._auto_extended(token, sent_at))
                 return
-            retry_interval = self._client.settings.release_retry_interval
-            if not self._extend_failed(token, value, lease_ends, retry_interval):
-                return
-            # No connection for now: try again while the lease lasts.
-            self._client._call_at(time.monotonic() + retry_interval, lambda: self._extend_now(grant, lease_ends))
+            retry = self._auto_extend_retry(token, value, lease_ends)
+            if retry is not None:
+                # No connection for now: try again while the lease lasts.
+                self._client._call_at(time.monotonic() + retry, lambda: self._extend_now(grant, lease_ends))
 
-        deadline = None if math.isinf(lease_ends) else lease_ends
-        self._client._background(
-            EXTEND, self._key_bytes, done, token=token, lease_ms=self._lease_ms, connection_deadline=deadline
-        )
+        self._client._background(EXTEND, self._key_bytes, done, **self._auto_extend_fields(token, lease_ends))
 
 
-def _text(key: str | bytes) -> str:
-    return key if isinstance(key, str) else key.decode(errors="replace")
+class Clusters(ClustersBase[Client, Lock]):
+    """Several independent clusters, each a :class:`Client` under a name:
+    every key goes to one of them, chosen by :func:`ringlock.cluster_for`
+    (rendezvous hashing over the names, the same in every official client),
+    so adding a cluster moves only about 1/N of the keys.
+
+    ``clients`` maps each cluster's name (a non-empty ``str``, unique) to
+    its client. The calls that take a key go to the chosen cluster's
+    client, with the same arguments; a :class:`Lock` belongs to its
+    cluster's client, so its release and extends go there. Tokens come from
+    each key's own cluster: tokens of keys in different clusters are not
+    comparable. To take a cluster out, drain it first (docs/protocol.md
+    §4, "Several clusters").
+
+    Raises :class:`ValueError` for no cluster or a bad name, and
+    :class:`TypeError` if a value is not a :class:`Client`.
+
+    Example::
+
+        import ringlock
+
+        with ringlock.Clusters({
+            "a": ringlock.Client(["10.0.0.1:7700", "10.0.0.2:7700"]),
+            "b": ringlock.Client(["10.0.1.1:7700", "10.0.1.2:7700"]),
+        }) as clusters:
+            with clusters.lock("orders/42", lease=30, wait=5) as lock:
+                print(clusters.name_for("orders/42"), lock.token)
+    """
+
+    def __init__(self, clients: Mapping[str, Client]) -> None:
+        super().__init__(clients, Client, "ringlock.Client")
+
+    def __enter__(self) -> Clusters:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def inspect(self, key: str | bytes) -> KeyState:
+        """:meth:`Client.inspect` on the client of ``key``'s cluster.
+
+        Example::
+
+            print(clusters.inspect("orders/42").held)
+        """
+        return self.client_for(key).inspect(key)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Each cluster's ``S`` reply (:meth:`Client.stats`), by name: to
+        see, say, that a cluster being drained holds no key any more.
+
+        Example::
+
+            print(clusters.stats()["b"]["total"]["held_keys"])
+        """
+        return {name: client.stats() for name, client in self._clients.items()}
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Closes every cluster's client (:meth:`Client.close`).
+
+        Example::
+
+            clusters.close()
+        """
+        for client in self._clients.values():
+            client.close(timeout)
