@@ -11,7 +11,7 @@ use crate::config::ClientBuilder;
 use crate::error::{BadArgument, Error, ProtocolError};
 use crate::future::{AcquireFuture, ReplyFuture, acquired};
 use crate::lock::{Lock, ReleaseOutcome};
-use crate::operation::{Kind, Outcome};
+use crate::operation::{Inspection, Kind, Outcome};
 use crate::proto::{Role, WAIT_MS_MAX, is_valid_key};
 use crate::router::Router;
 
@@ -93,31 +93,6 @@ pub struct Pong {
     pub epoch: u64,
     /// The active node's client address, if the node knows one.
     pub active: Option<String>,
-}
-
-/// What the active node knows of a key now: the answer to [`Client::inspect`].
-///
-/// # Examples
-///
-/// ```no_run
-/// # fn main() -> Result<(), ringlock_client::Error> {
-/// let client = ringlock_client::Client::connect(["127.0.0.1:7700"])?;
-/// let state = client.inspect("orders/42")?;
-/// match state.token {
-///     Some(token) => println!("held by token {token} for {:?} more, {} waiting", state.lease_left, state.waiters),
-///     None => println!("free ({} waiting for tokens)", state.waiters),
-/// }
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Inspection {
-    /// The fencing token of the grant holding the key, if it is held.
-    pub token: Option<u64>,
-    /// How long the holder's lease has left (zero if the key is free).
-    pub lease_left: Duration,
-    /// Acquires queued on the key.
-    pub waiters: u64,
 }
 
 impl ClientBuilder {

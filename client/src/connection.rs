@@ -47,10 +47,10 @@ use std::time::{Duration, Instant};
 use rustls::ClientConnection;
 
 use crate::backoff::{Jitter, reconnect_delay};
-use crate::completion::Wakes;
+use crate::completion::{Submitted, Wakes};
 use crate::error::{ConnectionFailure, ProtocolError};
 use crate::liveness::{Liveness, Verdict, tune_socket};
-use crate::operation::{Cut, Operation, Policy, Step};
+use crate::operation::{Cut, Policy, Step};
 use crate::pairing::{Paired, Pairing};
 use crate::proto::{Decoded, ErrorCode, Op, REPLY_LINE_LEN_MAX, Reply, decode_reply};
 use crate::router::{Moved, Router};
@@ -93,9 +93,9 @@ pub(crate) enum Refusal {
     Full,
 }
 
-impl Paired for Operation {
+impl Paired for Submitted {
     fn op(&self) -> Op {
-        Operation::op(self)
+        Submitted::op(self)
     }
     fn key(&self) -> &[u8] {
         &self.key
@@ -125,7 +125,7 @@ struct State {
     sealed: Vec<u8>,
     /// Encoded requests not yet handed to the writer.
     out: Vec<u8>,
-    in_flight: Pairing<Operation>,
+    in_flight: Pairing<Submitted>,
     /// The writer thread is waiting for work, so a caller must wake it.
     writer_idle: bool,
     /// The buffer of the last batch written, kept to swap with `out`.
@@ -192,10 +192,10 @@ impl Connection {
     /// reason if the connection takes no requests now.
     pub(crate) fn try_send(
         &self,
-        operation: Operation,
+        operation: Submitted,
         now: Instant,
         in_flight_max: usize,
-    ) -> Result<(), (Operation, Refusal)> {
+    ) -> Result<(), (Submitted, Refusal)> {
         let state = self.lock();
         if !state.phase.takes_requests() {
             return Err((operation, Refusal::Unusable));
@@ -208,7 +208,7 @@ impl Connection {
     }
 
     /// Sends `operation` on this connection, whose lock `state` is.
-    fn queue(&self, mut state: MutexGuard<'_, State>, mut operation: Operation, now: Instant) {
+    fn queue(&self, mut state: MutexGuard<'_, State>, mut operation: Submitted, now: Instant) {
         if state.in_flight.len() == 0 {
             state.liveness.note_busy(now);
         }
@@ -235,7 +235,7 @@ impl Connection {
             Verdict::Quiet => None,
             Verdict::Ping => {
                 // Over the in-flight limit if need be: the probe is one line.
-                self.queue(state, Operation::probe(now, policy), now);
+                self.queue(state, Submitted::probe(now, policy), now);
                 None
             }
             Verdict::Cut(silence) => Some(silence),
@@ -296,7 +296,7 @@ impl Connection {
 
     /// Marks the connection broken and takes back every request in flight
     /// and everything not yet written.
-    fn take_down(&self) -> Vec<Operation> {
+    fn take_down(&self) -> Vec<Submitted> {
         let mut state = self.lock();
         if state.phase != Phase::Closed {
             state.phase = Phase::Down;
@@ -585,7 +585,7 @@ impl Session {
 
 /// What the reader does with one reply line after pairing it.
 struct Answered {
-    operation: Operation,
+    operation: Submitted,
     step: Step,
     moved: Option<Moved>,
 }
@@ -826,7 +826,7 @@ mod tests {
         let writer = connection.clone();
         let writer = thread::spawn(move || run_writer(&writer));
         let now = Instant::now();
-        let release = Operation::new(Kind::Release { token: 7 }, Arc::from(&b"k"[..]), now, 1, &POLICY, None);
+        let release = Submitted::new(Kind::Release { token: 7 }, Arc::from(&b"k"[..]), now, 1, &POLICY, None);
         connection.try_send(release, now, 16).unwrap();
         (connection, writer)
     }

@@ -205,7 +205,8 @@ struct ReadmeExamples;
 #[doc(inline)]
 pub use ringlock_proto as proto;
 
-pub use client::{Client, Inspection, Pong};
+pub use client::{Client, Pong};
 pub use config::{ClientBuilder, NODES_MAX, SECRET_ENV};
 pub use error::{BadArgument, ConnectionFailure, Error, ProtocolError};
 pub use lock::{Lock, Lost, ReleaseOutcome};
+pub use operation::Inspection;

@@ -8,11 +8,11 @@ use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::completion::{Completion, Wakes};
+use crate::completion::{Completion, Submitted, Wakes};
 use crate::config::{ClientBuilder, NODES_MAX};
 use crate::connection::{self, Connection, Phase, Refusal};
 use crate::error::{ConnectionFailure, Error};
-use crate::operation::{Cut, Kind, Operation, Outcome, Policy, Step, Unsent};
+use crate::operation::{Cut, Kind, Outcome, Policy, Step, Unsent};
 use crate::timer::Timer;
 
 /// What an `M` reply said of the active node.
@@ -176,7 +176,7 @@ impl Router {
             return self.submit(kind, key, completion);
         };
         let now = Instant::now();
-        let operation = Operation::new(kind, key, now, self.connection_count(), &self.policy, completion)
+        let operation = Submitted::new(kind, key, now, self.connection_count(), &self.policy, completion)
             .with_connection_deadline(deadline);
         self.send_at(operation, now, &mut Wakes::default());
     }
@@ -192,13 +192,13 @@ impl Router {
     ) {
         let tries = self.connection_count();
         let now = Instant::now();
-        let operation = Operation::new(kind, key, now, tries, &self.policy, completion);
+        let operation = Submitted::new(kind, key, now, tries, &self.policy, completion);
         self.send_at(operation, now, wakes);
     }
 
     /// Carries out `step` for `operation`; the wake-up of a request that
     /// ends is added to `wakes`, for the caller to make once it holds no lock.
-    pub(crate) fn handle(self: &Arc<Self>, operation: Operation, step: Step, wakes: &mut Wakes) {
+    pub(crate) fn handle(self: &Arc<Self>, operation: Submitted, step: Step, wakes: &mut Wakes) {
         match step {
             Step::Done(outcome) => self.finish(operation, outcome, wakes),
             Step::Resend => self.send(operation, wakes),
@@ -218,7 +218,7 @@ impl Router {
     /// Sends again on the next usable connection, the active node's first;
     /// drops it if its caller gave up meanwhile (a new request was just
     /// handed over, so [`send_at`](Self::send_at) does not ask).
-    pub(crate) fn send(self: &Arc<Self>, operation: Operation, wakes: &mut Wakes) {
+    pub(crate) fn send(self: &Arc<Self>, operation: Submitted, wakes: &mut Wakes) {
         if operation.abandoned() {
             return;
         }
@@ -227,7 +227,7 @@ impl Router {
 
     /// [`send`](Self::send), at `now` (read once per request, as the clock
     /// is a measurable part of a request's cost).
-    fn send_at(self: &Arc<Self>, operation: Operation, now: Instant, wakes: &mut Wakes) {
+    fn send_at(self: &Arc<Self>, operation: Submitted, now: Instant, wakes: &mut Wakes) {
         if operation.expired(now) {
             let outcome = operation.expired_outcome(now);
             return self.finish(operation, outcome, wakes);
@@ -258,7 +258,7 @@ impl Router {
     }
 
     /// Sends on the active node's connections only, after an `M` reply.
-    fn send_to_active(self: &Arc<Self>, mut operation: Operation, wakes: &mut Wakes) {
+    fn send_to_active(self: &Arc<Self>, mut operation: Submitted, wakes: &mut Wakes) {
         if operation.abandoned() {
             return;
         }
@@ -291,9 +291,9 @@ impl Router {
         &self,
         connections: &[Arc<Connection>],
         start: usize,
-        mut operation: Operation,
+        mut operation: Submitted,
         now: Instant,
-    ) -> Result<(), (Operation, Refusal)> {
+    ) -> Result<(), (Submitted, Refusal)> {
         let mut worst = Refusal::Unusable;
         for offset in 0..connections.len() {
             let connection = &connections[(start + offset) % connections.len()];
@@ -313,7 +313,7 @@ impl Router {
     /// Hands the outcome to whoever waits for it, owing its wake-up. A
     /// grant nobody waits for any more (its future was dropped) is released
     /// at once.
-    fn finish(self: &Arc<Self>, operation: Operation, outcome: Outcome, wakes: &mut Wakes) {
+    fn finish(self: &Arc<Self>, operation: Submitted, outcome: Outcome, wakes: &mut Wakes) {
         let Some(completion) = operation.completion else { return };
         let outcome = match outcome {
             Outcome::NoConnection { waited, shutting_down } => {
@@ -328,7 +328,7 @@ impl Router {
 
     /// Takes back the requests of a connection that was cut; `answered`
     /// if it had answered anything before.
-    pub(crate) fn cut(self: &Arc<Self>, operations: Vec<Operation>, cut: &Cut, answered: bool) {
+    pub(crate) fn cut(self: &Arc<Self>, operations: Vec<Submitted>, cut: &Cut, answered: bool) {
         if self.is_closed() {
             return self.abort(operations);
         }
@@ -349,7 +349,7 @@ impl Router {
     }
 
     /// Ends requests that can go nowhere because the client is closing.
-    pub(crate) fn abort(self: &Arc<Self>, operations: Vec<Operation>) {
+    pub(crate) fn abort(self: &Arc<Self>, operations: Vec<Submitted>) {
         let mut wakes = Wakes::default();
         for operation in operations {
             self.finish(operation, Outcome::NoConnection { waited: Duration::ZERO, shutting_down: false }, &mut wakes);
