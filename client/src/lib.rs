@@ -156,14 +156,16 @@
 //! - [`proto`]: the wire protocol v1, the `ringlock-proto` crate re-exported,
 //!   shared by client, server, load generator and fuzz targets.
 //! - `client.rs`: [`Client`], its methods and the checks made before sending.
-//! - `lock.rs`: [`Lock`] (token, extend, release, release on drop) and
-//!   [`ReleaseOutcome`].
+//! - `lock.rs`: [`Lock`] (token, extend, release, release on drop),
+//!   [`ReleaseOutcome`], and the future of an acquire.
 //! - `config.rs`: [`ClientBuilder`] and the defaults.
 //! - `backoff.rs`: the reconnect schedule, a pure function of the attempt
 //!   number and a random draw.
 //! - `error.rs`: [`Error`], [`BadArgument`], [`ProtocolError`],
 //!   [`ConnectionFailure`].
-//! - `future.rs`: the futures of the async API.
+//! - `handle.rs`: what a client, its locks and futures share (the router,
+//!   closed when the last goes), and waiting for a request's outcome,
+//!   blocking or as a future.
 //! - `completion.rs`: the one-shot cell between the I/O threads and a waiting
 //!   thread or task.
 //! - `lane.rs`: the futex lanes blocked threads sleep on, so that one system
@@ -186,7 +188,7 @@ mod completion;
 mod config;
 mod connection;
 mod error;
-mod future;
+mod handle;
 mod lane;
 mod liveness;
 mod lock;
