@@ -203,10 +203,10 @@ impl Lock {
     /// `Error::Server(ErrorCode::NotHolder)` if the grant is gone (its lease
     /// ran out, or the server restarted): the lock is lost, stop using it.
     /// [`Error::BadArgument`] for a zero lease; otherwise as
-    /// [`Client::acquire`]. An extend cut by a broken connection moves to the
-    /// next connection as an acquire does; with no usable connection it
-    /// waits for one until the lease this client knows of ends, then fails
-    /// with [`Error::NoConnection`].
+    /// [`Client::acquire`](crate::Client::acquire). An extend cut by a
+    /// broken connection moves to the next connection as an acquire does;
+    /// with no usable connection it waits for one until the lease this
+    /// client knows of ends, then fails with [`Error::NoConnection`].
     ///
     /// # Examples
     ///
@@ -265,7 +265,7 @@ impl Lock {
     ///
     /// # Errors
     ///
-    /// As [`Client::inspect`].
+    /// As [`Client::inspect`](crate::Client::inspect).
     ///
     /// # Examples
     ///
@@ -494,8 +494,9 @@ impl Lock {
 impl Lock {
     /// Gives up this handle without releasing the grant, and returns its
     /// token: the key stays held until someone releases it with the token
-    /// (see [`Client::release`]) or its lease runs out. For a lock that must
-    /// outlive this process, such as `ringlock-cli acquire` in a script.
+    /// (see [`Client::release`](crate::Client::release)) or its lease runs
+    /// out. For a lock that must outlive this process, such as
+    /// `ringlock-cli acquire` in a script.
     ///
     /// # Examples
     ///
