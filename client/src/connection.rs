@@ -52,7 +52,7 @@ use crate::config::ClientBuilder;
 use crate::error::{ConnectionFailure, ProtocolError};
 use crate::liveness::{Liveness, Verdict, tune_socket};
 use crate::operation::{Cut, Policy, Step};
-use crate::pairing::{Paired, Pairing};
+use crate::pairing::Pairing;
 use crate::proto::{Decoded, ErrorCode, Op, REPLY_LINE_LEN_MAX, Reply, decode_reply};
 
 /// Ciphertext the reader of a TLS connection asks the socket for at once:
@@ -136,15 +136,6 @@ impl Phase {
 pub(crate) enum Refusal {
     Unusable,
     Full,
-}
-
-impl Paired for Submitted {
-    fn op(&self) -> Op {
-        Submitted::op(self)
-    }
-    fn key(&self) -> &[u8] {
-        &self.key
-    }
 }
 
 /// One connection's shared state; its threads and the callers that queue

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ProtocolError};
+use crate::pairing::Paired;
 use crate::proto::{ErrorCode, Op, Reply, Request, Role, encode_request};
 
 /// The retry rules, from the client's configuration.
@@ -322,18 +323,6 @@ impl<W: Caller> Operation<W> {
         }
     }
 
-    /// The operation its reply echoes.
-    pub(crate) fn op(&self) -> Op {
-        match self.kind {
-            Kind::Acquire { .. } => Op::Acquire,
-            Kind::Release { .. } => Op::Release,
-            Kind::Extend { .. } => Op::Extend,
-            Kind::Ping => Op::Ping,
-            Kind::Stats => Op::Stats,
-            Kind::Inspect => Op::Inspect,
-        }
-    }
-
     /// The wait left to an acquire at `now`, in milliseconds: `Some(0)` for
     /// no limit, `None` once a bounded wait has run out. An acquire that
     /// tries once asks for its short wait whenever it goes out: it waits for
@@ -513,6 +502,25 @@ impl<W: Caller> Operation<W> {
         let until = *self.retry_until.get_or_insert(now + policy.retry_for);
         let at = now + policy.retry_interval;
         if at <= until { Step::RetryAt(at) } else { Step::Done(Outcome::Failed(error)) }
+    }
+}
+
+/// Replies name the operation and the key they answer, which is all that
+/// pairs them with their request.
+impl<W> Paired for Operation<W> {
+    fn op(&self) -> Op {
+        match self.kind {
+            Kind::Acquire { .. } => Op::Acquire,
+            Kind::Release { .. } => Op::Release,
+            Kind::Extend { .. } => Op::Extend,
+            Kind::Ping => Op::Ping,
+            Kind::Stats => Op::Stats,
+            Kind::Inspect => Op::Inspect,
+        }
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.key
     }
 }
 
