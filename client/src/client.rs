@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use crate::completion::Completion;
 use crate::config::ClientBuilder;
-use crate::error::{BadArgument, Error, ProtocolError};
-use crate::future::{AcquireFuture, ReplyFuture, acquired};
-use crate::lock::{Lock, ReleaseOutcome};
-use crate::operation::{Kind, Outcome};
+use crate::error::{BadArgument, Error};
+use crate::handle::{Handle, ceil_ms, failure, inspected, instant_after, lease_ms};
+use crate::lock::{AcquireFuture, Lock, ReleaseOutcome, acquired, released};
+use crate::operation::{Inspection, Kind, Outcome};
 use crate::proto::{Role, WAIT_MS_MAX, is_valid_key};
 use crate::router::Router;
 
@@ -48,21 +48,10 @@ pub struct Client {
     handle: Arc<Handle>,
 }
 
-/// Closes the connections when the last clone of the client goes.
-struct Handle {
-    router: Arc<Router>,
-}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        self.router.close();
-    }
-}
-
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
-            .field("addresses", &self.handle.router.config.addresses)
+            .field("addresses", &self.handle.router().config.addresses)
             .field("connections", &self.connection_count())
             .field("usable_connections", &self.usable_connection_count())
             .field("active_node", &self.active_node())
@@ -95,31 +84,6 @@ pub struct Pong {
     pub active: Option<String>,
 }
 
-/// What the active node knows of a key now: the answer to [`Client::inspect`].
-///
-/// # Examples
-///
-/// ```no_run
-/// # fn main() -> Result<(), ringlock_client::Error> {
-/// let client = ringlock_client::Client::connect(["127.0.0.1:7700"])?;
-/// let state = client.inspect("orders/42")?;
-/// match state.token {
-///     Some(token) => println!("held by token {token} for {:?} more, {} waiting", state.lease_left, state.waiters),
-///     None => println!("free ({} waiting for tokens)", state.waiters),
-/// }
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Inspection {
-    /// The fencing token of the grant holding the key, if it is held.
-    pub token: Option<u64>,
-    /// How long the holder's lease has left (zero if the key is free).
-    pub lease_left: Duration,
-    /// Acquires queued on the key.
-    pub waiters: u64,
-}
-
 impl ClientBuilder {
     /// Builds the client and starts connecting in the background; requests
     /// made before a connection is up wait for it. Fails only for a bad
@@ -139,7 +103,7 @@ impl ClientBuilder {
         let config = self.secret_from_environment();
         config.validate()?;
         let config = config.load_tls()?;
-        Ok(Client { handle: Arc::new(Handle { router: Router::start(config) }) })
+        Ok(Client { handle: Handle::start(config) })
     }
 }
 
@@ -188,8 +152,8 @@ impl Client {
         ClientBuilder::new(addresses)
     }
 
-    pub(crate) fn router(&self) -> &Arc<Router> {
-        &self.handle.router
+    fn router(&self) -> &Arc<Router> {
+        self.handle.router()
     }
 
     /// Acquires `key` for `lease`, waiting in its queue as `wait` says, and
@@ -265,7 +229,7 @@ impl Client {
         let (key, kind) = acquire_request(key, lease, wait, try_once)?;
         let completion = Completion::for_this_thread();
         self.router().submit(kind, key.clone(), Some(completion.clone()));
-        acquired(self, key, lease, completion.wait())
+        acquired(&self.handle, key, lease, completion.wait())
     }
 
     /// The wait and try-once flag an acquire sends: a zero wait is a try.
@@ -307,7 +271,7 @@ impl Client {
     pub fn lock_from(&self, key: impl AsRef<[u8]>, token: u64, lease: Duration) -> Result<Lock, Error> {
         let key = checked_key(key.as_ref())?;
         lease_ms(lease)?;
-        Ok(Lock::new(self.clone(), key, token, lease, instant_after(Instant::now(), lease)))
+        Ok(Lock::new(self.handle.clone(), key, token, lease, instant_after(Instant::now(), lease)))
     }
 
     /// Acquires `key` for `lease` only if it is free, or becomes free within
@@ -379,9 +343,9 @@ impl Client {
             Ok((key, kind)) => {
                 let completion = Completion::new();
                 self.router().submit(kind, key.clone(), Some(completion.clone()));
-                AcquireFuture::waiting(self.clone(), key, lease, completion)
+                AcquireFuture::waiting(self.handle.clone(), key, lease, completion)
             }
-            Err(error) => AcquireFuture::refused(self.clone(), error),
+            Err(error) => AcquireFuture::refused(self.handle.clone(), error),
         }
     }
 
@@ -421,7 +385,7 @@ impl Client {
     /// # }
     /// ```
     pub fn ping(&self) -> Result<Pong, Error> {
-        self.request(Kind::Ping, Arc::from(&b""[..]), pong)
+        self.handle.request(Kind::Ping, Arc::from(&b""[..]), pong)
     }
 
     /// [`ping`](Self::ping), as a future.
@@ -435,7 +399,7 @@ impl Client {
     /// # }
     /// ```
     pub fn ping_async(&self) -> impl Future<Output = Result<Pong, Error>> + Send + 'static {
-        self.request_async(Kind::Ping, Arc::from(&b""[..]), pong)
+        self.handle.request_async(Kind::Ping, Arc::from(&b""[..]), pong)
     }
 
     /// Who holds `key` now, how long its lease has left and how many
@@ -459,7 +423,7 @@ impl Client {
     /// ```
     pub fn inspect(&self, key: impl AsRef<[u8]>) -> Result<Inspection, Error> {
         let key = checked_key(key.as_ref())?;
-        self.request(Kind::Inspect, key, inspected)
+        self.handle.request(Kind::Inspect, key, inspected)
     }
 
     /// [`inspect`](Self::inspect), as a future.
@@ -477,8 +441,8 @@ impl Client {
         key: impl AsRef<[u8]>,
     ) -> impl Future<Output = Result<Inspection, Error>> + Send + 'static {
         match checked_key(key.as_ref()) {
-            Ok(key) => self.request_async(Kind::Inspect, key, inspected),
-            Err(error) => self.refused(error, inspected),
+            Ok(key) => self.handle.request_async(Kind::Inspect, key, inspected),
+            Err(error) => self.handle.refused(error, inspected),
         }
     }
 
@@ -504,7 +468,7 @@ impl Client {
     /// ```
     pub fn release(&self, key: impl AsRef<[u8]>, token: u64) -> Result<ReleaseOutcome, Error> {
         let key = checked_key(key.as_ref())?;
-        self.request(Kind::Release { token }, key, crate::lock::released)
+        self.handle.request(Kind::Release { token }, key, released)
     }
 
     /// A node's counters and gauges, as the one line of JSON of its `S`
@@ -521,7 +485,7 @@ impl Client {
     /// # }
     /// ```
     pub fn stats(&self) -> Result<String, Error> {
-        self.request(Kind::Stats, Arc::from(&b""[..]), stats)
+        self.handle.request(Kind::Stats, Arc::from(&b""[..]), stats)
     }
 
     /// [`stats`](Self::stats), as a future.
@@ -535,7 +499,7 @@ impl Client {
     /// # }
     /// ```
     pub fn stats_async(&self) -> impl Future<Output = Result<String, Error>> + Send + 'static {
-        self.request_async(Kind::Stats, Arc::from(&b""[..]), stats)
+        self.handle.request_async(Kind::Stats, Arc::from(&b""[..]), stats)
     }
 
     /// Connections the client keeps, usable or not: one per node, or two
@@ -624,84 +588,11 @@ impl Client {
     pub fn retry_count(&self) -> usize {
         self.router().retry_count()
     }
-
-    /// Sends a request and blocks for its reply, turned into `T` by `map`.
-    pub(crate) fn request<T>(
-        &self,
-        kind: Kind,
-        key: Arc<[u8]>,
-        map: fn(Outcome) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        self.request_until(kind, key, None, map)
-    }
-
-    /// [`request`](Self::request), waiting for a usable connection until
-    /// `connection_deadline` if given, instead of the limit its kind implies.
-    pub(crate) fn request_until<T>(
-        &self,
-        kind: Kind,
-        key: Arc<[u8]>,
-        connection_deadline: Option<Instant>,
-        map: fn(Outcome) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let completion = Completion::for_this_thread();
-        self.router().submit_until(kind, key, Some(completion.clone()), connection_deadline);
-        map(completion.wait())
-    }
-
-    /// Sends a request and returns the future of its reply.
-    pub(crate) fn request_async<T>(
-        &self,
-        kind: Kind,
-        key: Arc<[u8]>,
-        map: fn(Outcome) -> Result<T, Error>,
-    ) -> ReplyFuture<T> {
-        self.request_async_until(kind, key, None, map)
-    }
-
-    /// [`request_async`](Self::request_async), waiting for a usable
-    /// connection until `connection_deadline` if given.
-    pub(crate) fn request_async_until<T>(
-        &self,
-        kind: Kind,
-        key: Arc<[u8]>,
-        connection_deadline: Option<Instant>,
-        map: fn(Outcome) -> Result<T, Error>,
-    ) -> ReplyFuture<T> {
-        let completion = Completion::new();
-        self.router().submit_until(kind, key, Some(completion.clone()), connection_deadline);
-        ReplyFuture::waiting(self.clone(), completion, map)
-    }
-
-    /// A future that fails at once with `error`, for requests refused
-    /// before sending.
-    pub(crate) fn refused<T>(&self, error: Error, map: fn(Outcome) -> Result<T, Error>) -> ReplyFuture<T> {
-        ReplyFuture::refused(self.clone(), error, map)
-    }
-}
-
-/// The error an outcome stands for: its own, or a protocol violation for an
-/// outcome that cannot answer the request (pairing by (op, key) rules it out).
-pub(crate) fn failure(outcome: Outcome) -> Error {
-    match outcome {
-        Outcome::Failed(error) => error,
-        other => {
-            debug_assert!(false, "an outcome that does not answer its request: {other:?}");
-            Error::Protocol(ProtocolError::Unsolicited(format!("{other:?}")))
-        }
-    }
 }
 
 fn pong(outcome: Outcome) -> Result<Pong, Error> {
     match outcome {
         Outcome::Pong { role, epoch, active } => Ok(Pong { role, epoch, active }),
-        other => Err(failure(other)),
-    }
-}
-
-pub(crate) fn inspected(outcome: Outcome) -> Result<Inspection, Error> {
-    match outcome {
-        Outcome::Inspected(inspection) => Ok(inspection),
         other => Err(failure(other)),
     }
 }
@@ -724,14 +615,6 @@ pub(crate) fn checked_key(key: &[u8]) -> Result<Arc<[u8]>, Error> {
     Ok(Arc::from(key))
 }
 
-/// A lease in whole milliseconds, rounded up so it is never shorter than asked.
-pub(crate) fn lease_ms(lease: Duration) -> Result<u64, Error> {
-    match ceil_ms(lease) {
-        0 => Err(Error::BadArgument(BadArgument::Lease)),
-        ms => Ok(ms),
-    }
-}
-
 /// The wire's wait: 0 for no limit, else at least 1 ms and at most a day.
 /// (A zero `Some` is a try, turned into the try's wait before this.)
 fn wait_ms(wait: Option<Duration>) -> Result<u64, Error> {
@@ -742,16 +625,6 @@ fn wait_ms(wait: Option<Duration>) -> Result<u64, Error> {
             ms => Ok(ms),
         },
     }
-}
-
-/// `duration` after `now`, or a century after it if that does not fit.
-pub(crate) fn instant_after(now: Instant, duration: Duration) -> Instant {
-    now.checked_add(duration).or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400))).unwrap_or(now)
-}
-
-fn ceil_ms(duration: Duration) -> u64 {
-    let ms = duration.as_millis() + u128::from(!duration.subsec_nanos().is_multiple_of(1_000_000));
-    u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
 fn acquire_request(

@@ -7,9 +7,10 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::client::{Client, Inspection};
+use crate::client::Client;
 use crate::error::{BadArgument, Error};
 use crate::lock::{Lock, ReleaseOutcome};
+use crate::operation::Inspection;
 use crate::proto::cluster_index;
 
 /// Most clusters a [`Clusters`] takes: every request scores its key on

@@ -22,7 +22,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use crate::lane::{Lane, Lanes};
-use crate::operation::Outcome;
+use crate::operation::{Caller, Operation, Outcome};
+
+/// A request whose caller waits on a [`Completion`]: what the router, the
+/// connections and the timer carry.
+pub(crate) type Submitted = Operation<Arc<Completion>>;
 
 /// One request's outcome, delivered once by the I/O side and taken once by
 /// the caller.
@@ -192,9 +196,10 @@ impl Completion {
         state.waiter = Waiter::Nobody;
         state.outcome.take()
     }
+}
 
-    /// Whether the caller gave up waiting (its future was dropped).
-    pub(crate) fn is_abandoned(&self) -> bool {
+impl Caller for Arc<Completion> {
+    fn is_abandoned(&self) -> bool {
         self.lock().abandoned
     }
 }

@@ -47,13 +47,13 @@ use std::time::{Duration, Instant};
 use rustls::ClientConnection;
 
 use crate::backoff::{Jitter, reconnect_delay};
-use crate::completion::Wakes;
+use crate::completion::{Submitted, Wakes};
+use crate::config::ClientBuilder;
 use crate::error::{ConnectionFailure, ProtocolError};
 use crate::liveness::{Liveness, Verdict, tune_socket};
-use crate::operation::{Cut, Operation, Policy, Step};
-use crate::pairing::{Paired, Pairing};
+use crate::operation::{Cut, Policy, Step};
+use crate::pairing::Pairing;
 use crate::proto::{Decoded, ErrorCode, Op, REPLY_LINE_LEN_MAX, Reply, decode_reply};
-use crate::router::{Moved, Router};
 
 /// Ciphertext the reader of a TLS connection asks the socket for at once:
 /// the plaintext it decrypts to always fits in rustls's receive buffer.
@@ -64,6 +64,51 @@ const READ_BUFFER_BYTES: usize = 2 * REPLY_LINE_LEN_MAX;
 /// How long a closing client keeps trying to flush what was queued (the
 /// releases of dropped locks) before it closes the socket.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// What a connection's reader needs from the connection set it belongs to
+/// (the router): the settings, and where requests taken back from a
+/// connection, paired replies and news of the node go. The router
+/// implements it; the connection knows nothing else of it.
+pub(crate) trait ConnectionSet: Send + Sync + 'static {
+    /// The client's settings.
+    fn config(&self) -> &ClientBuilder;
+    /// The retry rules requests follow.
+    fn policy(&self) -> &Policy;
+    /// A connection authenticated as `name`.
+    fn note_name(&self, name: String);
+    /// A connection just came up: the requests waiting for one go now.
+    fn connection_up(&self);
+    /// Sleeps for `pause`, or less if the client closes; false if it closed.
+    fn sleep(&self, pause: Duration) -> bool;
+    /// Takes back the requests of a connection that was cut; `answered`
+    /// if it had answered anything before.
+    fn cut(self: &Arc<Self>, operations: Vec<Submitted>, cut: &Cut, answered: bool);
+    /// Ends requests that can go nowhere because the client is closing.
+    fn abort(self: &Arc<Self>, operations: Vec<Submitted>);
+    /// Learns from an `M` reply received on a connection of node `from`.
+    fn note_moved(self: &Arc<Self>, from: usize, moved: Moved);
+    /// Carries out `step` for `operation`, whose reply was just paired; the
+    /// wake-up of a request that ends is added to `wakes`.
+    fn handle(self: &Arc<Self>, operation: Submitted, step: Step, wakes: &mut Wakes);
+}
+
+/// What an `M` reply said of the active node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Moved {
+    /// The active node's address.
+    To(String),
+    /// No active is known (`-`).
+    Unknown,
+}
+
+impl Moved {
+    pub(crate) fn from_field(active: Option<&[u8]>) -> Moved {
+        match active {
+            Some(address) => Moved::To(String::from_utf8_lossy(address).into_owned()),
+            None => Moved::Unknown,
+        }
+    }
+}
 
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,15 +138,6 @@ pub(crate) enum Refusal {
     Full,
 }
 
-impl Paired for Operation {
-    fn op(&self) -> Op {
-        Operation::op(self)
-    }
-    fn key(&self) -> &[u8] {
-        &self.key
-    }
-}
-
 /// One connection's shared state; its threads and the callers that queue
 /// requests on it hold it by `Arc`.
 #[derive(Debug)]
@@ -125,7 +161,7 @@ struct State {
     sealed: Vec<u8>,
     /// Encoded requests not yet handed to the writer.
     out: Vec<u8>,
-    in_flight: Pairing<Operation>,
+    in_flight: Pairing<Submitted>,
     /// The writer thread is waiting for work, so a caller must wake it.
     writer_idle: bool,
     /// The buffer of the last batch written, kept to swap with `out`.
@@ -192,10 +228,10 @@ impl Connection {
     /// reason if the connection takes no requests now.
     pub(crate) fn try_send(
         &self,
-        operation: Operation,
+        operation: Submitted,
         now: Instant,
         in_flight_max: usize,
-    ) -> Result<(), (Operation, Refusal)> {
+    ) -> Result<(), (Submitted, Refusal)> {
         let state = self.lock();
         if !state.phase.takes_requests() {
             return Err((operation, Refusal::Unusable));
@@ -208,7 +244,7 @@ impl Connection {
     }
 
     /// Sends `operation` on this connection, whose lock `state` is.
-    fn queue(&self, mut state: MutexGuard<'_, State>, mut operation: Operation, now: Instant) {
+    fn queue(&self, mut state: MutexGuard<'_, State>, mut operation: Submitted, now: Instant) {
         if state.in_flight.len() == 0 {
             state.liveness.note_busy(now);
         }
@@ -235,7 +271,7 @@ impl Connection {
             Verdict::Quiet => None,
             Verdict::Ping => {
                 // Over the in-flight limit if need be: the probe is one line.
-                self.queue(state, Operation::probe(now, policy), now);
+                self.queue(state, Submitted::probe(now, policy), now);
                 None
             }
             Verdict::Cut(silence) => Some(silence),
@@ -296,7 +332,7 @@ impl Connection {
 
     /// Marks the connection broken and takes back every request in flight
     /// and everything not yet written.
-    fn take_down(&self) -> Vec<Operation> {
+    fn take_down(&self) -> Vec<Submitted> {
         let mut state = self.lock();
         if state.phase != Phase::Closed {
             state.phase = Phase::Down;
@@ -319,7 +355,7 @@ impl Connection {
 }
 
 /// Starts the connection's reader and writer threads.
-pub(crate) fn spawn(connection: Arc<Connection>, router: Arc<Router>) {
+pub(crate) fn spawn<S: ConnectionSet>(connection: Arc<Connection>, set: Arc<S>) {
     let writer = connection.clone();
     thread::Builder::new()
         .name(format!("ringlock-write {}", connection.address))
@@ -327,7 +363,7 @@ pub(crate) fn spawn(connection: Arc<Connection>, router: Arc<Router>) {
         .expect("spawn a ringlock client writer thread");
     thread::Builder::new()
         .name(format!("ringlock-read {}", connection.address))
-        .spawn(move || run_reader(&connection, &router))
+        .spawn(move || run_reader(&connection, &set))
         .expect("spawn a ringlock client reader thread");
 }
 
@@ -349,8 +385,8 @@ fn connect(address: &str, timeout: Duration, user_timeout: Duration) -> io::Resu
     Err(last_error)
 }
 
-fn run_reader(connection: &Connection, router: &Arc<Router>) {
-    let config = &router.config;
+fn run_reader<S: ConnectionSet>(connection: &Connection, set: &Arc<S>) {
+    let config = set.config();
     let mut jitter = Jitter::new();
     // Reconnect attempts since a connection last worked; the first goes at
     // once, the others after growing pauses.
@@ -383,7 +419,7 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
                         config.connect_timeout,
                     );
                     match outcome {
-                        Ok(name) => router.note_name(name),
+                        Ok(name) => set.note_name(name),
                         Err(failure) => {
                             // A refused secret fails the connection like a
                             // failed connect: its requests move on or wait,
@@ -392,7 +428,7 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
                             let _ = stream.shutdown(Shutdown::Both);
                             connection.note_failure(failure);
                             let operations = connection.take_down();
-                            router.cut(operations, &Cut::Io, false);
+                            set.cut(operations, &Cut::Io, false);
                             let pause = reconnect_delay(
                                 attempt,
                                 config.reconnect_delay_first,
@@ -400,7 +436,7 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
                                 jitter.draw(),
                             );
                             attempt = attempt.saturating_add(1);
-                            if !router.sleep(pause) {
+                            if !set.sleep(pause) {
                                 break;
                             }
                             continue;
@@ -418,14 +454,14 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
                     let _ = stream.shutdown(Shutdown::Both);
                     break;
                 }
-                router.connection_up();
+                set.connection_up();
                 let opened = Instant::now();
                 let mut session = Session::default();
-                let cut = read_replies(connection, router, &stream, is_tls, &mut session);
+                let cut = read_replies(connection, set, &stream, is_tls, &mut session);
                 let _ = stream.shutdown(Shutdown::Both);
                 connection.note_failure(session.failure(&connection.address, &cut));
                 let operations = connection.take_down();
-                router.cut(operations, &cut, session.replied);
+                set.cut(operations, &cut, session.replied);
                 // A connection that answered, or stayed open for as long as
                 // the longest pause, worked: the schedule starts over. One
                 // closed at once after its connect (a server refusing
@@ -439,16 +475,16 @@ fn run_reader(connection: &Connection, router: &Arc<Router>) {
                 connection.note_failure(ConnectionFailure::from_io(&connection.address, &error));
                 // Only a first connect has requests queued to hand back.
                 let operations = connection.take_down();
-                router.cut(operations, &Cut::Io, false);
+                set.cut(operations, &Cut::Io, false);
             }
         }
         let pause = reconnect_delay(attempt, config.reconnect_delay_first, config.reconnect_delay_max, jitter.draw());
         attempt = attempt.saturating_add(1);
-        if !router.sleep(pause) {
+        if !set.sleep(pause) {
             break;
         }
     }
-    router.abort(connection.take_down());
+    set.abort(connection.take_down());
 }
 
 /// How long a connection waits for the answer to its `U` line beyond the
@@ -585,16 +621,16 @@ impl Session {
 
 /// What the reader does with one reply line after pairing it.
 struct Answered {
-    operation: Operation,
+    operation: Submitted,
     step: Step,
     moved: Option<Moved>,
 }
 
 /// Reads and pairs replies until the socket breaks or the server breaks
 /// the protocol; returns why it stopped.
-fn read_replies(
+fn read_replies<S: ConnectionSet>(
     connection: &Connection,
-    router: &Arc<Router>,
+    set: &Arc<S>,
     stream: &TcpStream,
     tls: bool,
     session: &mut Session,
@@ -616,7 +652,7 @@ fn read_replies(
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
             // The read timed out: a tick of the silence watch.
             Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                if let Some(silence) = connection.watch(Instant::now(), &router.policy) {
+                if let Some(silence) = connection.watch(Instant::now(), set.policy()) {
                     return Cut::Silent(silence);
                 }
                 continue;
@@ -675,7 +711,7 @@ fn read_replies(
                     Reply::Moved { active, .. } => Some(Moved::from_field(active)),
                     _ => None,
                 };
-                let step = operation.on_reply(&reply, now, &router.policy);
+                let step = operation.on_reply(&reply, now, set.policy());
                 paired.push(Answered { operation, step, moved });
                 consumed += line_len;
             }
@@ -686,9 +722,9 @@ fn read_replies(
         // completed, in one pass (see `completion`).
         for Answered { operation, step, moved } in paired.drain(..) {
             if let Some(moved) = moved {
-                router.note_moved(connection.node, moved);
+                set.note_moved(connection.node, moved);
             }
-            router.handle(operation, step, &mut wakes);
+            set.handle(operation, step, &mut wakes);
         }
         // Hand the wake-ups to an idle writer (see the module's comment).
         if !wakes.is_empty() {
@@ -826,7 +862,7 @@ mod tests {
         let writer = connection.clone();
         let writer = thread::spawn(move || run_writer(&writer));
         let now = Instant::now();
-        let release = Operation::new(Kind::Release { token: 7 }, Arc::from(&b"k"[..]), now, 1, &POLICY, None);
+        let release = Submitted::new(Kind::Release { token: 7 }, Arc::from(&b"k"[..]), now, 1, &POLICY, None);
         connection.try_send(release, now, 16).unwrap();
         (connection, writer)
     }
@@ -895,6 +931,12 @@ mod tests {
         assert_eq!(outcome.unwrap_err().kind, io::ErrorKind::InvalidData);
         let (_, outcome) = authenticate_against(None);
         assert_eq!(outcome, Err(ConnectionFailure::closed("db:7700")));
+    }
+
+    #[test]
+    fn moved_reads_the_address_field() {
+        assert_eq!(Moved::from_field(Some(b"10.0.0.2:7700")), Moved::To("10.0.0.2:7700".into()));
+        assert_eq!(Moved::from_field(None), Moved::Unknown);
     }
 
     #[test]

@@ -212,7 +212,7 @@ impl ConnectionFailure {
             os_error: error.raw_os_error(),
             message,
             auth: None,
-            tls: crate::tls::is_tls_error(error),
+            tls: is_tls_error(error),
         }
     }
 
@@ -367,6 +367,12 @@ impl fmt::Display for ProtocolError {
             }
         }
     }
+}
+
+/// Whether `error` is a refusal of the TLS handshake or of the TLS
+/// records (a rustls error inside the I/O error).
+fn is_tls_error(error: &io::Error) -> bool {
+    error.get_ref().is_some_and(|inner| inner.is::<rustls::Error>())
 }
 
 #[cfg(test)]

@@ -153,30 +153,52 @@
 //!   the same connection is answered only after it.
 //!
 //! # Layout
+//!
+//! Three layers, each importing only its own and those below it
+//! (`scripts/module-cycles.py`, run by CI, checks that no two modules import
+//! each other, directly or round a cycle).
+//!
+//! **The protocol core**: no sockets, no threads, no clock of its own; plain
+//! functions of the request, the event and `now`, tested as such.
 //! - [`proto`]: the wire protocol v1, the `ringlock-proto` crate re-exported,
 //!   shared by client, server, load generator and fuzz targets.
-//! - `client.rs`: [`Client`], its methods and the checks made before sending.
-//! - `lock.rs`: [`Lock`] (token, extend, release, release on drop) and
-//!   [`ReleaseOutcome`].
-//! - `config.rs`: [`ClientBuilder`] and the defaults.
-//! - `backoff.rs`: the reconnect schedule, a pure function of the attempt
-//!   number and a random draw.
 //! - `error.rs`: [`Error`], [`BadArgument`], [`ProtocolError`],
 //!   [`ConnectionFailure`].
-//! - `future.rs`: the futures of the async API.
-//! - `completion.rs`: the one-shot cell between the I/O threads and a waiting
-//!   thread or task.
-//! - `lane.rs`: the futex lanes blocked threads sleep on, so that one system
-//!   call wakes every thread a read completed.
-//! - `operation.rs`: a request's life as a state machine with no I/O: what to
-//!   do on a reply, a cut connection, no connection (moves, retries, redirects).
+//! - `operation.rs`: a request's life as a state machine: what to do on a
+//!   reply, a cut connection, no connection (moves, retries, redirects), and
+//!   the retry rules (`Policy`, from the [`ClientBuilder`] settings). Who
+//!   waits for the outcome is a type parameter.
 //! - `pairing.rs`: pairing replies with the requests in flight on a
 //!   connection by (op, key), in send order.
+//! - `backoff.rs`: the reconnect schedule, a pure function of the attempt
+//!   number and a random draw.
+//! - `liveness.rs`: the silence watch of a connection, and the socket
+//!   options that back it.
+//!
+//! **The runtime**: the threads, sockets and wake-ups that carry the core's
+//! steps out.
+//! - `config.rs`: [`ClientBuilder`] and the defaults.
+//! - `lane.rs`: the futex lanes blocked threads sleep on, so that one system
+//!   call wakes every thread a read completed.
+//! - `completion.rs`: the one-shot cell between the I/O threads and a waiting
+//!   thread or task, and `Submitted`, an operation whose caller waits on one.
+//! - `timer.rs`: the retry thread.
+//! - `tls.rs`: the TLS client settings and handshake.
+//! - `connection.rs`: one connection's reader thread (connect, read, pair,
+//!   reconnect) and writer thread (batched writes); it reaches the router
+//!   only through the `ConnectionSet` trait.
 //! - `router.rs`: the connection set, round-robin, the active node, and
 //!   carrying out each step of a request.
-//! - `connection.rs`: one connection's reader thread (connect, read, pair,
-//!   reconnect) and writer thread (batched writes).
-//! - `timer.rs`: the retry thread.
+//!
+//! **The public API**: what applications call.
+//! - `handle.rs`: what a client, its locks and futures share (the router,
+//!   closed when the last goes), and waiting for a request's outcome,
+//!   blocking or as a future.
+//! - `lock.rs`: [`Lock`] (token, extend, release, release on drop),
+//!   [`ReleaseOutcome`], and the future of an acquire.
+//! - `client.rs`: [`Client`], its methods and the checks made before sending.
+//! - `clusters.rs`: [`Clusters`], several named clusters' clients, each key
+//!   sent to the one [`cluster_for`] chooses.
 
 #![warn(missing_docs)]
 
@@ -187,7 +209,7 @@ mod completion;
 mod config;
 mod connection;
 mod error;
-mod future;
+mod handle;
 mod lane;
 mod liveness;
 mod lock;
@@ -206,8 +228,9 @@ struct ReadmeExamples;
 #[doc(inline)]
 pub use ringlock_proto as proto;
 
-pub use client::{Client, Inspection, Pong};
+pub use client::{Client, Pong};
 pub use clusters::{CLUSTERS_MAX, Clusters, cluster_for};
 pub use config::{ClientBuilder, NODES_MAX, SECRET_ENV};
 pub use error::{BadArgument, ConnectionFailure, Error, ProtocolError};
 pub use lock::{Lock, Lost, ReleaseOutcome};
+pub use operation::Inspection;

@@ -15,9 +15,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use crate::client::{Client, failure, inspected, instant_after, lease_ms};
 use crate::completion::Completion;
 use crate::error::Error;
+use crate::handle::{Handle, ReplyState, failure, inspected, instant_after, lease_ms};
 use crate::operation::{Kind, Outcome};
 use crate::proto::ErrorCode;
 use crate::router::Router;
@@ -49,7 +49,8 @@ use crate::router::Router;
 /// # }
 /// ```
 pub struct Lock {
-    client: Client,
+    /// Keeps the client open while the lock lives.
+    handle: Arc<Handle>,
     key: Arc<[u8]>,
     token: u64,
     shared: Arc<Shared>,
@@ -138,7 +139,7 @@ pub enum ReleaseOutcome {
 impl Lock {
     /// A lock of `token` on `key` whose lease, asked as `lease`, ends at
     /// `lease_ends` as far as this client knows.
-    pub(crate) fn new(client: Client, key: Arc<[u8]>, token: u64, lease: Duration, lease_ends: Instant) -> Lock {
+    pub(crate) fn new(handle: Arc<Handle>, key: Arc<[u8]>, token: u64, lease: Duration, lease_ends: Instant) -> Lock {
         let state = State {
             lease_ends,
             lease,
@@ -149,7 +150,7 @@ impl Lock {
             lost_wakers: Vec::new(),
         };
         let shared = Arc::new(Shared { state: Mutex::new(state), lost_wake: Condvar::new() });
-        Lock { client, key, token, shared, released: false }
+        Lock { handle, key, token, shared, released: false }
     }
 
     fn lease_ends(&self) -> Instant {
@@ -202,10 +203,10 @@ impl Lock {
     /// `Error::Server(ErrorCode::NotHolder)` if the grant is gone (its lease
     /// ran out, or the server restarted): the lock is lost, stop using it.
     /// [`Error::BadArgument`] for a zero lease; otherwise as
-    /// [`Client::acquire`]. An extend cut by a broken connection moves to the
-    /// next connection as an acquire does; with no usable connection it
-    /// waits for one until the lease this client knows of ends, then fails
-    /// with [`Error::NoConnection`].
+    /// [`Client::acquire`](crate::Client::acquire). An extend cut by a
+    /// broken connection moves to the next connection as an acquire does;
+    /// with no usable connection it waits for one until the lease this
+    /// client knows of ends, then fails with [`Error::NoConnection`].
     ///
     /// # Examples
     ///
@@ -227,7 +228,7 @@ impl Lock {
     pub fn extend(&self, lease: Duration) -> Result<(), Error> {
         let kind = Kind::Extend { token: self.token, lease_ms: lease_ms(lease)? };
         let sent = Instant::now();
-        let reply = self.client.request_until(kind, self.key.clone(), Some(self.lease_ends()), extended);
+        let reply = self.handle.request_until(kind, self.key.clone(), Some(self.lease_ends()), extended);
         note_extend(&self.shared, reply, sent, lease)
     }
 
@@ -249,9 +250,9 @@ impl Lock {
         let reply = match lease_ms(lease) {
             Ok(lease_ms) => {
                 let kind = Kind::Extend { token: self.token, lease_ms };
-                self.client.request_async_until(kind, self.key.clone(), Some(self.lease_ends()), extended)
+                self.handle.request_async_until(kind, self.key.clone(), Some(self.lease_ends()), extended)
             }
-            Err(error) => self.client.refused(error, extended),
+            Err(error) => self.handle.refused(error, extended),
         };
         let shared = self.shared.clone();
         async move { note_extend(&shared, reply.await, sent, lease) }
@@ -264,7 +265,7 @@ impl Lock {
     ///
     /// # Errors
     ///
-    /// As [`Client::inspect`].
+    /// As [`Client::inspect`](crate::Client::inspect).
     ///
     /// # Examples
     ///
@@ -278,7 +279,7 @@ impl Lock {
     /// # }
     /// ```
     pub fn held(&self) -> Result<bool, Error> {
-        let inspection = self.client.request(Kind::Inspect, self.key.clone(), inspected)?;
+        let inspection = self.handle.request(Kind::Inspect, self.key.clone(), inspected)?;
         Ok(inspection.token == Some(self.token))
     }
 
@@ -296,7 +297,7 @@ impl Lock {
     /// # }
     /// ```
     pub fn held_async(&self) -> impl Future<Output = Result<bool, Error>> + Send + 'static {
-        let reply = self.client.request_async(Kind::Inspect, self.key.clone(), inspected);
+        let reply = self.handle.request_async(Kind::Inspect, self.key.clone(), inspected);
         let token = self.token;
         async move { Ok(reply.await?.token == Some(token)) }
     }
@@ -429,7 +430,7 @@ impl Lock {
             Instant::now() + (state.lease / 3).min(lease_left)
         };
         let extender = Arc::new(Extender {
-            router: Arc::downgrade(self.client.router()),
+            router: Arc::downgrade(self.handle.router()),
             shared: Arc::downgrade(&self.shared),
             key: self.key.clone(),
             token: self.token,
@@ -469,7 +470,7 @@ impl Lock {
     pub fn release(mut self) -> Result<ReleaseOutcome, Error> {
         self.released = true;
         self.shared.end();
-        self.client.request(Kind::Release { token: self.token }, self.key.clone(), released)
+        self.handle.request(Kind::Release { token: self.token }, self.key.clone(), released)
     }
 
     /// [`release`](Self::release), as a future. The request is sent when this
@@ -486,15 +487,16 @@ impl Lock {
     pub fn release_async(mut self) -> impl Future<Output = Result<ReleaseOutcome, Error>> + Send + 'static {
         self.released = true;
         self.shared.end();
-        self.client.request_async(Kind::Release { token: self.token }, self.key.clone(), released)
+        self.handle.request_async(Kind::Release { token: self.token }, self.key.clone(), released)
     }
 }
 
 impl Lock {
     /// Gives up this handle without releasing the grant, and returns its
     /// token: the key stays held until someone releases it with the token
-    /// (see [`Client::release`]) or its lease runs out. For a lock that must
-    /// outlive this process, such as `ringlock-cli acquire` in a script.
+    /// (see [`Client::release`](crate::Client::release)) or its lease runs
+    /// out. For a lock that must outlive this process, such as
+    /// `ringlock-cli acquire` in a script.
     ///
     /// # Examples
     ///
@@ -519,7 +521,7 @@ impl Drop for Lock {
     fn drop(&mut self) {
         if !self.released {
             self.shared.end();
-            self.client.router().submit(Kind::Release { token: self.token }, self.key.clone(), None);
+            self.handle.router().submit(Kind::Release { token: self.token }, self.key.clone(), None);
         }
     }
 }
@@ -527,6 +529,74 @@ impl Drop for Lock {
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock").field("key", &String::from_utf8_lossy(&self.key)).field("token", &self.token).finish()
+    }
+}
+
+/// An acquire's reply: a [`Lock`], `None` if the wait ran out, or an error.
+/// It owns no I/O: the acquire was queued when the future was made.
+///
+/// Dropping it before it completes abandons the acquire; a grant that
+/// arrives anyway is released at once, so no lock leaks from a cancelled
+/// task.
+#[derive(Debug)]
+pub(crate) struct AcquireFuture {
+    handle: Arc<Handle>,
+    key: Arc<[u8]>,
+    /// The lease asked for.
+    lease: Duration,
+    state: ReplyState,
+}
+
+impl AcquireFuture {
+    pub(crate) fn waiting(
+        handle: Arc<Handle>,
+        key: Arc<[u8]>,
+        lease: Duration,
+        completion: Arc<Completion>,
+    ) -> AcquireFuture {
+        AcquireFuture { handle, key, lease, state: ReplyState::Waiting(completion) }
+    }
+
+    pub(crate) fn refused(handle: Arc<Handle>, error: Error) -> AcquireFuture {
+        AcquireFuture { handle, key: Arc::from(&b""[..]), lease: Duration::ZERO, state: ReplyState::Refused(error) }
+    }
+}
+
+/// What an acquire's outcome means to its caller. A grant's lease is counted
+/// from now, as its reply has just arrived: the acquire may have waited in
+/// the key's queue, or for a connection, for longer than the lease.
+pub(crate) fn acquired(
+    handle: &Arc<Handle>,
+    key: Arc<[u8]>,
+    lease: Duration,
+    outcome: Outcome,
+) -> Result<Option<Lock>, Error> {
+    match outcome {
+        Outcome::Acquired(token) => {
+            let lease_ends = instant_after(Instant::now(), lease);
+            Ok(Some(Lock::new(handle.clone(), key, token, lease, lease_ends)))
+        }
+        Outcome::TimedOut => Ok(None),
+        other => Err(failure(other)),
+    }
+}
+
+impl Future for AcquireFuture {
+    type Output = Result<Option<Lock>, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        this.state.poll(cx).map(|outcome| acquired(&this.handle, this.key.clone(), this.lease, outcome?))
+    }
+}
+
+impl Drop for AcquireFuture {
+    fn drop(&mut self) {
+        if let ReplyState::Waiting(completion) = &self.state
+            && let Some(Outcome::Acquired(token)) = completion.abandon()
+        {
+            self.handle.router().submit(Kind::Release { token }, self.key.clone(), None);
+        }
     }
 }
 

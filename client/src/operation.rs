@@ -11,9 +11,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::Inspection;
-use crate::completion::Completion;
 use crate::error::{Error, ProtocolError};
+use crate::pairing::Paired;
 use crate::proto::{ErrorCode, Op, Reply, Request, Role, encode_request};
 
 /// The retry rules, from the client's configuration.
@@ -52,6 +51,32 @@ pub(crate) enum Kind {
     Ping,
     Stats,
     Inspect,
+}
+
+/// What the active node knows of a key now: the answer to
+/// [`Client::inspect`](crate::Client::inspect).
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> Result<(), ringlock_client::Error> {
+/// let client = ringlock_client::Client::connect(["127.0.0.1:7700"])?;
+/// let state = client.inspect("orders/42")?;
+/// match state.token {
+///     Some(token) => println!("held by token {token} for {:?} more, {} waiting", state.lease_left, state.waiters),
+///     None => println!("free ({} waiting for tokens)", state.waiters),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Inspection {
+    /// The fencing token of the grant holding the key, if it is held.
+    pub token: Option<u64>,
+    /// How long the holder's lease has left (zero if the key is free).
+    pub lease_left: Duration,
+    /// Acquires queued on the key.
+    pub waiters: u64,
 }
 
 /// The end of a request, handed to its waiter.
@@ -135,9 +160,19 @@ pub(crate) enum Unsent {
     ActiveUnreachable,
 }
 
-/// A request in flight, or waiting to be retried.
+/// Whoever waits for a request's outcome, as far as the request's rules
+/// need to know: whether they gave up. The runtime's waiter is the one-shot
+/// cell of `completion`; keeping it a parameter leaves this module free of
+/// threads and wake-ups.
+pub(crate) trait Caller {
+    /// The caller gave up waiting (its future was dropped).
+    fn is_abandoned(&self) -> bool;
+}
+
+/// A request in flight, or waiting to be retried, with `W` waiting for its
+/// outcome.
 #[derive(Debug)]
-pub(crate) struct Operation {
+pub(crate) struct Operation<W> {
     pub(crate) kind: Kind,
     /// The key; empty for `P` and `S`.
     pub(crate) key: Arc<[u8]>,
@@ -173,10 +208,10 @@ pub(crate) struct Operation {
     /// limit, and if that runs out the error says the server was stopping.
     shutting_down: bool,
     /// Who waits for the outcome; `None` for a release in the background.
-    pub(crate) completion: Option<Arc<Completion>>,
+    pub(crate) completion: Option<W>,
 }
 
-impl Operation {
+impl<W: Caller> Operation<W> {
     /// A new request, to be tried on up to `tries` connections.
     pub(crate) fn new(
         kind: Kind,
@@ -184,8 +219,8 @@ impl Operation {
         now: Instant,
         tries: usize,
         policy: &Policy,
-        completion: Option<Arc<Completion>>,
-    ) -> Operation {
+        completion: Option<W>,
+    ) -> Operation<W> {
         let retry_until = match kind {
             Kind::Release { .. } => Some(now + policy.retry_for),
             _ => None,
@@ -207,7 +242,7 @@ impl Operation {
 
     /// Lets the request wait for a usable connection until `deadline` at
     /// most, instead of the limit its kind implies.
-    pub(crate) fn with_connection_deadline(mut self, deadline: Instant) -> Operation {
+    pub(crate) fn with_connection_deadline(mut self, deadline: Instant) -> Operation<W> {
         let after_ms = deadline.saturating_duration_since(self.started).as_millis();
         self.connection_deadline_ms = NonZeroU32::new(u32::try_from(after_ms).unwrap_or(u32::MAX).max(1));
         self
@@ -272,7 +307,7 @@ impl Operation {
 
     /// The `P` a suspected connection sends itself (see `liveness`): nobody
     /// waits for it, and it is never sent again elsewhere.
-    pub(crate) fn probe(now: Instant, policy: &Policy) -> Operation {
+    pub(crate) fn probe(now: Instant, policy: &Policy) -> Operation<W> {
         Operation::new(Kind::Ping, Arc::from(&b""[..]), now, 1, policy, None)
     }
 
@@ -285,18 +320,6 @@ impl Operation {
             (Kind::Release { .. }, _) => false,
             (Kind::Ping, None) => true,
             (_, completion) => completion.as_ref().is_some_and(|completion| completion.is_abandoned()),
-        }
-    }
-
-    /// The operation its reply echoes.
-    pub(crate) fn op(&self) -> Op {
-        match self.kind {
-            Kind::Acquire { .. } => Op::Acquire,
-            Kind::Release { .. } => Op::Release,
-            Kind::Extend { .. } => Op::Extend,
-            Kind::Ping => Op::Ping,
-            Kind::Stats => Op::Stats,
-            Kind::Inspect => Op::Inspect,
         }
     }
 
@@ -482,9 +505,40 @@ impl Operation {
     }
 }
 
+/// Replies name the operation and the key they answer, which is all that
+/// pairs them with their request.
+impl<W> Paired for Operation<W> {
+    fn op(&self) -> Op {
+        match self.kind {
+            Kind::Acquire { .. } => Op::Acquire,
+            Kind::Release { .. } => Op::Release,
+            Kind::Extend { .. } => Op::Extend,
+            Kind::Ping => Op::Ping,
+            Kind::Stats => Op::Stats,
+            Kind::Inspect => Op::Inspect,
+        }
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.key
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A caller that waits, or gave up when it holds `true`.
+    #[derive(Debug)]
+    struct TestCaller(bool);
+
+    impl Caller for TestCaller {
+        fn is_abandoned(&self) -> bool {
+            self.0
+        }
+    }
+
+    type Operation = super::Operation<TestCaller>;
 
     const POLICY: Policy = Policy {
         retry_interval: Duration::from_millis(200),
@@ -758,6 +812,23 @@ mod tests {
         let step = probe.on_cut(&Cut::Io, now, &POLICY);
         assert!(!matches!(step, Step::Done(_)), "the router drops it when it would go again: {step:?}");
         assert!(!operation(Kind::Release { token: 5 }, now, 1).abandoned());
+    }
+
+    #[test]
+    fn only_a_request_whose_caller_gave_up_is_abandoned_and_a_release_never_is() {
+        let now = Instant::now();
+        let acquire = Kind::Acquire { lease_ms: 1_000, wait_ms: 0, try_once: false };
+        let request = |kind, caller| Operation::new(kind, Arc::from(&b"k"[..]), now, 1, &POLICY, caller);
+        assert!(!request(acquire, Some(TestCaller(false))).abandoned());
+        assert!(request(acquire, Some(TestCaller(true))).abandoned());
+        assert!(request(Kind::Inspect, Some(TestCaller(true))).abandoned());
+        assert!(
+            !request(Kind::Release { token: 7 }, Some(TestCaller(true))).abandoned(),
+            "a release still frees the key"
+        );
+        assert!(!request(Kind::Release { token: 7 }, None).abandoned());
+        assert!(!request(acquire, None).abandoned(), "only a connection's own ping goes without a caller");
+        assert!(Operation::probe(now, &POLICY).abandoned());
     }
 
     #[test]

@@ -8,30 +8,12 @@ use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::completion::{Completion, Wakes};
+use crate::completion::{Completion, Submitted, Wakes};
 use crate::config::{ClientBuilder, NODES_MAX};
-use crate::connection::{self, Connection, Phase, Refusal};
+use crate::connection::{self, Connection, ConnectionSet, Moved, Phase, Refusal};
 use crate::error::{ConnectionFailure, Error};
-use crate::operation::{Cut, Kind, Operation, Outcome, Policy, Step, Unsent};
+use crate::operation::{Cut, Kind, Outcome, Policy, Step, Unsent};
 use crate::timer::Timer;
-
-/// What an `M` reply said of the active node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Moved {
-    /// The active node's address.
-    To(String),
-    /// No active is known (`-`).
-    Unknown,
-}
-
-impl Moved {
-    pub(crate) fn from_field(active: Option<&[u8]>) -> Moved {
-        match active {
-            Some(address) => Moved::To(String::from_utf8_lossy(address).into_owned()),
-            None => Moved::Unknown,
-        }
-    }
-}
 
 /// The nodes and their connections. Nodes are only ever added (from `M`
 /// replies naming an address the client was not given), never removed, so
@@ -176,7 +158,7 @@ impl Router {
             return self.submit(kind, key, completion);
         };
         let now = Instant::now();
-        let operation = Operation::new(kind, key, now, self.connection_count(), &self.policy, completion)
+        let operation = Submitted::new(kind, key, now, self.connection_count(), &self.policy, completion)
             .with_connection_deadline(deadline);
         self.send_at(operation, now, &mut Wakes::default());
     }
@@ -192,33 +174,14 @@ impl Router {
     ) {
         let tries = self.connection_count();
         let now = Instant::now();
-        let operation = Operation::new(kind, key, now, tries, &self.policy, completion);
+        let operation = Submitted::new(kind, key, now, tries, &self.policy, completion);
         self.send_at(operation, now, wakes);
-    }
-
-    /// Carries out `step` for `operation`; the wake-up of a request that
-    /// ends is added to `wakes`, for the caller to make once it holds no lock.
-    pub(crate) fn handle(self: &Arc<Self>, operation: Operation, step: Step, wakes: &mut Wakes) {
-        match step {
-            Step::Done(outcome) => self.finish(operation, outcome, wakes),
-            Step::Resend => self.send(operation, wakes),
-            Step::Redirect => self.send_to_active(operation, wakes),
-            Step::RetryAt(at) => {
-                if let Err(operation) = self.timer.schedule(at, operation) {
-                    self.finish(
-                        operation,
-                        Outcome::NoConnection { waited: Duration::ZERO, shutting_down: false },
-                        wakes,
-                    );
-                }
-            }
-        }
     }
 
     /// Sends again on the next usable connection, the active node's first;
     /// drops it if its caller gave up meanwhile (a new request was just
     /// handed over, so [`send_at`](Self::send_at) does not ask).
-    pub(crate) fn send(self: &Arc<Self>, operation: Operation, wakes: &mut Wakes) {
+    pub(crate) fn send(self: &Arc<Self>, operation: Submitted, wakes: &mut Wakes) {
         if operation.abandoned() {
             return;
         }
@@ -227,7 +190,7 @@ impl Router {
 
     /// [`send`](Self::send), at `now` (read once per request, as the clock
     /// is a measurable part of a request's cost).
-    fn send_at(self: &Arc<Self>, operation: Operation, now: Instant, wakes: &mut Wakes) {
+    fn send_at(self: &Arc<Self>, operation: Submitted, now: Instant, wakes: &mut Wakes) {
         if operation.expired(now) {
             let outcome = operation.expired_outcome(now);
             return self.finish(operation, outcome, wakes);
@@ -258,7 +221,7 @@ impl Router {
     }
 
     /// Sends on the active node's connections only, after an `M` reply.
-    fn send_to_active(self: &Arc<Self>, mut operation: Operation, wakes: &mut Wakes) {
+    fn send_to_active(self: &Arc<Self>, mut operation: Submitted, wakes: &mut Wakes) {
         if operation.abandoned() {
             return;
         }
@@ -291,9 +254,9 @@ impl Router {
         &self,
         connections: &[Arc<Connection>],
         start: usize,
-        mut operation: Operation,
+        mut operation: Submitted,
         now: Instant,
-    ) -> Result<(), (Operation, Refusal)> {
+    ) -> Result<(), (Submitted, Refusal)> {
         let mut worst = Refusal::Unusable;
         for offset in 0..connections.len() {
             let connection = &connections[(start + offset) % connections.len()];
@@ -313,7 +276,7 @@ impl Router {
     /// Hands the outcome to whoever waits for it, owing its wake-up. A
     /// grant nobody waits for any more (its future was dropped) is released
     /// at once.
-    fn finish(self: &Arc<Self>, operation: Operation, outcome: Outcome, wakes: &mut Wakes) {
+    fn finish(self: &Arc<Self>, operation: Submitted, outcome: Outcome, wakes: &mut Wakes) {
         let Some(completion) = operation.completion else { return };
         let outcome = match outcome {
             Outcome::NoConnection { waited, shutting_down } => {
@@ -326,49 +289,9 @@ impl Router {
         }
     }
 
-    /// Takes back the requests of a connection that was cut; `answered`
-    /// if it had answered anything before.
-    pub(crate) fn cut(self: &Arc<Self>, operations: Vec<Operation>, cut: &Cut, answered: bool) {
-        if self.is_closed() {
-            return self.abort(operations);
-        }
-        let now = Instant::now();
-        let mut wakes = Wakes::default();
-        for mut operation in operations {
-            // Nobody waits for it (a dropped future, or the connection's own
-            // probe): it would be dropped when sent again anyway.
-            if operation.abandoned() {
-                continue;
-            }
-            if answered {
-                operation.connection_answered();
-            }
-            let step = operation.on_cut(cut, now, &self.policy);
-            self.handle(operation, step, &mut wakes);
-        }
-    }
-
-    /// Ends requests that can go nowhere because the client is closing.
-    pub(crate) fn abort(self: &Arc<Self>, operations: Vec<Operation>) {
-        let mut wakes = Wakes::default();
-        for operation in operations {
-            self.finish(operation, Outcome::NoConnection { waited: Duration::ZERO, shutting_down: false }, &mut wakes);
-        }
-    }
-
-    /// A connection authenticated as `name`.
-    pub(crate) fn note_name(&self, name: String) {
-        *self.name.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(name);
-    }
-
     /// The name the server last gave the client's secret.
     pub(crate) fn name(&self) -> Option<String> {
         self.name.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
-    }
-
-    /// A connection just came up: the requests waiting for one go now.
-    pub(crate) fn connection_up(&self) {
-        self.timer.hurry_connection_waiters(Instant::now());
     }
 
     /// Every node's address with the failure of its last attempt (the
@@ -389,8 +312,77 @@ impl Router {
             .collect()
     }
 
-    /// Learns from an `M` reply received on a connection of node `from`.
-    pub(crate) fn note_moved(self: &Arc<Self>, from: usize, moved: Moved) {
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.closed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Closes the client: connections flush what is queued and close, and
+    /// requests waiting for a retry end with [`Error::NoConnection`].
+    pub(crate) fn close(self: &Arc<Self>) {
+        *self.closed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = true;
+        self.closed_wake.notify_all();
+        for connection in &self.topology().connections {
+            connection.close();
+        }
+        let waiting = self.timer.close();
+        self.abort(waiting);
+    }
+}
+
+impl ConnectionSet for Router {
+    fn config(&self) -> &ClientBuilder {
+        &self.config
+    }
+
+    fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    fn note_name(&self, name: String) {
+        *self.name.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(name);
+    }
+
+    fn connection_up(&self) {
+        self.timer.hurry_connection_waiters(Instant::now());
+    }
+
+    fn sleep(&self, pause: Duration) -> bool {
+        let closed = self.closed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (closed, _) = self
+            .closed_wake
+            .wait_timeout_while(closed, pause, |closed| !*closed)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        !*closed
+    }
+
+    fn cut(self: &Arc<Self>, operations: Vec<Submitted>, cut: &Cut, answered: bool) {
+        if self.is_closed() {
+            return self.abort(operations);
+        }
+        let now = Instant::now();
+        let mut wakes = Wakes::default();
+        for mut operation in operations {
+            // Nobody waits for it (a dropped future, or the connection's own
+            // probe): it would be dropped when sent again anyway.
+            if operation.abandoned() {
+                continue;
+            }
+            if answered {
+                operation.connection_answered();
+            }
+            let step = operation.on_cut(cut, now, &self.policy);
+            self.handle(operation, step, &mut wakes);
+        }
+    }
+
+    fn abort(self: &Arc<Self>, operations: Vec<Submitted>) {
+        let mut wakes = Wakes::default();
+        for operation in operations {
+            self.finish(operation, Outcome::NoConnection { waited: Duration::ZERO, shutting_down: false }, &mut wakes);
+        }
+    }
+
+    fn note_moved(self: &Arc<Self>, from: usize, moved: Moved) {
         match moved {
             Moved::Unknown => {
                 // The node we preferred no longer knows an active: spread
@@ -420,30 +412,23 @@ impl Router {
         }
     }
 
-    pub(crate) fn is_closed(&self) -> bool {
-        *self.closed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Sleeps for `pause`, or less if the client closes; false if it closed.
-    pub(crate) fn sleep(&self, pause: Duration) -> bool {
-        let closed = self.closed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (closed, _) = self
-            .closed_wake
-            .wait_timeout_while(closed, pause, |closed| !*closed)
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        !*closed
-    }
-
-    /// Closes the client: connections flush what is queued and close, and
-    /// requests waiting for a retry end with [`Error::NoConnection`].
-    pub(crate) fn close(self: &Arc<Self>) {
-        *self.closed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = true;
-        self.closed_wake.notify_all();
-        for connection in &self.topology().connections {
-            connection.close();
+    /// Carries out `step` for `operation`; the wake-up of a request that
+    /// ends is added to `wakes`, for the caller to make once it holds no lock.
+    fn handle(self: &Arc<Self>, operation: Submitted, step: Step, wakes: &mut Wakes) {
+        match step {
+            Step::Done(outcome) => self.finish(operation, outcome, wakes),
+            Step::Resend => self.send(operation, wakes),
+            Step::Redirect => self.send_to_active(operation, wakes),
+            Step::RetryAt(at) => {
+                if let Err(operation) = self.timer.schedule(at, operation) {
+                    self.finish(
+                        operation,
+                        Outcome::NoConnection { waited: Duration::ZERO, shutting_down: false },
+                        wakes,
+                    );
+                }
+            }
         }
-        let waiting = self.timer.close();
-        self.abort(waiting);
     }
 }
 
@@ -495,11 +480,5 @@ mod tests {
         assert_eq!(find_node(&topology, "[0:0:0:0:0:0:0:1]:7700"), Some(2));
         assert_eq!(find_node(&topology, "10.0.0.1:7701"), None);
         assert_eq!(find_node(&topology, "other.example:7700"), None);
-    }
-
-    #[test]
-    fn moved_reads_the_address_field() {
-        assert_eq!(Moved::from_field(Some(b"10.0.0.2:7700")), Moved::To("10.0.0.2:7700".into()));
-        assert_eq!(Moved::from_field(None), Moved::Unknown);
     }
 }

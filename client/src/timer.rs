@@ -10,7 +10,7 @@ use std::collections::BinaryHeap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::operation::Operation;
+use crate::completion::Submitted;
 
 /// Requests by the instant of their next try.
 #[derive(Debug, Default)]
@@ -38,7 +38,7 @@ struct Scheduled {
 /// What comes due: a request for the router, or a call the timer thread
 /// makes itself.
 enum Due {
-    Operation(Operation),
+    Operation(Submitted),
     Call(Box<dyn FnOnce() + Send>),
 }
 
@@ -84,7 +84,7 @@ impl Timer {
     }
 
     /// Schedules `operation` for `at`; gives it back if the client is closing.
-    pub(crate) fn schedule(&self, at: Instant, operation: Operation) -> Result<(), Operation> {
+    pub(crate) fn schedule(&self, at: Instant, operation: Submitted) -> Result<(), Submitted> {
         match self.push(at, Due::Operation(operation)) {
             Ok(()) => Ok(()),
             Err(Due::Operation(operation)) => Err(operation),
@@ -138,7 +138,7 @@ impl Timer {
 
     /// Stops the timer and gives back every request still waiting; calls
     /// still waiting are dropped.
-    pub(crate) fn close(&self) -> Vec<Operation> {
+    pub(crate) fn close(&self) -> Vec<Submitted> {
         let queue = {
             let mut state = self.lock();
             state.closed = true;
@@ -157,7 +157,7 @@ impl Timer {
     /// Runs the timer until [`close`](Self::close), handing each request to
     /// `fire` and making each call when its instant comes (without the
     /// timer's lock held).
-    pub(crate) fn run(&self, mut fire: impl FnMut(Operation)) {
+    pub(crate) fn run(&self, mut fire: impl FnMut(Submitted)) {
         let mut state = self.lock();
         loop {
             if state.closed {
@@ -191,17 +191,17 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    fn release(token: u64, now: Instant) -> Operation {
+    fn release(token: u64, now: Instant) -> Submitted {
         let policy = Policy {
             retry_interval: Duration::from_millis(1),
             retry_for: Duration::from_secs(1),
             redirect_limit: 1,
             connect_limit: Duration::from_secs(1),
         };
-        Operation::new(Kind::Release { token }, Arc::from(&b"k"[..]), now, 1, &policy, None)
+        Submitted::new(Kind::Release { token }, Arc::from(&b"k"[..]), now, 1, &policy, None)
     }
 
-    fn token(operation: &Operation) -> u64 {
+    fn token(operation: &Submitted) -> u64 {
         let Kind::Release { token } = operation.kind else { panic!() };
         token
     }

@@ -162,12 +162,6 @@ pub(crate) fn encrypt(tls: &mut ClientConnection, plaintext: &[u8], ciphertext: 
     }
 }
 
-/// Whether `error` is a refusal of the TLS handshake or of the TLS
-/// records (a rustls error inside the I/O error).
-pub(crate) fn is_tls_error(error: &io::Error) -> bool {
-    error.get_ref().is_some_and(|inner| inner.is::<rustls::Error>())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,8 +70,11 @@ impl PerIpConnections {
     }
 }
 
-/// The delay of a failed `U` from an address with few recent failures.
-pub const AUTH_DELAY_MS: u64 = crate::core::dispatcher::AUTH_FAILURE_DELAY_MS;
+/// How long a failed `U` from an address with few recent failures waits
+/// before its answer (and the close that follows), so that guessing secrets
+/// costs a connection and this much time a try. The dispatcher does not
+/// wait: the answer is scheduled.
+pub const AUTH_DELAY_MS: u64 = 200;
 /// Failures of one address within [`AUTH_FORGET_MS`] of each other that get
 /// only [`AUTH_DELAY_MS`]: a client with a stale secret and a few retries.
 pub const AUTH_FAILURES_FREE: u32 = 3;

@@ -47,7 +47,7 @@ pub struct Shared {
     pub tls: Option<crate::tls::SharedTls>,
     /// Mutual TLS on the peer port, with `--peer-tls-cert`, `--peer-tls-key`
     /// and `--peer-tls-ca`.
-    pub peer_tls: Option<crate::replication::PeerTls>,
+    pub peer_tls: Option<crate::replication::peer_tls::PeerTls>,
     /// `--handshake-ms`: how long a new connection has to finish its TLS
     /// handshake and, with an auth file, to authenticate.
     pub handshake_ms: u64,

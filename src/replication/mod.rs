@@ -22,7 +22,7 @@
 mod core;
 mod log_limit;
 mod mirror;
-mod peer_tls;
+pub mod peer_tls;
 mod peers;
 mod proof;
 mod secret;

@@ -130,7 +130,7 @@ pub(crate) struct Dispatcher {
     /// and `U` then needs an authenticated name whose scope allows it.
     auth: Option<Arc<AuthTable>>,
     /// Failed `U` lines whose answer waits out its delay
-    /// ([`AUTH_FAILURE_DELAY_MS`], more for an address that failed often):
+    /// ([`AUTH_DELAY_MS`](crate::core::per_ip::AUTH_DELAY_MS), more for an address that failed often):
     /// when, and for which connection, in time order.
     auth_failed: VecDeque<(u64, u32, u32)>,
     /// When connections are next checked for stalled unsent replies.
@@ -160,11 +160,6 @@ impl StatsJson {
         self.json.as_bytes()
     }
 }
-
-/// How long a failed `U` waits before its answer (and the close that
-/// follows), so that guessing secrets costs a connection and this much time
-/// a try. The core does not wait: the answer is scheduled.
-pub(crate) const AUTH_FAILURE_DELAY_MS: u64 = 200;
 
 /// How often connections are checked for unsent replies that stall.
 const STALL_CHECK_MS: u64 = 1_000;

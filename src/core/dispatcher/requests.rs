@@ -4,10 +4,11 @@
 use ringlock_proto::{Decoded, ErrorCode, Op, Reply, Request, decode_request};
 use ringlock_shards::{ClientId, Effect, Key, NameId, ShardReply, shard_of};
 
+use super::Dispatcher;
 use super::session::partial_line_end;
-use super::{AUTH_FAILURE_DELAY_MS, Dispatcher};
 use crate::core::client_id::client_id;
 use crate::core::mailbox::{CoreMessage, RoutedRequest};
+use crate::core::per_ip::AUTH_DELAY_MS;
 use crate::node::role::CoreRole;
 
 /// A request on a key, borrowing the key from the line it was parsed from:
@@ -261,7 +262,7 @@ impl Dispatcher {
 
     /// `U <secret>`: the connection is now the name the secret belongs to,
     /// or, for a wrong secret, reads no more and is answered `auth-failed`
-    /// after [`AUTH_FAILURE_DELAY_MS`] (longer for an address that failed
+    /// after [`AUTH_DELAY_MS`] (longer for an address that failed
     /// often, see `AuthFailures`), then closed.
     fn authenticate(&mut self, slot: u32, secret: &[u8]) {
         let found = match &self.auth {
@@ -303,7 +304,7 @@ impl Dispatcher {
                 let generation = session.generation;
                 let delay = match (&self.auth_failures, session.peer_ip) {
                     (Some(table), Some(ip)) => table.failed(ip, self.now_ms),
-                    _ => AUTH_FAILURE_DELAY_MS,
+                    _ => AUTH_DELAY_MS,
                 };
                 self.stop_reading(slot);
                 let at = self.now_ms + delay;
