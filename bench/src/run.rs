@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::cli::{RedisReleaseArg, RunArgs, Target};
@@ -30,6 +31,68 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs one workload as `args` say.
 pub fn run(args: &RunArgs) -> Result<RunReport, String> {
+    let keys = KeyFormat::new(args.key_len, checked_key_count(args)?)?;
+    let routing = routing(args, &keys)?;
+    let plans = plan_connections(args)?;
+    if let Some(routing) = &routing {
+        check_slices(args, &plans, routing, &keys)?;
+    }
+    let settings = settings(args, keys, routing)?;
+    let servers = settings.servers.clone();
+
+    let server_pid = args.server_pid.map(|pid| pid.to_string());
+    let sample_server = || server_pid.as_deref().map(proc_sample::sample).transpose().map_err(|e| e.to_string());
+    let rss_before_start = sample_server()?;
+
+    let hold = args.workload == Workload::Hold;
+    let control = Arc::new(Control {
+        phase: std::sync::atomic::AtomicU8::new(if hold { PHASE_MEASURE } else { PHASE_WARMUP }),
+        connected: Barrier::new(args.threads + 1),
+    });
+    let threads = spawn_workers(args, &settings, &plans, &control)?;
+    control.connected.wait();
+
+    // Over every cluster: the sum of their `S` counts.
+    let handoffs = || {
+        (args.target == Target::Ringlock && !hold)
+            .then(|| servers.iter().map(|(addr, security)| ringlock_handoffs(*addr, security)).sum::<Option<u64>>())
+            .flatten()
+    };
+    let before;
+    if hold {
+        before = Samples::take(|| Ok(rss_before_start), None)?;
+        let deadline = before.at + Duration::from_secs_f64(args.duration);
+        while !threads.iter().all(|thread| thread.is_finished()) {
+            if Instant::now() >= deadline {
+                control.phase.store(PHASE_DRAIN, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    } else {
+        std::thread::sleep(Duration::from_secs_f64(args.warmup));
+        let handoffs_before = handoffs();
+        control.phase.store(PHASE_MEASURE, Ordering::Relaxed);
+        before = Samples::take(sample_server, handoffs_before)?;
+        std::thread::sleep(Duration::from_secs_f64(args.duration));
+    }
+    let mut after = Samples::take(sample_server, None)?;
+    control.phase.store(PHASE_DRAIN, Ordering::Relaxed);
+    after.handoffs = handoffs();
+
+    let mut total: Option<WorkerStats> = None;
+    for thread in threads {
+        let stats = thread.join().map_err(|_| "a load-generator thread panicked".to_string())??;
+        match &mut total {
+            Some(total) => total.add(&stats),
+            None => total = Some(stats),
+        }
+    }
+    Ok(report(args, &total.expect("at least one thread"), before, after))
+}
+
+/// The number of keys the workload draws from, checked with the other
+/// limits of `args`.
+fn checked_key_count(args: &RunArgs) -> Result<u64, String> {
     if args.connections == 0 || args.connections > CONNECTIONS_MAX {
         return Err(format!("--connections must be 1 to {CONNECTIONS_MAX}"));
     }
@@ -53,12 +116,12 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
     if key_count == 0 || key_count > KEY_ID_MAX {
         return Err("the workload needs at least one key (--key-space, --hot-keys or --hold-keys)".into());
     }
-    let keys = KeyFormat::new(args.key_len, key_count)?;
-    let routing = routing(args, &keys)?;
-    let plans = plan_connections(args)?;
-    if let Some(routing) = &routing {
-        check_slices(args, &plans, routing, &keys)?;
-    }
+    Ok(key_count)
+}
+
+/// What every worker shares: the servers with their TLS settings, the wire
+/// format (loading Redis's release script on each server), the timings.
+fn settings(args: &RunArgs, keys: KeyFormat, routing: Option<Arc<Routing>>) -> Result<Settings, String> {
     let lease_ms = (args.lease * 1000.0).round() as u64;
     if lease_ms == 0 {
         return Err("--lease must be above 0".into());
@@ -91,8 +154,8 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
         }),
     };
     let wait_ms = (args.wait * 1000.0).round() as u64;
-    let settings = Settings {
-        servers: servers.clone(),
+    Ok(Settings {
+        servers,
         routing,
         acquire_line: wire.acquire_line(&keys, lease_ms, wait_ms),
         wire,
@@ -111,17 +174,17 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
             connections: args.connections as u64,
             lag_tolerance: Duration::from_micros(args.lag_tolerance_us),
         }),
-    };
+    })
+}
 
-    let server_pid = args.server_pid.map(|pid| pid.to_string());
-    let sample_server = || server_pid.as_deref().map(proc_sample::sample).transpose().map_err(|e| e.to_string());
-    let rss_before_start = sample_server()?;
-
-    let hold = args.workload == Workload::Hold;
-    let control = Arc::new(Control {
-        phase: std::sync::atomic::AtomicU8::new(if hold { PHASE_MEASURE } else { PHASE_WARMUP }),
-        connected: Barrier::new(args.threads + 1),
-    });
+/// Starts `--threads` workers, each with every `threads`-th connection of
+/// `plans`, pinned as `--cpus` says.
+fn spawn_workers(
+    args: &RunArgs,
+    settings: &Settings,
+    plans: &[ConnectionPlan],
+    control: &Arc<Control>,
+) -> Result<Vec<JoinHandle<Result<WorkerStats, String>>>, String> {
     let base = Instant::now();
     let mut threads = Vec::with_capacity(args.threads);
     for thread in 0..args.threads {
@@ -150,56 +213,36 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
             .map_err(|error| format!("cannot start a thread: {error}"))?;
         threads.push(handle);
     }
-    control.connected.wait();
+    Ok(threads)
+}
 
-    // Over every cluster: the sum of their `S` counts.
-    let handoffs = |target: Target| {
-        (target == Target::Ringlock)
-            .then(|| servers.iter().map(|(addr, security)| ringlock_handoffs(*addr, security)).sum::<Option<u64>>())
-            .flatten()
-    };
-    let (measure_start, machine_before, server_before, self_before, handoffs_before);
-    if hold {
-        (measure_start, server_before, self_before) =
-            (Instant::now(), rss_before_start, proc_sample::sample("self").ok());
-        machine_before = proc_sample::machine_sample();
-        handoffs_before = None;
-        let deadline = measure_start + Duration::from_secs_f64(args.duration);
-        while !threads.iter().all(|thread| thread.is_finished()) {
-            if Instant::now() >= deadline {
-                control.phase.store(PHASE_DRAIN, Ordering::Relaxed);
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    } else {
-        std::thread::sleep(Duration::from_secs_f64(args.warmup));
-        handoffs_before = handoffs(args.target);
-        control.phase.store(PHASE_MEASURE, Ordering::Relaxed);
-        measure_start = Instant::now();
-        machine_before = proc_sample::machine_sample();
-        server_before = sample_server()?;
-        self_before = proc_sample::sample("self").ok();
-        std::thread::sleep(Duration::from_secs_f64(args.duration));
+/// What is sampled at each end of the measured time.
+struct Samples {
+    at: Instant,
+    machine: proc_sample::MachineSample,
+    server: Option<proc_sample::ProcSample>,
+    generator: Option<proc_sample::ProcSample>,
+    /// The servers' hand-offs so far (ringlock, timed workloads).
+    handoffs: Option<u64>,
+}
+
+impl Samples {
+    /// Now, then the machine, the server (by `server`) and this process.
+    fn take(
+        server: impl FnOnce() -> Result<Option<proc_sample::ProcSample>, String>,
+        handoffs: Option<u64>,
+    ) -> Result<Samples, String> {
+        let (at, machine) = (Instant::now(), proc_sample::machine_sample());
+        let server = server()?;
+        Ok(Samples { at, machine, server, generator: proc_sample::sample("self").ok(), handoffs })
     }
-    let measure_end = Instant::now();
-    let machine_after = proc_sample::machine_sample();
-    let server_after = sample_server()?;
-    let self_after = proc_sample::sample("self").ok();
-    control.phase.store(PHASE_DRAIN, Ordering::Relaxed);
-    let handoffs_after = if hold { None } else { handoffs(args.target) };
+}
 
-    let mut total: Option<WorkerStats> = None;
-    for thread in threads {
-        let stats = thread.join().map_err(|_| "a load-generator thread panicked".to_string())??;
-        match &mut total {
-            Some(total) => total.add(&stats),
-            None => total = Some(stats),
-        }
-    }
-    let total = total.expect("at least one thread");
-    let measured = measure_end.duration_since(measure_start).as_secs_f64();
-
-    let server = match (args.server_pid, server_before, server_after) {
+/// The run's report from the workers' `total` and the samples around the
+/// measured time.
+fn report(args: &RunArgs, total: &WorkerStats, before: Samples, after: Samples) -> RunReport {
+    let measured = after.at.duration_since(before.at).as_secs_f64();
+    let server = match (args.server_pid, before.server, after.server) {
         (Some(pid), Some(before), Some(after)) => Some(ServerReport {
             pid,
             cpu_percent: proc_sample::cpu_percent(&before, &after),
@@ -208,7 +251,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
         }),
         _ => None,
     };
-    let hold_report = hold.then(|| HoldReport {
+    let hold_report = (args.workload == Workload::Hold).then(|| HoldReport {
         keys_requested: args.hold_keys,
         keys_held: total.acquires,
         fill_s: measured,
@@ -217,19 +260,19 @@ pub fn run(args: &RunArgs) -> Result<RunReport, String> {
             .filter(|_| total.acquires > 0)
             .map(|server| (server.rss_after_bytes as f64 - server.rss_before_bytes as f64) / total.acquires as f64),
     });
-    let generator_cpu = match (self_before, self_after) {
+    let generator_cpu = match (before.generator, after.generator) {
         (Some(before), Some(after)) => Some(proc_sample::cpu_percent(&before, &after)),
         _ => None,
     };
-    let server_handoffs = match (handoffs_before, handoffs_after) {
+    let server_handoffs = match (before.handoffs, after.handoffs) {
         (Some(before), Some(after)) => Some(after.saturating_sub(before)),
         _ => None,
     };
-    let (pressure, steal) = proc_sample::machine_busy(&machine_before, &machine_after);
-    let mut report = RunReport::new(args, measured, &total, server, generator_cpu, server_handoffs, hold_report);
+    let (pressure, steal) = proc_sample::machine_busy(&before.machine, &after.machine);
+    let mut report = RunReport::new(args, measured, total, server, generator_cpu, server_handoffs, hold_report);
     report.cpu_pressure_percent = pressure;
     report.cpu_steal_percent = steal;
-    Ok(report)
+    report
 }
 
 /// Splits the key space (uncontended) or the keys to hold over the connections.
