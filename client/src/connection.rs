@@ -663,87 +663,97 @@ fn read_replies<S: ConnectionSet>(
             }
         };
         filled += read;
-        let now = Instant::now();
-        let mut consumed = 0;
-        let mut stop = None;
-        {
-            let mut state = connection.lock();
-            state.liveness.note_read(now);
-            loop {
-                let (line_len, reply) = match decode_reply(&buffer[consumed..filled]) {
-                    Decoded::Incomplete => break,
-                    Decoded::LineTooLong => {
-                        stop = Some(Cut::Protocol(ProtocolError::LineTooLong));
-                        break;
-                    }
-                    Decoded::Line { item: Err(error), .. } => {
-                        stop = Some(Cut::Protocol(ProtocolError::Malformed(error)));
-                        break;
-                    }
-                    Decoded::Line { consumed: line_len, item: Ok(reply) } => (line_len, reply),
-                };
-                let Some(op) = reply.op() else {
-                    // `E - - <code>`: the server could not read a line as a
-                    // request, or refuses the connection; it closes it.
-                    let Reply::Error { code, .. } = reply else { unreachable!("only E replies lack an op") };
-                    stop = Some(if code == ErrorCode::AuthRevoked {
-                        // A reload removed the client's name: a broken
-                        // connection like any other, reconnected with the
-                        // secret (which then fails if it was removed), and
-                        // its requests move on or wait.
-                        session.error = Some(io::Error::new(
-                            io::ErrorKind::ConnectionAborted,
-                            "the server revoked the secret's name",
-                        ));
-                        Cut::Io
-                    } else {
-                        Cut::Refused(code)
-                    });
-                    break;
-                };
-                let Some(mut operation) = state.in_flight.take(op, reply.key().unwrap_or(b"")) else {
-                    let line = &buffer[consumed..consumed + line_len];
-                    let line = String::from_utf8_lossy(line.strip_suffix(b"\n").unwrap_or(line));
-                    stop = Some(Cut::Protocol(ProtocolError::Unsolicited(line.trim_end().to_string())));
-                    break;
-                };
-                let moved = match reply {
-                    Reply::Moved { active, .. } => Some(Moved::from_field(active)),
-                    _ => None,
-                };
-                let step = operation.on_reply(&reply, now, set.policy());
-                paired.push(Answered { operation, step, moved });
-                consumed += line_len;
-            }
-        }
+        let (consumed, stop) = pair_lines(connection, set, &buffer[..filled], session, &mut paired);
         session.replied |= !paired.is_empty();
-        // Act on the replies with the connection unlocked, as moving
-        // requests locks other connections; then wake every caller this read
-        // completed, in one pass (see `completion`).
-        for Answered { operation, step, moved } in paired.drain(..) {
-            if let Some(moved) = moved {
-                set.note_moved(connection.node, moved);
-            }
-            set.handle(operation, step, &mut wakes);
-        }
-        // Hand the wake-ups to an idle writer (see the module's comment).
-        if !wakes.is_empty() {
-            let mut state = connection.lock();
-            if state.writer_idle {
-                state.owed.append(&mut wakes);
-                state.writer_idle = false;
-                drop(state);
-                connection.writer_wake.notify_one();
-            } else {
-                drop(state);
-                wakes.wake_all();
-            }
-        }
+        act_and_wake(connection, set, &mut paired, &mut wakes);
         if let Some(cut) = stop {
             return cut;
         }
         buffer.copy_within(consumed..filled, 0);
         filled -= consumed;
+    }
+}
+
+/// Pairs every whole reply line of `buffer` with its operation, under the
+/// connection's lock, into `paired`; returns the bytes consumed, and why to
+/// stop reading if the server broke the protocol or refused the connection.
+fn pair_lines<S: ConnectionSet>(
+    connection: &Connection,
+    set: &Arc<S>,
+    buffer: &[u8],
+    session: &mut Session,
+    paired: &mut Vec<Answered>,
+) -> (usize, Option<Cut>) {
+    let now = Instant::now();
+    let mut consumed = 0;
+    let mut state = connection.lock();
+    state.liveness.note_read(now);
+    loop {
+        let (line_len, reply) = match decode_reply(&buffer[consumed..]) {
+            Decoded::Incomplete => return (consumed, None),
+            Decoded::LineTooLong => return (consumed, Some(Cut::Protocol(ProtocolError::LineTooLong))),
+            Decoded::Line { item: Err(error), .. } => {
+                return (consumed, Some(Cut::Protocol(ProtocolError::Malformed(error))));
+            }
+            Decoded::Line { consumed: line_len, item: Ok(reply) } => (line_len, reply),
+        };
+        let Some(op) = reply.op() else {
+            // `E - - <code>`: the server could not read a line as a
+            // request, or refuses the connection; it closes it.
+            let Reply::Error { code, .. } = reply else { unreachable!("only E replies lack an op") };
+            if code != ErrorCode::AuthRevoked {
+                return (consumed, Some(Cut::Refused(code)));
+            }
+            // A reload removed the client's name: a broken connection like
+            // any other, reconnected with the secret (which then fails if it
+            // was removed), and its requests move on or wait.
+            session.error =
+                Some(io::Error::new(io::ErrorKind::ConnectionAborted, "the server revoked the secret's name"));
+            return (consumed, Some(Cut::Io));
+        };
+        let Some(mut operation) = state.in_flight.take(op, reply.key().unwrap_or(b"")) else {
+            let line = &buffer[consumed..consumed + line_len];
+            let line = String::from_utf8_lossy(line.strip_suffix(b"\n").unwrap_or(line));
+            return (consumed, Some(Cut::Protocol(ProtocolError::Unsolicited(line.trim_end().to_string()))));
+        };
+        let moved = match reply {
+            Reply::Moved { active, .. } => Some(Moved::from_field(active)),
+            _ => None,
+        };
+        let step = operation.on_reply(&reply, now, set.policy());
+        paired.push(Answered { operation, step, moved });
+        consumed += line_len;
+    }
+}
+
+/// Acts on the paired replies with the connection unlocked, as moving
+/// requests locks other connections; then wakes every caller this read
+/// completed, in one pass (see `completion`), through an idle writer if
+/// there is one (see the module's comment).
+fn act_and_wake<S: ConnectionSet>(
+    connection: &Connection,
+    set: &Arc<S>,
+    paired: &mut Vec<Answered>,
+    wakes: &mut Wakes,
+) {
+    for Answered { operation, step, moved } in paired.drain(..) {
+        if let Some(moved) = moved {
+            set.note_moved(connection.node, moved);
+        }
+        set.handle(operation, step, wakes);
+    }
+    if wakes.is_empty() {
+        return;
+    }
+    let mut state = connection.lock();
+    if state.writer_idle {
+        state.owed.append(wakes);
+        state.writer_idle = false;
+        drop(state);
+        connection.writer_wake.notify_one();
+    } else {
+        drop(state);
+        wakes.wake_all();
     }
 }
 
