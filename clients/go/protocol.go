@@ -153,27 +153,46 @@ func parseReplyFields(line []byte, r *reply) error {
 		return nil
 	}
 	var fieldsBuffer [6][]byte
-	fields := fieldsBuffer[:0]
+	fields, ok := splitFields(line, fieldsBuffer[:0])
+	if !ok {
+		return errMalformedReply
+	}
+	if err := parseFields(fields, r); err != nil {
+		*r = reply{}
+		return errMalformedReply
+	}
+	return nil
+}
+
+// splitFields splits a reply line at its spaces into fields (at most
+// len(buffer)-1 of them, into buffer); false if there are more, if the first
+// is not one letter, or if a later one is empty.
+func splitFields(line []byte, fields [][]byte) ([][]byte, bool) {
 	for rest := line; ; {
 		at := bytes.IndexByte(rest, ' ')
 		if at < 0 {
 			fields = append(fields, rest)
 			break
 		}
-		if len(fields) == len(fieldsBuffer)-1 {
-			return errMalformedReply
+		if len(fields) == cap(fields)-1 {
+			return nil, false
 		}
 		fields = append(fields, rest[:at])
 		rest = rest[at+1:]
 	}
 	if len(fields[0]) != 1 {
-		return errMalformedReply
+		return nil, false
 	}
 	for _, field := range fields[1:] {
 		if len(field) == 0 {
-			return errMalformedReply
+			return nil, false
 		}
 	}
+	return fields, true
+}
+
+// parseFields fills r from the fields of a reply of kind r.kind.
+func parseFields(fields [][]byte, r *reply) error {
 	var err error
 	switch {
 	case r.kind == 'A' && len(fields) == 3, r.kind == 'X' && len(fields) == 3:
@@ -189,16 +208,7 @@ func parseReplyFields(line []byte, r *reply) error {
 		r.op = opRelease
 		r.key, err = keyField(fields[1])
 	case r.kind == 'M' && len(fields) == 4:
-		r.op, err = opField(fields[1])
-		if err == nil && (r.op == opPing || r.op == opStats) {
-			err = errMalformedReply
-		}
-		if err == nil {
-			r.key, err = keyField(fields[2])
-		}
-		if err == nil && string(fields[3]) != "-" {
-			r.address = fields[3]
-		}
+		err = parseMoved(fields, r)
 	case r.kind == 'E' && len(fields) == 4:
 		if string(fields[1]) != "-" {
 			r.op, err = opField(fields[1])
@@ -208,39 +218,62 @@ func parseReplyFields(line []byte, r *reply) error {
 		}
 		r.code = Code(fields[3])
 	case r.kind == 'I' && len(fields) == 5:
-		// I <key> <token|-> <lease-left-ms> <waiters>
-		r.op = opInspect
-		r.key, err = keyField(fields[1])
-		if err == nil && string(fields[2]) != "-" {
-			r.token, err = parseUint64(fields[2])
-			r.held = err == nil
-		}
-		if err == nil {
-			r.leaseLeftMs, err = parseUint64(fields[3])
-		}
-		if err == nil {
-			r.waiters, err = parseUint64(fields[4])
-		}
+		err = parseInspect(fields, r)
 	case r.kind == 'P' && len(fields) == 4:
-		r.op = opPing
-		r.role = Role(fields[1])
-		if r.role != RoleActive && r.role != RoleStandby {
-			err = errMalformedReply
-		}
-		if err == nil {
-			r.epoch, err = parseUint64(fields[2])
-		}
-		if err == nil && string(fields[3]) != "-" {
-			r.address = fields[3]
-		}
+		err = parsePing(fields, r)
 	default:
 		err = errMalformedReply
 	}
-	if err != nil {
-		*r = reply{}
+	return err
+}
+
+// parseMoved parses "M <op> <key> <active|->".
+func parseMoved(fields [][]byte, r *reply) error {
+	var err error
+	r.op, err = opField(fields[1])
+	if err == nil && (r.op == opPing || r.op == opStats) {
+		err = errMalformedReply
+	}
+	if err == nil {
+		r.key, err = keyField(fields[2])
+	}
+	if err == nil && string(fields[3]) != "-" {
+		r.address = fields[3]
+	}
+	return err
+}
+
+// parseInspect parses "I <key> <token|-> <lease-left-ms> <waiters>".
+func parseInspect(fields [][]byte, r *reply) error {
+	r.op = opInspect
+	key, err := keyField(fields[1])
+	r.key = key
+	if err == nil && string(fields[2]) != "-" {
+		r.token, err = parseUint64(fields[2])
+		r.held = err == nil
+	}
+	if err == nil {
+		r.leaseLeftMs, err = parseUint64(fields[3])
+	}
+	if err == nil {
+		r.waiters, err = parseUint64(fields[4])
+	}
+	return err
+}
+
+// parsePing parses "P <role> <epoch> <active|->".
+func parsePing(fields [][]byte, r *reply) error {
+	r.op = opPing
+	r.role = Role(fields[1])
+	if r.role != RoleActive && r.role != RoleStandby {
 		return errMalformedReply
 	}
-	return nil
+	var err error
+	r.epoch, err = parseUint64(fields[2])
+	if err == nil && string(fields[3]) != "-" {
+		r.address = fields[3]
+	}
+	return err
 }
 
 // parseGrantOrRelease parses the two replies nearly every line is, "A
