@@ -115,7 +115,13 @@ impl SimConfig {
     }
 
     fn cluster(&self, me: usize) -> ClusterConfig {
-        ClusterConfig { me, nodes: self.nodes, heartbeat_ms: self.heartbeat_ms, failover_ms: self.failover_ms }
+        ClusterConfig {
+            me,
+            nodes: self.nodes,
+            heartbeat_ms: self.heartbeat_ms,
+            failover_ms: self.failover_ms,
+            min_standbys: 0,
+        }
     }
 
     fn handoff_timeout_ms(&self) -> u64 {
