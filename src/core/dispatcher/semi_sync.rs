@@ -18,8 +18,8 @@
 //! The node that steps down answers each reply still held `M` (the grant
 //! may be unknown to the new active; the client asks there), and one that
 //! stops answers it `shutting-down`. With too few standbys the node grants
-//! nothing ([`Dispatcher::set_granting`]): acquires and extends are refused
-//! `no-standby`, and queued acquires are answered so, in order.
+//! nothing ([`Dispatcher::set_granting`]): the replies it held, acquires and
+//! extends are answered `no-standby`, and so are queued acquires, in order.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -103,14 +103,19 @@ impl Dispatcher {
         }
     }
 
-    /// Whether the node may grant. When it may not, every queued acquire
-    /// is answered `no-standby` (in order with the replies held behind it).
+    /// Whether the node may grant. When it may not, the grants and extends
+    /// whose replies are held are answered `no-standby` (the client does
+    /// not count on them; the change stays in the table, as harmless as a
+    /// grant to a client that went away), and so is every queued acquire.
     pub(crate) fn set_granting(&mut self, granting: bool) {
         let Some(sync) = self.semi_sync.as_deref_mut() else { return };
         let was = std::mem::replace(&mut sync.granting, granting);
-        if was && !granting && self.shard.stats().waiters > 0 {
-            self.shard.fail_waiters(self.now_ms, ErrorCode::NoStandby);
-            self.deliver_replies();
+        if was && !granting {
+            self.release_held(Some(ErrorCode::NoStandby));
+            if self.shard.stats().waiters > 0 {
+                self.shard.fail_waiters(self.now_ms, ErrorCode::NoStandby);
+                self.deliver_replies();
+            }
         }
     }
 

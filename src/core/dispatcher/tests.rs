@@ -423,8 +423,11 @@ fn semi_sync_without_standbys_acquires_and_extends_are_refused_and_holders_relea
     let token = token_of(&core.sent_output(holder));
     core.feed(waiter, b"A k 30 10\n");
     assert_eq!(core.sent_output(waiter), "", "queued behind the holder");
+    core.feed(holder, b"A held 30 0\n");
+    assert_eq!(core.sent_output(holder), "", "a grant waits for a standby");
     core.dispatcher.set_granting(false);
     assert_eq!(core.sent_output(waiter), "E A k no-standby\n", "a queued acquire is answered");
+    assert_eq!(core.sent_output(holder), "E A held no-standby\n", "a held grant is answered");
     core.feed(waiter, b"A other 30 0\n");
     assert_eq!(core.sent_output(waiter), "E A other no-standby\n");
     core.feed(holder, format!("X k {token} 30\nR k {token}\n").as_bytes());
