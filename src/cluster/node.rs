@@ -739,9 +739,20 @@ impl Node {
                 && heartbeat.handing_off_to != Some(me)
                 && !(Some(index) == predecessor && heartbeat.epoch < active.epoch)
         };
-        let higher_rival = self.live_peers().find(|(index, heartbeat)| *index < me && is_rival(*index, heartbeat));
-        if let Some((higher, _)) = higher_rival {
-            self.become_standby(Some(higher), ExitReason::Standby);
+        // With --min-standbys, an active blocked for want of standbys
+        // yields to one that is not, whatever their priorities: the other
+        // has had standbys apply its grants, this one has granted nothing
+        // since it was cut off, and its table may lack the other's grants.
+        let semi_sync = self.config.min_standbys > 0;
+        let blocked = matches!(self.blocked, Some(Blocked::NoStandby { .. }));
+        let yields_to = |index: usize, heartbeat: &Heartbeat| {
+            let rival_blocked = heartbeat_blocked(heartbeat);
+            if semi_sync && blocked != rival_blocked { blocked } else { index < me }
+        };
+        let stronger_rival =
+            self.live_peers().find(|(index, heartbeat)| is_rival(*index, heartbeat) && yields_to(*index, heartbeat));
+        if let Some((stronger, _)) = stronger_rival {
+            self.become_standby(Some(stronger), ExitReason::Standby);
             return;
         }
         // Any epoch above its own (a rival's, or one a peer has seen) means
@@ -1119,17 +1130,22 @@ impl Node {
         let is_active = |index: usize| {
             self.peers[index].live(self.now_ms, self.config.failover_ms).is_some_and(|h| h.role == PeerRole::Active)
         };
-        let mut yielding = None;
+        let semi_sync = self.config.min_standbys > 0;
+        let (mut yielding, mut blocked) = (None, None);
         for (index, heartbeat) in self.live_peers() {
             if heartbeat.role != PeerRole::Active {
                 continue;
             }
             match heartbeat.handing_off_to {
                 Some(to) if to != me && is_active(to) => yielding = yielding.or(Some(index)),
+                // With --min-standbys, an active blocked for want of
+                // standbys is followed only if no other is live: it yields
+                // to the other (see `evaluate_active`).
+                _ if semi_sync && heartbeat_blocked(&heartbeat) => blocked = blocked.or(Some(index)),
                 _ => return Some(index),
             }
         }
-        yielding
+        blocked.or(yielding)
     }
 
     /// A live peer follows an active this node cannot hear (a partial
@@ -1194,7 +1210,11 @@ impl Node {
             epoch,
             epoch_seen: self.epoch_known(),
             following: if role == PeerRole::Standby { self.following() } else { None },
-            caught_up: role == PeerRole::Active || table.is_some(),
+            // An active blocked by --min-standbys says so here.
+            caught_up: match role {
+                PeerRole::Active => !matches!(self.blocked, Some(Blocked::NoStandby { .. })),
+                _ => table.is_some(),
+            },
             table,
             handing_off_to,
         }
@@ -1204,4 +1224,10 @@ impl Node {
         assert!(self.effects.len() < EFFECTS_QUEUED_MAX, "effects must be drained after every input");
         self.effects.push_back(effect);
     }
+}
+
+/// Whether an active's heartbeat says it is blocked by `--min-standbys`
+/// (an active's `caught_up` is false only then).
+fn heartbeat_blocked(heartbeat: &Heartbeat) -> bool {
+    heartbeat.role == PeerRole::Active && !heartbeat.caught_up
 }

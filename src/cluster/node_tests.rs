@@ -897,3 +897,41 @@ fn min_standbys_a_standby_acknowledges_applied_deltas_to_its_active_at_once() {
     let plain = Node::new(config(1, 3), 0, 1, 0);
     assert_eq!(plain.config().min_standbys, 0);
 }
+
+#[test]
+fn min_standbys_a_blocked_active_yields_to_a_rival_that_is_not_whatever_their_priorities() {
+    let (mut node, epoch) = semi_sync_active();
+    let blocked_at = 2 * FAILOVER_MS;
+    node.tick(blocked_at);
+    assert_eq!(node.blocked(), Some(Blocked::NoStandby { needed: 1 }));
+    let sent = heartbeats(&drain(&mut node));
+    node.tick(blocked_at + HEARTBEAT_MS);
+    let sent = [sent, heartbeats(&drain(&mut node))].concat();
+    assert!(sent.iter().all(|(_, heartbeat)| !heartbeat.caught_up), "a blocked active says so: {sent:?}");
+    // Node 1 became active on the other side of a partition, with node 2 as
+    // its standby; node 0, blocked, hears it again and follows it.
+    let rival_epoch = epoch + 16;
+    let now = blocked_at + HEARTBEAT_MS + 10;
+    node.receive(now, 1, hb(Heartbeat { epoch_seen: rival_epoch, ..active(1, rival_epoch) }));
+    assert!(!node.status().active, "the blocked active stepped down");
+    assert!(others(&drain(&mut node)).contains(&Effect::Follow { active: Some(1) }));
+    assert_eq!(node.blocked(), None, "a standby is not blocked");
+
+    // An active that is not blocked keeps its role before a blocked rival of higher priority.
+    let semi_sync = ClusterConfig { min_standbys: 1, ..config(1, 3) };
+    let mut node = Node::new(semi_sync, 0, 1, 0);
+    tick_until(&mut node, 0, FAILOVER_MS);
+    let epoch = crate::cluster::next_epoch(0, 1).unwrap();
+    node.epoch_persisted(FAILOVER_MS, epoch);
+    node.receive(FAILOVER_MS + 10, 2, hb(applied(1, 1, epoch, 0)));
+    drain(&mut node);
+    let blocked_rival = Heartbeat { caught_up: false, ..active(1, epoch - 1) };
+    node.receive(FAILOVER_MS + 20, 0, hb(blocked_rival));
+    assert!(node.status().active, "node 1 has its standby: it stays active");
+    assert_eq!(node.blocked(), None);
+    // A standby that hears both follows the one that is not blocked.
+    let mut standby = Node::new(ClusterConfig { min_standbys: 1, ..config(2, 3) }, 0, 1, 0);
+    standby.receive(10, 0, hb(blocked_rival));
+    standby.receive(10, 1, hb(active(1, epoch)));
+    assert_eq!(standby.status().active_node, Some(1));
+}
