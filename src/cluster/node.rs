@@ -178,6 +178,9 @@ pub struct Node {
     /// A standby with `--min-standbys` applied deltas since its last
     /// heartbeat: the active waits for its word before it answers grants.
     ack_due: bool,
+    /// The table a successor confirmed it holds when it took this node's
+    /// role over (see [`Node::take_handed_off`]).
+    handed_off: Option<TableVersion>,
     /// When a peer last refused this node's hello (its `--peers` differs):
     /// the node does not serve for a while after that.
     refused_ms: Option<u64>,
@@ -212,6 +215,7 @@ impl Node {
             snapshot_requested_ms: None,
             next_heartbeat_ms: now_ms,
             ack_due: false,
+            handed_off: None,
             refused_ms: None,
             effects: VecDeque::with_capacity(EFFECTS_QUEUED_MAX),
         };
@@ -361,6 +365,7 @@ impl Node {
                         last.handing_off_to = None;
                         peer.heard_ms = Some(now_ms);
                     }
+                    self.handed_off = Some(table);
                     self.become_standby(Some(from), ExitReason::HandedOff);
                 }
             }
@@ -541,6 +546,14 @@ impl Node {
             let heartbeat = self.heartbeat();
             self.push(Effect::Send { to: active, message: PeerMessage::Heartbeat(heartbeat) });
         }
+    }
+
+    /// After a hand-off that succeeded: the table the successor confirmed it
+    /// holds (every delta of this node's stream up to its version), taken
+    /// once. With `--min-standbys` the replies held for those deltas may go:
+    /// the new active knows them.
+    pub fn take_handed_off(&mut self) -> Option<TableVersion> {
+        self.handed_off.take()
     }
 
     /// The active's table version that `--min-standbys` live, caught-up

@@ -935,3 +935,17 @@ fn min_standbys_a_blocked_active_yields_to_a_rival_that_is_not_whatever_their_pr
     standby.receive(10, 1, hb(active(1, epoch)));
     assert_eq!(standby.status().active_node, Some(1));
 }
+
+#[test]
+fn a_hand_off_that_succeeded_names_the_table_the_successor_holds_once() {
+    let mut node = active_with_followers();
+    let now = FAILOVER_MS + 20;
+    node.stop_requested(now);
+    node.clients_held(now + 2, 7);
+    drain(&mut node);
+    assert_eq!(node.take_handed_off(), None, "not before the successor answers");
+    let table = TableVersion { stream: 16, version: 7 };
+    node.receive(now + 5, 1, PeerMessage::HandOffDone { table, epoch: 33 });
+    assert_eq!(node.take_handed_off(), Some(table));
+    assert_eq!(node.take_handed_off(), None);
+}

@@ -313,6 +313,13 @@ impl ReplicationCore {
                 }
                 Effect::Follow { active } => {
                     self.set_held(false, now_ms);
+                    if let Some(table) = self.node.take_handed_off()
+                        && self.serving.is_some_and(|serving| serving.stream == table.stream)
+                    {
+                        // The successor holds every delta of the hand-off:
+                        // the replies held for them go before the Follow.
+                        self.acknowledge_up_to(table.version);
+                    }
                     self.follow(active);
                 }
                 Effect::SendSnapshot { to } => self.send_snapshot(now_ms, to),
@@ -686,21 +693,28 @@ impl ReplicationCore {
         let Some(acks) = &mut self.acks else { return };
         let granting = !matches!(self.node.blocked(), Some(Blocked::NoStandby { .. }));
         let granting_changed = std::mem::replace(&mut acks.granting, granting) != granting;
-        let mut acknowledged: Vec<Option<u64>> = Vec::new();
-        if let Some(version) = self.node.acknowledged_version() {
-            while let Some(&(contained_in, core, report)) = acks.pending.front() {
-                if contained_in > version {
-                    break;
-                }
-                acks.pending.pop_front();
-                if acknowledged.is_empty() {
-                    acknowledged.resize(acks.reports.len(), None);
-                }
-                acknowledged[core] = Some(report);
-            }
-        }
         if granting_changed {
             self.control_every_core(|| Control::Granting(granting));
+        }
+        if let Some(version) = self.node.acknowledged_version() {
+            self.acknowledge_up_to(version);
+        }
+    }
+
+    /// Tells each core how far its reports contained in the stream up to
+    /// `version` go.
+    fn acknowledge_up_to(&mut self, version: u64) {
+        let Some(acks) = &mut self.acks else { return };
+        let mut acknowledged: Vec<Option<u64>> = Vec::new();
+        while let Some(&(contained_in, core, report)) = acks.pending.front() {
+            if contained_in > version {
+                break;
+            }
+            acks.pending.pop_front();
+            if acknowledged.is_empty() {
+                acknowledged.resize(acks.reports.len(), None);
+            }
+            acknowledged[core] = Some(report);
         }
         for (core, reports) in acknowledged.into_iter().enumerate() {
             if let Some(reports) = reports {
