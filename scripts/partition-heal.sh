@@ -18,7 +18,9 @@
 # route. Nothing leaves the namespaces this script makes.
 #
 # Usage: scripts/partition-heal.sh [--bin target/release/ringlock] [--cut-s 7] [--mode route|link]
-#                                  [--min-standbys 0|1]
+#                                  [--min-standbys 0|1] [--hold-ms 0]
+#   --hold-ms: each client holds a grant up to this long (at random) before
+#   its release, so that holds of the two clients can overlap visibly.
 #   Environment: CLUSTER_HEARTBEAT_MS, CLUSTER_FAILOVER_MS (server defaults 100 / 1000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,13 +28,15 @@ BIN=target/release/ringlock
 CUT_S=7
 MODE=route
 MIN_STANDBYS=0
+HOLD_MS=0
 while (($# > 0)); do
     case "$1" in
         --bin) BIN="$2"; shift 2 ;;
         --cut-s) CUT_S="$2"; shift 2 ;;
         --mode) MODE="$2"; shift 2 ;;
         --min-standbys) MIN_STANDBYS="$2"; shift 2 ;;
-        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+        --hold-ms) HOLD_MS="$2"; shift 2 ;;
+        -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "partition-heal.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -79,8 +83,9 @@ cut() {
 # the time in ms since the epoch it arrived, the token, the key, and the
 # time its hold ended (release sent, or acquire sent + lease).
 cat >"$DIR/load.py" <<'PY'
-import socket, sys, time
+import random, socket, sys, time
 host, port = sys.argv[1].rsplit(":", 1)
+hold_s = float(sys.argv[3]) / 1000
 end = time.time() + float(sys.argv[2])
 conn, reader, count, lease_ms = None, None, 0, 5000
 while time.time() < end:
@@ -98,9 +103,11 @@ while time.time() < end:
             raise OSError("closed")
         if reply[0] == b"A":
             granted = int(time.time() * 1000)
+            if hold_s:
+                time.sleep(random.random() * hold_s)
             conn.sendall(f"R {key} {int(reply[2])}\n".encode())
-            end = min(int(time.time() * 1000), sent + lease_ms)
-            print(granted, int(reply[2]), key, end, flush=True)
+            hold_end = min(int(time.time() * 1000), sent + lease_ms)
+            print(granted, int(reply[2]), key, hold_end, flush=True)
             reader.readline()
         else:
             time.sleep(0.01)
@@ -109,9 +116,9 @@ while time.time() < end:
         time.sleep(0.05)
 PY
 sleep 2.5
-ip netns exec $A python3 "$DIR/load.py" 10.78.1.2:7700 $((CUT_S + 7)) >"$DIR/grants" &
+ip netns exec $A python3 "$DIR/load.py" 10.78.1.2:7700 $((CUT_S + 7)) "$HOLD_MS" >"$DIR/grants" &
 LOAD=$!
-ip netns exec $B python3 "$DIR/load.py" 10.78.2.2:7700 $((CUT_S + 7)) >"$DIR/grants-b" &
+ip netns exec $B python3 "$DIR/load.py" 10.78.2.2:7700 $((CUT_S + 7)) "$HOLD_MS" >"$DIR/grants-b" &
 LOAD_B=$!
 sleep 1
 cut down add
