@@ -693,6 +693,13 @@ impl ReplicationCore {
         let Some(acks) = &mut self.acks else { return };
         let granting = !matches!(self.node.blocked(), Some(Blocked::NoStandby { .. }));
         let granting_changed = std::mem::replace(&mut acks.granting, granting) != granting;
+        if !granting {
+            // The cores answer what they held `no-standby` and hold nothing
+            // new while they may not grant: no report needs following, and
+            // a long block under releases and expiries does not pile them
+            // up. (An acknowledgement covers a core's earlier reports too.)
+            acks.pending.clear();
+        }
         if granting_changed {
             self.control_every_core(|| Control::Granting(granting));
         }
