@@ -62,6 +62,20 @@ pub struct Config {
     #[arg(long, env = "RINGLOCK_FAILOVER_MS", default_value_t = crate::cluster::FAILOVER_MS_DEFAULT)]
     pub failover_ms: u64,
 
+    /// Cluster: semi-synchronous replication. With N > 0, a grant (by an
+    /// acquire or by a hand-off to a waiter) or an extend is answered only
+    /// once N caught-up standbys have applied it, which costs about a
+    /// replication turn and a round trip per grant; and an active that has
+    /// had fewer than N caught-up standbys for --failover-ms stops granting
+    /// (new acquires and extends get `no-standby`, holders keep their leases)
+    /// until enough are back. No grant is then lost by a failover, and an
+    /// active cut off from its standbys grants nothing the new active could
+    /// grant again. 0 (the default): asynchronous replication, and a single
+    /// live node serves. Below the number of nodes in --peers; the same on
+    /// every node.
+    #[arg(long, env = "RINGLOCK_MIN_STANDBYS", default_value_t = 0)]
+    pub min_standbys: usize,
+
     /// Cluster: address the peer transport listens on (a name is resolved
     /// at start). Default: this node's peer address from --peers (its client
     /// port + 10000 unless given after `@`).
@@ -426,6 +440,7 @@ impl Config {
             nodes: self.peers.len(),
             heartbeat_ms: self.heartbeat_ms,
             failover_ms: self.failover_ms,
+            min_standbys: self.min_standbys,
         };
         cluster.validate()?;
         Ok(cluster)
@@ -437,6 +452,12 @@ impl Config {
         if self.peers.is_empty() {
             if self.node.is_some() {
                 return Err("--node needs --peers".to_string());
+            }
+            if self.min_standbys > 0 {
+                return Err(format!(
+                    "--min-standbys {} needs standbys: a single node has none; give --peers or drop it",
+                    self.min_standbys
+                ));
             }
             return Ok(None);
         }
@@ -451,6 +472,12 @@ impl Config {
             }
         }
         if self.peers.len() == 1 {
+            if self.min_standbys > 0 {
+                return Err(format!(
+                    "--min-standbys {} needs standbys, but --peers names only this node",
+                    self.min_standbys
+                ));
+            }
             return Ok(None);
         }
         let listen = match &self.cluster_listen {

@@ -67,7 +67,7 @@ pub fn run(config: Config) -> Result<(), String> {
 
     let (listeners, local) = bind_listeners(config.listen_address()?, shards, &config.socket_options())?;
     let (mailboxes, inboxes) = inboxes(shards)?;
-    let link = cluster.as_ref().map(|_| ClusterLink::new(report_sender));
+    let link = cluster.as_ref().map(|settings| ClusterLink::new(report_sender, settings.cluster.min_standbys));
     if tls.is_some() {
         tracing::info!(mutual = config.tls_client_ca.is_some(), "the client port speaks TLS only");
     }

@@ -186,13 +186,17 @@ pub enum ErrorCode {
     AuthRevoked,
     /// `U` on a server without `--auth-file`.
     AuthDisabled,
+    /// `A` or `X` on an active started with `--min-standbys` that has had
+    /// too few caught-up standbys for `--failover-ms`: nothing is granted
+    /// until enough are back (held locks stay held). Retry later or elsewhere.
+    NoStandby,
     /// A code this version does not know (a newer server's).
     Unknown,
 }
 
 impl ErrorCode {
     /// Every code this version knows, for tests and documentation.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::BadRequest,
         ErrorCode::NotHolder,
         ErrorCode::BadLease,
@@ -210,6 +214,7 @@ impl ErrorCode {
         ErrorCode::Forbidden,
         ErrorCode::AuthRevoked,
         ErrorCode::AuthDisabled,
+        ErrorCode::NoStandby,
     ];
 
     /// The code's name on the wire.
@@ -232,6 +237,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::AuthRevoked => "auth-revoked",
             ErrorCode::AuthDisabled => "auth-disabled",
+            ErrorCode::NoStandby => "no-standby",
             ErrorCode::Unknown => "unknown",
         }
     }
@@ -264,6 +270,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => 14,
             ErrorCode::AuthRevoked => 15,
             ErrorCode::AuthDisabled => 16,
+            ErrorCode::NoStandby => 17,
             ErrorCode::Unknown => return None,
         };
         Some(index)

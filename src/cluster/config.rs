@@ -23,12 +23,23 @@ pub struct ClusterConfig {
     pub heartbeat_ms: u64,
     /// A peer is live if a heartbeat from it arrived within this time.
     pub failover_ms: u64,
+    /// `--min-standbys`: caught-up standbys that must have applied a grant
+    /// or an extend before its reply is sent, and without which the active
+    /// stops granting after `failover_ms` (0: off, replication is
+    /// asynchronous). Below `nodes`.
+    pub min_standbys: usize,
 }
 
 impl ClusterConfig {
     /// Node `me` of `nodes` with the default timings; errors say which flag to fix.
     pub fn new(me: usize, nodes: usize) -> Result<ClusterConfig, String> {
-        let config = ClusterConfig { me, nodes, heartbeat_ms: HEARTBEAT_MS_DEFAULT, failover_ms: FAILOVER_MS_DEFAULT };
+        let config = ClusterConfig {
+            me,
+            nodes,
+            heartbeat_ms: HEARTBEAT_MS_DEFAULT,
+            failover_ms: FAILOVER_MS_DEFAULT,
+            min_standbys: 0,
+        };
         config.validate()?;
         Ok(config)
     }
@@ -55,6 +66,15 @@ impl ClusterConfig {
             return Err(format!(
                 "--failover-ms {} must be at least twice --heartbeat-ms {}",
                 self.failover_ms, self.heartbeat_ms
+            ));
+        }
+        if self.min_standbys >= self.nodes {
+            return Err(format!(
+                "--min-standbys {} needs that many standbys besides the active, but --peers lists {} nodes; give \
+                 at most {}",
+                self.min_standbys,
+                self.nodes,
+                self.nodes - 1
             ));
         }
         Ok(())
@@ -98,7 +118,7 @@ mod tests {
         assert_eq!(config.handoff_timeout_ms(), 2000);
         assert!(ClusterConfig::new(3, 3).unwrap_err().contains("--node 3"));
         assert!(ClusterConfig::new(0, 17).unwrap_err().contains("1 to 16"));
-        let fast = ClusterConfig { me: 0, nodes: 2, heartbeat_ms: 10, failover_ms: 30 };
+        let fast = ClusterConfig { me: 0, nodes: 2, heartbeat_ms: 10, failover_ms: 30, min_standbys: 0 };
         assert_eq!(fast.handoff_timeout_ms(), 1000, "never below one second");
         let tight = ClusterConfig { failover_ms: 15, ..fast };
         assert!(tight.validate().unwrap_err().contains("twice --heartbeat-ms"));

@@ -51,7 +51,10 @@ pub struct Heartbeat {
     pub epoch_seen: u64,
     /// The active the sender follows (standby only).
     pub following: Option<usize>,
-    /// The sender holds a complete table (the active always does).
+    /// The sender holds a complete table. An active always does, and says
+    /// false here only while `--min-standbys` blocks it (too few caught-up
+    /// standbys): a rival active that is not blocked then wins, and
+    /// standbys follow that one.
     pub caught_up: bool,
     /// The table the sender holds: the active's own stream, or the stream a
     /// standby has applied; `None` for an empty standby.

@@ -52,6 +52,10 @@ pub enum Blocked {
     /// epoch it knows of (2^24 epochs in all): it cannot promote, or, as the
     /// active, move on when its sequences run out or a higher epoch appears.
     EpochSpaceExhausted { highest: u64 },
+    /// `--min-standbys`: the active has had fewer than `needed` caught-up
+    /// standbys for `--failover-ms`. It grants nothing (new acquires and
+    /// extends are refused `no-standby`) until enough are back.
+    NoStandby { needed: usize },
 }
 
 impl std::fmt::Display for Blocked {
@@ -62,6 +66,12 @@ impl std::fmt::Display for Blocked {
                 "the epoch space is exhausted: no epoch of this node is left above {highest} (the largest is \
                  {EPOCH_MAX}), so it cannot become active or move to a new epoch; see \"When the epoch space runs \
                  out\" in the README"
+            ),
+            Blocked::NoStandby { needed } => write!(
+                f,
+                "--min-standbys {needed}: fewer than {needed} caught-up standbys have been heard for --failover-ms, \
+                 so this active grants nothing (acquires and extends are answered no-standby) until enough are \
+                 back; see \"--min-standbys\" in docs/operations.md"
             ),
         }
     }
@@ -112,6 +122,9 @@ struct ActiveState {
     /// The old active and offer this node took over from, to answer its
     /// repeated offers again.
     promoted_by: Option<(usize, TableVersion)>,
+    /// When it became active: with `--min-standbys`, its standbys have
+    /// `failover_ms` from then to catch up before it stops granting.
+    since_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,6 +175,12 @@ pub struct Node {
     stream_from: Option<usize>,
     snapshot_requested_ms: Option<u64>,
     next_heartbeat_ms: u64,
+    /// A standby with `--min-standbys` applied deltas since its last
+    /// heartbeat: the active waits for its word before it answers grants.
+    ack_due: bool,
+    /// The table a successor confirmed it holds when it took this node's
+    /// role over (see [`Node::take_handed_off`]).
+    handed_off: Option<TableVersion>,
     /// When a peer last refused this node's hello (its `--peers` differs):
     /// the node does not serve for a while after that.
     refused_ms: Option<u64>,
@@ -195,6 +214,8 @@ impl Node {
             stream_from: None,
             snapshot_requested_ms: None,
             next_heartbeat_ms: now_ms,
+            ack_due: false,
+            handed_off: None,
             refused_ms: None,
             effects: VecDeque::with_capacity(EFFECTS_QUEUED_MAX),
         };
@@ -241,6 +262,12 @@ impl Node {
                 }
             }
             _ => {}
+        }
+        if let Role::Active(active) = &self.role
+            && self.config.min_standbys > 0
+            && self.now_ms < active.since_ms + failover_ms
+        {
+            deadline_ms = deadline_ms.min(active.since_ms + failover_ms);
         }
         deadline_ms.max(self.now_ms)
     }
@@ -338,6 +365,7 @@ impl Node {
                         last.handing_off_to = None;
                         peer.heard_ms = Some(now_ms);
                     }
+                    self.handed_off = Some(table);
                     self.become_standby(Some(from), ExitReason::HandedOff);
                 }
             }
@@ -486,6 +514,7 @@ impl Node {
             self.table = Some(table);
             self.stream_from = Some(from);
             self.snapshot_requested_ms = None;
+            self.ack_due = self.config.min_standbys > 0;
         }
         self.evaluate();
     }
@@ -500,8 +529,66 @@ impl Node {
             && held.stream == table.stream
         {
             held.version = held.version.max(table.version);
+            self.ack_due = self.config.min_standbys > 0;
         }
         self.evaluate();
+    }
+
+    /// With `--min-standbys`, once per turn of the runtime: a standby that
+    /// applied deltas since its last heartbeat sends one to its active now,
+    /// which answers the grants they carry once enough standbys have.
+    pub fn acknowledge(&mut self, now_ms: u64) {
+        if !std::mem::take(&mut self.ack_due) {
+            return;
+        }
+        self.advance(now_ms);
+        if let Role::Standby { following: Some(active), .. } = self.role {
+            let heartbeat = self.heartbeat();
+            self.push(Effect::Send { to: active, message: PeerMessage::Heartbeat(heartbeat) });
+        }
+    }
+
+    /// After a hand-off that succeeded: the table the successor confirmed it
+    /// holds (every delta of this node's stream up to its version), taken
+    /// once. With `--min-standbys` the replies held for those deltas may go:
+    /// the new active knows them.
+    pub fn take_handed_off(&mut self) -> Option<TableVersion> {
+        self.handed_off.take()
+    }
+
+    /// The active's table version that `--min-standbys` live, caught-up
+    /// standbys following it have all applied, from their last heartbeats:
+    /// the replies of grants up to it may be sent. `None` if it is not
+    /// active, the option is off, or too few standbys are caught up.
+    pub fn acknowledged_version(&self) -> Option<u64> {
+        let Role::Active(active) = self.role else { return None };
+        let needed = self.config.min_standbys;
+        if needed == 0 {
+            return None;
+        }
+        let mut versions = [0u64; ringlock_proto::NODES_MAX];
+        let mut count = 0;
+        for version in self.standby_versions(active) {
+            versions[count] = version;
+            count += 1;
+        }
+        if count < needed {
+            return None;
+        }
+        let versions = &mut versions[..count];
+        versions.sort_unstable_by(|a, b| b.cmp(a));
+        Some(versions[needed - 1])
+    }
+
+    /// The versions of the active's stream its live, caught-up standbys have applied.
+    fn standby_versions(&self, active: ActiveState) -> impl Iterator<Item = u64> + '_ {
+        let me = self.config.me;
+        self.live_peers()
+            .filter(move |(_, heartbeat)| {
+                heartbeat.role == PeerRole::Standby && heartbeat.following == Some(me) && heartbeat.caught_up
+            })
+            .filter_map(move |(_, heartbeat)| heartbeat.table.filter(|table| table.stream == active.stream))
+            .map(|table| table.version)
     }
 
     /// A frame of the table stream from `from` arrived (deltas, or part of a
@@ -665,9 +752,20 @@ impl Node {
                 && heartbeat.handing_off_to != Some(me)
                 && !(Some(index) == predecessor && heartbeat.epoch < active.epoch)
         };
-        let higher_rival = self.live_peers().find(|(index, heartbeat)| *index < me && is_rival(*index, heartbeat));
-        if let Some((higher, _)) = higher_rival {
-            self.become_standby(Some(higher), ExitReason::Standby);
+        // With --min-standbys, an active blocked for want of standbys
+        // yields to one that is not, whatever their priorities: the other
+        // has had standbys apply its grants, this one has granted nothing
+        // since it was cut off, and its table may lack the other's grants.
+        let semi_sync = self.config.min_standbys > 0;
+        let blocked = matches!(self.blocked, Some(Blocked::NoStandby { .. }));
+        let yields_to = |index: usize, heartbeat: &Heartbeat| {
+            let rival_blocked = heartbeat_blocked(heartbeat);
+            if semi_sync && blocked != rival_blocked { blocked } else { index < me }
+        };
+        let stronger_rival =
+            self.live_peers().find(|(index, heartbeat)| is_rival(*index, heartbeat) && yields_to(*index, heartbeat));
+        if let Some((stronger, _)) = stronger_rival {
+            self.become_standby(Some(stronger), ExitReason::Standby);
             return;
         }
         // Any epoch above its own (a rival's, or one a peer has seen) means
@@ -679,7 +777,7 @@ impl Node {
                     self.push(Effect::Hold);
                 }
                 self.start_bump();
-            } else if self.blocked.is_none() {
+            } else if !matches!(self.blocked, Some(Blocked::EpochSpaceExhausted { .. })) {
                 // No epoch is left above the one seen: granting on would
                 // issue tokens below tokens that may exist. It holds its
                 // clients for good and says why.
@@ -690,10 +788,24 @@ impl Node {
             }
         }
         let Role::Active(active) = self.role else { unreachable!() };
+        self.check_standbys(active);
         match active.handoff {
             Some(handoff) => self.progress_handoff(active, handoff),
             None => self.maybe_hand_off_upwards(active),
         }
+    }
+
+    /// `--min-standbys`: an active that has had fewer caught-up standbys
+    /// than it needs for `failover_ms` (counted from its activation, so that
+    /// they have time to catch up) grants nothing until enough are back.
+    fn check_standbys(&mut self, active: ActiveState) {
+        let needed = self.config.min_standbys;
+        if needed == 0 || matches!(self.blocked, Some(Blocked::EpochSpaceExhausted { .. })) {
+            return;
+        }
+        let enough = self.standby_versions(active).count() >= needed;
+        let grace_over = self.now_ms >= active.since_ms + self.config.failover_ms;
+        self.blocked = (!enough && grace_over).then_some(Blocked::NoStandby { needed });
     }
 
     /// An active's hand-off under way: it fails at its deadline, and its
@@ -838,6 +950,7 @@ impl Node {
             handoff: None,
             handoff_retry_ms: 0,
             promoted_by: handoff.map(|handoff| (handoff.from, handoff.table)),
+            since_ms: self.now_ms,
         });
         self.stream_from = None;
         self.snapshot_requested_ms = None;
@@ -903,8 +1016,9 @@ impl Node {
         self.snapshot_requested_ms = None;
         self.role = Role::Standby { following: active, incoming: None };
         self.push(Effect::Follow { active });
-        if active.is_some() {
-            // A standby with an active to follow has nothing to serve.
+        if active.is_some() || matches!(self.blocked, Some(Blocked::NoStandby { .. })) {
+            // A standby with an active to follow has nothing to serve, and
+            // a standby needs no standbys of its own.
             self.blocked = None;
         }
         if self.stopping {
@@ -1029,17 +1143,22 @@ impl Node {
         let is_active = |index: usize| {
             self.peers[index].live(self.now_ms, self.config.failover_ms).is_some_and(|h| h.role == PeerRole::Active)
         };
-        let mut yielding = None;
+        let semi_sync = self.config.min_standbys > 0;
+        let (mut yielding, mut blocked) = (None, None);
         for (index, heartbeat) in self.live_peers() {
             if heartbeat.role != PeerRole::Active {
                 continue;
             }
             match heartbeat.handing_off_to {
                 Some(to) if to != me && is_active(to) => yielding = yielding.or(Some(index)),
+                // With --min-standbys, an active blocked for want of
+                // standbys is followed only if no other is live: it yields
+                // to the other (see `evaluate_active`).
+                _ if semi_sync && heartbeat_blocked(&heartbeat) => blocked = blocked.or(Some(index)),
                 _ => return Some(index),
             }
         }
-        yielding
+        blocked.or(yielding)
     }
 
     /// A live peer follows an active this node cannot hear (a partial
@@ -1074,7 +1193,19 @@ impl Node {
     }
 
     fn send_heartbeats(&mut self) {
+        let heartbeat = self.heartbeat();
+        for to in 0..self.config.nodes {
+            if to != self.config.me {
+                self.push(Effect::Send { to, message: PeerMessage::Heartbeat(heartbeat) });
+            }
+        }
+        self.next_heartbeat_ms = self.now_ms + self.config.heartbeat_ms;
+    }
+
+    /// The next heartbeat: the node's role and table as of now.
+    fn heartbeat(&mut self) -> Heartbeat {
         self.heartbeat_sequence += 1;
+        self.ack_due = false;
         let (role, epoch, table, handing_off_to) = match self.role {
             Role::Active(active) => (
                 PeerRole::Active,
@@ -1085,27 +1216,31 @@ impl Node {
             Role::Exiting(_) | Role::Exited => (PeerRole::Leaving, 0, self.table, None),
             _ => (PeerRole::Standby, self.following().map_or(0, |active| self.peer_epoch(active)), self.table, None),
         };
-        let heartbeat = Heartbeat {
+        Heartbeat {
             incarnation: self.incarnation,
             sequence: self.heartbeat_sequence,
             role,
             epoch,
             epoch_seen: self.epoch_known(),
             following: if role == PeerRole::Standby { self.following() } else { None },
-            caught_up: role == PeerRole::Active || table.is_some(),
+            // An active blocked by --min-standbys says so here.
+            caught_up: match role {
+                PeerRole::Active => !matches!(self.blocked, Some(Blocked::NoStandby { .. })),
+                _ => table.is_some(),
+            },
             table,
             handing_off_to,
-        };
-        for to in 0..self.config.nodes {
-            if to != self.config.me {
-                self.push(Effect::Send { to, message: PeerMessage::Heartbeat(heartbeat) });
-            }
         }
-        self.next_heartbeat_ms = self.now_ms + self.config.heartbeat_ms;
     }
 
     fn push(&mut self, effect: Effect) {
         assert!(self.effects.len() < EFFECTS_QUEUED_MAX, "effects must be drained after every input");
         self.effects.push_back(effect);
     }
+}
+
+/// Whether an active's heartbeat says it is blocked by `--min-standbys`
+/// (an active's `caught_up` is false only then).
+fn heartbeat_blocked(heartbeat: &Heartbeat) -> bool {
+    heartbeat.role == PeerRole::Active && !heartbeat.caught_up
 }

@@ -9,7 +9,7 @@ const FAILOVER_MS: u64 = 1000;
 const HANDOFF_TIMEOUT_MS: u64 = 2000;
 
 fn config(me: usize, nodes: usize) -> ClusterConfig {
-    ClusterConfig { me, nodes, heartbeat_ms: HEARTBEAT_MS, failover_ms: FAILOVER_MS }
+    ClusterConfig { me, nodes, heartbeat_ms: HEARTBEAT_MS, failover_ms: FAILOVER_MS, min_standbys: 0 }
 }
 
 fn drain(node: &mut Node) -> Vec<Effect> {
@@ -821,4 +821,131 @@ fn a_standby_that_cannot_promote_is_blocked_until_it_has_an_active_to_follow() {
     drain(&mut node);
     assert_eq!(node.status().active_node, Some(0));
     assert_eq!(node.blocked(), None);
+}
+
+// ----- `--min-standbys` -----
+
+/// Node 0 of 3 with `--min-standbys 1`, active alone since start-up.
+fn semi_sync_active() -> (Node, u64) {
+    let semi_sync = ClusterConfig { min_standbys: 1, ..config(0, 3) };
+    let mut node = Node::new(semi_sync, 0, 1, 0);
+    tick_until(&mut node, 0, FAILOVER_MS);
+    let epoch = crate::cluster::next_epoch(0, 0).unwrap();
+    drain(&mut node);
+    node.epoch_persisted(FAILOVER_MS, epoch);
+    assert!(others(&drain(&mut node)).contains(&Effect::Activate { epoch, stream: epoch }));
+    (node, epoch)
+}
+
+fn applied(sequence: u64, active: usize, stream: u64, version: u64) -> Heartbeat {
+    Heartbeat { table: Some(TableVersion { stream, version }), ..follower(sequence, active, Some(stream)) }
+}
+
+#[test]
+fn min_standbys_the_acknowledged_version_is_the_nth_highest_a_caught_up_follower_applied() {
+    let (mut node, epoch) = semi_sync_active();
+    let now = FAILOVER_MS + 10;
+    assert_eq!(node.acknowledged_version(), None, "no standby yet");
+    node.receive(now, 1, hb(applied(1, 0, epoch, 5)));
+    assert_eq!(node.acknowledged_version(), Some(5));
+    node.receive(now, 2, hb(applied(1, 0, epoch, 9)));
+    assert_eq!(node.acknowledged_version(), Some(9), "one standby is enough");
+    node.receive(now, 2, hb(applied(2, 0, epoch - 1, 20)));
+    assert_eq!(node.acknowledged_version(), Some(5), "another stream's version says nothing");
+    let two = ClusterConfig { min_standbys: 2, ..config(0, 3) };
+    assert!(two.validate().is_ok());
+    assert!(ClusterConfig { min_standbys: 3, ..config(0, 3) }.validate().is_err(), "at most nodes - 1");
+}
+
+#[test]
+fn min_standbys_an_active_without_a_caught_up_standby_for_failover_ms_is_blocked_until_one_is_back() {
+    let (mut node, epoch) = semi_sync_active();
+    let activated = FAILOVER_MS;
+    node.tick(activated + FAILOVER_MS - 1);
+    assert_eq!(node.blocked(), None, "its standbys have one failover period to catch up");
+    node.tick(activated + FAILOVER_MS);
+    assert_eq!(node.blocked(), Some(Blocked::NoStandby { needed: 1 }));
+    assert!(node.status().active, "it stays active for its holders");
+    let back = activated + FAILOVER_MS + 50;
+    node.receive(back, 1, hb(follower(1, 0, None)));
+    assert_eq!(node.blocked(), Some(Blocked::NoStandby { needed: 1 }), "a standby without the table does not count");
+    node.receive(back, 1, hb(applied(2, 0, epoch, 0)));
+    assert_eq!(node.blocked(), None);
+    // Silent for a failover period: blocked again, at the deadline it asked for.
+    let deadline = node.next_deadline_ms();
+    assert!(deadline <= back + FAILOVER_MS);
+    tick_until(&mut node, back, back + FAILOVER_MS);
+    assert_eq!(node.blocked(), Some(Blocked::NoStandby { needed: 1 }));
+}
+
+#[test]
+fn min_standbys_a_standby_acknowledges_applied_deltas_to_its_active_at_once() {
+    let semi_sync = ClusterConfig { min_standbys: 1, ..config(1, 3) };
+    let mut node = Node::new(semi_sync, 0, 1, 0);
+    node.receive(10, 0, hb(active(1, 5)));
+    drain(&mut node);
+    node.snapshot_applied(20, 0, TableVersion { stream: 5, version: 3 }, 0);
+    node.replica_applied(21, 0, TableVersion { stream: 5, version: 7 }, 0);
+    drain(&mut node);
+    node.acknowledge(22);
+    let sent = heartbeats(&drain(&mut node));
+    assert_eq!(sent.len(), 1, "to the active only: {sent:?}");
+    assert_eq!(sent[0].0, 0);
+    assert_eq!(sent[0].1.table, Some(TableVersion { stream: 5, version: 7 }));
+    node.acknowledge(23);
+    assert!(drain(&mut node).is_empty(), "nothing new applied, nothing to say");
+    let plain = Node::new(config(1, 3), 0, 1, 0);
+    assert_eq!(plain.config().min_standbys, 0);
+}
+
+#[test]
+fn min_standbys_a_blocked_active_yields_to_a_rival_that_is_not_whatever_their_priorities() {
+    let (mut node, epoch) = semi_sync_active();
+    let blocked_at = 2 * FAILOVER_MS;
+    node.tick(blocked_at);
+    assert_eq!(node.blocked(), Some(Blocked::NoStandby { needed: 1 }));
+    let sent = heartbeats(&drain(&mut node));
+    node.tick(blocked_at + HEARTBEAT_MS);
+    let sent = [sent, heartbeats(&drain(&mut node))].concat();
+    assert!(sent.iter().all(|(_, heartbeat)| !heartbeat.caught_up), "a blocked active says so: {sent:?}");
+    // Node 1 became active on the other side of a partition, with node 2 as
+    // its standby; node 0, blocked, hears it again and follows it.
+    let rival_epoch = epoch + 16;
+    let now = blocked_at + HEARTBEAT_MS + 10;
+    node.receive(now, 1, hb(Heartbeat { epoch_seen: rival_epoch, ..active(1, rival_epoch) }));
+    assert!(!node.status().active, "the blocked active stepped down");
+    assert!(others(&drain(&mut node)).contains(&Effect::Follow { active: Some(1) }));
+    assert_eq!(node.blocked(), None, "a standby is not blocked");
+
+    // An active that is not blocked keeps its role before a blocked rival of higher priority.
+    let semi_sync = ClusterConfig { min_standbys: 1, ..config(1, 3) };
+    let mut node = Node::new(semi_sync, 0, 1, 0);
+    tick_until(&mut node, 0, FAILOVER_MS);
+    let epoch = crate::cluster::next_epoch(0, 1).unwrap();
+    node.epoch_persisted(FAILOVER_MS, epoch);
+    node.receive(FAILOVER_MS + 10, 2, hb(applied(1, 1, epoch, 0)));
+    drain(&mut node);
+    let blocked_rival = Heartbeat { caught_up: false, ..active(1, epoch - 1) };
+    node.receive(FAILOVER_MS + 20, 0, hb(blocked_rival));
+    assert!(node.status().active, "node 1 has its standby: it stays active");
+    assert_eq!(node.blocked(), None);
+    // A standby that hears both follows the one that is not blocked.
+    let mut standby = Node::new(ClusterConfig { min_standbys: 1, ..config(2, 3) }, 0, 1, 0);
+    standby.receive(10, 0, hb(blocked_rival));
+    standby.receive(10, 1, hb(active(1, epoch)));
+    assert_eq!(standby.status().active_node, Some(1));
+}
+
+#[test]
+fn a_hand_off_that_succeeded_names_the_table_the_successor_holds_once() {
+    let mut node = active_with_followers();
+    let now = FAILOVER_MS + 20;
+    node.stop_requested(now);
+    node.clients_held(now + 2, 7);
+    drain(&mut node);
+    assert_eq!(node.take_handed_off(), None, "not before the successor answers");
+    let table = TableVersion { stream: 16, version: 7 };
+    node.receive(now + 5, 1, PeerMessage::HandOffDone { table, epoch: 33 });
+    assert_eq!(node.take_handed_off(), Some(table));
+    assert_eq!(node.take_handed_off(), None);
 }

@@ -76,6 +76,8 @@ pub struct SimConfig {
     pub chaos_gap_ms_max: u64,
     /// Weight of each fault kind, in the order of `FAULTS`.
     fault_weights: [u64; FAULTS.len()],
+    /// `--min-standbys` of every node (0 in most runs).
+    pub min_standbys: usize,
 }
 
 impl SimConfig {
@@ -101,6 +103,8 @@ impl SimConfig {
         }
         // Restarts keep the cluster populated when crashes and stops are drawn.
         fault_weights[1] = fault_weights[1].max(fault_weights[0]).max(fault_weights[3]);
+        // Drawn last, so that every other setting of a seed stays as it was.
+        let min_standbys = if rng.chance(250) { rng.between(1, nodes as u64 - 1) as usize } else { 0 };
         SimConfig {
             seed,
             nodes,
@@ -111,11 +115,18 @@ impl SimConfig {
             delay_ms_max,
             chaos_gap_ms_max,
             fault_weights,
+            min_standbys,
         }
     }
 
     fn cluster(&self, me: usize) -> ClusterConfig {
-        ClusterConfig { me, nodes: self.nodes, heartbeat_ms: self.heartbeat_ms, failover_ms: self.failover_ms }
+        ClusterConfig {
+            me,
+            nodes: self.nodes,
+            heartbeat_ms: self.heartbeat_ms,
+            failover_ms: self.failover_ms,
+            min_standbys: self.min_standbys,
+        }
     }
 
     fn handoff_timeout_ms(&self) -> u64 {
@@ -742,8 +753,15 @@ impl Sim {
     fn send(&mut self, index: usize, to: usize, message: PeerMessage) {
         let host = &self.hosts[index];
         let had_state = host.table.is_some();
+        // An active says it is caught up, unless --min-standbys blocks it
+        // (as of when the heartbeat was made, which the effects' order hides).
+        let semi_sync = self.config.min_standbys > 0;
         if let PeerMessage::Heartbeat(heartbeat) = message
-            && heartbeat.caught_up != (had_state || heartbeat.role == super::PeerRole::Active)
+            && if heartbeat.role == super::PeerRole::Active {
+                !heartbeat.caught_up && !semi_sync
+            } else {
+                heartbeat.caught_up != had_state
+            }
             && heartbeat.role != super::PeerRole::Leaving
         {
             let text = format!("node {index} says caught up {} but holds {:?}", heartbeat.caught_up, host.table);
@@ -970,7 +988,10 @@ impl Sim {
             }
             Received::Applied { table, token_epoch_max } => {
                 host.knowledge = host.knowledge.max(token_epoch_max);
-                host.node.as_mut().expect("up").replica_applied(now_ms, from, table, token_epoch_max);
+                let node = host.node.as_mut().expect("up");
+                node.replica_applied(now_ms, from, table, token_epoch_max);
+                // The runtime acknowledges at the end of its turn; here at once.
+                node.acknowledge(now_ms);
             }
             Received::Broken(Break::OutOfOrder((key, granted, previous))) => {
                 let text = format!("node {to} applies key {key} token {granted:#x} below {previous:#x}");

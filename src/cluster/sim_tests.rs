@@ -14,7 +14,8 @@
 //! - **state**: no node becomes active with an empty table while a peer
 //!   whose heartbeat, sent while it held a table, arrived within the
 //!   failover timeout still holds it (same life, not leaving); heartbeats say
-//!   "caught up" exactly when the node holds a table;
+//!   "caught up" exactly when the node holds a table (an active's may say
+//!   not, in the quarter of runs with `--min-standbys`, while it is blocked);
 //! - **after the heal** (a hand-off timeout plus three failover periods
 //!   later, and from then on): exactly one active, an active holding its
 //!   clients for a hand-off aside; at the end, the highest-priority running

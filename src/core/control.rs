@@ -32,6 +32,8 @@ impl EventLoop {
                 self.state.reports.push_back(Report::Held { core: self.state.core });
             }
             Control::Resume => self.dispatcher.serve_held(),
+            Control::Acknowledged { reports } => self.dispatcher.acknowledged(reports),
+            Control::Granting(granting) => self.dispatcher.set_granting(granting),
         }
         self.supply_tokens();
     }
@@ -72,7 +74,8 @@ impl EventLoop {
     pub(crate) fn queue_deltas(&mut self) {
         let link = self.state.shared.cluster.as_ref();
         if let Some(deltas) = self.dispatcher.take_deltas(|| link.map(ClusterLink::delta_buffer).unwrap_or_default()) {
-            self.state.reports.push_back(Report::Deltas(deltas));
+            self.dispatcher.deltas_reported();
+            self.state.reports.push_back(Report::Deltas { core: self.state.core, deltas });
         }
     }
 }

@@ -114,6 +114,9 @@ impl EventLoop {
         let settings = Settings { core, cores, lease_ms_max: shared.lease_ms_max, limits: shared.connection_limits };
         let mut dispatcher = Dispatcher::new(settings, shard, view, role, auth);
         dispatcher.set_auth_failures(shared.auth_failures.clone());
+        if shared.cluster.as_ref().is_some_and(|link| link.min_standbys > 0) {
+            dispatcher.hold_grants_until_acknowledged();
+        }
         Ok(EventLoop {
             state: CoreState {
                 ring,

@@ -45,13 +45,22 @@ pub enum Control {
     Hold,
     /// Serve the held requests and carry on (a hand-off failed).
     Resume,
+    /// `--min-standbys`: enough caught-up standbys have applied the core's
+    /// [`Report::Deltas`] up to number `reports` (counted from 1), so the
+    /// replies of the grants they carry may go.
+    Acknowledged { reports: u64 },
+    /// `--min-standbys`: whether the node may grant (it has had enough
+    /// caught-up standbys lately); if not, acquires and extends are refused
+    /// `no-standby`.
+    Granting(bool),
 }
 
 /// What a shard core tells the replication core, in order.
 #[derive(Debug)]
 pub enum Report {
-    /// Changes of the core's table, in the order they happened.
-    Deltas(Vec<Delta>),
+    /// Changes of the core's table, in the order they happened. Each
+    /// core's reports of deltas are numbered from 1 by their order.
+    Deltas { core: usize, deltas: Vec<Delta> },
     /// The core holds its requests; every delta it made is reported before this.
     Held { core: usize },
 }
@@ -115,13 +124,16 @@ pub struct ClusterLink {
     /// Why this node cannot serve when it should (`None`: nothing stops
     /// it), for `S`, `/readyz` and `/metrics`; written by the replication core.
     pub blocked: Mutex<Option<crate::cluster::Blocked>>,
+    /// `--min-standbys`: with more than 0, the cores hold the replies of
+    /// grants and extends until the replication core acknowledges them.
+    pub min_standbys: usize,
 }
 
 /// [`ClusterLink::replication_lag`] when there is nothing to compare.
 pub const LAG_UNKNOWN: u64 = u64::MAX;
 
 impl ClusterLink {
-    pub fn new(reports: Sender<Report>) -> ClusterLink {
+    pub fn new(reports: Sender<Report>, min_standbys: usize) -> ClusterLink {
         let (spare_sender, spare) = crossbeam_channel::bounded(SPARE_DELTA_BUFFERS_MAX);
         ClusterLink {
             reports,
@@ -137,6 +149,7 @@ impl ClusterLink {
             peer_auth_failures_inbound: AtomicU64::new(0),
             peer_auth_failures_outbound: AtomicU64::new(0),
             blocked: Mutex::new(None),
+            min_standbys,
         }
     }
 
@@ -180,7 +193,7 @@ mod tests {
 
     fn link() -> ClusterLink {
         let (reports, _) = crossbeam_channel::bounded(1);
-        ClusterLink::new(reports)
+        ClusterLink::new(reports, 0)
     }
 
     fn grant(token: u64) -> Delta {

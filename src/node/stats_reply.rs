@@ -86,8 +86,15 @@ pub fn json(shared: &Shared, role: Role, epoch: u64) -> String {
             link.table_stream.load(Ordering::Relaxed),
             link.table_version.load(Ordering::Relaxed)
         );
-        if let Some(crate::cluster::Blocked::EpochSpaceExhausted { highest }) = link.blocked() {
-            let _ = write!(out, ",\"blocked\":{{\"reason\":\"epoch_space_exhausted\",\"highest_epoch\":{highest}}}");
+        match link.blocked() {
+            Some(crate::cluster::Blocked::EpochSpaceExhausted { highest }) => {
+                let _ =
+                    write!(out, ",\"blocked\":{{\"reason\":\"epoch_space_exhausted\",\"highest_epoch\":{highest}}}");
+            }
+            Some(crate::cluster::Blocked::NoStandby { needed }) => {
+                let _ = write!(out, ",\"blocked\":{{\"reason\":\"no_standby\",\"min_standbys\":{needed}}}");
+            }
+            None => {}
         }
     }
     let (waits, handoffs) = hot_keys(&cores);

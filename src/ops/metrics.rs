@@ -171,6 +171,8 @@ fn render_node(out: &mut String, shared: &Shared) {
         );
         let exhausted = matches!(link.blocked(), Some(Blocked::EpochSpaceExhausted { .. }));
         let _ = writeln!(out, "ringlock_blocked{{reason=\"epoch_space_exhausted\"}} {}", u8::from(exhausted));
+        let no_standby = matches!(link.blocked(), Some(Blocked::NoStandby { .. }));
+        let _ = writeln!(out, "ringlock_blocked{{reason=\"no_standby\"}} {}", u8::from(no_standby));
     }
     family(
         out,

@@ -123,6 +123,22 @@ pub struct ReplicationCore {
     held_logged: bool,
     /// How long a hold may last before it is logged: the hand-off timeout.
     hold_warn_ms: u64,
+    /// With `--min-standbys`: which reports of the shards' deltas the
+    /// standbys have applied, for the cores that hold the replies of grants.
+    acks: Option<Acks>,
+}
+
+/// `--min-standbys` on the active: the shards' reports of deltas, by the
+/// stream version that contains each, until enough standbys have applied
+/// it; and whether the node may grant.
+struct Acks {
+    /// Reports of deltas received per core (each core numbers its own from 1).
+    reports: Vec<u64>,
+    /// Reports not yet acknowledged, in stream order: the version that
+    /// contains the report, its core, its number.
+    pending: VecDeque<(u64, usize, u64)>,
+    /// Whether the cores were last told that the node may grant.
+    granting: bool,
 }
 
 impl ReplicationCore {
@@ -139,6 +155,11 @@ impl ReplicationCore {
         let nodes = peers.len();
         let cores = shared.mailboxes.len();
         let hold_warn_ms = node.config().handoff_timeout_ms();
+        let acks = (node.config().min_standbys > 0).then(|| Acks {
+            reports: vec![0; cores],
+            pending: VecDeque::new(),
+            granting: true,
+        });
         ReplicationCore {
             node,
             peers,
@@ -168,6 +189,7 @@ impl ReplicationCore {
             held_since_ms: None,
             held_logged: false,
             hold_warn_ms,
+            acks,
         }
     }
 
@@ -212,7 +234,7 @@ impl ReplicationCore {
         while entries < ENTRIES_PER_TURN_MAX {
             let Ok(report) = self.reports.try_recv() else { break };
             entries += match &report {
-                Report::Deltas(deltas) => deltas.len(),
+                Report::Deltas { deltas, .. } => deltas.len(),
                 Report::Held { .. } => 1,
             };
             self.report(now_ms, report);
@@ -241,6 +263,11 @@ impl ReplicationCore {
         if now_ms >= self.node.next_deadline_ms() {
             self.node.tick(now_ms);
             exit = exit.or(self.effects(now_ms));
+        }
+        if self.acks.is_some() {
+            self.node.acknowledge(now_ms);
+            exit = exit.or(self.effects(now_ms));
+            self.acknowledge();
         }
         self.check_hold(now_ms);
         self.send_controls();
@@ -286,6 +313,13 @@ impl ReplicationCore {
                 }
                 Effect::Follow { active } => {
                     self.set_held(false, now_ms);
+                    if let Some(table) = self.node.take_handed_off()
+                        && self.serving.is_some_and(|serving| serving.stream == table.stream)
+                    {
+                        // The successor holds every delta of the hand-off:
+                        // the replies held for them go before the Follow.
+                        self.acknowledge_up_to(table.version);
+                    }
                     self.follow(active);
                 }
                 Effect::SendSnapshot { to } => self.send_snapshot(now_ms, to),
@@ -346,6 +380,9 @@ impl ReplicationCore {
             // are numbered from 1 again, and every standby starts over from
             // a snapshot.
             self.serving = Some(TableVersion { stream, version: 0 });
+            if let Some(acks) = &mut self.acks {
+                acks.pending.clear();
+            }
             self.batch.clear();
             self.streams.iter_mut().for_each(|stream| *stream = None);
             self.receiver.clear();
@@ -390,13 +427,20 @@ impl ReplicationCore {
     /// A shard's report, in the order that shard made it.
     fn report(&mut self, now_ms: u64, report: Report) {
         match report {
-            Report::Deltas(mut deltas) => {
+            Report::Deltas { core, mut deltas } => {
+                let report = self.acks.as_mut().map(|acks| {
+                    acks.reports[core] += 1;
+                    acks.reports[core]
+                });
                 // Deltas made before a Follow reach this loop after it: the
                 // table they change belongs to the new active now.
                 if let Some(serving) = &mut self.serving {
                     for chunk in deltas.chunks(ENTRIES_PER_FRAME_MAX) {
                         wire::encode_deltas(serving.stream, serving.version + 1, chunk, &mut self.batch);
                         serving.version += chunk.len() as u64;
+                    }
+                    if let (Some(acks), Some(report)) = (&mut self.acks, report) {
+                        acks.pending.push_back((serving.version, core, report));
                     }
                     for delta in deltas.drain(..) {
                         if let Err(error) = self.mirror.apply(now_ms, delta) {
@@ -638,6 +682,50 @@ impl ReplicationCore {
                     ),
                 }
                 self.node.replica_broken(now_ms, from);
+            }
+        }
+    }
+
+    /// `--min-standbys` on the active: tells each core how far enough
+    /// standbys have applied its reports, so that it sends the replies it
+    /// held for them; and every core whether the node may grant.
+    fn acknowledge(&mut self) {
+        let Some(acks) = &mut self.acks else { return };
+        let granting = !matches!(self.node.blocked(), Some(Blocked::NoStandby { .. }));
+        let granting_changed = std::mem::replace(&mut acks.granting, granting) != granting;
+        if !granting {
+            // The cores answer what they held `no-standby` and hold nothing
+            // new while they may not grant: no report needs following, and
+            // a long block under releases and expiries does not pile them
+            // up. (An acknowledgement covers a core's earlier reports too.)
+            acks.pending.clear();
+        }
+        if granting_changed {
+            self.control_every_core(|| Control::Granting(granting));
+        }
+        if let Some(version) = self.node.acknowledged_version() {
+            self.acknowledge_up_to(version);
+        }
+    }
+
+    /// Tells each core how far its reports contained in the stream up to
+    /// `version` go.
+    fn acknowledge_up_to(&mut self, version: u64) {
+        let Some(acks) = &mut self.acks else { return };
+        let mut acknowledged: Vec<Option<u64>> = Vec::new();
+        while let Some(&(contained_in, core, report)) = acks.pending.front() {
+            if contained_in > version {
+                break;
+            }
+            acks.pending.pop_front();
+            if acknowledged.is_empty() {
+                acknowledged.resize(acks.reports.len(), None);
+            }
+            acknowledged[core] = Some(report);
+        }
+        for (core, reports) in acknowledged.into_iter().enumerate() {
+            if let Some(reports) = reports {
+                self.control_core(core, Control::Acknowledged { reports });
             }
         }
     }

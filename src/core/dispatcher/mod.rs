@@ -33,6 +33,7 @@ mod connections;
 #[cfg(test)]
 mod model_tests;
 mod requests;
+mod semi_sync;
 pub(crate) mod session;
 #[cfg(test)]
 mod tests;
@@ -145,6 +146,9 @@ pub(crate) struct Dispatcher {
     stats: Option<StatsJson>,
     /// The number of this turn (see [`Dispatcher::set_now`]).
     turn: u64,
+    /// With `--min-standbys`: the replies held until standbys have the
+    /// change they report (see `semi_sync.rs`). `None`: replies go at once.
+    semi_sync: Option<Box<semi_sync::SemiSync>>,
 }
 
 /// A built `S` reply body and what it was built for.
@@ -191,6 +195,7 @@ impl Dispatcher {
             auth_failures: None,
             stats: None,
             turn: 1,
+            semi_sync: None,
         };
         // A new shard's first effect is its call for tokens.
         dispatcher.deliver_replies();
@@ -304,7 +309,7 @@ impl Dispatcher {
             }
             CoreMessage::Reply { client, reply } => self.connections.deliver(client, &reply),
             CoreMessage::ClientGone(client) => {
-                let removed = self.shard.client_gone(self.now_ms, client);
+                let removed = self.shard.client_gone(self.now_ms, client) + self.drop_held(client);
                 self.deliver_replies();
                 let (core, ..) = split_client_id(client);
                 self.connections.outgoing[core].push(CoreMessage::GoneAck { client, removed });
@@ -533,6 +538,7 @@ impl Dispatcher {
         for (client, name, request) in std::mem::take(&mut self.parked) {
             self.run_keyed(client, name, requests::Keyed::of(&request));
         }
+        self.release_held(None);
         self.shard.step_down(self.now_ms);
         self.deliver_replies();
     }
@@ -581,6 +587,7 @@ impl Dispatcher {
             // `shutting-down` (it had no effect), in order with the rest.
             self.refuse_parked(ErrorCode::ShuttingDown);
         }
+        self.release_held(Some(ErrorCode::ShuttingDown));
         if self.shard.stats().waiters > 0 {
             self.shard.fail_waiters(self.now_ms, ErrorCode::ShuttingDown);
             self.deliver_replies();
@@ -705,7 +712,7 @@ impl Dispatcher {
         }
         let client = client_id(self.core, slot, session.generation);
         session.gone_acks = (self.cores - 1) as u32;
-        let removed = self.shard.client_gone(self.now_ms, client);
+        let removed = self.shard.client_gone(self.now_ms, client) + self.drop_held(client);
         let session = &mut self.connections.sessions[slot as usize];
         session.in_flight = session.in_flight.saturating_sub(removed);
         for target in (0..self.cores).filter(|&target| target != self.core) {

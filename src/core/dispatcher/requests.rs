@@ -349,7 +349,7 @@ impl Dispatcher {
             self.connections.outgoing[target].push(CoreMessage::Request { client, name, request });
             return;
         }
-        if self.role != CoreRole::Active {
+        if self.role != CoreRole::Active || self.semi_sync.is_some() {
             self.run_keyed(client, name, request);
             self.deliver_replies();
             return;
@@ -375,6 +375,9 @@ impl Dispatcher {
     /// straight to that connection, which is live, as its input is being read.
     #[inline(always)]
     fn deliver_replies_asked_by(&mut self, asker: Option<(u32, ClientId)>) {
+        if self.semi_sync.is_some() {
+            return self.deliver_or_hold();
+        }
         for effect in self.shard.effects() {
             match effect {
                 Effect::Reply { client, reply } => match asker {
@@ -392,6 +395,9 @@ impl Dispatcher {
     /// already) redirected to the active.
     pub(super) fn run_keyed(&mut self, client: ClientId, name: NameId, request: Keyed<'_>) {
         match (self.role, request) {
+            (CoreRole::Active, request @ (Keyed::Acquire { .. } | Keyed::Extend { .. })) if self.refuses_grants() => {
+                self.shard.reject(self.now_ms, client, request.op(), request.key(), ErrorCode::NoStandby)
+            }
             (CoreRole::Active, request) => request.apply(self, client, name),
             (CoreRole::Held, request) => self.parked.push((client, name, request.to_routed())),
             (CoreRole::Standby, Keyed::Reject { op, key, code }) => {

@@ -365,3 +365,107 @@ fn a_connection_gets_a_share_of_requests_per_turn_and_the_rest_waits_for_the_nex
     assert_eq!(answered, 3 * share);
     assert_eq!(core.effects(), [SocketEffect::Close(busy)]);
 }
+
+// ----- `--min-standbys`: replies held until standbys have the change -----
+
+impl Core {
+    fn semi_sync() -> Core {
+        let mut core = Core::new();
+        core.dispatcher.hold_grants_until_acknowledged();
+        core
+    }
+
+    /// The end of the turn: the shard's deltas leave in the next report.
+    fn report(&mut self) -> u64 {
+        self.dispatcher.deltas_reported();
+        self.dispatcher.semi_sync.as_deref().map(|sync| sync.reported).unwrap()
+    }
+}
+
+#[test]
+fn semi_sync_a_grant_is_answered_once_its_report_is_acknowledged() {
+    let mut core = Core::semi_sync();
+    let slot = core.open();
+    core.feed(slot, b"A k 30 0\n");
+    assert_eq!(core.sent_output(slot), "", "the grant waits for a standby");
+    assert_eq!(core.dispatcher.held_replies(), 1);
+    let report = core.report();
+    core.dispatcher.acknowledged(report - 1);
+    assert_eq!(core.sent_output(slot), "", "an earlier report does not carry it");
+    core.dispatcher.acknowledged(report);
+    let reply = core.sent_output(slot);
+    assert!(reply.starts_with("A k "), "{reply}");
+    assert_eq!(core.dispatcher.held_replies(), 0);
+}
+
+#[test]
+fn semi_sync_a_held_grant_holds_its_connections_later_replies_only() {
+    let mut core = Core::semi_sync();
+    let (holder, other) = (core.open(), core.open());
+    core.feed(holder, b"A a 30 0\n");
+    let acknowledged = core.report();
+    core.dispatcher.acknowledged(acknowledged);
+    let token = token_of(&core.sent_output(holder));
+    core.feed(holder, format!("A b 30 0\nR a {token}\n").as_bytes());
+    core.feed(other, b"I z\n");
+    assert_eq!(core.sent_output(holder), "", "the release waits behind the held grant");
+    assert_eq!(core.sent_output(other), "I z - 0 0\n", "another connection is not held");
+    let report = core.report();
+    core.dispatcher.acknowledged(report);
+    let replies = core.sent_output(holder);
+    let lines: Vec<&str> = replies.lines().collect();
+    assert_eq!(lines.len(), 2, "{replies}");
+    assert!(lines[0].starts_with("A b "), "{replies}");
+    assert_eq!(lines[1], "R a");
+}
+
+#[test]
+fn semi_sync_without_standbys_acquires_and_extends_are_refused_and_holders_release() {
+    let mut core = Core::semi_sync();
+    let (holder, waiter) = (core.open(), core.open());
+    core.feed(holder, b"A k 30 0\n");
+    let report = core.report();
+    core.dispatcher.acknowledged(report);
+    let token = token_of(&core.sent_output(holder));
+    core.feed(waiter, b"A k 30 10\n");
+    assert_eq!(core.sent_output(waiter), "", "queued behind the holder");
+    core.feed(holder, b"A held 30 0\n");
+    assert_eq!(core.sent_output(holder), "", "a grant waits for a standby");
+    core.dispatcher.set_granting(false);
+    assert_eq!(core.sent_output(waiter), "E A k no-standby\n", "a queued acquire is answered");
+    assert_eq!(core.sent_output(holder), "E A held no-standby\n", "a held grant is answered");
+    core.feed(waiter, b"A other 30 0\n");
+    assert_eq!(core.sent_output(waiter), "E A other no-standby\n");
+    core.feed(holder, format!("X k {token} 30\nR k {token}\n").as_bytes());
+    assert_eq!(core.sent_output(holder), "E X k no-standby\nR k\n");
+    core.dispatcher.set_granting(true);
+    core.feed(waiter, b"A k 30 0\n");
+    let report = core.report();
+    core.dispatcher.acknowledged(report);
+    assert!(core.sent_output(waiter).starts_with("A k "));
+}
+
+#[test]
+fn semi_sync_a_node_that_steps_down_redirects_the_grants_it_held() {
+    let mut core = Core::semi_sync();
+    let slot = core.open();
+    core.feed(slot, b"A k 30 0\n");
+    core.feed(slot, b"I k\n");
+    assert_eq!(core.sent_output(slot), "", "the inspection waits behind the held grant");
+    core.dispatcher.follow(Some("10.0.0.2:7700".to_string()));
+    let output = core.sent_output(slot);
+    let lines: Vec<&str> = output.lines().collect();
+    assert_eq!(lines[0], "M A k 10.0.0.2:7700", "{output}");
+    assert!(lines[1].starts_with("I k "), "the inspection behind it follows: {output}");
+}
+
+#[test]
+fn semi_sync_a_connection_that_ends_drops_its_held_replies_and_closes() {
+    let mut core = Core::semi_sync();
+    let slot = core.open();
+    core.feed(slot, b"A k 30 0\n");
+    core.effects();
+    core.dispatcher.input_ended(slot);
+    assert!(core.effects().contains(&SocketEffect::Close(slot)), "nothing is owed once the held reply is dropped");
+    assert_eq!(core.dispatcher.held_replies(), 0);
+}
