@@ -198,15 +198,7 @@ impl EventLoop {
         self.handle_completions();
         self.handle_inbox();
         // Connections that used their share of the last turn with lines
-        // left go on now, in smaller steps. The replies made so far go out
-        // first, so that a connection with a few requests does not wait
-        // for that work.
-        if self.dispatcher.has_deferred() {
-            self.flush();
-            if let Err(error) = self.state.ring.submit() {
-                tracing::warn!(core = self.state.core, "io_uring submit failed: {error}");
-            }
-        }
+        // left go on now, each with this turn's share.
         self.dispatcher.serve_deferred();
         self.dispatcher.advance();
         self.expire_greetings();

@@ -430,18 +430,14 @@ impl Dispatcher {
         true
     }
 
-    /// Parses on what connections kept when they used their share of an
-    /// earlier turn, in the order they did, each with a quarter of a share
-    /// ([`session::DEFERRED_SHARE_DIVISOR`]).
+    /// Parses on, with this turn's shares, what connections kept when they
+    /// used their share of an earlier turn, in the order they did.
     pub(crate) fn serve_deferred(&mut self) {
         let mut deferred = std::mem::take(&mut self.connections.deferred);
         for &slot in &deferred {
             self.connections.sessions[slot as usize].deferred = false;
         }
         for &slot in &deferred {
-            let session = &mut self.connections.sessions[slot as usize];
-            let share = session.limits.requests_per_turn.div_ceil(session::DEFERRED_SHARE_DIVISOR);
-            session.limit_turn_share(self.turn, share);
             self.parse_kept(slot);
         }
         deferred.clear();

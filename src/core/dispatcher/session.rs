@@ -77,11 +77,6 @@ impl Limits {
 /// cannot make a turn, and every other connection's wait, that long.
 pub const REQUESTS_PER_TURN: u32 = 128;
 
-/// The share of a turn, as a fraction of [`Limits::requests_per_turn`],
-/// that a connection gets while it is served from the deferred list (it
-/// kept more than a whole share waiting): a quarter.
-pub const DEFERRED_SHARE_DIVISOR: u32 = 4;
-
 /// [`Limits::core_output_max`] when the server sets none.
 pub const CORE_OUTPUT_BYTES_DEFAULT: usize = 256 << 20;
 
@@ -318,15 +313,6 @@ impl Session {
         }
         self.parsed_in_turn += 1;
         true
-    }
-
-    /// Gives a connection served from the deferred list only `share`
-    /// requests of `turn`: one that keeps more than a turn's share waiting
-    /// then goes on in small steps, so that the turns, and the replies of
-    /// every other connection (sent at the end of each), stay short.
-    pub fn limit_turn_share(&mut self, turn: u64, share: u32) {
-        self.parsed_turn = turn;
-        self.parsed_in_turn = self.limits.requests_per_turn.saturating_sub(share);
     }
 
     /// Whether the dispatcher should stop parsing (and receiving) for now.
