@@ -5,7 +5,7 @@
 //! - `config`: command-line flags and their environment variables.
 //! - `auth`: client authentication: the auth file, secrets, scopes.
 //! - `tls`: the client port's TLS settings (certificates, keys, client CA).
-//! - `core`: one shard core: its io_uring event loop, connections, parsing
+//! - `shard_core`: one shard core: its io_uring event loop, connections, parsing
 //!   and routing of requests, and the mailboxes between cores.
 //! - `node`: what the cores of a node share: the epoch file, token ranges,
 //!   counters and the `S` reply, each core's role in a cluster.
@@ -22,9 +22,9 @@ pub mod address;
 pub mod auth;
 pub mod cluster;
 pub mod config;
-mod core;
 mod node;
 mod ops;
 mod replication;
 pub mod server;
+mod shard_core;
 pub mod tls;

@@ -14,10 +14,6 @@ use ringlock_shards::{Shard, ShardConfig};
 use crate::auth::SharedAuth;
 use crate::cluster::ExitReason;
 use crate::config::{ClusterSettings, Config};
-use crate::core::listener::{bind_listeners, bind_retrying, listen_error};
-use crate::core::mailbox::{self, Inbox, Mailbox};
-use crate::core::per_ip::PerIpConnections;
-use crate::core::{EventLoop, build_ring, ring_mode_name};
 use crate::node::counters::CoreStats;
 use crate::node::epoch::EpochStore;
 use crate::node::role::{ClusterLink, Report};
@@ -26,6 +22,10 @@ use crate::node::shared::Shared;
 use crate::node::tokens::{TOKEN_RANGE_LEN, TokenAuthority};
 use crate::ops::{http as ops_http, sd_notify};
 use crate::replication::{self, PeerSecret, PeerTls};
+use crate::shard_core::listener::{bind_listeners, bind_retrying, listen_error};
+use crate::shard_core::mailbox::{self, Inbox, Mailbox};
+use crate::shard_core::per_ip::PerIpConnections;
+use crate::shard_core::{EventLoop, build_ring, ring_mode_name};
 
 /// A shard thread: `Ok` once it has stopped, or what stopped it.
 type ShardThread = JoinHandle<Result<(), String>>;
@@ -207,7 +207,7 @@ fn shared(
         connections: AtomicU32::new(0),
         next_core: AtomicUsize::new(0),
         per_ip: PerIpConnections::new(config.max_connections_per_ip),
-        auth_failures: Arc::new(crate::core::per_ip::AuthFailures::new()),
+        auth_failures: Arc::new(crate::shard_core::per_ip::AuthFailures::new()),
         stop: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
         stopped_reading: AtomicUsize::new(0),
@@ -219,11 +219,11 @@ fn shared(
         tls,
         peer_tls,
         handshake_ms: config.handshake_ms,
-        connection_limits: crate::core::Limits {
+        connection_limits: crate::shard_core::Limits {
             core_output_max: (config.max_unsent_bytes() / shards.max(1) as u64) as usize,
             output_stall_ms: config.output_stall_ms,
             requests_per_turn: config.requests_per_turn,
-            ..crate::core::Limits::DEFAULT
+            ..crate::shard_core::Limits::DEFAULT
         },
     })
 }

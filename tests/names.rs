@@ -30,6 +30,16 @@ fn node(peers: &str, index: usize, listen: &str) -> Server {
     Server::start(&args)
 }
 
+/// The table version node `index` holds (the `S` reply's `"table"` field):
+/// it moves past its idle value once a change has come across.
+fn table_version(network: &Network, index: usize) -> u64 {
+    let mut conn = Conn::from_stream(network.connect(index, SocketAddr::new(network.address(index), 7700)));
+    let reply = conn.call("S");
+    let field = reply.split("\"table\":").nth(1).expect("a table in S");
+    let version = field.split("\"version\":").nth(1).unwrap();
+    version[..version.find('}').unwrap()].parse().unwrap()
+}
+
 #[test]
 fn a_cluster_given_names_serves_fails_over_and_names_its_active_as_written() {
     let ports = ports_free(4);
@@ -138,12 +148,17 @@ fn nodes_known_only_by_name_fail_over_and_find_a_node_that_came_back_with_a_new_
         assert!(output.status.success(), "ringlock-cli {args:?}: {}", String::from_utf8_lossy(&output.stderr));
         String::from_utf8(output.stdout).unwrap()
     };
-    wait_until("ringlock-2 follows ringlock-0, by name", || ping(&network, 2).ends_with(" ringlock-0:7700"));
+    wait_until("ringlock-1 and ringlock-2 follow ringlock-0, by name", || {
+        ping(&network, 1).ends_with(" ringlock-0:7700") && ping(&network, 2).ends_with(" ringlock-0:7700")
+    });
 
-    // A client on ringlock-2's host, given only names, takes a lock.
+    // A client on ringlock-2's host, given only names, takes a lock, and
+    // it reaches ringlock-1 before the active dies.
+    let idle = table_version(&network, 1);
     let token = cli(&network, 2, &["acquire", "names/held", "--lease", "60"]);
     let token = token.trim().to_string();
     assert!(token.parse::<u64>().is_ok(), "a token: {token:?}");
+    wait_until("ringlock-1 holds the grant", || table_version(&network, 1) > idle);
 
     nodes[0].kill9();
     wait_until("ringlock-1 takes over", || {
@@ -215,17 +230,9 @@ fn nodes_sharing_one_peer_certificate_that_names_them_all_form_a_cluster_and_fai
     wait_until("both standbys follow ringlock-0 over peer TLS", || {
         ping(1).ends_with(&active_0) && ping(2).ends_with(&active_0)
     });
-    // The table's version on ringlock-1 (the `S` reply's `"table"` field)
-    // moves past its idle value once the grant has come across.
-    let version = |index: usize| -> u64 {
-        let reply = call(index, "S");
-        let field = reply.split("\"table\":").nth(1).expect("a table in S");
-        let version = field.split("\"version\":").nth(1).unwrap();
-        version[..version.find('}').unwrap()].parse().unwrap()
-    };
-    let idle = version(1);
+    let idle = table_version(&network, 1);
     let token = token_of(&call(0, "A names/tls 60000 0"), "names/tls");
-    wait_until("ringlock-1 holds the grant", || version(1) > idle);
+    wait_until("ringlock-1 holds the grant", || table_version(&network, 1) > idle);
 
     nodes[0].kill9();
     let active_1 = format!(" {}:7700", names[1]);

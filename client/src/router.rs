@@ -20,13 +20,13 @@ use crate::timer::Timer;
 /// an index stays valid.
 #[derive(Debug, Default)]
 struct Topology {
-    nodes: Vec<Node>,
+    nodes: Vec<NodeLink>,
     /// Every node's connections, for round-robin over all of them.
     connections: Vec<Arc<Connection>>,
 }
 
 #[derive(Debug)]
-struct Node {
+struct NodeLink {
     address: Arc<str>,
     connections: Vec<Arc<Connection>>,
 }
@@ -108,7 +108,7 @@ impl Router {
             topology.connections.push(connection.clone());
             connection::spawn(connection.clone(), self.clone());
         }
-        topology.nodes.push(Node { address, connections });
+        topology.nodes.push(NodeLink { address, connections });
         index
     }
 
@@ -466,7 +466,7 @@ mod tests {
         Topology {
             nodes: addresses
                 .iter()
-                .map(|address| Node { address: Arc::from(*address), connections: Vec::new() })
+                .map(|address| NodeLink { address: Arc::from(*address), connections: Vec::new() })
                 .collect(),
             connections: Vec::new(),
         }

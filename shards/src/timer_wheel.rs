@@ -139,7 +139,7 @@ impl TimerHandle {
 
 /// One timer in the slab (24 bytes for `T = u32`), or a free node.
 #[derive(Clone)]
-struct Node<T> {
+struct TimerNode<T> {
     deadline_ms: u64,
     value: T,
     /// Next node in the slot's circular list, or the next free node.
@@ -157,7 +157,7 @@ struct Node<T> {
 /// See the [module documentation](self) for the layout and the guarantees.
 #[derive(Clone)]
 pub struct TimerWheel<T: Copy> {
-    nodes: Vec<Node<T>>,
+    nodes: Vec<TimerNode<T>>,
     free_head: u32,
     /// Head of each slot's list (`NIL` when empty); the last one is the due list.
     heads: [u32; SLOTS_WHEEL + 1],
@@ -423,7 +423,7 @@ impl<T: Copy> TimerWheel<T> {
         } else {
             let index = self.nodes.len();
             assert!(index < TIMERS_MAX, "timer wheel is full: TIMERS_MAX = {TIMERS_MAX} timers are scheduled");
-            self.nodes.push(Node { deadline_ms, value, next: NIL, prev: NIL, slot: SLOT_FREE, generation: 0 });
+            self.nodes.push(TimerNode { deadline_ms, value, next: NIL, prev: NIL, slot: SLOT_FREE, generation: 0 });
             index as u32
         }
     }
@@ -476,7 +476,7 @@ impl<T: Copy> TimerWheel<T> {
 
     /// Removes node `index` from the list of the slot it is linked in.
     fn unlink(&mut self, index: u32) {
-        let Node { next, prev, slot, .. } = self.nodes[index as usize];
+        let TimerNode { next, prev, slot, .. } = self.nodes[index as usize];
         if next == index {
             self.heads[slot as usize] = NIL;
             if slot != SLOT_DUE {
@@ -521,7 +521,7 @@ impl<T: Copy> TimerWheel<T> {
         let mut index = head;
         loop {
             // Read the successor first: firing or moving the node rewrites it.
-            let Node { next, deadline_ms, .. } = self.nodes[index as usize];
+            let TimerNode { next, deadline_ms, .. } = self.nodes[index as usize];
             // A timer sits in a slot that starts at or before its deadline.
             assert!(deadline_ms >= self.now_ms, "timer found in a slot after its deadline");
             if deadline_ms == self.now_ms {
@@ -718,7 +718,7 @@ mod tests {
 
     #[test]
     fn node_is_24_bytes_for_u32() {
-        assert!(size_of::<Node<u32>>() <= 24, "{}", size_of::<Node<u32>>());
+        assert!(size_of::<TimerNode<u32>>() <= 24, "{}", size_of::<TimerNode<u32>>());
         assert_eq!(size_of::<TimerHandle>(), 4);
     }
 

@@ -128,7 +128,7 @@ struct ActiveState {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
+enum RoleState {
     Standby {
         following: Option<usize>,
         incoming: Option<IncomingHandOff>,
@@ -156,7 +156,7 @@ pub struct Node {
     /// peer has been heard from.
     deciding: bool,
     stopping: bool,
-    role: Role,
+    role: RoleState,
     /// The highest epoch the runtime has confirmed persisted.
     epoch_persisted: u64,
     /// The highest epoch asked to be persisted.
@@ -203,7 +203,7 @@ impl Node {
             started_ms: now_ms,
             deciding: true,
             stopping: false,
-            role: Role::Standby { following: None, incoming: None },
+            role: RoleState::Standby { following: None, incoming: None },
             epoch_persisted,
             epoch_requested: epoch_persisted,
             epoch_seen: 0,
@@ -254,8 +254,8 @@ impl Node {
             }
         }
         match &self.role {
-            Role::Standby { incoming: Some(handoff), .. } => deadline_ms = deadline_ms.min(handoff.deadline_ms),
-            Role::Active(ActiveState { handoff: Some(handoff), .. }) => {
+            RoleState::Standby { incoming: Some(handoff), .. } => deadline_ms = deadline_ms.min(handoff.deadline_ms),
+            RoleState::Active(ActiveState { handoff: Some(handoff), .. }) => {
                 deadline_ms = deadline_ms.min(handoff.deadline_ms);
                 if let OutgoingState::Offered { resend_ms, .. } = handoff.state {
                     deadline_ms = deadline_ms.min(resend_ms);
@@ -263,7 +263,7 @@ impl Node {
             }
             _ => {}
         }
-        if let Role::Active(active) = &self.role
+        if let RoleState::Active(active) = &self.role
             && self.config.min_standbys > 0
             && self.now_ms < active.since_ms + failover_ms
         {
@@ -275,7 +275,9 @@ impl Node {
     /// What `P` and `S` should show.
     pub fn status(&self) -> Status {
         match &self.role {
-            Role::Active(active) => Status { active: true, epoch: active.epoch, active_node: Some(self.config.me) },
+            RoleState::Active(active) => {
+                Status { active: true, epoch: active.epoch, active_node: Some(self.config.me) }
+            }
             _ => match self.following().or(self.followed_at_exit) {
                 Some(active) => Status { active: false, epoch: self.peer_epoch(active), active_node: Some(active) },
                 None => Status { active: false, epoch: 0, active_node: None },
@@ -293,7 +295,7 @@ impl Node {
     /// standby once it has applied a snapshot of its active's stream. What
     /// `/readyz` reports for a standby.
     pub fn caught_up(&self) -> bool {
-        matches!(self.role, Role::Active(_)) || self.table.is_some()
+        matches!(self.role, RoleState::Active(_)) || self.table.is_some()
     }
 
     /// How many deltas of the active's stream a standby has yet to apply,
@@ -303,7 +305,7 @@ impl Node {
     /// followed, no standby, or a standby without the active's stream).
     pub fn replication_lag(&self) -> Option<u64> {
         match self.role {
-            Role::Active(active) => {
+            RoleState::Active(active) => {
                 let me = self.config.me;
                 self.live_peers()
                     .filter(|(_, heartbeat)| heartbeat.role == PeerRole::Standby && heartbeat.following == Some(me))
@@ -347,7 +349,7 @@ impl Node {
                 self.peers[from].accept(now_ms, heartbeat);
             }
             PeerMessage::SnapshotRequest => {
-                if matches!(self.role, Role::Active(_)) {
+                if matches!(self.role, RoleState::Active(_)) {
                     self.push(Effect::SendSnapshot { to: from });
                 }
             }
@@ -414,14 +416,14 @@ impl Node {
         }
         self.stopping = true;
         match self.role {
-            Role::Standby { .. } | Role::Promoting { .. } => self.exit(ExitReason::Standby),
+            RoleState::Standby { .. } | RoleState::Promoting { .. } => self.exit(ExitReason::Standby),
             // A hand-off already under way decides how the node exits.
-            Role::Active(ActiveState { handoff: Some(_), .. }) => {}
-            Role::Active(_) => match self.successor() {
+            RoleState::Active(ActiveState { handoff: Some(_), .. }) => {}
+            RoleState::Active(_) => match self.successor() {
                 Some(successor) => self.start_handoff(successor),
                 None => self.exit(ExitReason::NoSuccessor),
             },
-            Role::Exiting(_) | Role::Exited => {}
+            RoleState::Exiting(_) | RoleState::Exited => {}
         }
         self.evaluate();
     }
@@ -431,11 +433,11 @@ impl Node {
         self.advance(now_ms);
         self.epoch_persisted = self.epoch_persisted.max(epoch);
         match self.role {
-            Role::Exiting(reason) if self.epoch_persisted >= self.epoch_requested => {
-                self.role = Role::Exited;
+            RoleState::Exiting(reason) if self.epoch_persisted >= self.epoch_requested => {
+                self.role = RoleState::Exited;
                 self.push(Effect::Exit { reason });
             }
-            Role::Promoting { epoch: target, handoff } if epoch >= target => {
+            RoleState::Promoting { epoch: target, handoff } if epoch >= target => {
                 if self.epoch_seen > target {
                     // A higher epoch became known while this one was written:
                     // the new active epoch must be above it too.
@@ -444,10 +446,10 @@ impl Node {
                     self.activate(target, handoff);
                 }
             }
-            Role::Active(ActiveState { bump: Some(target), stream, handoff, .. }) if epoch >= target => {
+            RoleState::Active(ActiveState { bump: Some(target), stream, handoff, .. }) if epoch >= target => {
                 if self.epoch_seen > target {
                     self.start_bump();
-                } else if let Role::Active(active) = &mut self.role {
+                } else if let RoleState::Active(active) = &mut self.role {
                     active.epoch = target;
                     active.bump = None;
                     if handoff.is_some() {
@@ -468,7 +470,7 @@ impl Node {
     /// §2.6): move to a new epoch (an `Activate` follows once it is persisted).
     pub fn epoch_exhausted(&mut self, now_ms: u64) {
         self.advance(now_ms);
-        if let Role::Active(ActiveState { bump: None, .. }) = self.role {
+        if let RoleState::Active(ActiveState { bump: None, .. }) = self.role {
             self.start_bump();
         }
         self.evaluate();
@@ -478,7 +480,7 @@ impl Node {
     /// batch of deltas; heartbeats carry it).
     pub fn table_changed(&mut self, now_ms: u64, version: u64) {
         self.advance(now_ms);
-        if let Role::Active(active) = &mut self.role {
+        if let RoleState::Active(active) = &mut self.role {
             active.version = active.version.max(version);
         }
         self.evaluate();
@@ -489,7 +491,7 @@ impl Node {
     pub fn clients_held(&mut self, now_ms: u64, version: u64) {
         self.advance(now_ms);
         let epoch_seen = self.epoch_known();
-        if let Role::Active(active) = &mut self.role
+        if let RoleState::Active(active) = &mut self.role
             && let Some(handoff) = &mut active.handoff
             && handoff.state == OutgoingState::Holding
         {
@@ -509,7 +511,8 @@ impl Node {
     pub fn snapshot_applied(&mut self, now_ms: u64, from: usize, table: TableVersion, token_epoch_max: u64) {
         self.advance(now_ms);
         self.learn_epoch(token_epoch_max);
-        if matches!(self.role, Role::Standby { .. } | Role::Promoting { handoff: None, .. }) && from < self.peers.len()
+        if matches!(self.role, RoleState::Standby { .. } | RoleState::Promoting { handoff: None, .. })
+            && from < self.peers.len()
         {
             self.table = Some(table);
             self.stream_from = Some(from);
@@ -542,7 +545,7 @@ impl Node {
             return;
         }
         self.advance(now_ms);
-        if let Role::Standby { following: Some(active), .. } = self.role {
+        if let RoleState::Standby { following: Some(active), .. } = self.role {
             let heartbeat = self.heartbeat();
             self.push(Effect::Send { to: active, message: PeerMessage::Heartbeat(heartbeat) });
         }
@@ -561,7 +564,7 @@ impl Node {
     /// the replies of grants up to it may be sent. `None` if it is not
     /// active, the option is off, or too few standbys are caught up.
     pub fn acknowledged_version(&self) -> Option<u64> {
-        let Role::Active(active) = self.role else { return None };
+        let RoleState::Active(active) = self.role else { return None };
         let needed = self.config.min_standbys;
         if needed == 0 {
             return None;
@@ -658,16 +661,16 @@ impl Node {
             self.deciding = false;
         }
         match self.role {
-            Role::Standby { .. } => self.evaluate_standby(),
-            Role::Promoting { .. } => self.evaluate_promoting(),
-            Role::Active(_) => {
+            RoleState::Standby { .. } => self.evaluate_standby(),
+            RoleState::Promoting { .. } => self.evaluate_promoting(),
+            RoleState::Active(_) => {
                 self.evaluate_active();
                 // A node that just stepped down asks its new active for a snapshot now.
-                if matches!(self.role, Role::Standby { .. }) {
+                if matches!(self.role, RoleState::Standby { .. }) {
                     self.evaluate_standby();
                 }
             }
-            Role::Exiting(_) | Role::Exited => return,
+            RoleState::Exiting(_) | RoleState::Exited => return,
         }
         if self.is_gone() {
             return;
@@ -701,12 +704,12 @@ impl Node {
     }
 
     fn evaluate_promoting(&mut self) {
-        let Role::Promoting { handoff, .. } = self.role else { unreachable!() };
+        let RoleState::Promoting { handoff, .. } = self.role else { unreachable!() };
         if self.is_refused() {
             if let Some(handoff) = handoff {
                 self.refuse(handoff);
             }
-            self.role = Role::Standby { following: None, incoming: None };
+            self.role = RoleState::Standby { following: None, incoming: None };
             self.evaluate_standby();
             return;
         }
@@ -720,7 +723,7 @@ impl Node {
             || self.live_peer_follows_another()
             || self.election_winner() != Some(self.config.me)
         {
-            self.role = Role::Standby { following: None, incoming: None };
+            self.role = RoleState::Standby { following: None, incoming: None };
             self.evaluate_standby();
         }
     }
@@ -728,7 +731,7 @@ impl Node {
     fn evaluate_active(&mut self) {
         let me = self.config.me;
         let failover_ms = self.config.failover_ms;
-        let Role::Active(active) = self.role else { unreachable!() };
+        let RoleState::Active(active) = self.role else { unreachable!() };
         if self.is_refused() {
             self.become_standby(None, ExitReason::Standby);
             return;
@@ -787,7 +790,7 @@ impl Node {
                 self.blocked = Some(Blocked::EpochSpaceExhausted { highest: self.epoch_known() });
             }
         }
-        let Role::Active(active) = self.role else { unreachable!() };
+        let RoleState::Active(active) = self.role else { unreachable!() };
         self.check_standbys(active);
         match active.handoff {
             Some(handoff) => self.progress_handoff(active, handoff),
@@ -821,7 +824,7 @@ impl Node {
             let table = TableVersion { stream: active.stream, version };
             let epoch_seen = self.epoch_known();
             self.push(Effect::Send { to: handoff.to, message: PeerMessage::HandOff { table, epoch_seen } });
-            if let Role::Active(ActiveState { handoff: Some(handoff), .. }) = &mut self.role {
+            if let RoleState::Active(ActiveState { handoff: Some(handoff), .. }) = &mut self.role {
                 handoff.state = OutgoingState::Offered { version, resend_ms: self.now_ms + self.config.heartbeat_ms };
             }
         }
@@ -861,10 +864,10 @@ impl Node {
     }
 
     fn check_incoming_handoff(&mut self) {
-        let Role::Standby { following, incoming: Some(handoff) } = self.role else { return };
+        let RoleState::Standby { following, incoming: Some(handoff) } = self.role else { return };
         if following != Some(handoff.from) || self.stopping || self.is_refused() || self.now_ms >= handoff.deadline_ms {
             self.refuse(handoff);
-            self.role = Role::Standby { following, incoming: None };
+            self.role = RoleState::Standby { following, incoming: None };
             if following == Some(handoff.from) && self.now_ms >= handoff.deadline_ms {
                 // The offered state never arrived although the active held
                 // still: its stream to this node is stuck. A fresh snapshot
@@ -886,7 +889,7 @@ impl Node {
     fn receive_handoff(&mut self, from: usize, table: TableVersion) {
         let deadline_ms = self.now_ms + self.config.handoff_timeout_ms() / 2;
         match &mut self.role {
-            Role::Standby { incoming, .. } if !self.stopping => {
+            RoleState::Standby { incoming, .. } if !self.stopping => {
                 if incoming.is_some_and(|handoff| handoff.from == from && handoff.table == table) {
                     return;
                 }
@@ -895,8 +898,8 @@ impl Node {
                     self.refuse(replaced);
                 }
             }
-            Role::Promoting { handoff: Some(handoff), .. } if handoff.from == from && handoff.table == table => {}
-            Role::Active(active) if active.promoted_by == Some((from, table)) => {
+            RoleState::Promoting { handoff: Some(handoff), .. } if handoff.from == from && handoff.table == table => {}
+            RoleState::Active(active) if active.promoted_by == Some((from, table)) => {
                 let epoch = active.epoch;
                 self.push(Effect::Send { to: from, message: PeerMessage::HandOffDone { table, epoch } });
             }
@@ -911,7 +914,7 @@ impl Node {
     /// True if this node is active and has offered `table` to `to`.
     fn offered_to(&self, to: usize, table: TableVersion) -> bool {
         match self.role {
-            Role::Active(ActiveState {
+            RoleState::Active(ActiveState {
                 stream,
                 handoff: Some(OutgoingHandOff { to: target, state: OutgoingState::Offered { version, .. }, .. }),
                 ..
@@ -925,7 +928,7 @@ impl Node {
         match next_epoch(self.epoch_known(), self.config.me as u64) {
             Ok(epoch) => {
                 self.request_persist(epoch);
-                self.role = Role::Promoting { epoch, handoff };
+                self.role = RoleState::Promoting { epoch, handoff };
             }
             Err(_) => {
                 // The epoch space is used up (2^24 epochs): this node can
@@ -934,14 +937,14 @@ impl Node {
                 if let Some(handoff) = handoff {
                     self.refuse(handoff);
                 }
-                self.role = Role::Standby { following: self.following(), incoming: None };
+                self.role = RoleState::Standby { following: self.following(), incoming: None };
             }
         }
     }
 
     fn activate(&mut self, epoch: u64, handoff: Option<IncomingHandOff>) {
         self.blocked = None;
-        self.role = Role::Active(ActiveState {
+        self.role = RoleState::Active(ActiveState {
             epoch,
             stream: epoch,
             version: 0,
@@ -970,14 +973,14 @@ impl Node {
             return;
         };
         self.request_persist(target);
-        if let Role::Active(active) = &mut self.role {
+        if let RoleState::Active(active) = &mut self.role {
             active.bump = Some(target);
         }
     }
 
     fn start_handoff(&mut self, to: usize) {
         let deadline_ms = self.now_ms + self.config.handoff_timeout_ms();
-        if let Role::Active(active) = &mut self.role {
+        if let RoleState::Active(active) = &mut self.role {
             active.handoff = Some(OutgoingHandOff { to, deadline_ms, state: OutgoingState::Holding });
             self.push(Effect::Hold);
             self.send_heartbeats();
@@ -990,7 +993,7 @@ impl Node {
             return;
         }
         let retry_ms = self.now_ms + self.config.handoff_timeout_ms();
-        if let Role::Active(active) = &mut self.role {
+        if let RoleState::Active(active) = &mut self.role {
             active.handoff = None;
             active.handoff_retry_ms = retry_ms;
             let (epoch, stream) = (active.epoch, active.stream);
@@ -1009,12 +1012,12 @@ impl Node {
     /// because it is a higher-priority active), or none (a peer refuses it).
     /// Its table stays complete; it will ask the active for a snapshot.
     fn become_standby(&mut self, active: Option<usize>, reason_if_stopping: ExitReason) {
-        if let Role::Active(state) = self.role {
+        if let RoleState::Active(state) = self.role {
             self.table = Some(TableVersion { stream: state.stream, version: state.version });
         }
         self.stream_from = None;
         self.snapshot_requested_ms = None;
-        self.role = Role::Standby { following: active, incoming: None };
+        self.role = RoleState::Standby { following: active, incoming: None };
         self.push(Effect::Follow { active });
         if active.is_some() || matches!(self.blocked, Some(Blocked::NoStandby { .. })) {
             // A standby with an active to follow has nothing to serve, and
@@ -1029,7 +1032,7 @@ impl Node {
     }
 
     fn follow(&mut self, active: Option<usize>) {
-        let Role::Standby { incoming, .. } = self.role else { unreachable!() };
+        let RoleState::Standby { incoming, .. } = self.role else { unreachable!() };
         let incoming = match incoming {
             Some(handoff) if Some(handoff.from) != active => {
                 self.refuse(handoff);
@@ -1041,7 +1044,7 @@ impl Node {
             self.stream_from = None;
         }
         self.snapshot_requested_ms = None;
-        self.role = Role::Standby { following: active, incoming };
+        self.role = RoleState::Standby { following: active, incoming };
         self.push(Effect::Follow { active });
         if active.is_some() {
             self.blocked = None;
@@ -1052,12 +1055,11 @@ impl Node {
     fn exit(&mut self, reason: ExitReason) {
         self.followed_at_exit = self.following();
         match self.role {
-            Role::Standby { incoming: Some(handoff), .. } | Role::Promoting { handoff: Some(handoff), .. } => {
-                self.refuse(handoff)
-            }
+            RoleState::Standby { incoming: Some(handoff), .. }
+            | RoleState::Promoting { handoff: Some(handoff), .. } => self.refuse(handoff),
             _ => {}
         }
-        self.role = Role::Exited;
+        self.role = RoleState::Exited;
         self.send_heartbeats();
         // The epochs this node learned last (the successor's, in a hand-off)
         // must survive it, or a restart alone could go below them.
@@ -1067,7 +1069,7 @@ impl Node {
         if self.epoch_persisted >= self.epoch_requested {
             self.push(Effect::Exit { reason });
         } else {
-            self.role = Role::Exiting(reason);
+            self.role = RoleState::Exiting(reason);
         }
     }
 
@@ -1078,7 +1080,7 @@ impl Node {
             return;
         }
         self.epoch_seen = self.epoch_seen.max(epoch);
-        if matches!(self.role, Role::Exiting(_)) && self.epoch_seen > self.epoch_requested {
+        if matches!(self.role, RoleState::Exiting(_)) && self.epoch_seen > self.epoch_requested {
             self.request_persist(self.epoch_seen);
         }
     }
@@ -1095,7 +1097,7 @@ impl Node {
     /// Stopped, or stopping once its epoch is persisted: it ignores every
     /// input but epochs.
     fn is_gone(&self) -> bool {
-        matches!(self.role, Role::Exiting(_) | Role::Exited)
+        matches!(self.role, RoleState::Exiting(_) | RoleState::Exited)
     }
 
     fn request_persist(&mut self, epoch: u64) {
@@ -1112,8 +1114,8 @@ impl Node {
 
     fn following(&self) -> Option<usize> {
         match self.role {
-            Role::Standby { following, .. } => following,
-            Role::Promoting { handoff: Some(handoff), .. } => Some(handoff.from),
+            RoleState::Standby { following, .. } => following,
+            RoleState::Promoting { handoff: Some(handoff), .. } => Some(handoff.from),
             _ => None,
         }
     }
@@ -1181,7 +1183,7 @@ impl Node {
     /// The standby to hand over to on a stop: the highest-priority live one
     /// that follows this node and holds a snapshot of its stream.
     fn successor(&self) -> Option<usize> {
-        let Role::Active(active) = self.role else { return None };
+        let RoleState::Active(active) = self.role else { return None };
         let me = self.config.me;
         self.live_peers()
             .find(|(_, heartbeat)| {
@@ -1207,13 +1209,13 @@ impl Node {
         self.heartbeat_sequence += 1;
         self.ack_due = false;
         let (role, epoch, table, handing_off_to) = match self.role {
-            Role::Active(active) => (
+            RoleState::Active(active) => (
                 PeerRole::Active,
                 active.epoch,
                 Some(TableVersion { stream: active.stream, version: active.version }),
                 active.handoff.map(|handoff| handoff.to),
             ),
-            Role::Exiting(_) | Role::Exited => (PeerRole::Leaving, 0, self.table, None),
+            RoleState::Exiting(_) | RoleState::Exited => (PeerRole::Leaving, 0, self.table, None),
             _ => (PeerRole::Standby, self.following().map_or(0, |active| self.peer_epoch(active)), self.table, None),
         };
         Heartbeat {

@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use ringlock_shards::ShardStats;
 
-use crate::core::mailbox::Mailbox;
-use crate::core::per_ip::PerIpConnections;
 use crate::node::counters::CoreStats;
 use crate::node::role::ClusterLink;
 use crate::node::tokens::TokenAuthority;
+use crate::shard_core::mailbox::Mailbox;
+use crate::shard_core::per_ip::PerIpConnections;
 
 /// What every core shares: read-mostly settings, the mailboxes, counters.
 pub struct Shared {
@@ -27,7 +27,7 @@ pub struct Shared {
     /// Connections open from each client address, for `--max-connections-per-ip`.
     pub per_ip: PerIpConnections,
     /// Failed `U` lines per client address (the growing delay of a guesser).
-    pub auth_failures: Arc<crate::core::per_ip::AuthFailures>,
+    pub auth_failures: Arc<crate::shard_core::per_ip::AuthFailures>,
     pub stop: AtomicBool,
     /// A stop signal came: `/readyz` answers 503 from now on (the cores may
     /// still serve, during `--drain-ms` or a hand-off).
@@ -53,7 +53,7 @@ pub struct Shared {
     pub handshake_ms: u64,
     /// The limits that pause and close a connection (the unsent-replies
     /// budget is per core here).
-    pub connection_limits: crate::core::Limits,
+    pub connection_limits: crate::shard_core::Limits,
 }
 
 impl Shared {

@@ -42,8 +42,11 @@ const BACKLOG: libc::c_int = 1024;
 
 /// Binds the endpoint; errors are for the operator.
 pub fn bind(address: SocketAddr) -> Result<TcpListener, String> {
-    let listener = crate::core::listener::bind_retrying(address, "--metrics-listen", || TcpListener::bind(address))
-        .map_err(|error| crate::core::listener::listen_error("for metrics ", address, "--metrics-listen", &error))?;
+    let listener =
+        crate::shard_core::listener::bind_retrying(address, "--metrics-listen", || TcpListener::bind(address))
+            .map_err(|error| {
+                crate::shard_core::listener::listen_error("for metrics ", address, "--metrics-listen", &error)
+            })?;
     // Listening again on a listening socket sets its backlog.
     // SAFETY: a listening socket this function owns.
     if unsafe { libc::listen(listener.as_raw_fd(), BACKLOG) } != 0 {

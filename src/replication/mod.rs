@@ -10,7 +10,7 @@
 //! before the first token of it.
 //!
 //! # Layout
-//! - `core`: the loop: reports, peer frames, cluster effects.
+//! - `driver`: the loop: reports, peer frames, cluster effects.
 //! - `mirror`: the replicated table (pure).
 //! - `peers`: the peer connections and their handshake.
 //! - `stream`: a peer connection's bytes, plain or through TLS.
@@ -19,7 +19,7 @@
 //! - `secret`: reading and checking `--peer-secret-file`.
 //! - `log_limit`: how often failed peer connections are logged (pure).
 
-mod core;
+mod driver;
 mod log_limit;
 mod mirror;
 pub mod peer_tls;
@@ -46,7 +46,7 @@ use crate::node::epoch::EpochStore;
 use crate::node::role::Report;
 use crate::node::shared::Shared;
 
-use self::core::ReplicationCore;
+use self::driver::ReplicationCore;
 use self::peers::{EventQueue, Gate, Identity, Outbox, PeerLinks, Silence};
 
 /// Memory glommio registers for its own I/O buffers. The peer sockets do
@@ -148,7 +148,7 @@ async fn run(start: Start, peer_names: Vec<rustls::pki_types::ServerName<'static
     let events = Rc::new(RefCell::new(EventQueue::default()));
     let outboxes: Rc<Vec<RefCell<Outbox>>> = Rc::new((0..nodes).map(|_| RefCell::new(Outbox::default())).collect());
     let peers_fingerprint = wire::peers_fingerprint(settings.peers.iter().map(|peer| &peer.client));
-    let hello = Rc::new(Cell::new(self::core::hello(me, nodes, incarnation, peers_fingerprint)));
+    let hello = Rc::new(Cell::new(self::driver::hello(me, nodes, incarnation, peers_fingerprint)));
     let identity = Identity { me, nodes, peers_fingerprint };
     let silence = Silence::new(config.heartbeat_ms, config.failover_ms);
     let key = peer_secret.map(|secret| secret.key);

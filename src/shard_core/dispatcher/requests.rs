@@ -2,14 +2,14 @@
 //! each request to the core that owns its key, and writing replies.
 
 use ringlock_proto::{Decoded, ErrorCode, Op, Reply, Request, decode_request};
-use ringlock_shards::{ClientId, Effect, Key, NameId, ShardReply, shard_of};
+use ringlock_shards::{self as shards, ClientId, Key, NameId, ShardReply, shard_of};
 
 use super::Dispatcher;
 use super::session::partial_line_end;
-use crate::core::client_id::client_id;
-use crate::core::mailbox::{CoreMessage, RoutedRequest};
-use crate::core::per_ip::AUTH_DELAY_MS;
 use crate::node::role::CoreRole;
+use crate::shard_core::client_id::client_id;
+use crate::shard_core::mailbox::{CoreMessage, RoutedRequest};
+use crate::shard_core::per_ip::AUTH_DELAY_MS;
 
 /// A request on a key, borrowing the key from the line it was parsed from:
 /// it becomes an owned [`RoutedRequest`] only if another core owns the key.
@@ -380,11 +380,11 @@ impl Dispatcher {
         }
         for effect in self.shard.effects() {
             match effect {
-                Effect::Reply { client, reply } => match asker {
+                shards::Effect::Reply { client, reply } => match asker {
                     Some((slot, asker)) if asker == *client => self.connections.answer(slot, reply),
                     _ => self.connections.deliver(*client, reply),
                 },
-                Effect::NeedTokens => self.need_tokens = true,
+                shards::Effect::NeedTokens => self.need_tokens = true,
             }
         }
         self.shard.clear_effects();

@@ -24,7 +24,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use ringlock_proto::{ErrorCode, Op};
-use ringlock_shards::{ClientId, Effect, ShardReply};
+use ringlock_shards::{self as shards, ClientId, ShardReply};
 
 use super::Dispatcher;
 
@@ -126,7 +126,7 @@ impl Dispatcher {
         let report = sync.reported + 1;
         for effect in self.shard.effects() {
             match effect {
-                Effect::Reply { client, reply } => {
+                shards::Effect::Reply { client, reply } => {
                     if needs_standby(reply) {
                         sync.hold(report, *client, reply.clone());
                     } else if sync.held_per_client.contains_key(client) {
@@ -135,7 +135,7 @@ impl Dispatcher {
                         self.connections.deliver(*client, reply);
                     }
                 }
-                Effect::NeedTokens => self.need_tokens = true,
+                shards::Effect::NeedTokens => self.need_tokens = true,
             }
         }
         self.shard.clear_effects();

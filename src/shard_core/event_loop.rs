@@ -39,12 +39,14 @@ use ringlock_proto::ErrorCode;
 use ringlock_ring::{BufRing, poll_before_sleep};
 use ringlock_shards::{HotKeyCounts, Shard};
 
-use crate::core::dispatcher::{Dispatcher, Settings, SocketEffect};
-use crate::core::mailbox::{CoreMessage, Inbox};
-use crate::core::ring::{COMPLETION_ENTRIES, Kind, RECV_BUFFER_GROUP, RECV_BUFFER_LEN, RECV_BUFFERS, split_user_data};
-use crate::core::state::{CoreState, SharedView};
 use crate::node::role::CoreRole;
 use crate::node::shared::Shared;
+use crate::shard_core::dispatcher::{Dispatcher, Settings, SocketEffect};
+use crate::shard_core::mailbox::{CoreMessage, Inbox};
+use crate::shard_core::ring::{
+    COMPLETION_ENTRIES, Kind, RECV_BUFFER_GROUP, RECV_BUFFER_LEN, RECV_BUFFERS, split_user_data,
+};
+use crate::shard_core::state::{CoreState, SharedView};
 
 /// How long a stopping server keeps flushing replies to slow readers.
 const STOP_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);

@@ -19,13 +19,13 @@ use crossbeam_channel::Receiver;
 use crate::cluster::receive::{Break, Received, StreamReceiver};
 use crate::cluster::wire::{self, ENTRIES_PER_FRAME_MAX, Frame, Hello, PROTOCOL_VERSION, SnapshotEntry};
 use crate::cluster::{
-    Blocked, Effect, ExitReason, HeartbeatFrom, HeartbeatSource, Node, PeerMessage, PeerRole, TableVersion,
+    self, Blocked, ExitReason, HeartbeatFrom, HeartbeatSource, Node, PeerMessage, PeerRole, TableVersion,
 };
 use crate::config::PeerAddress;
-use crate::core::mailbox::CoreMessage;
 use crate::node::epoch::EpochStore;
 use crate::node::role::{Control, NodeStatus, Report};
 use crate::node::shared::Shared;
+use crate::shard_core::mailbox::CoreMessage;
 
 use super::mirror::{Mirror, OutOfOrder};
 use super::peers::{Events, Outboxes, PeerEvent, PeerLinks};
@@ -36,7 +36,7 @@ pub const TURN_MS: u64 = 1;
 /// A batch buffer's first size: a millisecond of deltas at a high rate.
 const BATCH_BYTES_INITIAL: usize = 64 << 10;
 
-/// After [`Effect::Exit`], how long the last messages may take to leave.
+/// After [`cluster::Effect::Exit`], how long the last messages may take to leave.
 const EXIT_FLUSH: Duration = Duration::from_millis(500);
 
 /// How long to wait before trying again to persist an epoch that failed.
@@ -305,13 +305,13 @@ impl ReplicationCore {
     fn effects(&mut self, now_ms: u64) -> Option<ExitReason> {
         while let Some(effect) = self.node.poll_effect() {
             match effect {
-                Effect::Send { to, message } => self.send_message(to, &message),
-                Effect::PersistEpoch { epoch } => self.persist(now_ms, epoch),
-                Effect::Activate { epoch, stream } => {
+                cluster::Effect::Send { to, message } => self.send_message(to, &message),
+                cluster::Effect::PersistEpoch { epoch } => self.persist(now_ms, epoch),
+                cluster::Effect::Activate { epoch, stream } => {
                     self.set_held(false, now_ms);
                     self.activate(now_ms, epoch, stream);
                 }
-                Effect::Follow { active } => {
+                cluster::Effect::Follow { active } => {
                     self.set_held(false, now_ms);
                     if let Some(table) = self.node.take_handed_off()
                         && self.serving.is_some_and(|serving| serving.stream == table.stream)
@@ -322,17 +322,17 @@ impl ReplicationCore {
                     }
                     self.follow(active);
                 }
-                Effect::SendSnapshot { to } => self.send_snapshot(now_ms, to),
-                Effect::Hold => {
+                cluster::Effect::SendSnapshot { to } => self.send_snapshot(now_ms, to),
+                cluster::Effect::Hold => {
                     self.set_held(true, now_ms);
                     self.holding = Some(vec![true; self.controls.len()]);
                     self.control_every_core(|| Control::Hold);
                 }
-                Effect::Resume => {
+                cluster::Effect::Resume => {
                     self.set_held(false, now_ms);
                     self.control_every_core(|| Control::Resume);
                 }
-                Effect::Exit { reason } => {
+                cluster::Effect::Exit { reason } => {
                     tracing::info!(?reason, "leaving the cluster");
                     return Some(reason);
                 }

@@ -10,8 +10,8 @@ use ringlock_shards::{ClientId, ShardReply};
 
 use super::session::{INPUT_HELD_MAX, Limits, Session};
 use super::{DispatchCounters, SocketEffect};
-use crate::core::client_id::split_client_id;
-use crate::core::mailbox::CoreMessage;
+use crate::shard_core::client_id::split_client_id;
+use crate::shard_core::mailbox::CoreMessage;
 
 /// Connections per core (slot numbers have 24 bits in a client id).
 pub(crate) const CONNECTIONS_PER_CORE_MAX: usize = 1 << 24;

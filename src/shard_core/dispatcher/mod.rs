@@ -45,11 +45,11 @@ use ringlock_proto::{ErrorCode, Reply, Role};
 use ringlock_shards::{ClientId, Delta, NameId, Shard, TokenRange, TokenRangeError};
 
 use crate::auth::AuthTable;
-use crate::core::client_id::{client_id, split_client_id};
-use crate::core::mailbox::{CoreMessage, RoutedRequest};
-use crate::core::per_ip::AuthFailures;
 use crate::node::counters::RequestCounters;
 use crate::node::role::{CoreRole, Restored};
+use crate::shard_core::client_id::{client_id, split_client_id};
+use crate::shard_core::mailbox::{CoreMessage, RoutedRequest};
+use crate::shard_core::per_ip::AuthFailures;
 use connections::Connections;
 pub(crate) use session::{BUFFER_BYTES_KEPT, Limits};
 
@@ -131,7 +131,7 @@ pub(crate) struct Dispatcher {
     /// and `U` then needs an authenticated name whose scope allows it.
     auth: Option<Arc<AuthTable>>,
     /// Failed `U` lines whose answer waits out its delay
-    /// ([`AUTH_DELAY_MS`](crate::core::per_ip::AUTH_DELAY_MS), more for an address that failed often):
+    /// ([`AUTH_DELAY_MS`](crate::shard_core::per_ip::AUTH_DELAY_MS), more for an address that failed often):
     /// when, and for which connection, in time order.
     auth_failed: VecDeque<(u64, u32, u32)>,
     /// When connections are next checked for stalled unsent replies.

@@ -10,12 +10,12 @@ use io_uring::types::Fd;
 use io_uring::{cqueue, opcode};
 use ringlock_proto::{ErrorCode, Op, Reply, encode_reply};
 
-use crate::core::dispatcher::{BUFFER_BYTES_KEPT, Dispatcher, SocketEffect};
-use crate::core::event_loop::EventLoop;
-use crate::core::mailbox::CoreMessage;
-use crate::core::ring::{Kind, RECV_BUFFER_GROUP, send_entry, user_data};
-use crate::core::state::{CoreState, Socket};
-use crate::core::tls::TlsLayer;
+use crate::shard_core::dispatcher::{BUFFER_BYTES_KEPT, Dispatcher, SocketEffect};
+use crate::shard_core::event_loop::EventLoop;
+use crate::shard_core::mailbox::CoreMessage;
+use crate::shard_core::ring::{Kind, RECV_BUFFER_GROUP, send_entry, user_data};
+use crate::shard_core::state::{CoreState, Socket};
+use crate::shard_core::tls::TlsLayer;
 
 /// Pause before accepting again after the process ran out of descriptors.
 const ACCEPT_RETRY_MS: u64 = 100;
@@ -558,7 +558,7 @@ fn peer_ip(fd: RawFd) -> Option<std::net::IpAddr> {
     };
     // A client that reaches an IPv6 listener over IPv4 counts as its IPv4
     // address, so both ways of reaching the server share one count.
-    Some(crate::core::listener::socket_address_of(&storage).ip().to_canonical())
+    Some(crate::shard_core::listener::socket_address_of(&storage).ip().to_canonical())
 }
 
 /// Closes a connection from an address slowed by its wrong secrets. A plain

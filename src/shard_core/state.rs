@@ -7,12 +7,12 @@ use std::sync::Arc;
 use io_uring::{IoUring, squeue};
 use ringlock_proto::Role;
 
-use crate::core::dispatcher::NodeView;
-use crate::core::mailbox::CoreMessage;
-use crate::core::tls::TlsLayer;
 use crate::node::role::Report;
 use crate::node::shared::Shared;
 use crate::node::stats_reply;
+use crate::shard_core::dispatcher::NodeView;
+use crate::shard_core::mailbox::CoreMessage;
+use crate::shard_core::tls::TlsLayer;
 
 /// One connection's socket, by the slot the dispatcher gave it: what the
 /// ring does with it. Its requests and replies are the dispatcher's.

@@ -5,8 +5,8 @@
 //! epoch; reports go to the replication core), so it stays out of the pure
 //! dispatcher, which only changes role and takes the ranges.
 
-use crate::core::event_loop::EventLoop;
 use crate::node::role::{ClusterLink, Control, Report};
+use crate::shard_core::event_loop::EventLoop;
 
 /// Pause before asking again for tokens after the epoch could not be persisted.
 pub(crate) const TOKEN_RETRY_MS: u64 = 1000;
