@@ -49,6 +49,12 @@ HANDSHAKE_MS = int(os.environ.get("HANDSHAKE_MS", "10000"))
 ATTACKS = os.environ.get("ATTACKS", "")
 SERVER_FLAGS = os.environ.get("SERVER_FLAGS", "").split()
 SETTLE = float(os.environ.get("SETTLE", "2"))
+# SERVER_CPU pins the server to that CPU and this script (the bystander and
+# every attacker) to the others, as when the attackers are other hosts and
+# the server has its own core; ATTACK_NICE lowers the attackers' processes
+# (the key fill) below the bystander on the CPUs they share.
+SERVER_CPU = os.environ.get("SERVER_CPU", "")
+ATTACK_NICE = int(os.environ.get("ATTACK_NICE", "0"))
 SECRET = "bystander-" + os.urandom(8).hex()
 
 
@@ -72,8 +78,9 @@ def start_server(work):
     with open(os.path.join(work, "auth"), "w") as auth:
         auth.write(f"bystander {hashlib.sha256(SECRET.encode()).hexdigest()} *\n")
     log = open(os.path.join(work, "server.log"), "w")
+    pin = ["taskset", "-c", SERVER_CPU] if SERVER_CPU else []
     server = subprocess.Popen(
-        [f"{BIN}/ringlock", "--listen", "127.0.0.1:0", "--data-dir", os.path.join(work, "data"),
+        [*pin, f"{BIN}/ringlock", "--listen", "127.0.0.1:0", "--data-dir", os.path.join(work, "data"),
          "--tls-cert", os.path.join(work, "server.pem"), "--tls-key", os.path.join(work, "server.key"),
          "--auth-file", os.path.join(work, "auth"), "--metrics-listen", "127.0.0.1:0",
          "--max-connections", "30000", "--max-connections-per-ip", "0", "--handshake-ms", str(HANDSHAKE_MS), *SERVER_FLAGS],
@@ -359,6 +366,8 @@ def key_fill(attack, address, context, processes, totals):
     counts = multiprocessing.Array("q", 2)
 
     def run(index):
+        if ATTACK_NICE:
+            os.nice(ATTACK_NICE)
         try:
             raw = socket.create_connection(address)
             conn = context.wrap_socket(raw, server_hostname="localhost")
@@ -406,6 +415,9 @@ def key_fill(attack, address, context, processes, totals):
 
 
 def main():
+    if SERVER_CPU:
+        others = set(range(os.cpu_count())) - {int(SERVER_CPU)}
+        os.sched_setaffinity(0, others or {int(SERVER_CPU)})
     work = tempfile.mkdtemp(prefix="ringlock-hostile-")
     server = None
     try:

@@ -25,6 +25,10 @@
 #   SETTLE [2]: seconds between an attack's start and the measurement
 #     (0 measures the attack's ramp-up too)
 #   SERVER_FLAGS []: more flags for the server, e.g. "--send-buffer-kib 0"
+#   SERVER_CPU []: pin the server to this CPU and the bystander and the
+#     attackers to the others (unset: nothing is pinned)
+#   ATTACK_NICE [0]: niceness of the key fill's processes, so that on the
+#     CPUs they share with the bystander they stand for other hosts
 # The attackers open up to 10 000 connections at once: the script raises
 # its descriptor limit (ulimit -n) to 25 000 (or the hard limit), and fails if
 # limit is lower than the attacks' connections and a thousand more.
