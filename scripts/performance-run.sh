@@ -17,6 +17,8 @@ RESULTS=${RESULTS:-bench/results}
 mkdir -p "$RESULTS"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# What the binaries are built from: the tree as it is when the run starts.
+commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src shards proto ring bench || echo ' (with local changes)')"
 
 part() {
     local name=$1
@@ -38,7 +40,7 @@ model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
     echo "# The run behind docs/performance.md"
     echo
     echo "- host: $(nproc) CPUs, ${model:-unknown CPU}, Linux $(uname -r), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
-    echo "- commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src shards proto ring bench || echo ' (with local changes)')"
+    echo "- commit: $commit"
     echo
     echo "| part | started (UTC) | ended |"
     echo "|---|---|---|"
