@@ -6,45 +6,15 @@ mod common;
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread::{self, Thread};
+use std::task::Context;
+use std::thread;
 use std::time::Duration;
 
-use common::{Server, token_of, wait_until};
+use common::{Server, block_on, client_of, token_of, wait_until, waker};
 use ringlock_client::proto::{ErrorCode, Role};
 use ringlock_client::{BadArgument, Client, Error, ReleaseOutcome};
 
 const LEASE: Duration = Duration::from_secs(600);
-
-struct Unpark(Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-fn waker() -> Waker {
-    Waker::from(Arc::new(Unpark(thread::current())))
-}
-
-/// Drives one future to completion on this thread.
-fn block_on<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    let waker = waker();
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        match future.as_mut().poll(&mut cx) {
-            Poll::Ready(output) => return output,
-            Poll::Pending => thread::park(),
-        }
-    }
-}
-
-fn client_of(server: &Server) -> Client {
-    Client::connect([server.addr.to_string()]).unwrap()
-}
 
 #[test]
 fn acquire_extend_release() {

@@ -8,48 +8,20 @@
 
 mod common;
 
-use std::future::Future;
 use std::os::unix::process::CommandExt;
-use std::pin::pin;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread::{self, Thread};
+use std::thread;
 use std::time::Duration;
 
-use common::{Server, wait_until};
+use common::{Server, block_on, client_of, wait_until};
 use ringlock_client::proto::ErrorCode;
 use ringlock_client::{BadArgument, Client, Error, ReleaseOutcome};
 
 const LEASE: Duration = Duration::from_secs(600);
 /// Generous bounds for what must happen, not timings.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-struct Unpark(Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Drives one future to completion on this thread.
-fn block_on<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    let waker = Waker::from(Arc::new(Unpark(thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        match future.as_mut().poll(&mut cx) {
-            Poll::Ready(output) => return output,
-            Poll::Pending => thread::park(),
-        }
-    }
-}
-
-fn client_of(server: &Server) -> Client {
-    Client::connect([server.addr.to_string()]).unwrap()
-}
 
 /// A `ringlock-cli` and everything in its process group, killed when
 /// dropped (a failed test leaves nothing running).

@@ -6,43 +6,14 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::pin;
 use std::process::Command;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread::{self, Thread};
 use std::time::Duration;
 
-use common::{Conn, Server, stat, wait_until};
-use ringlock_client::{Client, Clusters, Lock, ReleaseOutcome, cluster_for};
+use common::{Conn, Server, block_on, client_of, stat, wait_until};
+use ringlock_client::{Clusters, Lock, ReleaseOutcome, cluster_for};
 
 const LEASE: Duration = Duration::from_secs(600);
 const KEYS: usize = 40;
-
-struct Unpark(Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-fn block_on<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    let waker = Waker::from(Arc::new(Unpark(thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        match future.as_mut().poll(&mut cx) {
-            Poll::Ready(output) => return output,
-            Poll::Pending => thread::park(),
-        }
-    }
-}
-
-fn client_of(server: &Server) -> Client {
-    Client::connect([server.addr.to_string()]).unwrap()
-}
 
 /// The token holding `key` on the server of `conn`, if any.
 fn holder(conn: &mut Conn, key: &str) -> Option<u64> {

@@ -469,3 +469,35 @@ pub fn run_to_exit(mut command: Command, what: &str) -> (ExitStatus, String) {
     };
     (status, reader.join().unwrap())
 }
+
+/// Wakes the thread that parked waiting for a future.
+struct Unpark(std::thread::Thread);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// A waker that unparks this thread.
+pub fn waker() -> std::task::Waker {
+    std::task::Waker::from(Arc::new(Unpark(std::thread::current())))
+}
+
+/// Drives one future to completion on this thread.
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let waker = waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    loop {
+        match future.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(output) => return output,
+            std::task::Poll::Pending => std::thread::park(),
+        }
+    }
+}
+
+/// A Rust client of the single server `server`.
+pub fn client_of(server: &Server) -> ringlock_client::Client {
+    ringlock_client::Client::connect([server.addr.to_string()]).unwrap()
+}
