@@ -37,27 +37,7 @@ struct TwoNodes {
 impl TwoNodes {
     fn start() -> Option<TwoNodes> {
         let network = Network::create(2)?;
-        let addresses: Vec<SocketAddr> = (0..2).map(|index| SocketAddr::new(network.address(index), 7700)).collect();
-        let peers = addresses.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
-        let nodes = (0..2)
-            .map(|index| {
-                let (peers, listen) = (peers.clone(), addresses[index].to_string());
-                network.on_host(index, move || {
-                    Server::start(&[
-                        "--peers",
-                        &peers,
-                        "--node",
-                        &index.to_string(),
-                        "--listen",
-                        &listen,
-                        "--heartbeat-ms",
-                        "50",
-                        "--failover-ms",
-                        "300",
-                    ])
-                })
-            })
-            .collect();
+        let (addresses, nodes) = network.start_nodes(&[]);
         Some(TwoNodes { network, nodes, addresses })
     }
 

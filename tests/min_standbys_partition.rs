@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::Conn;
 use common::netns::{Cut, Network};
-use common::{Conn, Server};
 
 const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];
 const LEASE: Duration = Duration::from_millis(400);
@@ -155,29 +155,7 @@ fn violations(grants: &[Grant]) -> (Pairs, Pairs) {
 fn a_partition_with_min_standbys_gives_no_overlapping_holds(nodes: usize) {
     let Some(network) = Network::create(nodes) else { return };
     let network = Arc::new(network);
-    let addresses: Vec<SocketAddr> = (0..nodes).map(|index| SocketAddr::new(network.address(index), 7700)).collect();
-    let peers = addresses.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
-    let servers: Vec<Server> = (0..nodes)
-        .map(|index| {
-            let (peers, listen) = (peers.clone(), addresses[index].to_string());
-            network.on_host(index, move || {
-                Server::start(&[
-                    "--peers",
-                    &peers,
-                    "--node",
-                    &index.to_string(),
-                    "--listen",
-                    &listen,
-                    "--heartbeat-ms",
-                    "50",
-                    "--failover-ms",
-                    "300",
-                    "--min-standbys",
-                    "1",
-                ])
-            })
-        })
-        .collect();
+    let (addresses, servers) = network.start_nodes(&["--min-standbys", "1"]);
     let logs = || {
         servers.iter().enumerate().map(|(index, node)| format!("--- node {index}:\n{}", node.log())).collect::<String>()
     };

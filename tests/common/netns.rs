@@ -110,6 +110,34 @@ impl Network {
         .unwrap()
     }
 
+    /// One cluster node per host, each listening on port 7700 of its host's
+    /// address, all given the same `--peers`, with fast timings
+    /// (`--heartbeat-ms 50 --failover-ms 300`) and `extra` flags.
+    pub fn start_nodes(&self, extra: &[&str]) -> (Vec<std::net::SocketAddr>, Vec<super::Server>) {
+        let addresses: Vec<std::net::SocketAddr> =
+            (0..self.hosts.len()).map(|index| std::net::SocketAddr::new(self.address(index), 7700)).collect();
+        let peers = addresses.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+        let servers = (0..self.hosts.len())
+            .map(|index| {
+                let mut args = vec![
+                    "--peers".to_string(),
+                    peers.clone(),
+                    "--node".to_string(),
+                    index.to_string(),
+                    "--listen".to_string(),
+                    addresses[index].to_string(),
+                    "--heartbeat-ms".to_string(),
+                    "50".to_string(),
+                    "--failover-ms".to_string(),
+                    "300".to_string(),
+                ];
+                args.extend(extra.iter().map(ToString::to_string));
+                self.on_host(index, move || super::Server::start(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+            })
+            .collect();
+        (addresses, servers)
+    }
+
     /// A connection from host `from` to `address`.
     pub fn connect(&self, from: usize, address: std::net::SocketAddr) -> TcpStream {
         self.on_host(from, move || TcpStream::connect(address).expect("connect inside the test network"))
