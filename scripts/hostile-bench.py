@@ -55,6 +55,11 @@ SETTLE = float(os.environ.get("SETTLE", "2"))
 # (the key fill) below the bystander on the CPUs they share.
 SERVER_CPU = os.environ.get("SERVER_CPU", "")
 ATTACK_NICE = int(os.environ.get("ATTACK_NICE", "0"))
+# BYSTANDER_RT runs the bystander's thread at real-time priority (SCHED_FIFO
+# 1; needs root), so that on the CPU it shares with the attackers it is
+# woken as soon as its reply comes, as on a host of its own. The attackers'
+# processes stay at normal priority.
+BYSTANDER_RT = os.environ.get("BYSTANDER_RT", "") not in ("", "0")
 SECRET = "bystander-" + os.urandom(8).hex()
 
 
@@ -105,17 +110,20 @@ def rss(pid):
     return 0
 
 
-def metric(address, name):
+def samples(address, name):
+    """The values of every series of metric `name`."""
     with socket.create_connection(address) as conn:
         conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         body = b""
         while chunk := conn.recv(65536):
             body += chunk
-    total = 0.0
-    for line in body.decode().splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return [float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+            if line.startswith(name + " ") or line.startswith(name + "{")]
+
+
+def metric(address, name):
+    """The sum of every series of metric `name`."""
+    return sum(samples(address, name))
 
 
 def client_context(work):
@@ -163,6 +171,18 @@ class Bystander:
         return reply.decode()
 
     def measure(self, seconds):
+        """Cycles for `seconds`, at real-time priority with BYSTANDER_RT
+        (only this thread, and only while measuring: threads and processes
+        started before keep theirs)."""
+        if BYSTANDER_RT:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        try:
+            return self.cycles(seconds)
+        finally:
+            if BYSTANDER_RT:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+    def cycles(self, seconds):
         acquires, releases = [], []
         end = time.monotonic() + seconds
         while time.monotonic() < end:
@@ -455,6 +475,7 @@ def main():
             time.sleep(SETTLE if name != "idle" else 0.0)
             acquires, releases = bystander.measure(DURATION)
             during = rss(server.pid)
+            pacing = (samples(metrics, "ringlock_turn_share"), samples(metrics, "ringlock_request_cost_ns"))
             attack.stop()
             # Wait until the server has closed every attacking connection
             # (--handshake-ms closes the slow and half handshakes), then read
@@ -467,7 +488,7 @@ def main():
             figures = {
                 "a50": percentile(acquires, 0.5), "a99": percentile(acquires, 0.99),
                 "r50": percentile(releases, 0.5), "r99": percentile(releases, 0.99),
-                "n": len(acquires), "before": before, "during": during, "after": after,
+                "n": len(acquires), "before": before, "during": during, "after": after, "pacing": pacing,
             }
             if idle is None:
                 idle = figures
@@ -487,8 +508,11 @@ def main():
         if fill["granted"] or fill["refused"]:
             grown = dict(rows)[next(name for name, _ in rows if name.startswith("key-fill"))]
             grown = grown["during"] - grown["before"]
+            shares, costs = dict(rows)[next(name for name, _ in rows if name.startswith("key-fill"))]["pacing"]
+            per_core = ", ".join(f"{share:.0f} requests at {cost:.0f} ns" for share, cost in zip(shares, costs))
             print(f"- key-fill: {fill['granted']} keys granted, {fill['refused']} refused; "
-                  f"{grown / max(1, fill['granted']):.0f} bytes of RSS per key granted")
+                  f"{grown / max(1, fill['granted']):.0f} bytes of RSS per key granted; a connection's share "
+                  f"of a turn at its end, per shard core: {per_core}")
         for name in ["ringlock_tls_handshake_timeouts_total", "ringlock_tls_errors_total",
                      "ringlock_auth_failures_total", "ringlock_auth_slowed_refusals_total"]:
             print(f"- `{name}` {metric(metrics, name):.0f}")

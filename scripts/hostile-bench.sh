@@ -29,6 +29,10 @@
 #     attackers to the others (unset: nothing is pinned)
 #   ATTACK_NICE [0]: niceness of the key fill's processes, so that on the
 #     CPUs they share with the bystander they stand for other hosts
+#   BYSTANDER_RT []: 1 runs the bystander's thread at SCHED_FIFO priority 1
+#     while it measures (needs root), so that it is woken as soon as its
+#     reply comes even on a CPU the attackers keep busy, as on a host of
+#     its own
 # The attackers open up to 10 000 connections at once: the script raises
 # its descriptor limit (ulimit -n) to 25 000 (or the hard limit), and fails if
 # limit is lower than the attacks' connections and a thousand more.

@@ -97,6 +97,33 @@ fn metrics_counters_move_exactly_with_known_traffic() {
 }
 
 #[test]
+fn each_shard_publishes_the_turn_share_it_gives_and_the_request_cost_it_follows() {
+    let server = Server::start(&["--metrics-listen", "127.0.0.1:0", "--requests-per-turn", "40"]);
+    let metrics = metrics_address(&server);
+    let before = scrape(metrics);
+    assert_eq!(sample(&before, "ringlock_turn_share{shard=\"0\"}"), 40.0, "the flag, before any busy turn");
+    assert_eq!(sample(&before, "ringlock_request_cost_ns{shard=\"0\"}"), 0.0, "nothing measured yet");
+    // Thousands of pipelined requests: many turns of a full share each, all
+    // answered in order.
+    let mut conn = server.connect();
+    let lines: String = (0..5_000).map(|n| format!("I key-{n}\n")).collect();
+    conn.send(lines.as_bytes());
+    for n in 0..5_000 {
+        assert_eq!(conn.line(), format!("I key-{n} - 0 0"), "a free key");
+    }
+    let mut after = HashMap::new();
+    wait_until("a measured turn to be published", || {
+        after = scrape(metrics);
+        sample(&after, "ringlock_request_cost_ns{shard=\"0\"}") > 0.0
+    });
+    // An inspection costs far less than the 500 ns that would lower a
+    // share of 40 (20 µs a connection's part of a turn), but a busy host
+    // may have stretched a turn: the share stays between 16 and the flag.
+    let share = sample(&after, "ringlock_turn_share{shard=\"0\"}");
+    assert!((16.0..=40.0).contains(&share), "share {share}");
+}
+
+#[test]
 fn refused_connections_are_counted_by_limit() {
     let server = Server::start(&["--metrics-listen", "127.0.0.1:0", "--max-connections", "1"]);
     let metrics = metrics_address(&server);

@@ -38,6 +38,10 @@ pub struct CoreStats {
     /// every `HOT_KEYS_PUBLISH_MS`: keys waited on, keys handed off.
     pub hot_waits: HotKeyCounts,
     pub hot_handoffs: HotKeyCounts,
+    /// Requests one connection may have parsed per turn now, and the
+    /// average cost of a request it follows (see the dispatcher's pacing).
+    pub turn_share: u32,
+    pub request_cost_ns: u64,
 }
 
 /// The operations replies are counted by, as metric labels; `none` is a

@@ -277,13 +277,25 @@ fn render_requests(out: &mut String, cores: &[CoreStats], total: &ShardStats) {
     let _ = writeln!(out, "ringlock_wait_timeouts_total {}", total.timeouts);
 }
 
-/// Gauges per shard: held keys, waiters, keys, connections.
+/// Gauges per shard: held keys, waiters, keys, connections, turn share and request cost.
 fn render_per_shard(out: &mut String, cores: &[CoreStats]) {
     for (name, help, value) in [
         ("ringlock_held_keys", "Keys held now, per shard.", (|core: &CoreStats| core.shard.held_keys) as fn(&_) -> u64),
         ("ringlock_waiters", "Acquires queued now, per shard.", |core| core.shard.waiters),
         ("ringlock_keys", "Keys held or waited on now, per shard.", |core| core.shard.keys),
         ("ringlock_connections", "Client connections open now, per shard core.", |core| core.connections),
+        (
+            "ringlock_turn_share",
+            "Requests one connection may have parsed per turn of the shard core now: --requests-per-turn, or fewer \
+             while requests are costly.",
+            |core| u64::from(core.turn_share),
+        ),
+        (
+            "ringlock_request_cost_ns",
+            "Average time a request took in the shard core's recent turns of 16 or more requests, its share of the \
+             turn's work included, in nanoseconds.",
+            |core| core.request_cost_ns,
+        ),
     ] {
         family(out, name, "gauge", help);
         for (index, core) in cores.iter().enumerate() {

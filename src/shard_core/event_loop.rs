@@ -12,7 +12,9 @@
 //!    core's connections, sent by other cores;
 //! 4. advance the shard to now, so leases and waits that ran out end;
 //! 5. start one `send` per connection with output, and send each other core
-//!    its batch of messages from this turn.
+//!    its batch of messages from this turn; a turn that parsed requests
+//!    tells the dispatcher how long it took, which sets the next turns'
+//!    shares (`dispatcher/pacing.rs`).
 //!
 //! The loop is the shell around the core's [`Dispatcher`], which decides
 //! everything about connections and requests: the loop feeds it what the
@@ -87,6 +89,8 @@ pub struct EventLoop {
     hot_keys_published: (u64, u64),
     /// The last copy named some key, so it is made again as they age out.
     hot_keys_listed: bool,
+    /// When this turn began, from the node's start.
+    turn_started: Duration,
 }
 
 impl EventLoop {
@@ -156,6 +160,7 @@ impl EventLoop {
             auth_generation,
             hot_keys_published: (0, 0),
             hot_keys_listed: false,
+            turn_started: Duration::ZERO,
         })
     }
 
@@ -166,6 +171,8 @@ impl EventLoop {
         self.state.arm_accept();
         self.state.arm_wake();
         self.supply_tokens();
+        // Before the first turn, so that /metrics shows this core's settings.
+        self.publish_stats();
         let mut phase = StopPhase::Running;
         let mut stop_started = Instant::now();
         loop {
@@ -182,6 +189,7 @@ impl EventLoop {
                 self.apply_socket_effects();
             }
             self.end_turn();
+            self.pace();
             match self.next_stop_phase(phase, stop_started) {
                 Some(next) => phase = next,
                 None => {
@@ -226,8 +234,19 @@ impl EventLoop {
 
     /// Reads the clock once for the turn, for the shell and the dispatcher.
     fn set_now(&mut self) {
-        self.state.now_ms = self.state.shared.now_ms();
+        self.turn_started = self.state.shared.started.elapsed();
+        self.state.now_ms = self.turn_started.as_millis() as u64;
         self.dispatcher.set_now(self.state.now_ms);
+    }
+
+    /// Tells the dispatcher how long a turn that parsed requests took, for
+    /// the next turns' shares (a second clock read, only in such turns).
+    fn pace(&mut self) {
+        if self.dispatcher.turn_parsed() == 0 {
+            return;
+        }
+        let elapsed = self.state.shared.started.elapsed().saturating_sub(self.turn_started);
+        self.dispatcher.turn_ended(elapsed.as_nanos() as u64);
     }
 
     /// Step 5 of a turn: sends, batches for other cores, reports for the
@@ -405,6 +424,7 @@ impl EventLoop {
             published.output_squeezes = output_squeezes;
             published.output_stall_closes = output_stall_closes;
             published.tls_errors = self.state.tls_errors;
+            (published.turn_share, published.request_cost_ns) = self.dispatcher.pacing();
             if let Some((waits, handoffs)) = hot_keys {
                 published.hot_waits = waits;
                 published.hot_handoffs = handoffs;

@@ -32,6 +32,7 @@
 mod connections;
 #[cfg(test)]
 mod model_tests;
+mod pacing;
 mod requests;
 mod semi_sync;
 pub(crate) mod session;
@@ -146,6 +147,10 @@ pub(crate) struct Dispatcher {
     stats: Option<StatsJson>,
     /// The number of this turn (see [`Dispatcher::set_now`]).
     turn: u64,
+    /// Requests parsed in this turn, over all connections.
+    turn_parsed: u32,
+    /// Each connection's share of a turn, from what requests cost.
+    pacer: pacing::Pacer,
     /// With `--min-standbys`: the replies held until standbys have the
     /// change they report (see `semi_sync.rs`). `None`: replies go at once.
     semi_sync: Option<Box<semi_sync::SemiSync>>,
@@ -195,6 +200,8 @@ impl Dispatcher {
             auth_failures: None,
             stats: None,
             turn: 1,
+            turn_parsed: 0,
+            pacer: pacing::Pacer::new(limits.requests_per_turn),
             semi_sync: None,
         };
         // A new shard's first effect is its call for tokens.
@@ -205,11 +212,31 @@ impl Dispatcher {
     // ----- inputs from the shell -----
 
     /// A new turn of the core, at `now_ms`: nothing in the dispatcher reads
-    /// a clock, and each connection may have
-    /// [`Limits::requests_per_turn`] requests parsed per turn.
+    /// a clock. Each connection may have its share of requests parsed per
+    /// turn: [`Limits::requests_per_turn`], or fewer while requests are
+    /// costly (see `pacing.rs` and [`Dispatcher::turn_ended`]).
     pub(crate) fn set_now(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
         self.turn += 1;
+        self.turn_parsed = 0;
+    }
+
+    /// The turn begun by the last [`Dispatcher::set_now`] took `elapsed_ns`
+    /// in all, replies sent: the next turns' shares follow what its
+    /// requests cost.
+    pub(crate) fn turn_ended(&mut self, elapsed_ns: u64) {
+        self.pacer.turn_ended(elapsed_ns, self.turn_parsed);
+    }
+
+    /// Requests parsed in this turn so far, over all connections.
+    pub(crate) fn turn_parsed(&self) -> u32 {
+        self.turn_parsed
+    }
+
+    /// Requests a connection may have parsed per turn now, and the average
+    /// cost of a request in nanoseconds that share follows.
+    pub(crate) fn pacing(&self) -> (u32, u64) {
+        (self.pacer.share(), self.pacer.cost_ns())
     }
 
     /// A new connection: its slot and generation, or `None` if the core has

@@ -119,7 +119,7 @@ impl Dispatcher {
                 }
                 return offset;
             }
-            if !self.connections.sessions[slot as usize].take_turn_share(self.turn) {
+            if !self.connections.sessions[slot as usize].take_turn_share(self.turn, self.pacer.share()) {
                 // Its share of this turn is used: what is left waits for
                 // the next, if there is a line to parse.
                 let rest = &data[offset..];
@@ -128,10 +128,12 @@ impl Dispatcher {
                 }
                 return offset;
             }
+            self.turn_parsed += 1;
             match decode_request(&data[offset..], self.lease_ms_max) {
                 Decoded::Incomplete => {
                     // Not a request: the share is given back.
                     self.connections.sessions[slot as usize].parsed_in_turn -= 1;
+                    self.turn_parsed -= 1;
                     return offset;
                 }
                 Decoded::LineTooLong => {

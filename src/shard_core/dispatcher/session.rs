@@ -302,13 +302,13 @@ impl Session {
     }
 
     /// Counts one request parsed in `turn`; false, counting nothing, if the
-    /// connection has had its share of that turn.
-    pub fn take_turn_share(&mut self, turn: u64) -> bool {
+    /// connection has had its `share` of that turn.
+    pub fn take_turn_share(&mut self, turn: u64, share: u32) -> bool {
         if self.parsed_turn != turn {
             self.parsed_turn = turn;
             self.parsed_in_turn = 0;
         }
-        if self.parsed_in_turn >= self.limits.requests_per_turn {
+        if self.parsed_in_turn >= share {
             return false;
         }
         self.parsed_in_turn += 1;

@@ -360,6 +360,39 @@ fn a_connection_gets_a_share_of_requests_per_turn_and_the_rest_waits_for_the_nex
     assert_eq!(core.effects(), [SocketEffect::Close(busy)]);
 }
 
+#[test]
+fn turns_whose_requests_cost_more_give_each_connection_a_smaller_share_until_they_cost_less() {
+    let mut core = Core::new();
+    let busy = core.open();
+    let full = Limits::DEFAULT.requests_per_turn as usize;
+    let parse_turn = |core: &mut Core, elapsed_ns_per_request: u64| {
+        core.dispatcher.set_now(1);
+        core.dispatcher.serve_deferred();
+        let parsed = core.dispatcher.turn_parsed();
+        core.dispatcher.turn_ended(u64::from(parsed) * elapsed_ns_per_request);
+        core.sent_output(busy).lines().count()
+    };
+    core.dispatcher.set_now(1);
+    core.dispatcher.received(busy, &b"P\n".repeat(100 * full));
+    assert_eq!(core.sent_output(busy).lines().count(), full, "no turn measured yet: the whole share");
+    core.dispatcher.turn_ended(full as u64 * 100);
+    assert_eq!(parse_turn(&mut core, 100), full, "requests of 100 ns keep it");
+    // Requests of 2 µs each: the share falls to what fits in the
+    // connection's part of a turn, as the average follows them.
+    let mut shares = Vec::new();
+    for _ in 0..40 {
+        shares.push(parse_turn(&mut core, 2_000));
+    }
+    assert!(shares.windows(2).all(|pair| pair[1] <= pair[0]), "{shares:?}");
+    assert_eq!(*shares.last().unwrap() as u64, (pacing::CONNECTION_TURN_NS / 2_000).max(pacing::SHARE_MIN as u64));
+    assert_eq!(core.dispatcher.pacing().0 as usize, *shares.last().unwrap());
+    // They get cheap again: the whole share is back.
+    for _ in 0..60 {
+        parse_turn(&mut core, 100);
+    }
+    assert_eq!(parse_turn(&mut core, 100), full);
+}
+
 // ----- `--min-standbys`: replies held until standbys have the change -----
 
 impl Core {
