@@ -475,7 +475,7 @@ def main():
             time.sleep(SETTLE if name != "idle" else 0.0)
             acquires, releases = bystander.measure(DURATION)
             during = rss(server.pid)
-            pacing = (samples(metrics, "ringlock_turn_share"), samples(metrics, "ringlock_request_cost_ns"))
+            pacing = (samples(metrics, "ringlock_turn_share"), samples(metrics, "ringlock_request_cost_seconds"))
             attack.stop()
             # Wait until the server has closed every attacking connection
             # (--handshake-ms closes the slow and half handshakes), then read
@@ -509,7 +509,7 @@ def main():
             grown = dict(rows)[next(name for name, _ in rows if name.startswith("key-fill"))]
             grown = grown["during"] - grown["before"]
             shares, costs = dict(rows)[next(name for name, _ in rows if name.startswith("key-fill"))]["pacing"]
-            per_core = ", ".join(f"{share:.0f} requests at {cost:.0f} ns" for share, cost in zip(shares, costs))
+            per_core = ", ".join(f"{share:.0f} requests at {cost * 1e9:.0f} ns" for share, cost in zip(shares, costs))
             print(f"- key-fill: {fill['granted']} keys granted, {fill['refused']} refused; "
                   f"{grown / max(1, fill['granted']):.0f} bytes of RSS per key granted; a connection's share "
                   f"of a turn at its end, per shard core: {per_core}")

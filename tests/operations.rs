@@ -102,7 +102,7 @@ fn each_shard_publishes_the_turn_share_it_gives_and_the_request_cost_it_follows(
     let metrics = metrics_address(&server);
     let before = scrape(metrics);
     assert_eq!(sample(&before, "ringlock_turn_share{shard=\"0\"}"), 40.0, "the flag, before any busy turn");
-    assert_eq!(sample(&before, "ringlock_request_cost_ns{shard=\"0\"}"), 0.0, "nothing measured yet");
+    assert_eq!(sample(&before, "ringlock_request_cost_seconds{shard=\"0\"}"), 0.0, "nothing measured yet");
     // Thousands of pipelined requests: many turns of a full share each, all
     // answered in order.
     let mut conn = server.connect();
@@ -114,7 +114,7 @@ fn each_shard_publishes_the_turn_share_it_gives_and_the_request_cost_it_follows(
     let mut after = HashMap::new();
     wait_until("a measured turn to be published", || {
         after = scrape(metrics);
-        sample(&after, "ringlock_request_cost_ns{shard=\"0\"}") > 0.0
+        sample(&after, "ringlock_request_cost_seconds{shard=\"0\"}") > 0.0
     });
     // An inspection costs far less than the 500 ns that would lower a
     // share of 40 (20 µs a connection's part of a turn), but a busy host

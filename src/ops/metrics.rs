@@ -290,17 +290,22 @@ fn render_per_shard(out: &mut String, cores: &[CoreStats]) {
              while requests are costly.",
             |core| u64::from(core.turn_share),
         ),
-        (
-            "ringlock_request_cost_ns",
-            "Average time a request took in the shard core's recent turns of 16 or more requests, its share of the \
-             turn's work included, in nanoseconds.",
-            |core| core.request_cost_ns,
-        ),
     ] {
         family(out, name, "gauge", help);
         for (index, core) in cores.iter().enumerate() {
             let _ = writeln!(out, "{name}{{shard=\"{index}\"}} {}", value(core));
         }
+    }
+    let name = "ringlock_request_cost_seconds";
+    family(
+        out,
+        name,
+        "gauge",
+        "Average time a request took in the shard core's recent turns of 16 or more requests, its share of the turn's \
+         work included (0 before any such turn).",
+    );
+    for (index, core) in cores.iter().enumerate() {
+        let _ = writeln!(out, "{name}{{shard=\"{index}\"}} {}", core.request_cost_ns as f64 / 1e9);
     }
 }
 
