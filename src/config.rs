@@ -294,6 +294,17 @@ pub struct Config {
     #[arg(long, env = "RINGLOCK_MAX_KEYS_PER_NAME", value_name = "N")]
     pub max_keys_per_name: Option<u64>,
 
+    /// Without --auth-file: most keys one client connection may hold plus
+    /// wait on at once (the grants it took that are still held, and its
+    /// queued acquires), over all shards (each takes an equal part); at it,
+    /// as for --max-keys-per-name. A grant outlives its connection, so a
+    /// connection's count ends when it closes: this bounds what one
+    /// connection takes (a client that leaks locks), not one client, which
+    /// needs --auth-file. Costs about 4 % of pipelined throughput when on
+    /// (docs/operations.md). Default: 0 = no quota.
+    #[arg(long, env = "RINGLOCK_MAX_KEYS_PER_CONNECTION", value_name = "N")]
+    pub max_keys_per_connection: Option<u64>,
+
     /// Most requests queued on one key; beyond it, `too-many-waiters`.
     #[arg(long, env = "RINGLOCK_MAX_WAITERS_PER_KEY", default_value_t = 65_536)]
     pub max_waiters_per_key: u32,
@@ -551,12 +562,18 @@ impl Config {
     /// The per-name quota each shard keeps (0 = none): an equal part of
     /// [`Config::max_keys_per_name`], like [`Config::keys_per_shard`].
     pub fn name_keys_per_shard(&self) -> u32 {
-        let quota = self.max_keys_per_name();
-        if quota == 0 {
-            return 0;
-        }
-        let per_shard = quota.div_ceil(self.shard_count() as u64).max(1);
-        per_shard.min(u64::from(u32::MAX)) as u32
+        per_shard_part(self.max_keys_per_name(), self.shard_count())
+    }
+
+    /// `--max-keys-per-connection`; 0 (the default) = none.
+    pub fn max_keys_per_connection(&self) -> u64 {
+        self.max_keys_per_connection.unwrap_or(0)
+    }
+
+    /// The quota per connection each shard keeps (0 = none): an equal part
+    /// of [`Config::max_keys_per_connection`].
+    pub fn connection_keys_per_shard(&self) -> u32 {
+        per_shard_part(self.max_keys_per_connection(), self.shard_count())
     }
 
     /// The CPU each shard core is pinned to, or `None` when not pinning.
@@ -615,6 +632,14 @@ fn cgroup_memory_limit() -> Option<u64> {
 /// and the rest leaves room for waiters and connections.
 pub const KEY_BYTES_BUDGETED: u64 = 512;
 
+/// A quota over all shards split into equal parts, at least 1 each (0 = none).
+fn per_shard_part(quota: u64, shards: usize) -> u32 {
+    if quota == 0 {
+        return 0;
+    }
+    quota.div_ceil(shards as u64).max(1).min(u64::from(u32::MAX)) as u32
+}
+
 /// `--max-keys` by default: what a quarter of `memory` holds at
 /// [`KEY_BYTES_BUDGETED`] a key, from 65,536 to 16,777,216.
 pub fn default_max_keys(memory: u64) -> u64 {
@@ -669,6 +694,12 @@ mod tests {
         assert_eq!((config.max_keys_per_name(), config.name_keys_per_shard()), (501, 251), "half, split");
         let config = Config::try_parse_from(["ringlock", "--shards", "2", "--max-keys-per-name", "0"]).unwrap();
         assert_eq!(config.name_keys_per_shard(), 0, "no quota");
+        let config = Config::try_parse_from(["ringlock", "--shards", "2", "--max-keys", "1001"]).unwrap();
+        assert_eq!(config.connection_keys_per_shard(), 0, "none by default");
+        let config = Config::try_parse_from(["ringlock", "--shards", "3", "--max-keys-per-connection", "10"]).unwrap();
+        assert_eq!(config.connection_keys_per_shard(), 4, "split, rounded up");
+        let config = Config::try_parse_from(["ringlock", "--max-keys-per-connection", "0"]).unwrap();
+        assert_eq!(config.connection_keys_per_shard(), 0, "no quota");
         let config = Config::try_parse_from(["ringlock", "--shards", "1"]).unwrap();
         assert_eq!(config.max_keys(), default_max_keys(usable_memory_bytes()));
     }

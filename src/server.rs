@@ -110,6 +110,17 @@ pub fn run(config: Config) -> Result<(), String> {
                 if config.max_keys_per_name.is_none() { " (half of --max-keys)" } else { "" }
             ),
         }
+    } else {
+        match config.max_keys_per_connection() {
+            0 => tracing::info!(
+                "no per-connection quota (--max-keys-per-connection): without --auth-file, one client may take keys \
+                 up to --max-keys"
+            ),
+            quota => tracing::info!(
+                max_keys_per_connection = quota,
+                "each connection may hold plus wait on at most {quota} keys"
+            ),
+        }
     }
     tracing::info!(
         listen = %local,
@@ -169,8 +180,10 @@ fn shard_config(config: &Config, clustered: bool) -> Result<ShardConfig, String>
         keys_max: config.keys_per_shard(),
         waiters_per_key_max: config.max_waiters_per_key,
         waiters_max: config.max_waiters,
-        // Names exist only with an auth file; without one the quota is off.
+        // Names exist only with an auth file; without one each connection
+        // has a quota instead.
         name_keys_max: if config.auth_file.is_some() { config.name_keys_per_shard() } else { 0 },
+        client_keys_max: if config.auth_file.is_some() { 0 } else { config.connection_keys_per_shard() },
         lease_ms_max: config.max_lease.0,
         // Only standbys need the changes of the table.
         deltas: clustered,

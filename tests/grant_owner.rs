@@ -59,16 +59,6 @@ fn authenticated(address: SocketAddr, secret: &str, name: &str) -> Conn {
     conn
 }
 
-/// The fields of an `I` reply: token (`None` for `-`), lease left, waiters.
-fn inspect(conn: &mut Conn, key: &str) -> (Option<u64>, u64, u64) {
-    let reply = conn.call(&format!("I {key}"));
-    let fields: Vec<&str> = reply.split(' ').collect();
-    assert_eq!(fields.len(), 5, "an I reply keeps its five fields: {reply:?}");
-    assert_eq!(fields[..2], ["I", key], "{reply:?}");
-    let token = (fields[2] != "-").then(|| fields[2].parse().expect("a token"));
-    (token, fields[3].parse().expect("the lease left"), fields[4].parse().expect("the waiters"))
-}
-
 /// Checks, on one node, that `key` is held by `holder` with `token`: the
 /// other name's `R` and `X` with the token are refused and its `I` shows no
 /// token; the holder's `I` shows it. Changes nothing.
@@ -76,10 +66,10 @@ fn assert_held_by(holder: &mut Conn, other: &mut Conn, key: &str, token: u64) {
     assert_eq!(other.call(&format!("R {key} {token}")), format!("E R {key} not-holder"));
     assert_eq!(other.call(&format!("X {key} {token} 60")), format!("E X {key} not-holder"));
     assert_eq!(other.call(&format!("R {key} {}", token + 1)), format!("E R {key} not-holder"), "as a wrong token");
-    let (shown, lease_left_ms, _) = inspect(other, key);
+    let (shown, lease_left_ms, _) = other.inspect(key);
     assert_eq!(shown, None, "another name sees no token of {key}");
     assert!(lease_left_ms > 0, "but sees {key} held");
-    let (shown, lease_left_ms, _) = inspect(holder, key);
+    let (shown, lease_left_ms, _) = holder.inspect(key);
     assert_eq!(shown, Some(token), "the holder's name sees its token of {key}");
     assert!(lease_left_ms > 0);
 }
@@ -99,14 +89,14 @@ fn another_name_cannot_release_or_extend_a_lock_nor_read_its_token() {
         // The holder extends and releases.
         assert_eq!(alpha.call(&format!("X {key} {token} 30")), format!("X {key} {token}"));
         assert_eq!(alpha.call(&format!("R {key} {token}")), format!("R {key}"));
-        assert_eq!(inspect(&mut beta, &key), (None, 0, 0), "free");
+        assert_eq!(beta.inspect(&key), (None, 0, 0), "free");
     }
 
     // The grant belongs to the name, not to the connection: alpha's other
     // connection may release it.
     let token = token_of(&alpha.call("A shared 60 0"), "shared");
     let mut alpha_again = authenticated(server.addr, ALPHA, "alpha");
-    assert_eq!(inspect(&mut alpha_again, "shared").0, Some(token));
+    assert_eq!(alpha_again.inspect("shared").0, Some(token));
     assert_eq!(alpha_again.call(&format!("R shared {token}")), "R shared");
 }
 
@@ -118,7 +108,7 @@ fn a_waiter_granted_later_holds_under_its_own_name() {
     let mut beta = authenticated(server.addr, BETA, "beta");
     let first = token_of(&alpha.call("A k 60 0"), "k");
     beta.request("A k 60 0");
-    wait_until("beta's acquire to be queued", || inspect(&mut alpha, "k").2 == 1);
+    wait_until("beta's acquire to be queued", || alpha.inspect("k").2 == 1);
     assert_eq!(alpha.call(&format!("R k {first}")), "R k");
     let second = token_of(&beta.line(), "k");
     assert!(second > first);
@@ -145,7 +135,7 @@ fn a_reload_that_reorders_and_removes_names_leaves_every_grant_with_its_name() {
     // Beta's grant stays beta's: nobody else may release it.
     assert_eq!(gamma.call(&format!("R of-beta {betas}")), "E R of-beta not-holder");
     assert_eq!(alpha.call(&format!("R of-beta {betas}")), "E R of-beta not-holder");
-    assert_eq!(inspect(&mut alpha, "of-beta").0, None);
+    assert_eq!(alpha.inspect("of-beta").0, None);
     assert_eq!(alpha.call(&format!("R of-alpha {alphas}")), "R of-alpha");
 }
 
@@ -155,7 +145,7 @@ fn without_an_auth_file_any_connection_with_the_token_releases_and_sees_it() {
     let mut first = server.connect();
     let mut second = server.connect();
     let token = token_of(&first.call("A k 60 0"), "k");
-    assert_eq!(inspect(&mut second, "k").0, Some(token));
+    assert_eq!(second.inspect("k").0, Some(token));
     assert_eq!(second.call(&format!("X k {token} 30")), format!("X k {token}"));
     assert_eq!(second.call(&format!("R k {token}")), "R k");
 }
@@ -205,7 +195,7 @@ fn after_a_failover_the_new_active_still_refuses_another_names_release() {
     // as beta's.
     let first = token_of(&alpha.call("A handed 120 0"), "handed");
     beta.request("A handed 120 0");
-    wait_until("beta's acquire to be queued", || inspect(&mut alpha, "handed").2 == 1);
+    wait_until("beta's acquire to be queued", || alpha.inspect("handed").2 == 1);
     assert_eq!(alpha.call(&format!("R handed {first}")), "R handed");
     let handed = token_of(&beta.line(), "handed");
     // Four deltas: two grants, a release, the hand-off's grant. The active
@@ -301,7 +291,7 @@ fn a_name_at_its_quota_is_refused_new_keys_and_queues_while_other_names_go_on() 
     // A place in a queue counts as much as a held key.
     let beta_token = beta.acquire("beta/1", "60", "1");
     alpha.request("A beta/1 60 0");
-    wait_until("alpha's acquire to be queued", || inspect(&mut beta, "beta/1").2 == 1);
+    wait_until("alpha's acquire to be queued", || beta.inspect("beta/1").2 == 1);
 
     assert_eq!(alpha.call("A alpha/3 60 1"), "E A alpha/3 too-many-keys");
     assert_eq!(beta.call("A beta/2 60 1").split(' ').next(), Some("A"), "another name goes on");
@@ -317,9 +307,20 @@ fn a_name_at_its_quota_is_refused_new_keys_and_queues_while_other_names_go_on() 
     let handed = token_of(&alpha.line(), "beta/1");
     assert!(handed > beta_token);
     assert_eq!(alpha.call("A alpha/3 60 1"), "E A alpha/3 too-many-keys");
-    wait_until("alpha/short's lease to run out", || inspect(&mut beta, "alpha/short") == (None, 0, 0));
+    wait_until("alpha/short's lease to run out", || beta.inspect("alpha/short") == (None, 0, 0));
     alpha.acquire("alpha/3", "60", "1");
     assert_eq!(alpha.call("A alpha/4 60 1"), "E A alpha/4 too-many-keys");
+}
+
+#[test]
+fn with_an_auth_file_the_per_connection_quota_does_not_apply() {
+    let file = AuthFile::new(&alpha_and_beta());
+    let server = Server::start(&["--auth-file", &file.path(), "--shards", "1", "--max-keys-per-connection", "2"]);
+    assert!(!server.log().contains("each connection may hold"), "{}", server.log());
+    let mut alpha = authenticated(server.addr, ALPHA, "alpha");
+    for index in 0..5 {
+        alpha.acquire(&format!("alpha/{index}"), "60", "1");
+    }
 }
 
 #[test]

@@ -686,7 +686,8 @@ fn collect(conn: &mut Conn, count: usize) -> (std::collections::HashMap<String, 
 #[test]
 fn a_flood_of_distinct_keys_stops_exactly_at_max_keys() {
     const MAX_KEYS: usize = 100_000;
-    let server = Server::start(&["--shards", "2", "--max-keys", &MAX_KEYS.to_string()]);
+    let server =
+        Server::start(&["--shards", "2", "--max-keys", &MAX_KEYS.to_string(), "--max-keys-per-connection", "0"]);
     let mut bystander = server.connect();
     let mine = bystander.acquire("mine", "600", "0");
     let mut flood = server.connect();

@@ -145,7 +145,16 @@ fn binary_garbage_is_answered_and_harms_nobody() {
 
 #[test]
 fn limits_answer_too_many_keys_waiters_and_connections() {
-    let server = Server::start(&["--max-keys", "2", "--max-waiters-per-key", "1", "--max-connections", "3"]);
+    let server = Server::start(&[
+        "--max-keys",
+        "2",
+        "--max-keys-per-connection",
+        "0",
+        "--max-waiters-per-key",
+        "1",
+        "--max-connections",
+        "3",
+    ]);
     let mut conn = server.connect();
     let mut other = server.connect();
     conn.acquire("a", "30", "0");
@@ -224,4 +233,58 @@ fn queued_acquires_do_not_block_the_same_connections_later_requests() {
     assert_eq!(conn.line(), "R mine");
     sender.join().unwrap();
     assert_eq!(stat(&mut other, "waiters"), 65_536);
+}
+
+#[test]
+fn a_connection_at_its_quota_is_refused_new_keys_and_queues_while_other_connections_go_on() {
+    let server = Server::start(&["--shards", "1", "--max-keys-per-connection", "3"]);
+    assert!(server.log().contains("each connection may hold plus wait on at most 3 keys"), "{}", server.log());
+    let mut filler = server.connect();
+    let mut other = server.connect();
+    let first = filler.acquire("f/1", "60", "1");
+    filler.acquire("f/2", "60", "1");
+    // A place in a queue counts as much as a held key.
+    let other_token = other.acquire("o/1", "60", "1");
+    filler.request("A o/1 60 0");
+    wait_until("the filler's acquire to be queued", || other.inspect("o/1").2 == 1);
+
+    assert_eq!(filler.call("A f/3 60 1"), "E A f/3 too-many-keys");
+    assert_eq!(other.call("A o/2 60 1").split(' ').next(), Some("A"), "another connection goes on");
+    other.acquire("held-by-other", "60", "1");
+    assert_eq!(filler.call("A held-by-other 60 1"), "E A held-by-other too-many-waiters");
+
+    // What the connection took and lets go of is its own again, whoever
+    // releases it: a release (here from the other connection, with the
+    // token), a grant that turns a place in a queue into a held key (no
+    // change), a lease that runs out.
+    assert_eq!(other.call(&format!("R f/1 {first}")), "R f/1");
+    filler.acquire("f/short", "0.2", "1");
+    assert_eq!(other.call(&format!("R o/1 {other_token}")), "R o/1");
+    assert!(token_of(&filler.line(), "o/1") > other_token);
+    assert_eq!(filler.call("A f/3 60 1"), "E A f/3 too-many-keys");
+    wait_until("f/short's lease to run out", || other.inspect("f/short") == (None, 0, 0));
+    filler.acquire("f/3", "60", "1");
+    assert_eq!(filler.call("A f/4 60 1"), "E A f/4 too-many-keys");
+
+    // The grants outlive the connection; a new connection has a count of
+    // its own.
+    drop(filler);
+    let mut again = server.connect();
+    for key in ["f/4", "f/5", "f/6"] {
+        again.acquire(key, "60", "1");
+    }
+    assert_eq!(again.call("A f/7 60 1"), "E A f/7 too-many-keys");
+    for key in ["f/2", "o/1", "f/3"] {
+        assert!(other.inspect(key).0.is_some(), "{key} is still held");
+    }
+}
+
+#[test]
+fn a_per_connection_quota_of_0_is_none() {
+    let server = Server::start(&["--shards", "1", "--max-keys-per-connection", "0"]);
+    let mut conn = server.connect();
+    for index in 0..5 {
+        conn.acquire(&format!("k/{index}"), "60", "1");
+    }
+    assert!(server.log().contains("no per-connection quota"), "{}", server.log());
 }

@@ -141,6 +141,7 @@ fn help_explains_every_flag() {
         "--keepalive-probes",
         "--tcp-user-timeout-ms",
         "--max-keys",
+        "--max-keys-per-connection",
         "--max-waiters-per-key",
         "--max-lease",
         "--log-level",

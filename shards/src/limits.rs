@@ -17,6 +17,11 @@ pub struct ShardConfig {
     /// of a new key get `too-many-keys` and its acquires of a held key
     /// `too-many-waiters`. 0 = no quota.
     pub name_keys_max: u32,
+    /// Keys held plus acquires queued through one client connection (its
+    /// [`ClientId`](crate::ClientId)): grants it took that are still held,
+    /// and its queued acquires; at it, as for `name_keys_max`. For a server
+    /// without names. 0 = no quota.
+    pub client_keys_max: u32,
     /// Longest lease an acquire or extend may ask for; beyond it, `bad-lease`.
     pub lease_ms_max: u64,
     /// Produce replication deltas (only needed when standbys listen).
@@ -49,6 +54,7 @@ impl Default for ShardConfig {
             waiters_per_key_max: WAITERS_PER_KEY_MAX_DEFAULT,
             waiters_max: WAITERS_MAX_DEFAULT,
             name_keys_max: 0,
+            client_keys_max: 0,
             lease_ms_max: LEASE_MS_MAX_DEFAULT,
             deltas: false,
             tokens_low_water: TOKENS_LOW_WATER_DEFAULT,

@@ -38,6 +38,9 @@ use crate::token::{TokenRange, TokenRangeError, TokenSupply};
 
 /// "No slot" in the intrusive lists.
 const NONE: u32 = u32::MAX;
+/// The holder of a key no connection of this node was granted (restored
+/// from the active this node took over from), or of a free slot.
+const NO_CLIENT: ClientId = ClientId(u64::MAX);
 
 /// Timer values: a lock slot for a lease, or a waiter slot with this bit set.
 const TIMER_WAIT_BIT: u32 = 1 << 31;
@@ -215,6 +218,14 @@ pub struct Shard {
     /// Keys held plus acquires queued, per authenticated name (indexed by
     /// [`NameId`]; never [`NameId::NONE`]), for [`ShardConfig::name_keys_max`].
     name_use: Vec<u32>,
+    /// Keys held plus acquires queued, per client connection, for
+    /// [`ShardConfig::client_keys_max`] (empty without that quota); a
+    /// connection's entry goes once it holds and waits on nothing.
+    client_use: HashMap<ClientId, u32, RandomState>,
+    /// The connection each held key was granted to, by lock slot (only
+    /// with [`ShardConfig::client_keys_max`]; [`NO_CLIENT`] for a grant
+    /// restored from the active this node took over from).
+    holder_clients: Vec<ClientId>,
     /// Keys acquires queued on, and keys handed from one holder to the next.
     hot_waits: HotKeys,
     hot_handoffs: HotKeys,
@@ -271,6 +282,8 @@ impl Shard {
             deltas: Vec::new(),
             stats: ShardStats::default(),
             name_use: Vec::new(),
+            client_use: HashMap::with_hasher(RandomState::with_seeds(seed, 7, 8, 9)),
+            holder_clients: Vec::new(),
             hot_waits: HotKeys::new(now_ms),
             hot_handoffs: HotKeys::new(now_ms),
             now_ms,
@@ -439,7 +452,7 @@ impl Shard {
             return None;
         }
         let hash = self.hash(key);
-        let over_quota = self.name_over_quota(name);
+        let over_quota = self.name_over_quota(name) || self.client_over_quota(client);
         if let Some(slot) = self.find_hashed(hash, key) {
             let lock = &self.locks[slot as usize];
             if lock.queue_len >= self.config.waiters_per_key_max
@@ -459,7 +472,7 @@ impl Shard {
         let slot = self.insert_lock(hash, key);
         match self.tokens.next_token() {
             Some(token) => {
-                self.grant(slot, token, lease_ms, name);
+                self.grant(slot, token, lease_ms, name, client);
                 self.stats.grants_immediate += 1;
                 self.stats.wait_granted.record(0);
                 if !DIRECT {
@@ -541,6 +554,7 @@ impl Shard {
         self.stats.held_keys -= 1;
         let holder = lock.name;
         self.name_used(holder, false);
+        self.holder_left(slot);
         self.delta(|| Delta::Release { key: Key::new(key), token });
         if !DIRECT {
             self.reply(client, ShardReply::Released { key: Key::new(key) });
@@ -674,6 +688,8 @@ impl Shard {
             }
         }
         self.name_use.clear();
+        self.client_use.clear();
+        self.holder_clients.clear();
         debug_assert_eq!(self.stats.keys, 0, "a shard that stepped down holds no key");
     }
 
@@ -702,6 +718,9 @@ impl Shard {
         lock.granted_ms = short_ms(self.now_ms);
         self.stats.held_keys += 1;
         self.name_used(name, true);
+        if let Some(holder) = self.holder_clients.get_mut(slot as usize) {
+            *holder = NO_CLIENT;
+        }
         true
     }
 
@@ -812,7 +831,7 @@ impl Shard {
 
     /// Marks `slot` held by `token` for `lease_ms` and replicates the grant.
     #[inline(always)]
-    fn grant(&mut self, slot: u32, token: u64, lease_ms: u64, name: NameId) {
+    fn grant(&mut self, slot: u32, token: u64, lease_ms: u64, name: NameId, client: ClientId) {
         let lock = &mut self.locks[slot as usize];
         assert!(token > lock.token, "a key's tokens strictly increase");
         debug_assert!(lock.lease_timer.is_none());
@@ -823,6 +842,13 @@ impl Shard {
         self.stats.grants += 1;
         self.stats.held_keys += 1;
         self.name_used(name, true);
+        if self.config.client_keys_max > 0 {
+            if slot as usize >= self.holder_clients.len() {
+                self.holder_clients.resize(slot as usize + 1, NO_CLIENT);
+            }
+            self.holder_clients[slot as usize] = client;
+            self.client_used(client, true);
+        }
         if self.config.deltas {
             let key = self.locks[slot as usize].key.clone();
             self.deltas.push(Delta::Grant { key, token, lease_ms, name });
@@ -848,7 +874,7 @@ impl Shard {
             self.timers.cancel(timer);
         }
         self.unlink_queue(node);
-        self.grant(slot, token, lease_ms, name);
+        self.grant(slot, token, lease_ms, name, client);
         self.stats.wait_granted.record(waited_ms);
         if why != HandOn::Tokens {
             self.stats.handoffs += 1;
@@ -876,6 +902,7 @@ impl Shard {
             self.deltas.push(Delta::Expire { key, token });
         }
         self.name_used(holder, false);
+        self.holder_left(slot);
         self.hand_on(slot, HandOn::Expiry);
     }
 
@@ -1104,6 +1131,7 @@ impl Shard {
         self.waiters[node as usize].queue_prev = tail;
         self.stats.waiters += 1;
         self.name_used(name, true);
+        self.client_used(client, true);
         self.link_client_and_chain(client, slot, node);
     }
 
@@ -1175,11 +1203,12 @@ impl Shard {
         }
         lock.queue_len -= 1;
         self.stats.waiters -= 1;
-        let name = self.waiters[node as usize].name;
+        let (name, client) = (self.waiters[node as usize].name, self.waiters[node as usize].client);
         self.name_used(name, false);
+        self.client_used(client, false);
     }
 
-    // ----- per-name quotas -----
+    // ----- per-name and per-connection quotas -----
 
     /// Whether `name` holds or waits on its quota of keys already.
     #[inline(always)]
@@ -1205,6 +1234,51 @@ impl Shard {
             debug_assert!(*used > 0, "a name lets go of more than it took");
             *used = used.saturating_sub(1);
         }
+    }
+
+    /// Whether `client` holds or waits on its quota of keys already.
+    #[inline(always)]
+    fn client_over_quota(&self, client: ClientId) -> bool {
+        let quota = self.config.client_keys_max;
+        quota > 0 && self.client_use.get(&client).is_some_and(|&used| used >= quota)
+    }
+
+    /// `client` took (`more`) or let go of a key or a place in a queue.
+    #[inline(always)]
+    fn client_used(&mut self, client: ClientId, more: bool) {
+        if self.config.client_keys_max == 0 || client == NO_CLIENT {
+            return;
+        }
+        if more {
+            *self.client_use.entry(client).or_insert(0) += 1;
+            return;
+        }
+        let Some(used) = self.client_use.get_mut(&client) else {
+            debug_assert!(false, "a connection lets go of more than it took");
+            return;
+        };
+        *used -= 1;
+        if *used == 0 {
+            self.client_use.remove(&client);
+        }
+    }
+
+    /// The key at `slot` is no longer held: its holder's connection has one
+    /// key fewer.
+    #[inline(always)]
+    fn holder_left(&mut self, slot: u32) {
+        if self.config.client_keys_max == 0 {
+            return;
+        }
+        if let Some(holder) = self.holder_clients.get_mut(slot as usize) {
+            let client = std::mem::replace(holder, NO_CLIENT);
+            self.client_used(client, false);
+        }
+    }
+
+    /// Keys held plus acquires queued through `client` (0 without a quota).
+    pub fn client_keys(&self, client: ClientId) -> u32 {
+        self.client_use.get(&client).copied().unwrap_or(0)
     }
 
     /// Keys held plus acquires queued by `name` (0 without a quota).

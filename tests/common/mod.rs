@@ -282,6 +282,17 @@ impl Conn {
     }
 
     /// Acquires `key` and returns the token, panicking on any other reply.
+    /// `I key`: the token (`None` if free, or hidden from another name), the
+    /// lease left and the waiters.
+    pub fn inspect(&mut self, key: &str) -> (Option<u64>, u64, u64) {
+        let reply = self.call(&format!("I {key}"));
+        let fields: Vec<&str> = reply.split(' ').collect();
+        assert_eq!(fields.len(), 5, "an I reply keeps its five fields: {reply:?}");
+        assert_eq!(fields[..2], ["I", key], "{reply:?}");
+        let token = (fields[2] != "-").then(|| fields[2].parse().expect("a token"));
+        (token, fields[3].parse().expect("the lease left"), fields[4].parse().expect("the waiters"))
+    }
+
     pub fn acquire(&mut self, key: &str, lease: &str, wait: &str) -> u64 {
         let reply = self.call(&format!("A {key} {lease} {wait}"));
         token_of(&reply, key)

@@ -12,7 +12,9 @@
 //! other): a grant records its taker's name, a release or an extend from the
 //! other name is refused even with the right token, and `I` shows the token
 //! to the holder's name only. Each name may hold or queue on at most
-//! `NAME_KEYS_MAX` keys at once.
+//! `NAME_KEYS_MAX` keys at once, and each client (a connection) at most
+//! `CLIENT_KEYS_MAX`: the grants it took that are still held, and its
+//! queued acquires.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -25,7 +27,9 @@ const KEYS: [&[u8]; 4] = [b"a", b"b", b"c", b"a-much-longer-key-that-lives-on-th
 const CLIENTS: u64 = 4;
 const LEASE_MS_MAX: u64 = 400;
 /// Keys held plus acquires queued by one name.
-const NAME_KEYS_MAX: u32 = 2;
+const NAME_KEYS_MAX: u32 = 3;
+/// Keys held plus acquires queued through one client.
+const CLIENT_KEYS_MAX: u32 = 2;
 
 /// The authenticated name of a client: two clients share each name.
 fn name_of(client: u64) -> NameId {
@@ -38,6 +42,7 @@ fn config() -> ShardConfig {
         waiters_per_key_max: 3,
         waiters_max: 6,
         name_keys_max: NAME_KEYS_MAX,
+        client_keys_max: CLIENT_KEYS_MAX,
         lease_ms_max: LEASE_MS_MAX,
         deltas: false,
         tokens_low_water: 4,
@@ -125,6 +130,8 @@ struct ModelKey {
     holder: Option<(u64, Due)>, // (token, lease deadline)
     /// The name of the holder's grant.
     name: NameId,
+    /// The client the holder's grant went to.
+    holder_client: u64,
     queue: Vec<Queued>,
     /// Answers held behind an earlier queued acquire of the same client.
     held: Vec<(u64, u64, Outcome)>, // (client, id, outcome)
@@ -166,6 +173,13 @@ impl Model {
 
     fn waiters(&self) -> usize {
         self.keys.values().map(|k| k.queue.len()).sum()
+    }
+
+    /// Keys held by grants to `client` plus acquires it queued.
+    fn client_use(&self, client: u64) -> usize {
+        let held = self.keys.values().filter(|k| k.holder.is_some() && k.holder_client == client).count();
+        let queued = self.keys.values().flat_map(|k| &k.queue).filter(|q| q.client == client).count();
+        held + queued
     }
 
     /// Keys held plus acquires queued by `name`.
@@ -221,6 +235,7 @@ impl Model {
         let first = entry.queue.remove(0);
         entry.holder = Some((0, due));
         entry.name = name_of(first.client);
+        entry.holder_client = first.client;
         grants.push((key, first.id));
         out.push((first.id, Outcome::Granted));
         self.flush_held(out, key, first.client);
@@ -351,7 +366,8 @@ fn run(steps: Vec<Step>) {
                     shard.acquire_as(now, ClientId(client), name_of(client), KEYS[key], lease_ms, wait_ms);
                 }
                 let exists = model.keys.get(&key).is_some_and(|k| k.holder.is_some() || !k.queue.is_empty());
-                let over_quota = model.name_use(name_of(client)) >= NAME_KEYS_MAX as usize;
+                let over_quota = model.name_use(name_of(client)) >= NAME_KEYS_MAX as usize
+                    || model.client_use(client) >= CLIENT_KEYS_MAX as usize;
                 if lease_ms == 0 || lease_ms > LEASE_MS_MAX {
                     model.answer(&mut expected, key, client, id, Outcome::Error(ErrorCode::BadLease));
                     model.remove_if_free(key);
@@ -373,6 +389,7 @@ fn run(steps: Vec<Step>) {
                     let entry = model.keys.entry(key).or_default();
                     entry.holder = Some((0, due));
                     entry.name = name_of(client);
+                    entry.holder_client = client;
                     model_grants.push((key, id));
                     expected.push((id, Outcome::Granted));
                 } else if model.waiters() >= 6 {
