@@ -180,8 +180,8 @@ fn shard_config(config: &Config, clustered: bool) -> Result<ShardConfig, String>
         keys_max: config.keys_per_shard(),
         waiters_per_key_max: config.max_waiters_per_key,
         waiters_max: config.max_waiters,
-        // Names exist only with an auth file; without one each connection
-        // has a quota instead.
+        // Names exist only with an auth file; without one a connection may
+        // have a quota instead (--max-keys-per-connection, off by default).
         name_keys_max: if config.auth_file.is_some() { config.name_keys_per_shard() } else { 0 },
         client_keys_max: if config.auth_file.is_some() { 0 } else { config.connection_keys_per_shard() },
         lease_ms_max: config.max_lease.0,

@@ -240,9 +240,10 @@ impl EventLoop {
     }
 
     /// Tells the dispatcher how long a turn that parsed requests took, for
-    /// the next turns' shares (a second clock read, only in such turns).
+    /// the next turns' shares (a second clock read, only in turns that
+    /// count).
     fn pace(&mut self) {
-        if self.dispatcher.turn_parsed() == 0 {
+        if !self.dispatcher.turn_counts() {
             return;
         }
         let elapsed = self.state.shared.started.elapsed().saturating_sub(self.turn_started);

@@ -601,6 +601,13 @@ fn run(steps: Vec<Step>) {
         for name in [name_of(0), name_of(1)] {
             assert_eq!(shard.name_keys(name) as usize, model.name_use(name), "step {index}: keys of name {name:?}");
         }
+        for client in 0..CLIENTS {
+            assert_eq!(
+                shard.client_keys(ClientId(client)) as usize,
+                model.client_use(client),
+                "step {index}: keys of client {client}"
+            );
+        }
         assert_eq!(shard.tokens_remaining(), model.tokens_left(), "step {index}: tokens left");
     }
 }

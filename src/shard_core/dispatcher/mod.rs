@@ -228,7 +228,15 @@ impl Dispatcher {
         self.pacer.turn_ended(elapsed_ns, self.turn_parsed);
     }
 
+    /// Whether this turn parsed requests enough for its length to count
+    /// in the shares (see [`Dispatcher::turn_ended`]); the shell reads the
+    /// clock only then.
+    pub(crate) fn turn_counts(&self) -> bool {
+        pacing::Pacer::counts(self.turn_parsed)
+    }
+
     /// Requests parsed in this turn so far, over all connections.
+    #[cfg(test)]
     pub(crate) fn turn_parsed(&self) -> u32 {
         self.turn_parsed
     }
